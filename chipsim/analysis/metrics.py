@@ -1,0 +1,82 @@
+"""Per-policy metrics from a simulation result (definitions as in DESIGN §7).
+
+- latency: wall time of one token's decode step; stall: array time spent waiting only for expert bytes
+- energy: the ledger's per-component energy, summed into the three categories; EDP = mean energy ×
+  mean latency per token
+- overlap: share of token-layers whose whole routed set was in the buffer (arrived or on its way) when
+  routing decided; recall: mean share of routed experts in the buffer then
+- offchip_bytes_per_token: bytes that crossed the host link (PCIe) per token
+Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, MOVE_COMPONENTS, EnergyTable
+from chipsim.sim.engine import SimResult
+from chipsim.units import PS_PER_MS, PS_PER_S
+
+PJ_PER_MJ = 1e9
+
+
+def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.ndarray]:
+    out = {c: result.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
+    out["arrays_active"] = result.busy_ps.astype(np.float64) * table.active_w / PS_PER_S * 1e12
+    out["arrays_leakage"] = result.idle_ps.astype(np.float64) * table.leakage_w / PS_PER_S * 1e12
+    return out
+
+
+def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
+    latency_ms = result.latency_ps[sl] / PS_PER_MS
+    comp = {c: v[sl] for c, v in per_token_energy_pj(result, table).items()}
+    comp_mj = {c: float(v.mean() / PJ_PER_MJ) for c, v in comp.items()}
+    cat_mj = {cat: 0.0 for cat in CATEGORIES}
+    for c, v in comp_mj.items():
+        cat_mj[CATEGORY_OF[c]] += v
+    total_mj = float(sum(cat_mj.values()))
+    mean_latency = float(latency_ms.mean())
+    hits = result.layer_hits[sl]
+    return {
+        "tokens": int(latency_ms.size),
+        "latency_ms_per_token": mean_latency,
+        "latency_p99_ms": float(np.percentile(latency_ms, 99)),
+        "stall_ms_per_token": float((result.stall_ps[sl] / PS_PER_MS).mean()),
+        "energy_mj_per_token": total_mj,
+        "energy_onchip_active_mj": cat_mj["onchip_active"],
+        "energy_offchip_io_mj": cat_mj["offchip_io"],
+        "energy_idle_leakage_mj": cat_mj["idle_leakage"],
+        "energy_pcie_mj": comp_mj["pcie"],
+        "energy_by_component_mj": comp_mj,
+        "edp_mj_ms": total_mj * mean_latency,
+        "offchip_bytes_per_token": float(result.bytes["pcie"][sl].mean()),
+        "overlap": float(result.layer_overlap[sl].mean()),
+        "hits_per_layer": float(hits.mean()),
+    }
+
+
+def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: int = 0) -> dict:
+    """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary."""
+    warmup = min(warmup_tokens, result.tokens - 1)
+    sl = slice(warmup, None)
+    row = {"policy": result.policy}
+    row.update(_span_summary(result, table, sl))
+    row["recall"] = row.pop("hits_per_layer") / top_k
+    row["demand_fetches_per_token"] = float(result.layer_demand_fetches[sl].sum(axis=1).mean())
+    row["prefetches_issued"] = result.prefetches_issued
+    row["prefetches_dropped"] = result.prefetches_dropped
+    row["prefetches_unused"] = result.prefetches_unused
+    row["fetches_total"] = result.fetches_total
+    row["warmup_tokens"] = warmup
+    if warmup:
+        w = _span_summary(result, table, slice(0, warmup))
+        w["recall"] = w.pop("hits_per_layer") / top_k
+        row["warmup"] = {k: v for k, v in w.items() if k != "energy_by_component_mj"}
+    row["per_layer"] = {
+        "overlap": [float(x) for x in result.layer_overlap[sl].mean(axis=0)],
+        "recall": [float(x) for x in result.layer_hits[sl].mean(axis=0) / top_k],
+        "stall_ms": [float(x) for x in result.layer_stall_ps[sl].mean(axis=0) / PS_PER_MS],
+        "demand_fetches": [float(x) for x in result.layer_demand_fetches[sl].mean(axis=0)],
+    }
+    row.update(result.extra)
+    return row

@@ -1,0 +1,114 @@
+"""The `chipsim` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from chipsim import __version__
+from chipsim.errors import InputError
+
+
+def _cmd_run(args) -> int:
+    from chipsim.analysis import report
+    from chipsim.runner import code_sha256, prepare, run_policies
+    from chipsim.sim.engine import fetch_path_timing
+
+    prep = prepare(args.config, args.set or (), args.policy or (), args.trace)
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise InputError(f"--out {args.out}: exists and is not a directory")
+    rows = run_policies(prep, jobs=args.jobs)
+    if args.json:
+        sys.stdout.write(report.to_json(report.json_rows(rows, with_details=False)))
+    else:
+        for line in report.header_lines(prep, fetch_path_timing(prep.config.hw)):
+            print(line)
+        print()
+        print(report.format_table(rows))
+        if prep.trace.synthetic:
+            print("\nSYNTHETIC trace: routing and predictions come from a generator, not a model.")
+    if args.out:
+        run_info = {
+            "config": prep.config.path,
+            "config_sha256": prep.config.sha256(),
+            "config_resolved": prep.config.raw,
+            "trace": prep.trace.path,
+            "trace_sha256": prep.trace.sha256,
+            "trace_synthetic": prep.trace.synthetic,
+            "trace_provenance": prep.trace.meta.get("provenance", {}),
+            "code_sha256": code_sha256(),
+            "chipsim_version": __version__,
+            "policies": [p.label for p in prep.policies],
+        }
+        report.write_outputs(args.out, rows, run_info)
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from chipsim.workload.models import MODELS
+
+    print(f"{'name':24} {'layers':>6} {'hidden':>6} {'experts':>7} {'top-k':>5} {'shared':>6} {'expert MB':>9} {'params B':>8}")
+    for m in MODELS.values():
+        print(f"{m.name:24} {m.num_layers:>6} {m.hidden_size:>6} {m.num_experts:>7} {m.top_k:>5} "
+              f"{m.num_shared_experts:>6} {m.expert_params * 2 / 1e6:>9.2f} {m.total_params() / 1e9:>8.2f}")
+    return 0
+
+
+def _cmd_keys(args) -> int:
+    from chipsim.hw.config import iter_keys
+
+    for key, type_name, doc in iter_keys():
+        print(f"{key:40} {type_name:6} {doc}")
+    return 0
+
+
+def _cmd_policies(args) -> int:
+    from chipsim.policies.base import REGISTRY
+
+    import chipsim.policies  # noqa: F401
+
+    for name, cls in sorted(REGISTRY.items()):
+        print(f"{name:14} {cls.summary}")
+        for key, p in cls.params.items():
+            print(f"{'':14}   policies.{name}.{key} ({p.type.__name__}, default {p.default}): {p.doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
+    parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="replay a trace with one or more policies and report latency, energy, EDP")
+    run.add_argument("config", help="hardware/run YAML, e.g. hwconfigs/thor.yaml")
+    run.add_argument("--policy", action="append", metavar="SPEC",
+                     help="policy to run (repeatable): name, static-N, or name:param=value,...")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    run.add_argument("--trace", metavar="PATH", help="replay this trace instead of workload.trace")
+    run.add_argument("--json", action="store_true", help="print a JSON list, one object per policy")
+    run.add_argument("--out", metavar="DIR", help="write results.csv and results.json into DIR")
+    run.add_argument("--jobs", type=int, default=0, help="processes for independent policies (default: cores)")
+    run.set_defaults(func=_cmd_run)
+
+    sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
+    sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
+    sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"chipsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("chipsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

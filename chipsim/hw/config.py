@@ -1,0 +1,348 @@
+"""Typed configuration: the dataclasses below *are* the schema of a hardware/run YAML file.
+
+Every field carries its unit in its name and a one-line description; `load_config` checks a YAML file
+against them (unknown key, missing key, wrong type, non-positive size or bandwidth), resolves `base:`
+inheritance, applies `--set dotted.key=value` overrides with the same checks, and returns a `Config`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from chipsim.errors import InputError
+
+
+def spec(doc: str, *, minimum: float | None = None, positive: bool = False, choices: tuple | None = None):
+    """Field metadata: what the key means and which values are allowed."""
+    return {"doc": doc, "minimum": minimum, "positive": positive, "choices": choices}
+
+
+def _f(doc: str, **kw):
+    return field(metadata=spec(doc, **kw))
+
+
+# ---------------------------------------------------------------------------------------------- compute
+@dataclass(frozen=True)
+class ComputeConfig:
+    arrays: int = _f("number of vector processing arrays", positive=True)
+    unit_rows: int = _f("vector units per array, rows of the grid", positive=True)
+    unit_cols: int = _f("vector units per array, columns of the grid", positive=True)
+    vector_length: int = _f("MAC lanes per vector unit (elements reduced per cycle)", positive=True)
+    clock_mhz: float = _f("array clock, MHz", positive=True)
+    sfus_per_array: int = _f("special-function units per array (exp, rsqrt, SiLU, ...)", positive=True)
+    sfu_ops_per_cycle: int = _f("operations one SFU finishes per cycle", positive=True)
+    op_overhead_cycles: int = _f("fixed cycles per operation: issue, pipeline fill and drain", minimum=0)
+    sram_mib_per_array: float = _f("SRAM per array, MiB", positive=True)
+    sram_access_ns: float = _f("SRAM access latency, ns (first operand of an op)", minimum=0)
+    active_power_w_per_array: float = _f("power of one array while busy (incl. its SRAM and SFUs), W", positive=True)
+    leakage_power_w_per_array: float = _f("power of one clock-gated idle array (leakage), W", minimum=0)
+    dequant_ops_per_weight: int = _f("vector-lane operations to dequantise one sub-16-bit weight to BF16", positive=True)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class DramConfig:
+    capacity_gib: float = _f("capacity, GiB (1 GiB = 2^30 B)", positive=True)
+    channels: int = _f("independent channels", positive=True)
+    channel_width_bits: int = _f("data bits per channel", positive=True)
+    data_rate_mtps: float = _f("data rate per pin, MT/s", positive=True)
+    banks_per_channel: int = _f("banks per channel that can be interleaved", positive=True)
+    page_bytes: int = _f("row (page) size per channel, bytes", positive=True)
+    burst_length: int = _f("burst length, beats", positive=True)
+    tcl_ns: float = _f("read latency CL / RL, ns", positive=True)
+    trcd_ns: float = _f("activate-to-read delay tRCD, ns", positive=True)
+    trp_ns: float = _f("precharge time tRP, ns", positive=True)
+    tras_ns: float = _f("minimum row-open time tRAS, ns", positive=True)
+    tfaw_ns: float = _f("four-activate window tFAW, ns", positive=True)
+    trfc_ns: float = _f("refresh cycle time tRFC (all-bank), ns", positive=True)
+    trefi_ns: float = _f("refresh interval tREFI, ns", positive=True)
+    energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    hbm: DramConfig = _f("on-package HBM: non-expert weights, KV cache, activations, expert buffer")
+    lpddr5x: DramConfig = _f("off-package LPDDR5X: all expert weights")
+
+
+# ---------------------------------------------------------------------------------------------- links
+@dataclass(frozen=True)
+class PcieConfig:
+    bandwidth_gbps: float = _f("usable bandwidth per direction, GB/s (1e9 B/s); both directions = 2x", positive=True)
+    latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0)
+    energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0)
+
+
+@dataclass(frozen=True)
+class UcieConfig:
+    modules: int = _f("UCIe modules between the chiplets on each path", positive=True)
+    lanes_per_module: int = _f("data lanes per module", positive=True)
+    gtps: float = _f("transfer rate per lane, GT/s", positive=True)
+    latency_ns: float = _f("crossing latency, ns", minimum=0)
+    energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0)
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Per direction: modules × lanes × GT/s / 8 bits."""
+        return self.modules * self.lanes_per_module * self.gtps / 8.0
+
+
+@dataclass(frozen=True)
+class LinksConfig:
+    pcie: PcieConfig = _f("host link: LPDDR5X side to the accelerator package")
+    ucie: UcieConfig = _f("die-to-die links inside the package (I/O ↔ HBM ↔ compute)")
+
+
+@dataclass(frozen=True)
+class DmaConfig:
+    engines: int = _f("DMA engines (transfers in flight at once)", positive=True)
+    setup_ns: float = _f("fixed per-descriptor cost (driver, IOMMU) before data moves, ns", minimum=0)
+    chunk_kib: float = _f("transfer chunk: an in-flight prefetch yields to a demand fetch at chunk boundaries, KiB", positive=True)
+
+
+@dataclass(frozen=True)
+class ExpertBufferConfig:
+    capacity_mib: float = _f("on-package (HBM) space for staged expert weights, MiB", positive=True)
+
+
+# ---------------------------------------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("published model shape used for timing (see `chipsim models`)")
+    expert_bits: int = _f("expert weight precision, bits", choices=(4, 8, 16, 32))
+    quant_group_size: int = _f("weights sharing one scale below 16 bit", positive=True)
+    quant_scale_bits: int = _f("bits per quantisation scale (and zero point) below 16 bit", positive=True)
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    trace: str = _f("routing trace file (.npz), relative to this config file")
+    context_length: int = _f("KV-cache length at every decode step, tokens", positive=True)
+    max_tokens: int = _f("replay at most this many trace tokens (0 = all)", minimum=0)
+    warmup_tokens: int = _f("leading tokens simulated but reported separately, not in the means", minimum=0)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    policies: list = _f("policies `chipsim run` compares when no --policy is given")
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    compute: ComputeConfig = _f("compute chiplet")
+    memory: MemoryConfig = _f("memories")
+    links: LinksConfig = _f("links")
+    dma: DmaConfig = _f("DMA engines")
+    expert_buffer: ExpertBufferConfig = _f("expert staging buffer")
+    model: ModelConfig = _f("model shape and expert precision")
+    workload: WorkloadConfig = _f("what is replayed")
+    run: RunConfig = _f("run defaults")
+
+
+TOP_LEVEL_EXTRA = ("base", "policies", "name", "description")
+
+
+@dataclass
+class Config:
+    """A validated configuration: typed hardware/workload sections plus raw policy parameters."""
+
+    hw: HardwareConfig
+    policies: dict  # policy name -> {param: value}; checked against each policy's declared parameters
+    path: str
+    raw: dict  # the fully resolved dict (after base and --set), for hashing and output
+
+    @property
+    def trace_path(self) -> str:
+        return _resolve_relative(self.hw.workload.trace, self.path)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _resolve_relative(p: str, config_path: str) -> str:
+    if os.path.isabs(p):
+        return p
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config_path)), p))
+
+
+def _read_yaml(path: str) -> dict:
+    if not os.path.exists(path):
+        raise InputError(f"config {path}: file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"config {path}: cannot read ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise InputError(f"config {path}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"config {path}: top level must be a mapping of keys")
+    return data
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _load_with_bases(path: str, seen: tuple = ()) -> dict:
+    path = os.path.normpath(os.path.abspath(path))
+    if path in seen:
+        raise InputError(f"config {path}: 'base' chain loops back to itself")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    # relative paths inside a file are relative to that file; rewrite the trace path before merging
+    trace = data.get("workload", {}).get("trace") if isinstance(data.get("workload"), dict) else None
+    if isinstance(trace, str):
+        data["workload"]["trace"] = _resolve_relative(trace, path)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise InputError(f"config {path}: base: must be a file path")
+    return _deep_merge(_load_with_bases(_resolve_relative(base, path), seen + (path,)), data)
+
+
+def parse_set(assignment: str) -> tuple[list[str], object]:
+    """'links.pcie.bandwidth_gbps=64' -> (['links','pcie','bandwidth_gbps'], 64)."""
+    if "=" not in assignment:
+        raise InputError(f"--set {assignment}: expected dotted.key=value")
+    key, _, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise InputError(f"--set {assignment}: empty part in key '{key}'")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return parts, value
+
+
+def apply_set(data: dict, parts: list[str], value) -> None:
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise InputError(f"--set {'.'.join(parts)}: '{'.'.join(parts[: i + 1])}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_value(value, tp, meta: dict, key: str):
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{key}: expected a number, got {value!r}")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InputError(f"{key}: must be finite, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise InputError(f"{key}: expected an integer, got {value!r}")
+    elif tp is str:
+        if not isinstance(value, str) or not value:
+            raise InputError(f"{key}: expected a non-empty string, got {value!r}")
+    elif tp is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise InputError(f"{key}: expected a non-empty list of names, got {value!r}")
+    if meta.get("positive") and value <= 0:
+        raise InputError(f"{key}: must be positive, got {value!r}")
+    if meta.get("minimum") is not None and value < meta["minimum"]:
+        raise InputError(f"{key}: must be at least {meta['minimum']}, got {value!r}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise InputError(f"{key}: must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+    return value
+
+
+def build_dataclass(cls, data, key_prefix: str = ""):
+    """Construct `cls` from a dict, naming the dotted key of the first problem found."""
+    where = key_prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a section of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise InputError(f"{key_prefix}{key}: unknown key (expected one of: {', '.join(names)})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{key_prefix}{f.name}"
+        if f.name not in data:
+            raise InputError(f"{key}: missing key ({f.metadata.get('doc', '')})")
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = build_dataclass(tp, data[f.name], key + ".")
+        else:
+            kwargs[f.name] = _check_value(data[f.name], tp, f.metadata, key)
+    return cls(**kwargs)
+
+
+def iter_keys(cls=HardwareConfig, prefix: str = ""):
+    """(dotted key, type name, doc) of every schema key, for documentation and `chipsim keys`."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from iter_keys(tp, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", _type_name(tp), f.metadata.get("doc", "")
+
+
+def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
+    """Read, merge bases, apply overrides and validate. Raises InputError on the first problem."""
+    data = _load_with_bases(path)
+    for assignment in overrides:
+        parts, value = parse_set(assignment)
+        if parts == ["workload", "trace"] and isinstance(value, str):
+            value = os.path.abspath(value)  # a path given on the command line is relative to the shell
+        apply_set(data, parts, value)
+    policies = data.pop("policies", {}) or {}
+    for extra in ("name", "description"):
+        data.pop(extra, None)
+    hw = build_dataclass(HardwareConfig, data)
+    if not isinstance(policies, dict) or not all(isinstance(v, dict) for v in policies.values()):
+        raise InputError("policies: expected a mapping of policy name -> {parameter: value}")
+    raw = dict(data, policies=policies)
+    config = Config(hw=hw, policies=policies, path=os.path.abspath(path), raw=raw)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Cross-key checks that no single key can make."""
+    hw = config.hw
+    if hw.workload.warmup_tokens and hw.workload.max_tokens and hw.workload.warmup_tokens >= hw.workload.max_tokens:
+        raise InputError("workload.warmup_tokens: must be smaller than workload.max_tokens")
+    for name in ("hbm", "lpddr5x"):
+        d = getattr(hw.memory, name)
+        if d.trfc_ns >= d.trefi_ns:
+            raise InputError(f"memory.{name}.trfc_ns: refresh time must be shorter than memory.{name}.trefi_ns")

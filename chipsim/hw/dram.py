@@ -1,0 +1,51 @@
+"""Effective streaming bandwidth and access latency of a DRAM, derived from its JEDEC-style timing.
+
+A long transfer is laid out row by row across the channels and, within a channel, across the banks in
+rotation, so one bank's row switch (tRP + tRCD) overlaps other banks' data bursts. Per row of a channel:
+
+    t_data = page_bytes / channel_peak
+    t_row  = max(t_data,                           # the data bus is the limit
+                 (tRCD + t_data + tRP) / banks,    # row switches not hidden by interleaving
+                 tRAS_or_row_cycle / banks,        # a bank cannot reopen before tRAS + tRP
+                 tFAW / 4)                          # at most four activates per tFAW window
+    efficiency = (t_data / t_row) × (1 − tRFC / tREFI)   # all-bank refresh blocks the channel
+
+The first byte of a fresh (closed-row) access arrives after tRCD + CL + one burst.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chipsim.hw.config import DramConfig
+
+
+@dataclass(frozen=True)
+class DramTiming:
+    peak_gbps: float
+    row_efficiency: float
+    refresh_efficiency: float
+    effective_gbps: float
+    access_latency_ns: float
+
+
+def dram_timing(cfg: DramConfig) -> DramTiming:
+    channel_peak_gbps = cfg.channel_width_bits / 8 * cfg.data_rate_mtps / 1e3  # GB/s = bytes per ns
+    peak_gbps = channel_peak_gbps * cfg.channels
+    t_data = cfg.page_bytes / channel_peak_gbps  # ns to stream one row of a channel
+    t_row = max(
+        t_data,
+        (cfg.trcd_ns + t_data + cfg.trp_ns) / cfg.banks_per_channel,
+        (max(cfg.tras_ns, cfg.trcd_ns + t_data) + cfg.trp_ns) / cfg.banks_per_channel,
+        cfg.tfaw_ns / 4,
+    )
+    row_eff = t_data / t_row
+    refresh_eff = 1.0 - cfg.trfc_ns / cfg.trefi_ns
+    burst_ns = cfg.burst_length / cfg.data_rate_mtps * 1e3
+    return DramTiming(
+        peak_gbps=peak_gbps,
+        row_efficiency=row_eff,
+        refresh_efficiency=refresh_eff,
+        effective_gbps=peak_gbps * row_eff * refresh_eff,
+        access_latency_ns=cfg.trcd_ns + cfg.tcl_ns + burst_ns,
+    )

@@ -1,0 +1,179 @@
+"""The policy plug-in interface and its registry.
+
+A policy decides what to prefetch and when, which experts a layer executes, and what to evict. The
+engine calls its hooks at fixed points of the decode step and gives it a `PolicyContext` (see
+chipsim.sim.engine) through which it reads the trace and acts on the expert buffer:
+
+    on_run_start(ctx)                   once, before the first token
+    on_token_start(ctx, t)
+    on_layer_start(ctx, t, l)           MoE layer l is about to run attention: prefetch now
+    on_route(ctx, t, l, routed) -> LayerPlan   the router has chosen `routed`; say what runs
+    on_layer_end(ctx, t, l)             the layer's experts have run: evict now
+    choose_victims(ctx, l, needed, n) -> list of (layer, expert) to evict to make room for demand fetches
+    extra_metrics() -> dict             policy-specific results for the output
+
+Policies are registered by name with `@register`; parameters are declared as `Param`s and come from
+`policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chipsim.errors import InputError
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type
+    default: object
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+@dataclass
+class LayerPlan:
+    """What a MoE layer executes once routing is known.
+
+    execute: experts computed on the arrays, in order of preference; any not in the buffer is fetched
+             on demand (correctness-preserving: the layer waits for it).
+    """
+
+    execute: list[int]
+    notes: dict = field(default_factory=dict)
+
+
+class Policy:
+    name: str = ""
+    summary: str = ""
+    params: dict[str, Param] = {}
+    # "layer": experts are staged per layer (loaded, used, evicted); "cache": kept across tokens
+    caches_across_tokens: bool = False
+
+    def __init__(self, label: str, **params):
+        self.label = label
+        for key, value in params.items():
+            setattr(self, key, value)
+
+    def on_run_start(self, ctx) -> None:
+        pass
+
+    def on_token_start(self, ctx, t: int) -> None:
+        pass
+
+    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+        pass
+
+    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+        """Default: execute the routed set; per-layer staging abandons this layer's prefetches that the
+        router did not pick (a queued one never starts, a moving one stops at its next chunk boundary)."""
+        if not self.caches_across_tokens:
+            ctx.cancel_unneeded(layer, routed)
+        return LayerPlan(execute=list(routed))
+
+    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+        """Default per-layer staging: drop this layer's experts once it has run."""
+        ctx.evict_layer(layer)
+
+    def choose_victims(self, ctx, layer: int, needed: set[int], count: int) -> list[tuple[int, int]]:
+        """Default: resident experts not needed now, other layers' first, then least recently used."""
+        candidates = [
+            key for key in ctx.resident_keys()
+            if not (key[0] == layer and key[1] in needed)
+        ]
+        candidates.sort(key=lambda key: (key[0] == layer, ctx.last_use(key)))
+        return candidates[:count]
+
+    def extra_metrics(self) -> dict:
+        return {}
+
+
+REGISTRY: dict[str, type[Policy]] = {}
+# name pattern parsers: e.g. "static-4" -> ("static", {"extra": 4})
+SHORTHANDS: list[Callable[[str], tuple[str, dict] | None]] = []
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"policy name {cls.name!r} missing or registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def _coerce(policy: str, key: str, p: Param, value):
+    where = f"policies.{policy}.{key}"
+    if p.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{where}: expected a number, got {value!r}")
+        value = float(value)
+    elif p.type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"{where}: expected an integer, got {value!r}")
+    elif p.type is str and not isinstance(value, str):
+        raise InputError(f"{where}: expected a string, got {value!r}")
+    if p.minimum is not None and value < p.minimum:
+        raise InputError(f"{where}: must be at least {p.minimum}, got {value!r}")
+    if p.maximum is not None and value > p.maximum:
+        raise InputError(f"{where}: must be at most {p.maximum}, got {value!r}")
+    return value
+
+
+def _parse_inline(text: str) -> dict:
+    import yaml
+
+    out = {}
+    for item in filter(None, text.split(",")):
+        if "=" not in item:
+            raise InputError(f"--policy: expected name:param=value, got '{item}'")
+        key, _, value = item.partition("=")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def make_policy(spec: str, config_params: dict) -> Policy:
+    """Build a policy from 'name', a shorthand like 'static-4', or 'name:param=value,...'.
+
+    Parameters come, in increasing precedence, from the declared defaults, `policies.<name>` in the
+    config, the shorthand, and the inline assignments.
+    """
+    import chipsim.policies  # noqa: F401  (registers the built-in policies)
+
+    spec = spec.strip()
+    head, _, inline = spec.partition(":")
+    name, shorthand = head, {}
+    if name not in REGISTRY:
+        for parse in SHORTHANDS:
+            hit = parse(head)
+            if hit:
+                name, shorthand = hit
+                break
+    if name not in REGISTRY:
+        raise InputError(f"--policy {spec}: unknown policy '{head}' (known: {', '.join(sorted(REGISTRY))})")
+    cls = REGISTRY[name]
+    from_config = config_params.get(name, {}) or {}
+    values = {key: p.default for key, p in cls.params.items()}
+    for source in (from_config, shorthand, _parse_inline(inline)):
+        for key, value in source.items():
+            if key not in cls.params:
+                known = ", ".join(cls.params) or "none"
+                raise InputError(f"policies.{name}.{key}: unknown parameter (known: {known})")
+            values[key] = _coerce(name, key, cls.params[key], value)
+    return cls(label=spec, **values)
+
+
+def check_policy_config(config_params: dict) -> None:
+    """Reject a `policies:` section naming an unknown policy or parameter, before anything runs."""
+    import chipsim.policies  # noqa: F401
+
+    for name, params in config_params.items():
+        if name not in REGISTRY:
+            raise InputError(f"policies.{name}: unknown policy (known: {', '.join(sorted(REGISTRY))})")
+        for key, value in (params or {}).items():
+            if key not in REGISTRY[name].params:
+                raise InputError(f"policies.{name}.{key}: unknown parameter")
+            _coerce(name, key, REGISTRY[name].params[key], value)

@@ -1,0 +1,92 @@
+"""Run policies on one config: load and check everything first, then simulate (in parallel), then summarise."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from chipsim.analysis.metrics import summarize
+from chipsim.errors import InputError
+from chipsim.hw.config import Config, load_config
+from chipsim.policies.base import Policy, check_policy_config, make_policy
+from chipsim.sim.energy import EnergyTable
+from chipsim.sim.engine import SimResult, Simulation
+from chipsim.trace import format as trace_format
+from chipsim.trace.format import Trace
+from chipsim.workload.decode import DecodeWorkload, build_workload
+
+
+@dataclass
+class Prepared:
+    config: Config
+    workload: DecodeWorkload
+    trace: Trace
+    policies: list[Policy]
+
+
+def code_sha256() -> str:
+    """Hash of the simulator's source, so results say which code produced them."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | None = None) -> Prepared:
+    """Everything that can fail on bad input happens here, before any simulation starts."""
+    if trace_path:
+        overrides = list(overrides) + [f"workload.trace={os.path.abspath(trace_path)}"]
+    config = load_config(config_path, overrides)
+    check_policy_config(config.policies)
+    workload = build_workload(config.hw)
+    trace = trace_format.load(config.trace_path)
+    trace.check_matches(workload.model)
+    specs = list(policy_specs) or list(config.hw.run.policies)
+    policies = [make_policy(spec, config.policies) for spec in specs]
+    labels = [p.label for p in policies]
+    if len(set(labels)) != len(labels):
+        duplicate = next(label for label in labels if labels.count(label) > 1)
+        raise InputError(f"--policy {duplicate}: given twice")
+    return Prepared(config, workload, trace, policies)
+
+
+def simulate(prep: Prepared, policy: Policy, record_events: bool = False) -> SimResult:
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy,
+                     max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events)
+    return sim.run()
+
+
+def summarize_result(prep: Prepared, result: SimResult) -> dict:
+    table = EnergyTable.from_config(prep.config.hw)
+    return summarize(result, table, prep.workload.model.top_k, prep.config.hw.workload.warmup_tokens)
+
+
+_WORKER_PREP: Prepared | None = None
+
+
+def _worker_run(index: int) -> dict:
+    prep = _WORKER_PREP
+    return summarize_result(prep, simulate(prep, prep.policies[index]))
+
+
+def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
+    """One summary row per policy, in the order given; independent policies run on separate cores."""
+    global _WORKER_PREP
+    n = len(prep.policies)
+    jobs = jobs or min(n, os.cpu_count() or 1)
+    if jobs <= 1 or n == 1:
+        return [summarize_result(prep, simulate(prep, p)) for p in prep.policies]
+    _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
+    try:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            return list(pool.map(_worker_run, range(n)))
+    finally:
+        _WORKER_PREP = None

@@ -1,0 +1,314 @@
+"""DMA transfers on a shared cut-through path, with fluid fair sharing and demand-over-prefetch priority.
+
+Model (all times integer picoseconds):
+- A transfer first waits for a free DMA engine (demand fetches ahead of queued prefetches, FIFO within
+  a class), then spends the per-descriptor setup time, then moves its bytes through the path's
+  bottleneck bandwidth, then its last byte needs the path's summed latency to land. On an idle path an
+  N-byte transfer therefore finishes at setup + ΣL + N / min(B).
+- Transfers in their data phase share the bottleneck equally (processor sharing): two equal transfers
+  started together both finish at setup + ΣL + 2N/B.
+- While a demand fetch is moving data or waiting for an engine, every prefetch in its data phase runs
+  on to its next chunk boundary and then pauses, giving back its engine; paused prefetches resume
+  (without a second setup) once no demand fetch is left.
+
+Progress is tracked in exact integers: one "work unit" is 1e-12 byte / S, where S = lcm(1..engines), so
+that the bandwidth divided among up to `engines` sharers is always a whole number of units per ps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from functools import reduce
+
+import simpy
+
+from chipsim.units import PS_PER_S
+
+DEMAND = 0
+PREFETCH = 1
+
+# transfer states
+QUEUED, SETUP, ACTIVE, DRAINING, PAUSED, DONE = range(6)
+
+
+class Transfer:
+    __slots__ = (
+        "tid", "nbytes", "priority", "tag", "state", "remaining", "boundary",
+        "issue_ps", "data_start_ps", "data_end_ps", "finish_ps", "setup_done", "cancelled", "moved_bytes",
+    )
+
+    def __init__(self, tid: int, nbytes: int, priority: int, tag, now: int):
+        self.tid = tid
+        self.nbytes = nbytes
+        self.priority = priority
+        self.tag = tag
+        self.state = QUEUED
+        self.remaining = 0  # work units left (set when data starts)
+        self.boundary = 0  # remaining work at which a draining prefetch pauses
+        self.issue_ps = now
+        self.data_start_ps = -1
+        self.data_end_ps = -1
+        self.finish_ps = -1
+        self.setup_done = False
+        self.cancelled = False
+        self.moved_bytes = 0  # set when the transfer ends: all its bytes, or what moved before a cancel
+
+
+class DmaPath:
+    """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
+
+    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int, latency_ps: int, setup_ps: int,
+                 engines: int, chunk_bytes: int, on_landed=None):
+        """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
+        cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved)."""
+        if bandwidth_bytes_per_s <= 0 or engines <= 0 or chunk_bytes <= 0:
+            raise ValueError("bandwidth, engines and chunk size must be positive")
+        self.env = env
+        self.bandwidth = int(bandwidth_bytes_per_s)
+        self.latency_ps = int(latency_ps)
+        self.setup_ps = int(setup_ps)
+        self.engines = int(engines)
+        self.scale = reduce(lambda a, b: a * b // math.gcd(a, b), range(1, self.engines + 1), 1)
+        self.unit_per_byte = PS_PER_S * self.scale
+        self.chunk_units = int(chunk_bytes) * self.unit_per_byte
+        self.rate = self.bandwidth * self.scale  # work units per ps, shared among data-phase transfers
+        self.free_engines = self.engines
+        self.queue_demand: deque[Transfer] = deque()
+        self.queue_prefetch: deque[Transfer] = deque()
+        self.flowing: list[Transfer] = []  # ACTIVE or DRAINING, sharing the bandwidth
+        self.paused: list[Transfer] = []
+        self.in_setup: list[tuple[int, int, Transfer]] = []  # heap of (setup end ps, tid, transfer)
+        self.demands_live = 0  # demand transfers not yet through their data phase
+        self.last_update = 0
+        self._generation = 0
+        self._tick_at = -1  # time of the pending wake-up, -1 if none
+        self._batch_depth = 0
+        self.on_landed = on_landed or (lambda tr: None)
+        self._landing: dict[int, list[Transfer]] = {}  # finish time -> transfers landing then
+        self._next_tid = 0
+        # statistics
+        self.bytes_moved = 0
+        self.busy_ps = 0  # time with at least one transfer moving data
+        self.transfers_done = 0
+
+    # ------------------------------------------------------------------------------------ public
+    def submit(self, nbytes: int, priority: int, tag=None) -> Transfer:
+        """Queue a transfer; `on_landed` is called with it when its last byte has landed."""
+        self._advance()
+        tr = Transfer(self._next_tid, int(nbytes), priority, tag, self.env.now)
+        self._next_tid += 1
+        if priority == DEMAND:
+            self.demands_live += 1
+            self.queue_demand.append(tr)
+        else:
+            self.queue_prefetch.append(tr)
+        self._settle()
+        return tr
+
+    def promote(self, tr: Transfer) -> None:
+        """Turn a not-yet-finished prefetch into a demand fetch (the data is now needed)."""
+        if tr.priority == DEMAND or tr.state == DONE or tr.data_end_ps >= 0:
+            return
+        self._advance()
+        tr.priority = DEMAND
+        self.demands_live += 1
+        if tr.state == QUEUED:
+            self.queue_prefetch.remove(tr)
+            self.queue_demand.append(tr)
+        elif tr.state == PAUSED:
+            self.paused.remove(tr)
+            self.queue_demand.appendleft(tr)
+        elif tr.state == DRAINING:
+            tr.state = ACTIVE
+        self._settle()
+
+    def cancel(self, tr: Transfer) -> None:
+        """Abandon a transfer: a queued one never starts, a moving one stops at its next chunk boundary.
+
+        `on_landed` is still called (with `cancelled` set and `moved_bytes` what actually moved), so the
+        owner can free its buffer slot and charge the bytes.
+        """
+        if tr.state == DONE or tr.cancelled:
+            return
+        self._advance()
+        tr.cancelled = True
+        if tr.priority == DEMAND and tr.data_end_ps < 0:
+            self.demands_live -= 1
+            tr.priority = PREFETCH
+        if tr.state == QUEUED:
+            (self.queue_demand if tr in self.queue_demand else self.queue_prefetch).remove(tr)
+            self._end(tr, moved_units=0, latency=False)
+        elif tr.state == PAUSED:
+            self.paused.remove(tr)
+            self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+        elif tr.state in (ACTIVE, DRAINING):
+            self._set_boundary(tr)
+        # SETUP: handled when the setup time is over
+        self._settle()
+
+    def batch(self):
+        """Context manager: submit/promote/cancel many transfers at one instant, re-plan once at the end."""
+        return _Batch(self)
+
+    def _settle(self) -> None:
+        if not self._batch_depth:
+            self._dispatch()
+            self._reschedule()
+
+    def queued_bytes(self) -> int:
+        """Bytes not yet moved by every transfer in the system (for policies' cost models)."""
+        self._advance()
+        total = sum(t.nbytes for t in self.queue_demand) + sum(t.nbytes for t in self.queue_prefetch)
+        total += sum(t.nbytes for _, _, t in self.in_setup if not t.cancelled)
+        total += sum(-(-t.remaining // self.unit_per_byte) for t in self.flowing + self.paused)
+        return total
+
+    # ------------------------------------------------------------------------------------ internals
+    def _advance(self) -> None:
+        """Move every flowing transfer forward to env.now."""
+        now = self.env.now
+        dt = now - self.last_update
+        if dt > 0 and self.flowing:
+            share = dt * self.rate // len(self.flowing)
+            for tr in self.flowing:
+                tr.remaining -= share
+            self.busy_ps += dt
+        self.last_update = now
+
+    def _start_data(self, tr: Transfer) -> None:
+        if not tr.setup_done:
+            tr.setup_done = True
+            tr.remaining = tr.nbytes * self.unit_per_byte
+            tr.data_start_ps = self.env.now
+        tr.state = ACTIVE
+        self.flowing.append(tr)
+
+    def _setup_over(self, tr: Transfer) -> None:
+        if tr.cancelled:
+            self.free_engines += 1
+            self._end(tr, moved_units=0, latency=False)
+        else:
+            self._start_data(tr)
+
+    def _dispatch(self) -> None:
+        """Give free engines to queued transfers; make prefetches yield while demand is waiting or moving."""
+        while self.free_engines > 0 and (self.queue_demand or (self.queue_prefetch and self.demands_live == 0)):
+            tr = self.queue_demand.popleft() if self.queue_demand else self.queue_prefetch.popleft()
+            self.free_engines -= 1
+            if tr.setup_done:  # a resumed prefetch: its descriptor is already programmed
+                self._start_data(tr)
+            else:
+                tr.state = SETUP
+                heapq.heappush(self.in_setup, (self.env.now + self.setup_ps, tr.tid, tr))
+        demand_moving = any(t.priority == DEMAND for t in self.flowing)
+        if self.queue_demand or demand_moving:
+            for tr in self.flowing:
+                if tr.priority == PREFETCH and tr.state == ACTIVE:
+                    self._set_boundary(tr)
+        elif self.demands_live == 0 and self.paused:
+            # no demand left: paused prefetches take engines again, oldest first
+            for tr in sorted(self.paused, key=lambda t: t.tid, reverse=True):
+                tr.state = QUEUED
+                self.queue_prefetch.appendleft(tr)
+            self.paused.clear()
+            self._dispatch()
+
+    def _set_boundary(self, tr: Transfer) -> None:
+        """Let a moving transfer run on to its next chunk boundary, then stop there."""
+        done_units = tr.nbytes * self.unit_per_byte - tr.remaining
+        next_boundary = -(-done_units // self.chunk_units) * self.chunk_units
+        tr.boundary = max(tr.nbytes * self.unit_per_byte - next_boundary, 0)
+        tr.state = DRAINING
+
+    def _reschedule(self) -> None:
+        """Keep one wake-up pending, at the next completion, chunk boundary or end of a setup."""
+        now = self.env.now
+        soonest = self.in_setup[0][0] - now if self.in_setup else None
+        if self.flowing:
+            per_ps = self.rate // len(self.flowing)  # exact: scale is divisible by the sharer count
+            for tr in self.flowing:
+                target = tr.boundary if tr.state == DRAINING else 0
+                dt = -(-max(tr.remaining - target, 0) // per_ps)
+                if soonest is None or dt < soonest:
+                    soonest = dt
+        if soonest is None:
+            self._generation += 1
+            self._tick_at = -1
+            return
+        if now + soonest == self._tick_at:
+            return  # the wake-up already pending is the right one
+        self._generation += 1
+        self._tick_at = now + soonest
+        gen = self._generation
+        ev = self.env.timeout(soonest)
+        ev.callbacks.append(lambda _e, g=gen: self._on_tick(g))
+
+    def _on_tick(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # superseded by a later reschedule
+        self._tick_at = -1
+        self._advance()
+        now = self.env.now
+        while self.in_setup and self.in_setup[0][0] <= now:
+            self._setup_over(heapq.heappop(self.in_setup)[2])
+        still = []
+        for tr in self.flowing:
+            if tr.remaining <= 0:
+                self._finish_data(tr, now)
+            elif tr.state == DRAINING and tr.remaining <= tr.boundary:
+                self.free_engines += 1
+                if tr.cancelled:
+                    self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+                else:
+                    tr.state = PAUSED
+                    self.paused.append(tr)
+            else:
+                still.append(tr)
+        self.flowing = still
+        self._dispatch()
+        self._reschedule()
+
+    def _finish_data(self, tr: Transfer, now: int) -> None:
+        self.free_engines += 1
+        if tr.priority == DEMAND:
+            self.demands_live -= 1
+        self.transfers_done += 1
+        self._end(tr, moved_units=tr.nbytes * self.unit_per_byte, latency=True)
+
+    def _end(self, tr: Transfer, moved_units: int, latency: bool) -> None:
+        """Retire a transfer; `on_landed` runs once its last moved byte has crossed the path."""
+        now = self.env.now
+        tr.remaining = 0
+        tr.moved_bytes = -(-moved_units // self.unit_per_byte)
+        tr.data_end_ps = now
+        tr.finish_ps = now + (self.latency_ps if latency else 0)
+        self.bytes_moved += tr.moved_bytes
+        tr.state = DONE
+        # one SimPy event per distinct landing time, however many transfers land then
+        group = self._landing.get(tr.finish_ps)
+        if group is None:
+            self._landing[tr.finish_ps] = [tr]
+            ev = self.env.timeout(tr.finish_ps - now, value=tr.finish_ps)
+            ev.callbacks.append(self._on_landing)
+        else:
+            group.append(tr)
+
+    def _on_landing(self, event) -> None:
+        for tr in self._landing.pop(event.value):
+            self.on_landed(tr)
+
+
+class _Batch:
+    def __init__(self, path: DmaPath):
+        self.path = path
+
+    def __enter__(self):
+        self.path._batch_depth += 1
+        return self.path
+
+    def __exit__(self, *exc):
+        self.path._batch_depth -= 1
+        self.path._settle()
+        return False

@@ -1,0 +1,384 @@
+"""The discrete-event replay of decode on the chip (SimPy), driven by a trace and a policy plug-in.
+
+One SimPy process runs the decode step token by token and layer by layer on the arrays (operations are
+sequential: each uses all arrays). Expert weights reach the on-package buffer through `DmaPath`
+transfers that run concurrently with compute. The process stalls only when the next expert it must
+compute has not arrived; that waiting is the `stall`. Every byte moved and every picosecond of array
+time goes into a per-token `Ledger`; energy is computed from it afterwards (chipsim.sim.energy).
+
+The `Simulation` object is also the context handed to policies: its public methods below are the
+policy API (read the trace, prefetch, evict, query the buffer and the link).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from chipsim.hw.compute import OpCost
+from chipsim.hw.config import HardwareConfig
+from chipsim.hw.dram import dram_timing
+from chipsim.policies.base import Policy
+from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, Transfer
+from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
+from chipsim.trace.format import Trace
+from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
+from chipsim.workload.decode import DecodeWorkload
+
+# Where bytes go: an expert fetch reads LPDDR5X, crosses PCIe and the I/O→HBM UCIe link and is written
+# into HBM; an operation's operands are read from HBM and cross the HBM→compute UCIe link.
+FETCH_PATH = ("lpddr5x", "pcie", "ucie", "hbm")
+OPERAND_PATH = ("hbm", "ucie")
+
+
+@dataclass(frozen=True)
+class FetchPathTiming:
+    bandwidth_gbps: float  # bottleneck of the path, per direction
+    latency_ns: float  # summed latency of the path
+    bottleneck: str
+    per_component_gbps: dict
+
+
+def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
+    lp, hbm = dram_timing(hw.memory.lpddr5x), dram_timing(hw.memory.hbm)
+    bws = {
+        "lpddr5x": lp.effective_gbps,
+        "pcie": hw.links.pcie.bandwidth_gbps,
+        "ucie": hw.links.ucie.bandwidth_gbps,
+        "hbm": hbm.effective_gbps,
+    }
+    bottleneck = min(bws, key=lambda k: (bws[k], k))
+    latency = lp.access_latency_ns + hw.links.pcie.latency_ns + hw.links.ucie.latency_ns + hbm.access_latency_ns
+    return FetchPathTiming(bws[bottleneck], latency, bottleneck, bws)
+
+
+class _Entry:
+    __slots__ = ("key", "transfer", "resident", "arrival_ps", "prefetched", "used", "last_use")
+
+    def __init__(self, key, transfer, prefetched):
+        self.key = key
+        self.transfer = transfer
+        self.resident = False
+        self.arrival_ps = -1
+        self.prefetched = prefetched
+        self.used = False
+        self.last_use = -1
+
+
+@dataclass
+class SimResult:
+    policy: str
+    tokens: int
+    moe_layers: int
+    latency_ps: np.ndarray  # (T,)
+    stall_ps: np.ndarray  # (T,)
+    busy_ps: np.ndarray  # (T,)
+    idle_ps: np.ndarray  # (T,)
+    bytes: dict  # component -> (T,) bytes
+    layer_overlap: np.ndarray  # (T, L) bool: whole routed set in the buffer when routing decided
+    layer_hits: np.ndarray  # (T, L) routed experts already in the buffer
+    layer_stall_ps: np.ndarray  # (T, L)
+    layer_demand_fetches: np.ndarray  # (T, L)
+    prefetches_issued: int
+    prefetches_dropped: int  # refused for lack of buffer space
+    prefetches_unused: int  # staged but evicted without being computed
+    fetches_total: int
+    expert_computes: int
+    extra: dict = field(default_factory=dict)
+    events: list | None = None  # (lane, name, start_ps, end_ps) when recording
+
+
+class Simulation:
+    """One policy replaying one trace on one hardware config."""
+
+    def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
+                 max_tokens: int = 0, record_events: bool = False):
+        self.hw = hw
+        self.workload = workload
+        self.trace = trace
+        self.policy = policy
+        self.model = workload.model
+        self.top_k = self.model.top_k
+        self.num_experts = self.model.num_experts
+        self.num_moe_layers = self.model.num_moe_layers
+        n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
+        self.num_tokens = n_tokens
+        self.env = simpy.Environment()
+        path = fetch_path_timing(hw)
+        self.path_timing = path
+        self.dma = DmaPath(
+            self.env,
+            bandwidth_bytes_per_s=gbps_to_bytes_per_s(path.bandwidth_gbps),
+            latency_ps=ns_to_ps(path.latency_ns),
+            setup_ps=ns_to_ps(hw.dma.setup_ns),
+            engines=hw.dma.engines,
+            chunk_bytes=int(hw.dma.chunk_kib * 1024),
+            on_landed=self._on_fetch_done,
+        )
+        self.slots = workload.buffer_slots
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
+        self._pending_demands: list[tuple[int, int]] = []
+        self._waiting_layer = -1
+        self._arrival_event = None
+        self._routed = trace["routed_ids"]
+        self._ledger = Ledger()
+        self._token_ledgers: list[Ledger] = []
+        L = self.num_moe_layers
+        self._overlap = np.zeros((n_tokens, L), dtype=bool)
+        self._hits = np.zeros((n_tokens, L), dtype=np.int16)
+        self._layer_stall = np.zeros((n_tokens, L), dtype=np.int64)
+        self._layer_demand = np.zeros((n_tokens, L), dtype=np.int16)
+        self._latency = np.zeros(n_tokens, dtype=np.int64)
+        self._stall = np.zeros(n_tokens, dtype=np.int64)
+        self.prefetches_issued = 0
+        self.prefetches_dropped = 0
+        self.prefetches_unused = 0
+        self.fetches_total = 0
+        self.expert_computes = 0
+        self.events = [] if record_events else None
+
+    # ======================================================================== policy API
+    @property
+    def now(self) -> int:
+        return self.env.now
+
+    def trace_routed(self, t: int, layer: int) -> list[int]:
+        return [int(e) for e in self._routed[t, layer]]
+
+    def trace_array(self, key: str) -> np.ndarray:
+        """Any trace array (see chipsim.trace.format); only `oracle` may read future routing."""
+        return self.trace[key]
+
+    def present(self, layer: int, expert: int) -> bool:
+        """In the buffer: arrived or on its way."""
+        return (layer, expert) in self._entries
+
+    def resident(self, layer: int, expert: int) -> bool:
+        entry = self._entries.get((layer, expert))
+        return entry is not None and entry.resident
+
+    def resident_keys(self) -> list[tuple[int, int]]:
+        return [key for key, entry in self._entries.items() if entry.resident]
+
+    def keys_of_layer(self, layer: int) -> list[tuple[int, int]]:
+        return [key for key in self._entries if key[0] == layer]
+
+    def last_use(self, key: tuple[int, int]) -> int:
+        return self._entries[key].last_use
+
+    def free_slots(self) -> int:
+        return self.slots - len(self._entries) - self._zombies
+
+    def link_queued_bytes(self) -> int:
+        return self.dma.queued_bytes()
+
+    def prefetch(self, layer: int, expert: int) -> bool:
+        """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
+        key = (layer, expert)
+        if key in self._entries:
+            return True
+        if self.free_slots() <= 0:
+            self.prefetches_dropped += 1
+            return False
+        self._issue(key, PREFETCH)
+        self.prefetches_issued += 1
+        return True
+
+    def evict(self, layer: int, expert: int) -> None:
+        key = (layer, expert)
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        if entry.prefetched and not entry.used:
+            self.prefetches_unused += 1
+        if not entry.resident:
+            self._zombies += 1  # the slot frees when the DMA stops (at once if it never started)
+            self.dma.cancel(entry.transfer)
+        self._serve_pending_demands()
+
+    def cancel_unneeded(self, layer: int, needed) -> None:
+        """Drop this layer's experts that are still on their way and not in `needed`."""
+        needed = set(needed)
+        for key in self.keys_of_layer(layer):
+            if key[1] not in needed and not self._entries[key].resident:
+                self.evict(*key)
+
+    def evict_layer(self, layer: int) -> None:
+        for key in self.keys_of_layer(layer):
+            self.evict(*key)
+
+    # ======================================================================== internals
+    def _issue(self, key, priority) -> Transfer:
+        tr = self.dma.submit(self.workload.expert_bytes, priority, tag=key)
+        self._entries[key] = _Entry(key, tr, prefetched=(priority == PREFETCH))
+        self.fetches_total += 1
+        return tr
+
+    def _on_fetch_done(self, tr: Transfer) -> None:
+        key = tr.tag
+        self._ledger.move(FETCH_PATH, tr.moved_bytes)
+        if self.events is not None:
+            lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
+            self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self.env.now))
+        entry = self._entries.get(key)
+        if entry is None or entry.transfer is not tr:
+            self._zombies -= 1
+            self._serve_pending_demands()
+            return
+        entry.resident = True
+        entry.arrival_ps = self.env.now
+        if self._arrival_event is not None and key[0] == self._waiting_layer:
+            ev, self._arrival_event = self._arrival_event, None
+            ev.succeed()
+
+    def _demand(self, layer: int, expert: int, needed: set[int]) -> None:
+        key = (layer, expert)
+        entry = self._entries.get(key)
+        if entry is not None:
+            if not entry.resident:
+                self.dma.promote(entry.transfer)
+            return
+        if self.free_slots() <= 0:
+            victims = self.policy.choose_victims(self, layer, needed, 1 - self.free_slots())
+            for victim in victims:
+                self.evict(*victim)
+        if self.free_slots() > 0:
+            self._issue(key, DEMAND)
+        else:
+            self._pending_demands.append(key)
+
+    def _serve_pending_demands(self) -> None:
+        while self._pending_demands and self.free_slots() > 0:
+            key = self._pending_demands.pop(0)
+            if key not in self._entries:
+                self._issue(key, DEMAND)
+
+    def _compute(self, op_ps: int, hbm_bytes: int, name: str):
+        self._ledger.busy_ps += op_ps
+        self._ledger.move(OPERAND_PATH, hbm_bytes)
+        start = self.env.now
+        yield self.env.timeout(op_ps)
+        if self.events is not None:
+            self.events.append(("arrays", name, start, self.env.now))
+
+    @staticmethod
+    def _cost(op: OpCost | None) -> tuple[int, int]:
+        if op is None:
+            return 0, 0
+        return op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes
+
+    def _decode(self):
+        wl = self.workload
+        dense = self.model.first_dense_layers
+        head_ps, head_bytes = self._cost(wl.token_head)
+        layer_costs = []
+        for costs in wl.layers:
+            attn_ps, attn_b = self._cost(costs.attention)
+            router_ps, router_b = self._cost(costs.router)
+            dense_ps, dense_b = self._cost(costs.dense)
+            expert_ps, expert_b = self._cost(costs.expert)
+            combine_ps, combine_b = self._cost(costs.combine)
+            layer_costs.append((attn_ps + router_ps, attn_b + router_b, dense_ps, dense_b,
+                                expert_ps, expert_b, combine_ps, combine_b))
+        self.policy.on_run_start(self)
+        for t in range(self.num_tokens):
+            token_start = self.env.now
+            self._ledger = Ledger()
+            stall_total = 0
+            with self.dma.batch():
+                self.policy.on_token_start(self, t)
+            for li, costs in enumerate(layer_costs):
+                pre_ps, pre_b, dense_ps, dense_b, expert_ps, expert_b, combine_ps, combine_b = costs
+                if li < dense:
+                    yield from self._compute(pre_ps + dense_ps, pre_b + dense_b, f"dense layer {li}")
+                    continue
+                layer = li - dense
+                with self.dma.batch():
+                    self.policy.on_layer_start(self, t, layer)
+                yield from self._compute(pre_ps, pre_b, f"L{layer} attention+router")
+                routed = self.trace_routed(t, layer)
+                hits = sum(1 for e in routed if (layer, e) in self._entries)
+                self._hits[t, layer] = hits
+                self._overlap[t, layer] = hits == len(routed)
+                with self.dma.batch():
+                    plan = self.policy.on_route(self, t, layer, routed)
+                    remaining = list(plan.execute)
+                    needed = set(remaining)
+                    demands = 0
+                    for expert in remaining:
+                        if (layer, expert) not in self._entries:
+                            demands += 1
+                        self._demand(layer, expert, needed)
+                self._layer_demand[t, layer] = demands
+                extra_ps, extra_b = dense_ps, dense_b  # shared experts run first, while fetches proceed
+                layer_stall = 0
+                while remaining:
+                    ready = [e for e in remaining if self.resident(layer, e)]
+                    if ready:
+                        last = len(ready) == len(remaining)
+                        ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
+                        nbytes = extra_b + len(ready) * expert_b + (combine_b if last else 0)
+                        extra_ps = extra_b = 0
+                        for e in ready:
+                            entry = self._entries[(layer, e)]
+                            entry.used = True
+                            entry.last_use = t * self.num_moe_layers + layer
+                        yield from self._compute(ps, nbytes, f"L{layer} experts {ready}")
+                        self.expert_computes += len(ready)
+                        ready_set = set(ready)
+                        remaining = [e for e in remaining if e not in ready_set]
+                    else:
+                        if extra_ps:  # shared experts do not wait for routed ones
+                            yield from self._compute(extra_ps, extra_b, f"L{layer} shared")
+                            extra_ps = extra_b = 0
+                            continue
+                        self._waiting_layer = layer
+                        self._arrival_event = self.env.event()
+                        wait_start = self.env.now
+                        yield self._arrival_event
+                        waited = self.env.now - wait_start
+                        layer_stall += waited
+                        if self.events is not None:
+                            self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
+                if not plan.execute:
+                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, f"L{layer} combine")
+                self._layer_stall[t, layer] = layer_stall
+                stall_total += layer_stall
+                with self.dma.batch():
+                    self.policy.on_layer_end(self, t, layer)
+            yield from self._compute(head_ps, head_bytes, "lm head")
+            latency = self.env.now - token_start
+            self._ledger.idle_ps = latency - self._ledger.busy_ps
+            self._latency[t] = latency
+            self._stall[t] = stall_total
+            self._token_ledgers.append(self._ledger)
+        # transfers still in flight land after this, charged to the last token's ledger
+
+    def run(self) -> SimResult:
+        self.env.process(self._decode())
+        self.env.run()
+        T = self.num_tokens
+        return SimResult(
+            policy=self.policy.label,
+            tokens=T,
+            moe_layers=self.num_moe_layers,
+            latency_ps=self._latency,
+            stall_ps=self._stall,
+            busy_ps=np.array([lg.busy_ps for lg in self._token_ledgers], dtype=np.int64),
+            idle_ps=np.array([lg.idle_ps for lg in self._token_ledgers], dtype=np.int64),
+            bytes={c: np.array([lg.bytes[c] for lg in self._token_ledgers], dtype=np.int64) for c in MOVE_COMPONENTS},
+            layer_overlap=self._overlap,
+            layer_hits=self._hits,
+            layer_stall_ps=self._layer_stall,
+            layer_demand_fetches=self._layer_demand,
+            prefetches_issued=self.prefetches_issued,
+            prefetches_dropped=self.prefetches_dropped,
+            prefetches_unused=self.prefetches_unused,
+            fetches_total=self.fetches_total,
+            expert_computes=self.expert_computes,
+            extra=self.policy.extra_metrics(),
+            events=self.events,
+        )

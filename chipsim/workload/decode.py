@@ -1,0 +1,168 @@
+"""The decode step of one token, as operations with shapes, costed on the arrays (batch 1).
+
+Per layer: input norm → attention (projections, scores over the KV cache of `context_length`
+tokens, softmax on the SFUs, value mix, output projection, KV append) → post-attention norm → router →
+shared experts (or the dense FFN in dense first layers) → routed experts → weighted sum. Per token:
+embedding lookup, final norm and LM head. Non-expert weights, the KV cache and activations live in HBM;
+routed expert weights are staged into HBM by DMA and read from there by the arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chipsim.errors import InputError
+from chipsim.hw.compute import ArrayModel, OpCost, ceil_div
+from chipsim.hw.config import HardwareConfig
+from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
+from chipsim.workload.models import ModelShape, get_model
+
+BF16_BYTES = 2
+
+
+def weight_bytes(params: int, bits: int, group_size: int, scale_bits: int) -> int:
+    """Bytes of `params` weights at `bits` per weight, plus one scale per group below 16 bit."""
+    data = ceil_div(params * bits, 8)
+    if bits < 16:
+        data += ceil_div(ceil_div(params, group_size) * scale_bits, 8)
+    return data
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    attention: OpCost  # input norm, attention block, residual
+    router: OpCost | None  # post-attention norm, router GEMV, softmax, top-k (MoE layers)
+    dense: OpCost | None  # post-attention norm + dense FFN (dense first layers) or shared experts
+    expert: OpCost | None  # one routed expert, including dequantisation below 16 bit
+    combine: OpCost | None  # weighted sum of the routed experts' outputs, residual
+
+
+@dataclass(frozen=True)
+class DecodeWorkload:
+    model: ModelShape
+    context_length: int
+    expert_bits: int
+    expert_bytes: int  # one routed expert as moved by DMA and stored in the buffer
+    expert_matrix_bytes: tuple[int, ...]  # gate, up, down
+    layers: tuple[LayerCosts, ...]  # one per model layer (dense first layers included)
+    token_head: OpCost  # embedding lookup + final norm + LM head (+ argmax)
+    hbm_non_expert_bytes: int
+    hbm_kv_bytes: int
+    hbm_activation_bytes: int
+    buffer_slots: int  # whole experts the expert buffer holds
+
+    def moe_layer(self, moe_index: int) -> LayerCosts:
+        return self.layers[self.model.first_dense_layers + moe_index]
+
+
+def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
+    d = m.hidden_size
+    norm = am.sfu("attn_norm_rsqrt", 1) + am.vector("attn_norm_scale", 2 * d)
+    if m.attention == "mla":
+        h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+        q = am.matvec("q_proj", d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
+        kv_a = am.matvec("kv_a_proj", d, lora + rope, d * (lora + rope) * BF16_BYTES,
+                         write_bytes=(lora + rope) * BF16_BYTES)  # append the compressed latent to the cache
+        kv_norm = am.sfu("kv_norm_rsqrt", 1) + am.vector("kv_norm_scale", 2 * lora)
+        rope_op = am.vector("rope", 2 * h * rope + 2 * rope)
+        absorb = am.matvec("q_absorb_uk", nope, h * lora, h * nope * lora * BF16_BYTES)
+        scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES)
+        softmax = am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx)
+        mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES)
+        up = am.matvec("v_up_uv", lora, h * v, h * lora * v * BF16_BYTES)
+        o = am.matvec("o_proj", h * v, d, h * v * d * BF16_BYTES)
+        ops = [q, kv_a, kv_norm, rope_op, absorb, scores, softmax, mix, up, o]
+    else:
+        nq, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+        qkv = am.matvec("qkv_proj", d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+                        write_bytes=2 * nkv * hd * BF16_BYTES)  # append this token's K and V
+        rope_op = am.vector("rope", 2 * (nq + nkv) * hd)
+        scores = am.matvec("scores", hd, nq * ctx, nkv * ctx * hd * BF16_BYTES)
+        softmax = am.sfu("softmax_exp", nq * ctx) + am.vector("softmax_norm", 3 * nq * ctx)
+        mix = am.matvec("value_mix", ctx, nq * hd, nkv * ctx * hd * BF16_BYTES)
+        o = am.matvec("o_proj", nq * hd, d, nq * hd * d * BF16_BYTES)
+        ops = [qkv, rope_op, scores, softmax, mix, o]
+    total = norm
+    for op in ops:
+        total = total + op
+    return total + am.vector("attn_residual", d)
+
+
+def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, scale_bits: int, dequant_ops: int) -> OpCost:
+    """A gated FFN (gate, up, SiLU·mul, down) whose weights are at `bits` precision."""
+    gu_bytes = weight_bytes(2 * d * inter, bits, group, scale_bits)
+    down_bytes = weight_bytes(inter * d, bits, group, scale_bits)
+    op = am.matvec(f"{name}_gate_up", d, 2 * inter, gu_bytes)
+    op = op + am.sfu(f"{name}_silu", inter) + am.vector(f"{name}_mul", inter)
+    op = op + am.matvec(f"{name}_down", inter, d, down_bytes)
+    if bits < 16:
+        op = op + am.vector(f"{name}_dequant", 3 * d * inter * dequant_ops)
+    return op
+
+
+def build_workload(hw: HardwareConfig) -> DecodeWorkload:
+    m = get_model(hw.model.name)
+    am = ArrayModel(hw)
+    ctx = hw.workload.context_length
+    bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
+    d = m.hidden_size
+    attention = _attention(am, m, ctx)
+    post_norm = am.sfu("ffn_norm_rsqrt", 1) + am.vector("ffn_norm_scale", 2 * d)
+    layers = []
+    for layer in range(m.num_layers):
+        if layer < m.first_dense_layers:
+            dense = post_norm + _ffn(am, "dense", d, m.dense_ffn, 16, group, sbits, 1) + am.vector("ffn_residual", d)
+            layers.append(LayerCosts(attention, None, dense, None, None))
+            continue
+        router = post_norm + am.matvec("router", d, m.num_experts, d * m.num_experts * BF16_BYTES)
+        router = router + am.sfu("router_softmax", m.num_experts) + am.vector("router_topk", m.num_experts * m.top_k)
+        shared = None
+        if m.num_shared_experts:
+            shared = _ffn(am, "shared", d, m.shared_expert_ffn * m.num_shared_experts, 16, group, sbits, 1)
+            if m.shared_expert_gate:
+                shared = shared + am.matvec("shared_gate", d, 1, d * BF16_BYTES) + am.sfu("shared_sigmoid", 1)
+        expert = _ffn(am, "expert", d, m.expert_ffn, bits, group, sbits, hw.compute.dequant_ops_per_weight)
+        combine = am.vector("combine", (m.top_k + m.num_shared_experts + 1) * d)
+        layers.append(LayerCosts(attention, router, shared, expert, combine))
+    head = am.vector("embedding", d, read_bytes=d * BF16_BYTES)
+    head = head + am.sfu("final_norm_rsqrt", 1) + am.vector("final_norm_scale", 2 * d)
+    head = head + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES) + am.vector("argmax", m.vocab_size)
+
+    per_matrix = [weight_bytes(i * o, bits, group, sbits) for _, i, o in m.expert_matrix_params()]
+    expert_bytes = sum(per_matrix)
+    buffer_bytes = int(hw.expert_buffer.capacity_mib * BYTES_PER_MIB)
+    if buffer_bytes < expert_bytes:
+        raise InputError(
+            f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB is smaller than one expert "
+            f"of {m.name} at {bits} bit ({expert_bytes / BYTES_PER_MIB:.2f} MiB)"
+        )
+    slots = buffer_bytes // expert_bytes
+    if slots < m.top_k:
+        raise InputError(
+            f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB holds {slots} experts of "
+            f"{m.name} at {bits} bit, fewer than the {m.top_k} one layer routes to"
+        )
+    non_expert = m.non_expert_params() * BF16_BYTES
+    kv = ctx * m.num_layers * m.kv_cache_bytes_per_token_layer(BF16_BYTES)
+    activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
+    hbm_capacity = int(hw.memory.hbm.capacity_gib * BYTES_PER_GIB)
+    needed = non_expert + kv + activations + slots * expert_bytes
+    if needed > hbm_capacity:
+        raise InputError(
+            f"memory.hbm.capacity_gib: {hw.memory.hbm.capacity_gib} GiB cannot hold non-expert weights "
+            f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
+            f"expert buffer ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
+        )
+    lp_capacity = int(hw.memory.lpddr5x.capacity_gib * BYTES_PER_GIB)
+    all_experts = m.num_moe_layers * m.num_experts * expert_bytes
+    if all_experts > lp_capacity:
+        raise InputError(
+            f"memory.lpddr5x.capacity_gib: {hw.memory.lpddr5x.capacity_gib} GiB cannot hold the "
+            f"{all_experts / BYTES_PER_GIB:.2f} GiB of {m.name}'s experts at {bits} bit"
+        )
+    return DecodeWorkload(
+        model=m, context_length=ctx, expert_bits=bits, expert_bytes=expert_bytes,
+        expert_matrix_bytes=tuple(per_matrix), layers=tuple(layers), token_head=head,
+        hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
+        buffer_slots=slots,
+    )

@@ -1,0 +1,70 @@
+"""Hand-made traces and configs for tests (no generator involved)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.trace import format as tf
+from chipsim.workload.models import ModelShape
+
+
+def hand_trace_arrays(model: ModelShape, routed: np.ndarray, apex_rank: np.ndarray | None = None,
+                      apex_score: float = 0.0, apex_theta: np.ndarray | None = None) -> tuple[dict, dict]:
+    """A schema-valid trace whose routing is `routed` (T, L, k); predictions default to perfect rankings."""
+    T, L, k = routed.shape
+    n = model.num_experts
+    m = min(n, 2 * k)
+    routed = routed.astype(np.uint8)
+    rank = np.empty((T, L, n), dtype=np.uint8)
+    for t in range(T):
+        for layer in range(L):
+            rest = [e for e in range(n) if e not in set(routed[t, layer].tolist())]
+            rank[t, layer] = np.array(list(routed[t, layer]) + rest, dtype=np.uint8)
+    if apex_rank is None:
+        apex_rank = rank.copy()
+    if apex_theta is None:
+        apex_theta = np.tile(np.linspace(0.0, 5.0, n - k + 1, dtype=np.float32), (L, 1))
+    none = np.full((T, L, m), tf.NO_EXPERT, dtype=np.uint8)
+    arrays = {
+        "routed_ids": routed,
+        "routed_weights": np.full((T, L, k), 1.0 / k, dtype=np.float16),
+        "router_rank": rank,
+        "router_rank_prob": np.full((T, L, m), 1.0 / n, dtype=np.float16),
+        "apex_rank": apex_rank.astype(np.uint8),
+        "apex_score": np.full((T, L), apex_score, dtype=np.float32),
+        "apex_theta": apex_theta.astype(np.float32),
+        "promoe_rank": none.copy(),
+        "pregate_rank": none.copy(),
+        "floe_rank": none.copy(),
+        "draft_ids": np.full((T, L, tf.DRAFT_DEPTH, k), tf.NO_EXPERT, dtype=np.uint8),
+        "draft_conf": np.zeros((T, L, tf.DRAFT_DEPTH), dtype=np.float16),
+        "train_expert_counts": np.ones((L, n), dtype=np.int64),
+        "moe_layers": np.arange(model.first_dense_layers, model.num_layers, dtype=np.int16),
+        "token_ids": np.zeros(T, dtype=np.int32),
+    }
+    meta = {
+        "schema_version": tf.SCHEMA_VERSION,
+        "synthetic": True,
+        "model": {
+            "name": model.name,
+            "num_layers": model.num_layers,
+            "first_dense_layers": model.first_dense_layers,
+            "num_experts": n,
+            "top_k": k,
+            "num_shared_experts": model.num_shared_experts,
+        },
+        "provenance": {"description": "hand-made test trace"},
+    }
+    return arrays, meta
+
+
+def random_routing(model: ModelShape, tokens: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    L, n, k = model.num_moe_layers, model.num_experts, model.top_k
+    return np.array([[rng.permutation(n)[:k] for _ in range(L)] for _ in range(tokens)], dtype=np.uint8)
+
+
+def write_hand_trace(path, model: ModelShape, routed: np.ndarray, **kw) -> str:
+    arrays, meta = hand_trace_arrays(model, routed, **kw)
+    tf.save(path, arrays, meta)
+    return str(path)
