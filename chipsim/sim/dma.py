@@ -194,6 +194,12 @@ class DmaPath:
 
     def _dispatch(self) -> None:
         """Give free engines to queued transfers; make prefetches yield while demand is waiting or moving."""
+        if self.demands_live == 0 and self.paused:
+            # no demand left: paused prefetches go back to the head of the queue, oldest first
+            for tr in sorted(self.paused, key=lambda t: t.tid, reverse=True):
+                tr.state = QUEUED
+                self.queue_prefetch.appendleft(tr)
+            self.paused.clear()
         while self.free_engines > 0 and (self.queue_demand or (self.queue_prefetch and self.demands_live == 0)):
             tr = self.queue_demand.popleft() if self.queue_demand else self.queue_prefetch.popleft()
             self.free_engines -= 1
@@ -202,18 +208,10 @@ class DmaPath:
             else:
                 tr.state = SETUP
                 heapq.heappush(self.in_setup, (self.env.now + self.setup_ps, tr.tid, tr))
-        demand_moving = any(t.priority == DEMAND for t in self.flowing)
-        if self.queue_demand or demand_moving:
+        if self.queue_demand or any(t.priority == DEMAND for t in self.flowing):
             for tr in self.flowing:
                 if tr.priority == PREFETCH and tr.state == ACTIVE:
                     self._set_boundary(tr)
-        elif self.demands_live == 0 and self.paused:
-            # no demand left: paused prefetches take engines again, oldest first
-            for tr in sorted(self.paused, key=lambda t: t.tid, reverse=True):
-                tr.state = QUEUED
-                self.queue_prefetch.appendleft(tr)
-            self.paused.clear()
-            self._dispatch()
 
     def _set_boundary(self, tr: Transfer) -> None:
         """Let a moving transfer run on to its next chunk boundary, then stop there."""

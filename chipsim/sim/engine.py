@@ -256,13 +256,16 @@ class Simulation:
             if key not in self._entries:
                 self._issue(key, DEMAND)
 
-    def _compute(self, op_ps: int, hbm_bytes: int, name: str):
-        self._ledger.busy_ps += op_ps
-        self._ledger.move(OPERAND_PATH, hbm_bytes)
+    def _compute(self, op_ps: int, hbm_bytes: int, label: str, *label_args):
+        """Run an operation on the arrays; `label % label_args` names it on the timeline (built only then)."""
+        ledger = self._ledger
+        ledger.busy_ps += op_ps
+        ledger.bytes["hbm"] += hbm_bytes  # OPERAND_PATH
+        ledger.bytes["ucie"] += hbm_bytes
         start = self.env.now
         yield self.env.timeout(op_ps)
         if self.events is not None:
-            self.events.append(("arrays", name, start, self.env.now))
+            self.events.append(("arrays", label % label_args, start, self.env.now))
 
     @staticmethod
     def _cost(op: OpCost | None) -> tuple[int, int]:
@@ -293,12 +296,12 @@ class Simulation:
             for li, costs in enumerate(layer_costs):
                 pre_ps, pre_b, dense_ps, dense_b, expert_ps, expert_b, combine_ps, combine_b = costs
                 if li < dense:
-                    yield from self._compute(pre_ps + dense_ps, pre_b + dense_b, f"dense layer {li}")
+                    yield from self._compute(pre_ps + dense_ps, pre_b + dense_b, "dense layer %d", li)
                     continue
                 layer = li - dense
                 with self.dma.batch():
                     self.policy.on_layer_start(self, t, layer)
-                yield from self._compute(pre_ps, pre_b, f"L{layer} attention+router")
+                yield from self._compute(pre_ps, pre_b, "L%d attention+router", layer)
                 routed = self.trace_routed(t, layer)
                 hits = sum(1 for e in routed if (layer, e) in self._entries)
                 self._hits[t, layer] = hits
@@ -315,8 +318,9 @@ class Simulation:
                 self._layer_demand[t, layer] = demands
                 extra_ps, extra_b = dense_ps, dense_b  # shared experts run first, while fetches proceed
                 layer_stall = 0
+                entries = self._entries
                 while remaining:
-                    ready = [e for e in remaining if self.resident(layer, e)]
+                    ready = [e for e in remaining if entries[(layer, e)].resident]
                     if ready:
                         last = len(ready) == len(remaining)
                         ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
@@ -326,13 +330,13 @@ class Simulation:
                             entry = self._entries[(layer, e)]
                             entry.used = True
                             entry.last_use = t * self.num_moe_layers + layer
-                        yield from self._compute(ps, nbytes, f"L{layer} experts {ready}")
+                        yield from self._compute(ps, nbytes, "L%d experts %s", layer, ready)
                         self.expert_computes += len(ready)
                         ready_set = set(ready)
                         remaining = [e for e in remaining if e not in ready_set]
                     else:
                         if extra_ps:  # shared experts do not wait for routed ones
-                            yield from self._compute(extra_ps, extra_b, f"L{layer} shared")
+                            yield from self._compute(extra_ps, extra_b, "L%d shared", layer)
                             extra_ps = extra_b = 0
                             continue
                         self._waiting_layer = layer
@@ -344,7 +348,7 @@ class Simulation:
                         if self.events is not None:
                             self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
                 if not plan.execute:
-                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, f"L{layer} combine")
+                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
                 self._layer_stall[t, layer] = layer_stall
                 stall_total += layer_stall
                 with self.dma.batch():
