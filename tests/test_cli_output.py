@@ -1,0 +1,78 @@
+"""What `chipsim run` prints and writes."""
+
+import csv
+import json
+import math
+
+from conftest import ROOT, THOR
+
+from chipsim.cli import main
+
+REQUIRED_JSON_KEYS = {
+    "policy", "latency_ms_per_token", "stall_ms_per_token", "energy_mj_per_token", "energy_onchip_active_mj",
+    "energy_offchip_io_mj", "energy_idle_leakage_mj", "edp_mj_ms", "offchip_bytes_per_token",
+}
+SHORT = ["--set", "workload.max_tokens=3", "--jobs", "1"]
+
+
+def test_json_has_one_object_per_policy_with_the_documented_keys(capsys):
+    assert main(["run", THOR, "--json", "--policy", "no-prefetch", "--policy", "static-2", *SHORT]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["no-prefetch", "static-2"]
+    for row in rows:
+        assert REQUIRED_JSON_KEYS <= set(row)
+        parts = row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
+        assert math.isclose(parts, row["energy_mj_per_token"], rel_tol=1e-12)
+        assert math.isclose(row["edp_mj_ms"], row["energy_mj_per_token"] * row["latency_ms_per_token"], rel_tol=1e-12)
+
+
+def test_table_names_config_and_synthetic_trace(capsys):
+    assert main(["run", THOR, "--policy", "oracle", *SHORT]) == 0
+    out = capsys.readouterr().out
+    assert f"config: {THOR}" in out
+    assert "SYNTHETIC" in out.splitlines()[1]
+    assert "oracle" in out and "EDP" in out
+
+
+def test_out_dir_holds_csv_and_json_with_hashes_and_per_layer_breakdowns(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["run", THOR, "--policy", "no-prefetch", "--policy", "oracle", "--out", str(out), *SHORT]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.json"]
+    doc = json.loads((out / "results.json").read_text())
+    run = doc["run"]
+    for key in ("config_sha256", "trace_sha256", "code_sha256"):
+        assert len(run[key]) == 64
+    assert run["trace_synthetic"] is True
+    layers = doc["results"][0]["per_layer"]["overlap"]
+    assert len(layers) == 32
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["policy"] for r in rows] == ["no-prefetch", "oracle"]
+    assert float(rows[1]["latency_ms_per_token"]) == doc["results"][1]["latency_ms_per_token"]
+
+
+def test_base_config_overrides_only_what_it_names(capsys):
+    alt = f"{ROOT}/hwconfigs/alt-energy-public.yaml"
+    assert main(["run", THOR, "--json", "--policy", "no-prefetch", *SHORT]) == 0
+    paper = json.loads(capsys.readouterr().out)[0]
+    assert main(["run", alt, "--json", "--policy", "no-prefetch", *SHORT]) == 0
+    public = json.loads(capsys.readouterr().out)[0]
+    assert public["latency_ms_per_token"] == paper["latency_ms_per_token"]  # energy keys only
+    # PCIe energy scales with its pJ/bit: 6.5 vs 5.0
+    assert math.isclose(public["energy_pcie_mj"] / paper["energy_pcie_mj"], 6.5 / 5.0, rel_tol=1e-12)
+
+
+def test_set_and_inline_policy_parameters(capsys):
+    assert main(["run", THOR, "--json", "--policy", "static:extra=3", "--policy", "static-3", *SHORT]) == 0
+    a, b = json.loads(capsys.readouterr().out)
+    assert a["latency_ms_per_token"] == b["latency_ms_per_token"]
+    assert main(["run", THOR, "--json", "--policy", "static", "--set", "policies.static.extra=3", *SHORT]) == 0
+    c = json.loads(capsys.readouterr().out)[0]
+    assert c["latency_ms_per_token"] == a["latency_ms_per_token"]
+
+
+def test_listing_commands(capsys):
+    for cmd in ("models", "keys", "policies"):
+        assert main([cmd]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v2-lite" in out and "links.pcie.bandwidth_gbps" in out and "policies.static.extra" in out
