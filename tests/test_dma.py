@@ -127,3 +127,18 @@ def test_same_submissions_give_identical_timelines():
         return sorted((tag, t) for tag, (t, _) in landed.items())
 
     assert run_once() == run_once()
+
+
+def test_without_preemption_a_demand_only_jumps_the_queue():
+    env = simpy.Environment()
+    landed = {}
+    path = DmaPath(env, GBPS_100, 0, 0, 1, 1 * MB, on_landed=lambda tr: landed.__setitem__(tr.tag, env.now),
+                   preempt=False)
+    path.submit(4 * MB, PREFETCH, tag="p1")
+    path.submit(4 * MB, PREFETCH, tag="p2")
+    env.run(until=15_000_000)
+    path.submit(1 * MB, DEMAND, tag="d")
+    env.run()
+    assert landed["p1"] == 40_000_000  # not interrupted
+    assert landed["d"] == 50_000_000  # ahead of the queued p2
+    assert landed["p2"] == 90_000_000

@@ -107,6 +107,8 @@ class DmaConfig:
     engines: int = _f("DMA engines (transfers in flight at once)", positive=True)
     setup_ns: float = _f("fixed per-descriptor cost (driver, IOMMU) before data moves, ns", minimum=0)
     chunk_kib: float = _f("transfer chunk: an in-flight prefetch yields to a demand fetch at chunk boundaries, KiB", positive=True)
+    demand_preempts_prefetch: bool = _f("true: moving prefetches pause at their next chunk boundary while a demand "
+                                        "fetch waits or moves; false: demand only goes ahead of queued prefetches")
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,9 @@ def _check_value(value, tp, meta: dict, key: str):
                 value = int(value)
             else:
                 raise InputError(f"{key}: expected an integer, got {value!r}")
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"{key}: expected true or false, got {value!r}")
     elif tp is str:
         if not isinstance(value, str) or not value:
             raise InputError(f"{key}: expected a non-empty string, got {value!r}")

@@ -60,7 +60,7 @@ class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
     def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int, latency_ps: int, setup_ps: int,
-                 engines: int, chunk_bytes: int, on_landed=None):
+                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True):
         """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
         cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved)."""
         if bandwidth_bytes_per_s <= 0 or engines <= 0 or chunk_bytes <= 0:
@@ -86,6 +86,7 @@ class DmaPath:
         self._tick_at = -1  # time of the pending wake-up, -1 if none
         self._batch_depth = 0
         self.on_landed = on_landed or (lambda tr: None)
+        self.preempt = preempt
         self._landing: dict[int, list[Transfer]] = {}  # finish time -> transfers landing then
         self._next_tid = 0
         # statistics
@@ -139,7 +140,9 @@ class DmaPath:
             tr.priority = PREFETCH
         if tr.state == QUEUED:
             (self.queue_demand if tr in self.queue_demand else self.queue_prefetch).remove(tr)
-            self._end(tr, moved_units=0, latency=False)
+            tr.state = DONE  # never started: nothing moved, nothing to wait for
+            tr.data_end_ps = tr.finish_ps = self.env.now
+            self.on_landed(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
             self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
@@ -200,7 +203,8 @@ class DmaPath:
                 tr.state = QUEUED
                 self.queue_prefetch.appendleft(tr)
             self.paused.clear()
-        while self.free_engines > 0 and (self.queue_demand or (self.queue_prefetch and self.demands_live == 0)):
+        # with preemption, prefetches wait while any demand is live; without, only queue order favours demand
+        while self.free_engines > 0 and (self.queue_demand or (self.queue_prefetch and (self.demands_live == 0 or not self.preempt))):
             tr = self.queue_demand.popleft() if self.queue_demand else self.queue_prefetch.popleft()
             self.free_engines -= 1
             if tr.setup_done:  # a resumed prefetch: its descriptor is already programmed
@@ -208,7 +212,7 @@ class DmaPath:
             else:
                 tr.state = SETUP
                 heapq.heappush(self.in_setup, (self.env.now + self.setup_ps, tr.tid, tr))
-        if self.queue_demand or any(t.priority == DEMAND for t in self.flowing):
+        if self.preempt and (self.queue_demand or any(t.priority == DEMAND for t in self.flowing)):
             for tr in self.flowing:
                 if tr.priority == PREFETCH and tr.state == ACTIVE:
                     self._set_boundary(tr)

@@ -116,6 +116,7 @@ class Simulation:
             engines=hw.dma.engines,
             chunk_bytes=int(hw.dma.chunk_kib * 1024),
             on_landed=self._on_fetch_done,
+            preempt=hw.dma.demand_preempts_prefetch,
         )
         self.slots = workload.buffer_slots
         self._entries: dict[tuple[int, int], _Entry] = {}
