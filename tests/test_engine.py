@@ -163,3 +163,35 @@ def test_a_wrong_ranking_makes_static_fetch_on_demand(tmp_path, monkeypatch):
     assert static["overlap"] == 0.0 and static["demand_fetches_per_token"] == 2 * 3
     assert static["prefetches_unused"] == (2 + 2) * 3 * 4  # k+2 staged per layer, none used
     assert static["latency_ms_per_token"] >= none["latency_ms_per_token"]
+
+
+def test_a_buffer_of_exactly_top_k_slots_still_completes_with_prefetches_for_other_layers(tmp_path, monkeypatch):
+    """Prefetches for the next layer fill the buffer; demand fetches must evict or wait, never deadlock."""
+    from chipsim.policies.base import Policy
+    from chipsim.sim.engine import Simulation
+
+    monkeypatch.setitem(MODELS, TINY.name, TINY)
+    routed = random_routing(TINY, 5, seed=9)
+    trace = write_hand_trace(tmp_path / "t.npz", TINY, routed)
+    cfg = tmp_path / "t.yaml"
+    # two experts of 196,608 bytes each: 0.4 MiB holds exactly top-k = 2
+    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
+                   "expert_buffer:\n  capacity_mib: 0.4\n")
+    prep = prepare(str(cfg), policy_specs=["no-prefetch"])
+    assert prep.workload.buffer_slots == 2
+
+    class NextLayerGreedy(Policy):
+        name = "test-next-layer"
+        caches_across_tokens = True
+
+        def on_layer_start(self, ctx, t, layer):
+            if layer + 1 < ctx.num_moe_layers:
+                for e in range(ctx.num_experts):
+                    ctx.prefetch(layer + 1, e)
+
+        def on_layer_end(self, ctx, t, layer):
+            ctx.evict_layer(layer)
+
+    result = Simulation(prep.config.hw, prep.workload, prep.trace, NextLayerGreedy("greedy")).run()
+    assert result.expert_computes == routed.size
+    assert (result.latency_ps > 0).all()

@@ -121,7 +121,8 @@ class Simulation:
         self.slots = workload.buffer_slots
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
-        self._pending_demands: list[tuple[int, int]] = []
+        self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
+        self._serving = False
         self._waiting_layer = -1
         self._arrival_event = None
         self._routed = trace["routed_ids"]
@@ -231,6 +232,8 @@ class Simulation:
             return
         entry.resident = True
         entry.arrival_ps = self.env.now
+        if self._pending_demands:
+            self._serve_pending_demands()
         if self._arrival_event is not None and key[0] == self._waiting_layer:
             ev, self._arrival_event = self._arrival_event, None
             ev.succeed()
@@ -242,20 +245,32 @@ class Simulation:
             if not entry.resident:
                 self.dma.promote(entry.transfer)
             return
-        if self.free_slots() <= 0:
-            victims = self.policy.choose_victims(self, layer, needed, 1 - self.free_slots())
-            for victim in victims:
-                self.evict(*victim)
-        if self.free_slots() > 0:
-            self._issue(key, DEMAND)
-        else:
-            self._pending_demands.append(key)
+        self._pending_demands.append((key, needed))
+        self._serve_pending_demands()
 
     def _serve_pending_demands(self) -> None:
-        while self._pending_demands and self.free_slots() > 0:
-            key = self._pending_demands.pop(0)
-            if key not in self._entries:
-                self._issue(key, DEMAND)
+        """Issue waiting demand fetches, evicting the policy's victims when the buffer is full."""
+        if self._serving:
+            return  # re-entered through evict(): the outer loop carries on
+        self._serving = True
+        try:
+            self._serve_pending_loop()
+        finally:
+            self._serving = False
+
+    def _serve_pending_loop(self) -> None:
+        while self._pending_demands:
+            key, needed = self._pending_demands[0]
+            if key in self._entries:
+                self._pending_demands.pop(0)
+                continue
+            if self.free_slots() <= 0:
+                for victim in self.policy.choose_victims(self, key[0], needed, 1 - self.free_slots()):
+                    self.evict(*victim)
+            if self.free_slots() <= 0:
+                return  # wait for an in-flight transfer to land or stop
+            self._pending_demands.pop(0)
+            self._issue(key, DEMAND)
 
     def _compute(self, op_ps: int, hbm_bytes: int, label: str, *label_args):
         """Run an operation on the arrays; `label % label_args` names it on the timeline (built only then)."""
@@ -321,7 +336,7 @@ class Simulation:
                 layer_stall = 0
                 entries = self._entries
                 while remaining:
-                    ready = [e for e in remaining if entries[(layer, e)].resident]
+                    ready = [e for e in remaining if (layer, e) in entries and entries[(layer, e)].resident]
                     if ready:
                         last = len(ready) == len(remaining)
                         ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
@@ -363,8 +378,14 @@ class Simulation:
         # transfers still in flight land after this, charged to the last token's ledger
 
     def run(self) -> SimResult:
-        self.env.process(self._decode())
+        process = self.env.process(self._decode())
         self.env.run()
+        if not process.triggered:
+            raise RuntimeError(
+                f"policy {self.policy.label} stalled for good at t={self.env.now} ps: the layer waits for experts "
+                f"that can never arrive (buffer of {self.slots} slots full: {len(self._entries)} entries, "
+                f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
+            )
         T = self.num_tokens
         return SimResult(
             policy=self.policy.label,
