@@ -85,6 +85,7 @@ class DmaPath:
         self._generation = 0
         self._tick_at = -1  # time of the pending wake-up, -1 if none
         self._batch_depth = 0
+        self._batch = _Batch(self)
         self.on_landed = on_landed or (lambda tr: None)
         self.preempt = preempt
         self._landing: dict[int, list[Transfer]] = {}  # finish time -> transfers landing then
@@ -153,7 +154,7 @@ class DmaPath:
 
     def batch(self):
         """Context manager: submit/promote/cancel many transfers at one instant, re-plan once at the end."""
-        return _Batch(self)
+        return self._batch
 
     def _settle(self) -> None:
         if not self._batch_depth:
@@ -173,7 +174,9 @@ class DmaPath:
         """Move every flowing transfer forward to env.now."""
         now = self.env.now
         dt = now - self.last_update
-        if dt > 0 and self.flowing:
+        if dt <= 0:
+            return
+        if self.flowing:
             share = dt * self.rate // len(self.flowing)
             for tr in self.flowing:
                 tr.remaining -= share

@@ -125,7 +125,7 @@ class Simulation:
         self._serving = False
         self._waiting_layer = -1
         self._arrival_event = None
-        self._routed = trace["routed_ids"]
+        self._routed = trace["routed_ids"][:n_tokens].tolist()  # nested lists: fast per-layer reads
         self._ledger = Ledger()
         self._token_ledgers: list[Ledger] = []
         L = self.num_moe_layers
@@ -148,7 +148,7 @@ class Simulation:
         return self.env.now
 
     def trace_routed(self, t: int, layer: int) -> list[int]:
-        return [int(e) for e in self._routed[t, layer]]
+        return list(self._routed[t][layer])
 
     def trace_array(self, key: str) -> np.ndarray:
         """Any trace array (see chipsim.trace.format); only `oracle` may read future routing."""
@@ -199,7 +199,8 @@ class Simulation:
         if not entry.resident:
             self._zombies += 1  # the slot frees when the DMA stops (at once if it never started)
             self.dma.cancel(entry.transfer)
-        self._serve_pending_demands()
+        if self._pending_demands:
+            self._serve_pending_demands()
 
     def cancel_unneeded(self, layer: int, needed) -> None:
         """Drop this layer's experts that are still on their way and not in `needed`."""
@@ -244,6 +245,9 @@ class Simulation:
         if entry is not None:
             if not entry.resident:
                 self.dma.promote(entry.transfer)
+            return
+        if not self._pending_demands and self.free_slots() > 0:
+            self._issue(key, DEMAND)
             return
         self._pending_demands.append((key, needed))
         self._serve_pending_demands()

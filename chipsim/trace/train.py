@@ -1,0 +1,429 @@
+"""Train a reduced-width MoE language model of a published shape, record it, fit predictors, write a trace.
+
+    python -m chipsim.trace.train --shape granite-3.1-3b-a800m --data .data/text-v1 --out OUTDIR --minutes 6 --seed 0 [--tiny]
+
+One seeded command per model (DESIGN §6, issue 3): it builds the real transformers class
+(GraniteMoeForCausalLM, DeepseekV2ForCausalLM, PhimoeForCausalLM, …) with the published layer count,
+dense first layers, expert count, top-k and shared experts of the shape, at reduced width (default
+d 512, expert FFN 256, our own 16k byte-level BPE vocabulary); trains it on the pre-tokenised open-licence
+text of chipsim.trace.textdata (bf16 autocast on a GPU, AdamW, the model family's load-balancing loss
+computed from router hooks) until a wall-time budget; reports train and held-out loss before and after;
+records a training split (for the predictors and train_expert_counts) and held-out sequences (the trace's
+decode tokens: every position of a held-out sequence), fits the predictors of chipsim.trace.predictors,
+and writes OUTDIR/<trace name>.npz with chipsim.trace.format.save plus OUTDIR/<trace name>.json (its meta).
+The weights are never written.
+
+`--tiny` is the CPU dry run: tiny width, a few steps, few tokens; same code path end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from chipsim.errors import InputError
+from chipsim.trace import format as tformat
+from chipsim.trace.predictors import build_trace_arrays
+from chipsim.trace.recorder import RoutingRecorder, find_routers, model_counts, record
+from chipsim.trace.textdata import load_split
+from chipsim.workload.models import get_model
+
+TRACE_NAMES = {
+    "granite-3.1-1b-a400m": "real-granite-1b",
+    "granite-3.1-3b-a800m": "real-granite-3b",
+    "deepseek-v2-lite": "real-deepseek-v2-lite",
+    "phi-mini-moe": "real-phi-mini-moe",
+    "mixtral-8x7b": "real-mixtral-8x7b",
+    "olmoe-1b-7b": "real-olmoe-1b-7b",
+    "qwen2-57b-a14b": "real-qwen2-57b-a14b",
+}
+
+
+@dataclass
+class Width:
+    d: int
+    ffn: int  # routed expert FFN
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def scale(self) -> float:
+        return self.ffn
+
+
+DEFAULT_WIDTH = Width(d=512, ffn=256, heads=8, kv_heads=4, head_dim=64)
+TINY_WIDTH = Width(d=64, ffn=32, heads=2, kv_heads=2, head_dim=32)
+
+
+def build_config(shape_name: str, w: Width, vocab: int, max_pos: int):
+    """The transformers config of the published shape at width w. Returns (config, aux-loss spec)."""
+    import transformers as tf
+
+    s = get_model(shape_name)
+    common = dict(vocab_size=vocab, hidden_size=w.d, num_hidden_layers=s.num_layers, num_attention_heads=w.heads,
+                  max_position_embeddings=max_pos, bos_token_id=0, eos_token_id=0, pad_token_id=None,
+                  tie_word_embeddings=s.tie_embeddings)
+    arch = s.hf_architecture
+    if arch == "GraniteMoeForCausalLM":
+        cfg = tf.GraniteMoeConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn,
+                                  num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.01)
+        aux = {"kind": "switch", "coef": 0.01,
+               "note": "Switch-style load balancing (N·Σ f_i P_i per layer, averaged over layers), coefficient 0.01 (ASSUMPTION: "
+                       "the published Granite value was not checked offline); multipliers left at the class defaults (1.0)"}
+    elif arch == "DeepseekV2ForCausalLM":
+        dense = int(round(w.ffn * s.dense_ffn / s.expert_ffn / 64)) * 64  # 10944/1408 of the expert width
+        cfg = tf.DeepseekV2Config(**common, num_key_value_heads=w.heads, intermediate_size=dense, moe_intermediate_size=w.ffn,
+                                  first_k_dense_replace=s.first_dense_layers, n_routed_experts=s.num_experts,
+                                  n_shared_experts=s.num_shared_experts, num_experts_per_tok=s.top_k,
+                                  kv_lora_rank=max(16, w.d // 4), q_lora_rank=None, qk_nope_head_dim=w.head_dim // 2,
+                                  qk_rope_head_dim=w.head_dim // 4, v_head_dim=w.head_dim // 2, topk_method="greedy",
+                                  n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False)
+        aux = {"kind": "deepseek_seq", "coef": 0.001,
+               "note": "DeepSeek-V2 expert-level balance loss α·Σ_i f_i P_i per sequence (seq_aux), summed over MoE layers, "
+                       "α = 0.001 (DeepSeek-V2-Lite's aux_loss_alpha); greedy top-6 of softmax, routed_scaling_factor 1.0, "
+                       "weights not renormalised (V2-Lite's settings)"}
+    elif arch == "PhimoeForCausalLM":
+        cfg = tf.PhimoeConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn, num_local_experts=s.num_experts,
+                              num_experts_per_tok=s.top_k)
+        aux = {"kind": "switch", "coef": float(cfg.router_aux_loss_coef), "note": "Switch-style, PhimoeConfig's default coefficient; sparsemixer routing"}
+    elif arch == "MixtralForCausalLM":
+        cfg = tf.MixtralConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn, num_local_experts=s.num_experts,
+                               num_experts_per_tok=s.top_k, router_aux_loss_coef=0.02)
+        aux = {"kind": "switch", "coef": 0.02, "note": "Switch-style, Mixtral's router_aux_loss_coef 0.02"}
+    elif arch == "OlmoeForCausalLM":
+        cfg = tf.OlmoeConfig(**common, num_key_value_heads=w.heads, intermediate_size=w.ffn, num_experts=s.num_experts,
+                             num_experts_per_tok=s.top_k, router_aux_loss_coef=0.01, norm_topk_prob=False)
+        aux = {"kind": "switch", "coef": 0.01, "note": "Switch-style, OLMoE's router_aux_loss_coef 0.01"}
+    elif arch == "Qwen2MoeForCausalLM":
+        cfg = tf.Qwen2MoeConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn * 4, moe_intermediate_size=w.ffn,
+                                shared_expert_intermediate_size=int(w.ffn * s.shared_expert_ffn / s.expert_ffn),
+                                num_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.001)
+        aux = {"kind": "switch", "coef": 0.001, "note": "Switch-style, Qwen2-MoE's router_aux_loss_coef 0.001"}
+    else:
+        raise InputError(f"--shape {shape_name}: no training recipe for {arch}")
+    return cfg, aux
+
+
+def build_model(shape_name: str, w: Width, vocab: int, max_pos: int, seed: int, device):
+    import transformers as tf
+
+    cfg, aux = build_config(shape_name, w, vocab, max_pos)
+    torch.manual_seed(seed)
+    cls = getattr(tf, get_model(shape_name).hf_architecture)
+    cfg._experts_implementation = "eager"
+    model = cls(cfg).to(device)
+    return model, cfg, aux
+
+
+def balance_loss(logits_per_layer: list[torch.Tensor], top_k: int, aux: dict, batch: int) -> torch.Tensor:
+    """The family's load-balancing loss from the routers' (B·S, N) logits (one tensor per MoE layer)."""
+    total = 0.0
+    for logits in logits_per_layer:
+        n = logits.shape[-1]
+        p = torch.softmax(logits.float(), -1)
+        sel = torch.topk(p, top_k, dim=-1).indices
+        onehot = torch.zeros_like(p).scatter_(-1, sel, 1.0)
+        if aux["kind"] == "deepseek_seq":
+            p = p.view(batch, -1, n)
+            onehot = onehot.view(batch, -1, n)
+            f = onehot.mean(1) * n / top_k  # (B, N)
+            total = total + (f * p.mean(1)).sum(-1).mean()
+        else:
+            total = total + n * (onehot.mean(0) * p.mean(0)).sum() / len(logits_per_layer)
+    return aux["coef"] * total
+
+
+def windows(stream: np.ndarray, starts: np.ndarray, seq: int) -> torch.Tensor:
+    return torch.from_numpy(np.stack([stream[s:s + seq].astype(np.int64) for s in starts]))
+
+
+def even_starts(n_tokens: int, count: int, seq: int) -> np.ndarray:
+    """`count` non-overlapping windows spread evenly over a stream (every source of the held-out text)."""
+    count = min(count, n_tokens // seq)
+    stride = (n_tokens - seq) // max(1, count - 1) if count > 1 else 0
+    return np.arange(count) * max(stride, seq)
+
+
+@torch.no_grad()
+def eval_loss(model, data: torch.Tensor, batch: int, device, amp) -> float:
+    model.eval()
+    tot, cnt = 0.0, 0
+    for s in range(0, data.shape[0], batch):
+        x = data[s:s + batch].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(input_ids=x, use_cache=False).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum")
+        tot += float(loss)
+        cnt += x[:, 1:].numel()
+    model.train()
+    return tot / cnt
+
+
+def train_step(model, x, top_k, aux, amp, device):
+    with RoutingRecorder(model, hidden=False, keep_graph=True) as rec:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(input_ids=x, use_cache=False).logits
+        ce = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+        bal = balance_loss(rec.logits, top_k, aux, x.shape[0])
+    return ce, bal
+
+
+def pick_experts_impl(model, x, top_k, aux, amp, device, log) -> tuple[str, dict]:
+    """On a GPU, time a forward+backward with each experts implementation and keep the fastest that works."""
+    timings = {}
+    if device.type != "cuda":
+        model.set_experts_implementation("eager")
+        return "eager", {"eager": None}
+    ref = None
+    for impl in ("grouped_mm", "eager"):
+        try:
+            model.set_experts_implementation(impl)
+            ts = []
+            for i in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                ce, bal = train_step(model, x, top_k, aux, amp, device)
+                (ce + bal).backward()
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+            if ref is None:
+                ref = float(ce)
+            elif abs(float(ce) - ref) > 0.05:
+                log(f"  experts '{impl}': loss {float(ce):.4f} differs from {ref:.4f}")
+            timings[impl] = round(min(ts[1:]), 4)
+            log(f"  experts implementation '{impl}': {timings[impl]:.3f} s per step (loss {float(ce):.4f})")
+        except Exception as exc:  # an implementation the pinned torch/transformers cannot run here
+            model.zero_grad(set_to_none=True)
+            timings[impl] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            log(f"  experts implementation '{impl}' failed: {timings[impl]}")
+    ok = {k: v for k, v in timings.items() if isinstance(v, float)}
+    best = min(ok, key=ok.get) if ok else "eager"
+    model.set_experts_implementation(best)
+    return best, timings
+
+
+def lr_at(frac: float, step: int, lr: float, warmup_steps: int) -> float:
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="train a published-shape MoE at reduced width, record it, write a trace")
+    ap.add_argument("--shape", required=True, help="model shape name (chipsim.workload.models)")
+    ap.add_argument("--data", required=True, help="folder written by python -m chipsim.trace.textdata")
+    ap.add_argument("--out", required=True, help="output folder for the trace (+ .json meta)")
+    ap.add_argument("--minutes", type=float, default=6.0, help="training wall-time budget")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny width, few steps, few tokens")
+    ap.add_argument("--name", default=None, help="trace file stem (default real-<model>)")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--heldout-tokens", type=int, default=None, help="held-out tokens to record (trace keeps as many as fit 16 MiB)")
+    ap.add_argument("--pred-train-tokens", type=int, default=None, help="training-split tokens recorded for the predictors")
+    ap.add_argument("--pred-steps", type=int, default=None)
+    ap.add_argument("--experts-impl", default="auto", choices=("auto", "eager", "grouped_mm"))
+    ap.add_argument("--device", default=None)
+    a = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    amp = device.type == "cuda"
+    tiny = a.tiny
+    width = TINY_WIDTH if tiny else DEFAULT_WIDTH
+    seq = a.seq or (64 if tiny else 512)
+    batch = a.batch or (4 if tiny else 32)
+    max_steps = a.max_steps if a.max_steps is not None else (6 if tiny else 10**9)
+    heldout_tokens = a.heldout_tokens or (256 if tiny else 4096)
+    pred_train_tokens = a.pred_train_tokens or (1024 if tiny else 32768)
+    pred_steps = a.pred_steps or (30 if tiny else 300)
+    eval_windows = 4 if tiny else 64
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = a.name or TRACE_NAMES.get(a.shape, "real-" + a.shape)
+    shape = get_model(a.shape)
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
+
+    import transformers
+
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    torch.manual_seed(a.seed)
+    np_rng = np.random.default_rng(a.seed)
+    train_ids, held_ids, data_meta = load_split(a.data)
+    vocab = int(data_meta["vocab_size"])
+    log(f"data: {train_ids.size:,} training / {held_ids.size:,} held-out tokens, vocab {vocab}")
+
+    model, cfg, aux = build_model(a.shape, width, vocab, max(seq, 2048), a.seed, device)
+    counts = model_counts(model)
+    for key in tformat.META_MODEL_KEYS:
+        if counts[key] != getattr(shape, key):
+            raise SystemExit(f"built model has {key}={counts[key]}, the shape says {getattr(shape, key)}")
+    n_params = sum(p.numel() for p in model.parameters())
+    n_expert_params = sum(p.numel() for n_, p in model.named_parameters() if ".experts." in n_)
+    log(f"model {counts['hf_architecture']}: {counts['num_layers']} layers ({counts['first_dense_layers']} dense first), "
+        f"{counts['num_experts']} experts top-{counts['top_k']}, {counts['num_shared_experts']} shared; d {width.d}, expert FFN {width.ffn}; "
+        f"{n_params / 1e6:.1f} M parameters ({n_expert_params / 1e6:.1f} M in routed experts)")
+
+    eval_held = windows(held_ids, even_starts(held_ids.size, eval_windows, seq + 1), seq + 1)
+    eval_train = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 2, eval_windows), seq + 1)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    x0 = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 2, batch), seq).to(device)
+    if a.experts_impl == "auto":
+        impl, impl_timing = pick_experts_impl(model, x0, shape.top_k, aux, amp, device, log)
+    else:
+        model.set_experts_implementation(a.experts_impl)
+        impl, impl_timing = a.experts_impl, {}
+    log(f"experts implementation: {impl}")
+
+    loss0_held = eval_loss(model, eval_held, batch, device, amp)
+    loss0_train = eval_loss(model, eval_train, batch, device, amp)
+    log(f"before training: train loss {loss0_train:.4f}, held-out loss {loss0_held:.4f} (ln V = {math.log(vocab):.4f})")
+
+    decay = [p for n_, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n_]
+    no_decay = [p for n_, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n_)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    budget = a.minutes * 60.0
+    warmup = 6 if tiny else 100
+    model.train()
+    step, tokens = 0, 0
+    t_train = time.perf_counter()
+    hist = []
+    while step < max_steps:
+        elapsed = time.perf_counter() - t_train
+        if elapsed >= budget:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(elapsed / budget, step, a.lr, warmup)
+        x = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 1, batch), seq).to(device, non_blocking=True)
+        ce, bal = train_step(model, x, shape.top_k, aux, amp, device)
+        loss = ce + bal
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += x.numel()
+        if step % (1 if tiny else 25) == 0 or step == 1:
+            ce_f, bal_f = float(ce.detach()), float(bal.detach())
+            hist.append((step, ce_f))
+            el = time.perf_counter() - t_train
+            log(f"step {step}: loss {ce_f:.4f} aux {bal_f:.5f} gnorm {float(gnorm):.2f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"{tokens / el:,.0f} tok/s, {tokens / 1e6:.2f} M tokens")
+    train_seconds = time.perf_counter() - t_train
+    loss1_held = eval_loss(model, eval_held, batch, device, amp)
+    loss1_train = eval_loss(model, eval_train, batch, device, amp)
+    log(f"after {step} steps ({tokens:,} tokens, {train_seconds:.0f} s): train loss {loss0_train:.4f} -> {loss1_train:.4f}, "
+        f"held-out loss {loss0_held:.4f} -> {loss1_held:.4f}")
+
+    # record: a training split for the predictors, held-out sequences for the trace
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("highest")
+    model.eval()
+    n_tr = max(1, pred_train_tokens // seq)
+    tr_seqs = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 1, n_tr), seq)
+    n_he = max(1, math.ceil(heldout_tokens / seq))
+    he_starts = even_starts(held_ids.size, n_he, seq)
+    he_seqs = windows(held_ids, he_starts, seq)
+    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    t_rec = time.perf_counter()
+    rec_tr = record(model, tr_seqs, batch_size=8, hidden=True, hidden_dtype=hdt)
+    rec_te = record(model, he_seqs, batch_size=8, hidden=True, hidden_dtype=hdt)
+    log(f"recorded {rec_tr.num_tokens:,} training-split and {rec_te.num_tokens:,} held-out tokens in {time.perf_counter() - t_rec:.1f} s")
+    router_w = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
+    arrays, pmetrics = build_trace_arrays(rec_tr, rec_te, router_w, device=device, steps=pred_steps, cdf_steps=int(pred_steps * 4 / 3),
+                                          seed=a.seed, log=log)
+    del rec_tr
+    log(f"predictors fitted in {pmetrics['seconds']} s")
+
+    cmd = "python -m chipsim.trace.train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    meta = {
+        "synthetic": False,
+        "model": {**{k: counts[k] for k in tformat.META_MODEL_KEYS}, "name": shape.name, "hf_architecture": counts["hf_architecture"]},
+        "provenance": {
+            "description": (f"{'TINY DRY RUN, not a result: ' if tiny else ''}{counts['hf_architecture']} at the {shape.name} counts, "
+                            f"d {width.d}, trained {tokens / 1e6:.1f} M tokens, held-out loss {loss1_held:.3f}"),
+            "kind": "tiny CPU dry run (not a result)" if tiny else "trained reduced-width model of the published shape",
+            "architecture": counts["hf_architecture"],
+            "shape": shape.name,
+            "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None},
+            "width": {"hidden_size": width.d, "expert_ffn": width.ffn, "heads": width.heads, "kv_heads": width.kv_heads,
+                      "head_dim": width.head_dim},
+            "parameters": n_params,
+            "routed_expert_parameters": n_expert_params,
+            "load_balancing": aux,
+            "training": {
+                "steps": step, "tokens": tokens, "batch": batch, "seq": seq, "seconds": round(train_seconds, 1),
+                "budget_minutes": a.minutes, "lr": a.lr, "optimizer": "AdamW(0.9, 0.95), wd 0.1 on matrices, clip 1.0, "
+                f"warm-up {warmup} steps, cosine on wall time to 10 %", "precision": "bf16 autocast" if amp else "fp32",
+                "experts_implementation": impl, "experts_implementation_timing": impl_timing,
+                "loss_history": hist[:: max(1, len(hist) // 40)],
+            },
+            "loss": {"train_before": round(loss0_train, 4), "train_after": round(loss1_train, 4),
+                     "heldout_before": round(loss0_held, 4), "heldout_after": round(loss1_held, 4),
+                     "eval": f"{eval_windows} windows of {seq + 1} tokens each (held-out: spread evenly over the held-out documents)",
+                     "unit": "nats per token"},
+            "text": {"sources": data_meta["sources"], "split": data_meta["split"], "tokenizer": data_meta["tokenizer"],
+                     "train_tokens_available": data_meta["train_tokens"], "heldout_tokens_available": data_meta["heldout_tokens"],
+                     "data_sha256": data_meta["sha256"], "prepare_command": data_meta["command"]},
+            "recording": {"predictor_train_tokens": pred_train_tokens, "predictor_train_windows": f"{n_tr} random training windows of {seq}",
+                          "heldout_windows": f"{n_he} windows of {seq} spread evenly over the held-out documents",
+                          "precision": "fp32 forward (TF32 off)", "hidden_state_storage": str(hdt).replace("torch.", ""),
+                          "train_expert_counts": "routed-expert counts over the predictor training split"},
+            "seed": a.seed,
+            "command": cmd,
+            "software": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        },
+        "predictor_metrics": pmetrics,
+        "quality": {},
+    }
+    path = out_dir / f"{name}.npz"
+    t_keep = rec_te.num_tokens
+    # estimate the compressed bytes per token from a one-window trial, and keep as many windows as fit 16 MiB
+    trial = out_dir / f"{name}.trial.npz"
+    tformat.save(trial, {k: (v[:seq] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}, meta)
+    per_token = trial.stat().st_size / seq
+    trial.unlink()
+    t_keep = max(seq, min(t_keep, int(15.0 * (1 << 20) / per_token) // seq * seq))
+    while True:
+        keep = {k: (v[:t_keep] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}
+        meta["provenance"]["trace_tokens"] = int(t_keep)
+        meta["provenance"]["metrics_tokens"] = int(rec_te.num_tokens)
+        try:
+            tformat.save(path, keep, meta)
+            break
+        except InputError as exc:
+            if "16 MiB" not in str(exc) or t_keep <= seq:
+                raise
+            t_keep -= seq
+            log(f"{exc}; keeping {t_keep} tokens")
+    trace = tformat.load(path)
+    (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    log(f"wrote {path} ({path.stat().st_size / (1 << 20):.2f} MiB): {trace.provenance_line()}")
+    log(f"total {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
