@@ -61,9 +61,10 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False) -> Sim
     return sim.run()
 
 
-def summarize_result(prep: Prepared, result: SimResult) -> dict:
+def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
     table = EnergyTable.from_config(prep.config.hw)
-    return summarize(result, table, prep.workload.model.top_k, prep.config.hw.workload.warmup_tokens)
+    warmup = max(prep.config.hw.workload.warmup_tokens, policy.warmup_tokens())
+    return summarize(result, table, prep.workload.model.top_k, warmup)
 
 
 _WORKER_PREP: Prepared | None = None
@@ -71,7 +72,8 @@ _WORKER_PREP: Prepared | None = None
 
 def _worker_run(index: int) -> dict:
     prep = _WORKER_PREP
-    return summarize_result(prep, simulate(prep, prep.policies[index]))
+    policy = prep.policies[index]
+    return summarize_result(prep, simulate(prep, policy), policy)
 
 
 def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
@@ -80,7 +82,7 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
     n = len(prep.policies)
     jobs = jobs or min(n, os.cpu_count() or 1)
     if jobs <= 1 or n == 1:
-        return [summarize_result(prep, simulate(prep, p)) for p in prep.policies]
+        return [summarize_result(prep, simulate(prep, p), p) for p in prep.policies]
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
     try:
         import multiprocessing as mp

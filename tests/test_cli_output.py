@@ -21,7 +21,8 @@ def test_json_has_one_object_per_policy_with_the_documented_keys(capsys):
     assert [r["policy"] for r in rows] == ["no-prefetch", "static-2"]
     for row in rows:
         assert REQUIRED_JSON_KEYS <= set(row)
-        parts = row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
+        parts = (row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
+                 + row["energy_host_cpu_mj"])
         assert math.isclose(parts, row["energy_mj_per_token"], rel_tol=1e-12)
         assert math.isclose(row["edp_mj_ms"], row["energy_mj_per_token"] * row["latency_ms_per_token"], rel_tol=1e-12)
 

@@ -76,7 +76,8 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
         assert math.isclose(sum(by_cat.values()), total, rel_tol=1e-12)
         assert math.isclose(energy["pcie"].sum(), moved * 8 * prep.config.hw.links.pcie.energy_pj_per_bit)
         row = summarize(result, table, TINY.top_k)
-        parts = row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
+        parts = (row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
+                 + row["energy_host_cpu_mj"])
         assert math.isclose(parts, row["energy_mj_per_token"], rel_tol=1e-12)
         assert (result.busy_ps + result.idle_ps == result.latency_ps).all()
 
@@ -195,3 +196,36 @@ def test_a_buffer_of_exactly_top_k_slots_still_completes_with_prefetches_for_oth
     result = Simulation(prep.config.hw, prep.workload, prep.trace, NextLayerGreedy("greedy")).run()
     assert result.expert_computes == routed.size
     assert (result.latency_ps > 0).all()
+
+
+def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_energy(tiny):
+    """A policy that sends every routed expert to the host: the layer waits dispatch + 2 PCIe crossings +
+    max(FLOPs / peak, bytes / host bandwidth) per expert, one expert at a time."""
+    from chipsim.policies.base import LayerPlan, Policy
+    from chipsim.sim.engine import Simulation
+
+    class AllOnHost(Policy):
+        name = "test-host"
+
+        def on_route(self, ctx, t, layer, routed):
+            return LayerPlan(execute=[], on_host=list(routed))
+
+    cfg, routed = tiny
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
+    hw, wl = prep.config.hw, prep.workload
+    cpu = hw.host_cpu
+    flops_ps = -(-2 * TINY.expert_params * 10**12 // int(cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core))
+    bytes_ps = -(-wl.expert_bytes * 10**12 // int(cpu.memory_bandwidth_gbps * 1e9))
+    act = TINY.hidden_size * 2
+    transit = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + -(-act * 10**12 // int(hw.links.pcie.bandwidth_gbps * 1e9)))
+    per_expert = ns_to_ps(cpu.dispatch_overhead_ns) + transit + max(flops_ps, bytes_ps)
+    expected = sum(c.attention.duration_ps + c.router.duration_ps + 2 * per_expert + c.combine.duration_ps
+                   for c in wl.layers) + wl.token_head.duration_ps
+    result = Simulation(hw, wl, prep.trace, AllOnHost("host")).run()
+    assert (result.latency_ps == expected).all()
+    assert (result.bytes["pcie"] == 3 * 2 * 2 * act).all()  # activations only: no expert crossed PCIe
+    assert (result.bytes["lpddr5x"] == 3 * 2 * wl.expert_bytes).all()  # the CPU read its own copies
+    assert (result.host_busy_ps == 3 * 2 * (per_expert - transit)).all()
+    row = summarize(result, EnergyTable.from_config(hw), TINY.top_k)
+    assert math.isclose(row["energy_host_cpu_mj"], 3 * 2 * (per_expert - transit) * 1e-12 * cpu.active_power_w * 1e3)
+    assert row["host_experts_per_token"] == 6

@@ -24,6 +24,7 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     out = {c: result.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
     out["arrays_active"] = result.busy_ps.astype(np.float64) * table.active_w / PS_PER_S * 1e12
     out["arrays_leakage"] = result.idle_ps.astype(np.float64) * table.leakage_w / PS_PER_S * 1e12
+    out["host_cpu"] = result.host_busy_ps.astype(np.float64) * table.host_active_w / PS_PER_S * 1e12
     return out
 
 
@@ -46,6 +47,7 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
         "energy_onchip_active_mj": cat_mj["onchip_active"],
         "energy_offchip_io_mj": cat_mj["offchip_io"],
         "energy_idle_leakage_mj": cat_mj["idle_leakage"],
+        "energy_host_cpu_mj": cat_mj["host_cpu"],
         "energy_pcie_mj": comp_mj["pcie"],
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
@@ -63,6 +65,13 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row.update(_span_summary(result, table, sl))
     row["recall"] = row.pop("hits_per_layer") / top_k
     row["demand_fetches_per_token"] = float(result.layer_demand_fetches[sl].sum(axis=1).mean())
+    row["host_wait_ms_per_token"] = float((result.host_wait_ps[sl] / PS_PER_MS).mean())
+    row["host_experts_per_token"] = float(result.layer_host[sl].sum(axis=1).mean())
+    row["surrogate_experts_per_token"] = float(result.layer_surrogate[sl].sum(axis=1).mean())
+    row["substitutions_per_token"] = float(result.layer_substituted[sl].sum(axis=1).mean())
+    row["dropped_experts_per_token"] = float(result.layer_dropped[sl].sum(axis=1).mean())
+    routed = top_k * result.layer_hits.shape[1]
+    row["fallback_rate"] = float((routed - result.layer_hits[sl].sum(axis=1)).mean() / routed)
     row["prefetches_issued"] = result.prefetches_issued
     row["prefetches_dropped"] = result.prefetches_dropped
     row["prefetches_unused"] = result.prefetches_unused

@@ -30,9 +30,10 @@ TABLE_COLUMNS = [
 CSV_COLUMNS = [
     "policy", "tokens", "latency_ms_per_token", "latency_p99_ms", "stall_ms_per_token",
     "energy_mj_per_token", "energy_onchip_active_mj", "energy_offchip_io_mj", "energy_idle_leakage_mj",
-    "energy_pcie_mj", "edp_mj_ms", "offchip_bytes_per_token", "overlap", "recall",
-    "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped", "prefetches_unused",
-    "fetches_total", "warmup_tokens",
+    "energy_host_cpu_mj", "energy_pcie_mj", "edp_mj_ms", "offchip_bytes_per_token", "overlap", "recall",
+    "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped", "prefetches_unused",
+    "fetches_total", "host_experts_per_token", "host_wait_ms_per_token", "surrogate_experts_per_token",
+    "substitutions_per_token", "dropped_experts_per_token", "warmup_tokens",
 ]
 
 
@@ -54,16 +55,19 @@ def header_lines(prep, fetch_path) -> list[str]:
 
 
 def format_table(rows: list[dict]) -> str:
-    cells = [[h for h, _, _ in TABLE_COLUMNS]]
+    columns = list(TABLE_COLUMNS)
+    if any(row.get("energy_host_cpu_mj") for row in rows):  # only policies that use the host CPU have it
+        columns.insert(8, ("host", "energy_host_cpu_mj", "{:.2f}"))
+    cells = [[h for h, _, _ in columns]]
     for row in rows:
         line = []
-        for _, key, fmt in TABLE_COLUMNS:
+        for _, key, fmt in columns:
             value = row[key]
             if key == "offchip_bytes_per_token":
                 value = value / 1e6
             line.append(fmt.format(value))
         cells.append(line)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE_COLUMNS))]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     out = []
     for n, r in enumerate(cells):
         out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))

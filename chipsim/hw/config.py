@@ -112,6 +112,16 @@ class DmaConfig:
 
 
 @dataclass(frozen=True)
+class HostCpuConfig:
+    cores: int = _f("host CPU cores that run offloaded experts together", positive=True)
+    clock_ghz: float = _f("core clock, GHz", positive=True)
+    flops_per_cycle_per_core: int = _f("peak FP32 FLOP per cycle per core (FMA = 2)", positive=True)
+    memory_bandwidth_gbps: float = _f("bandwidth the CPU cluster reaches reading expert weights from LPDDR5X, GB/s", positive=True)
+    dispatch_overhead_ns: float = _f("fixed cost to hand one expert to the CPU and collect its result, ns", minimum=0)
+    active_power_w: float = _f("CPU cluster power while computing an expert, W", minimum=0)
+
+
+@dataclass(frozen=True)
 class ExpertBufferConfig:
     capacity_mib: float = _f("on-package (HBM) space for staged expert weights, MiB", positive=True)
 
@@ -144,6 +154,7 @@ class HardwareConfig:
     memory: MemoryConfig = _f("memories")
     links: LinksConfig = _f("links")
     dma: DmaConfig = _f("DMA engines")
+    host_cpu: HostCpuConfig = _f("host CPU that can compute experts from its own copy (SPICE, Fiddler)")
     expert_buffer: ExpertBufferConfig = _f("expert staging buffer")
     model: ModelConfig = _f("model shape and expert precision")
     workload: WorkloadConfig = _f("what is replayed")

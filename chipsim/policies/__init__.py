@@ -1,4 +1,11 @@
-"""Built-in policies register themselves on import."""
+"""Policies register themselves on import; every module of this package is imported here, so a new
+policy is one new file (no registry edit)."""
 
-from chipsim.policies import baselines  # noqa: F401
+import importlib
+import pkgutil
+
 from chipsim.policies.base import REGISTRY, LayerPlan, Param, Policy, make_policy, register  # noqa: F401
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module != "base":
+        importlib.import_module(f"{__name__}.{_module}")

@@ -37,25 +37,47 @@ class Param:
 class LayerPlan:
     """What a MoE layer executes once routing is known.
 
-    execute: experts computed on the arrays, in order of preference; any not in the buffer is fetched
-             on demand (correctness-preserving: the layer waits for it).
+    execute:     experts computed on the arrays; any not in the buffer is fetched on demand and the
+                 layer waits for it (correctness-preserving)
+    on_host:     experts computed by the host CPU from its own copy; activations cross PCIe both ways
+                 and the layer's weighted sum waits for the results
+    surrogate:   experts replaced by the resident shared expert plus a low-rank residual, computed on the
+                 arrays at the cost of `Policy.surrogate_op`
+    substituted: routed experts replaced by another expert (a routing deviation; the substitute is in
+                 `execute`)
+    dropped:     routed experts not computed at all (a routing deviation)
     """
 
     execute: list[int]
-    notes: dict = field(default_factory=dict)
+    on_host: list[int] = field(default_factory=list)
+    surrogate: list[int] = field(default_factory=list)
+    substituted: int = 0
+    dropped: int = 0
 
 
 class Policy:
     name: str = ""
     summary: str = ""
     params: dict[str, Param] = {}
-    # "layer": experts are staged per layer (loaded, used, evicted); "cache": kept across tokens
+    # False: experts are staged per layer (loaded, used, evicted); True: kept across tokens
     caches_across_tokens: bool = False
+    # True: each expert moves as three transfers (gate, up, down) instead of one
+    transfer_per_matrix: bool = False
+    # arrays cost of one surrogate expert (an OpCost), for policies that return LayerPlan.surrogate
+    surrogate_op = None
 
     def __init__(self, label: str, **params):
         self.label = label
         for key, value in params.items():
             setattr(self, key, value)
+
+    def expert_format(self, workload):
+        """How experts are moved, stored and computed under this policy (default: as published)."""
+        return workload.expert_format(per_matrix=self.transfer_per_matrix)
+
+    def warmup_tokens(self) -> int:
+        """Leading tokens whose results are reported separately (caches filling up)."""
+        return 0
 
     def on_run_start(self, ctx) -> None:
         pass

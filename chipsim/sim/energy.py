@@ -1,7 +1,8 @@
 """Energy ledger (Accelergy-style): energy = Σ energy-per-action × action count, kept apart from timing.
 
-Actions counted: bytes crossing each memory and link (charged per bit), and array time in each power
-state (active while an operation runs, leakage while clock-gated idle). The arrays' SRAM and SFUs are
+Actions counted: bytes crossing each memory and link (charged per bit), array time in each power
+state (active while an operation runs, leakage while clock-gated idle), and host-CPU time spent computing
+offloaded experts (its idle power is outside the accelerator's energy boundary, as for every policy). The arrays' SRAM and SFUs are
 inside their power figures, so their accesses are not charged again per bit.
 """
 
@@ -20,8 +21,10 @@ CATEGORY_OF = {
     "hbm": "onchip_active",
     "arrays_active": "onchip_active",
     "arrays_leakage": "idle_leakage",
+    "host_cpu": "host_cpu",
 }
-CATEGORIES = ("onchip_active", "offchip_io", "idle_leakage")
+# host_cpu is non-zero only for policies that compute experts on the host CPU (SPICE, Fiddler)
+CATEGORIES = ("onchip_active", "offchip_io", "idle_leakage", "host_cpu")
 
 
 @dataclass
@@ -29,6 +32,7 @@ class EnergyTable:
     pj_per_bit: dict[str, float]
     active_w: float  # all arrays together
     leakage_w: float
+    host_active_w: float
 
     @classmethod
     def from_config(cls, hw: HardwareConfig) -> "EnergyTable":
@@ -41,6 +45,7 @@ class EnergyTable:
             },
             active_w=hw.compute.active_power_w_per_array * hw.compute.arrays,
             leakage_w=hw.compute.leakage_power_w_per_array * hw.compute.arrays,
+            host_active_w=hw.host_cpu.active_power_w,
         )
 
 
@@ -51,6 +56,7 @@ class Ledger:
     bytes: dict[str, int] = field(default_factory=lambda: {c: 0 for c in MOVE_COMPONENTS})
     busy_ps: int = 0
     idle_ps: int = 0
+    host_busy_ps: int = 0
 
     def move(self, path: tuple[str, ...], nbytes: int) -> None:
         for component in path:
@@ -61,6 +67,7 @@ class Ledger:
         out = {c: self.bytes[c] * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
         out["arrays_active"] = table.active_w * self.busy_ps / PS_PER_S * 1e12
         out["arrays_leakage"] = table.leakage_w * self.idle_ps / PS_PER_S * 1e12
+        out["host_cpu"] = table.host_active_w * self.host_busy_ps / PS_PER_S * 1e12
         return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.dram import dram_timing
@@ -24,7 +25,7 @@ from chipsim.policies.base import Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, Transfer
 from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
 from chipsim.trace.format import Trace
-from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
 
 # Where bytes go: an expert fetch reads LPDDR5X, crosses PCIe and the I/O→HBM UCIe link and is written
@@ -54,12 +55,41 @@ def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
     return FetchPathTiming(bws[bottleneck], latency, bottleneck, bws)
 
 
-class _Entry:
-    __slots__ = ("key", "transfer", "resident", "arrival_ps", "prefetched", "used", "last_use")
+@dataclass(frozen=True)
+class HostTiming:
+    """One expert computed on the host CPU from its own copy (weights read from LPDDR5X)."""
 
-    def __init__(self, key, transfer, prefetched):
+    compute_ps: int  # max(FLOPs / peak, weight bytes / memory bandwidth)
+    transit_ps: int  # activations to the host and results back over PCIe
+    total_ps: int  # dispatch overhead + transit + compute
+    activation_bytes: int  # bytes crossing PCIe per expert (both ways)
+
+
+def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
+    cpu = hw.host_cpu
+    m = workload.model
+    flops = 2 * m.expert_params
+    peak = cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core
+    compute_ps = max(-(-flops * PS_PER_S // int(peak)),
+                     transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
+    act = m.hidden_size * 2  # BF16 hidden vector
+    pcie = gbps_to_bytes_per_s(hw.links.pcie.bandwidth_gbps)
+    transit_ps = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + transfer_ps(act, pcie))
+    total = ns_to_ps(cpu.dispatch_overhead_ns) + transit_ps + compute_ps
+    return HostTiming(compute_ps, transit_ps, total, 2 * act)
+
+
+class _Entry:
+    """One expert's slot in the buffer; its bytes may come as several transfers (e.g. gate/up/down)."""
+
+    __slots__ = ("key", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
+                 "last_use")
+
+    def __init__(self, key, prefetched):
         self.key = key
-        self.transfer = transfer
+        self.transfers = []
+        self.parts_left = 0
+        self.evicted = False
         self.resident = False
         self.arrival_ps = -1
         self.prefetched = prefetched
@@ -86,6 +116,12 @@ class SimResult:
     prefetches_unused: int  # staged but evicted without being computed
     fetches_total: int
     expert_computes: int
+    host_wait_ps: np.ndarray  # (T,) arrays waiting for host-CPU results
+    host_busy_ps: np.ndarray  # (T,)
+    layer_host: np.ndarray  # (T, L) experts computed on the host CPU
+    layer_surrogate: np.ndarray  # (T, L) experts replaced by a surrogate
+    layer_substituted: np.ndarray  # (T, L)
+    layer_dropped: np.ndarray  # (T, L)
     extra: dict = field(default_factory=dict)
     events: list | None = None  # (lane, name, start_ps, end_ps) when recording
 
@@ -118,7 +154,13 @@ class Simulation:
             on_landed=self._on_fetch_done,
             preempt=hw.dma.demand_preempts_prefetch,
         )
-        self.slots = workload.buffer_slots
+        fmt = policy.expert_format(workload)
+        self.expert_format = fmt
+        self._part_bytes = fmt.part_bytes
+        self.slots = workload.buffer_bytes // fmt.slot_bytes
+        if self.slots < self.top_k:
+            raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
+                             f"format, fewer than top-{self.top_k}")
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
@@ -133,6 +175,13 @@ class Simulation:
         self._hits = np.zeros((n_tokens, L), dtype=np.int16)
         self._layer_stall = np.zeros((n_tokens, L), dtype=np.int64)
         self._layer_demand = np.zeros((n_tokens, L), dtype=np.int16)
+        self._host_n = np.zeros((n_tokens, L), dtype=np.int16)
+        self._surrogate_n = np.zeros((n_tokens, L), dtype=np.int16)
+        self._substituted_n = np.zeros((n_tokens, L), dtype=np.int16)
+        self._dropped_n = np.zeros((n_tokens, L), dtype=np.int16)
+        self._host_wait = np.zeros(n_tokens, dtype=np.int64)
+        self.host = simpy.Resource(self.env, capacity=1)  # one expert at a time, on all cores
+        self.host_timing = host_timing(hw, workload)
         self._latency = np.zeros(n_tokens, dtype=np.int64)
         self._stall = np.zeros(n_tokens, dtype=np.int64)
         self.prefetches_issued = 0
@@ -177,6 +226,18 @@ class Simulation:
     def link_queued_bytes(self) -> int:
         return self.dma.queued_bytes()
 
+    def fetch_estimate_ps(self) -> int:
+        """When an expert fetched now would land if it queued behind every byte already on the link."""
+        path = self.path_timing
+        nbytes = self.link_queued_bytes() + self.expert_format.fetch_bytes
+        return (ns_to_ps(self.hw.dma.setup_ns) + ns_to_ps(path.latency_ns)
+                + transfer_ps(nbytes, gbps_to_bytes_per_s(path.bandwidth_gbps)))
+
+    def host_estimate_ps(self) -> int:
+        """When an expert handed to the host CPU now would be done, counting the host's queue."""
+        queued = len(self.host.queue) + self.host.count
+        return (queued + 1) * self.host_timing.total_ps
+
     def prefetch(self, layer: int, expert: int) -> bool:
         """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
         key = (layer, expert)
@@ -194,11 +255,14 @@ class Simulation:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        entry.evicted = True
         if entry.prefetched and not entry.used:
             self.prefetches_unused += 1
         if not entry.resident:
-            self._zombies += 1  # the slot frees when the DMA stops (at once if it never started)
-            self.dma.cancel(entry.transfer)
+            self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
+            with self.dma.batch():
+                for tr in entry.transfers:
+                    self.dma.cancel(tr)
         if self._pending_demands:
             self._serve_pending_demands()
 
@@ -214,20 +278,30 @@ class Simulation:
             self.evict(*key)
 
     # ======================================================================== internals
-    def _issue(self, key, priority) -> Transfer:
-        tr = self.dma.submit(self.workload.expert_bytes, priority, tag=key)
-        self._entries[key] = _Entry(key, tr, prefetched=(priority == PREFETCH))
+    def _issue(self, key, priority) -> _Entry:
+        entry = _Entry(key, prefetched=(priority == PREFETCH))
+        self._entries[key] = entry
+        for nbytes in self._part_bytes:
+            entry.transfers.append(self.dma.submit(nbytes, priority, tag=entry))
+        entry.parts_left = len(entry.transfers)
         self.fetches_total += 1
-        return tr
+        return entry
 
     def _on_fetch_done(self, tr: Transfer) -> None:
-        key = tr.tag
-        self._ledger.move(FETCH_PATH, tr.moved_bytes)
+        entry = tr.tag
+        key = entry.key
+        ledger = self._ledger.bytes  # FETCH_PATH
+        ledger["lpddr5x"] += tr.moved_bytes
+        ledger["pcie"] += tr.moved_bytes
+        ledger["ucie"] += tr.moved_bytes
+        ledger["hbm"] += tr.moved_bytes
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
             self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self.env.now))
-        entry = self._entries.get(key)
-        if entry is None or entry.transfer is not tr:
+        entry.parts_left -= 1
+        if entry.parts_left:
+            return
+        if entry.evicted:
             self._zombies -= 1
             self._serve_pending_demands()
             return
@@ -244,7 +318,8 @@ class Simulation:
         entry = self._entries.get(key)
         if entry is not None:
             if not entry.resident:
-                self.dma.promote(entry.transfer)
+                for tr in entry.transfers:
+                    self.dma.promote(tr)
             return
         if not self._pending_demands and self.free_slots() > 0:
             self._issue(key, DEMAND)
@@ -276,6 +351,21 @@ class Simulation:
             self._pending_demands.pop(0)
             self._issue(key, DEMAND)
 
+    def _host_job(self, layer: int, expert: int):
+        """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X, result back."""
+        timing = self.host_timing
+        with self.host.request() as req:
+            yield req
+            start = self.env.now
+            yield self.env.timeout(timing.total_ps)
+        ledger = self._ledger
+        ledger.host_busy_ps += timing.total_ps - timing.transit_ps
+        ledger.bytes["lpddr5x"] += self.workload.expert_bytes  # the CPU reads its own copy
+        ledger.bytes["pcie"] += timing.activation_bytes
+        ledger.bytes["ucie"] += timing.activation_bytes
+        if self.events is not None:
+            self.events.append(("host-cpu", f"L{layer}E{expert}", start, self.env.now))
+
     def _compute(self, op_ps: int, hbm_bytes: int, label: str, *label_args):
         """Run an operation on the arrays; `label % label_args` names it on the timeline (built only then)."""
         ledger = self._ledger
@@ -302,7 +392,7 @@ class Simulation:
             attn_ps, attn_b = self._cost(costs.attention)
             router_ps, router_b = self._cost(costs.router)
             dense_ps, dense_b = self._cost(costs.dense)
-            expert_ps, expert_b = self._cost(costs.expert)
+            expert_ps, expert_b = (self.expert_format.compute_ps, self.expert_format.hbm_bytes) if costs.expert else (0, 0)
             combine_ps, combine_b = self._cost(costs.combine)
             layer_costs.append((attn_ps + router_ps, attn_b + router_b, dense_ps, dense_b,
                                 expert_ps, expert_b, combine_ps, combine_b))
@@ -337,6 +427,19 @@ class Simulation:
                         self._demand(layer, expert, needed)
                 self._layer_demand[t, layer] = demands
                 extra_ps, extra_b = dense_ps, dense_b  # shared experts run first, while fetches proceed
+                host_jobs = [self.env.process(self._host_job(layer, e)) for e in plan.on_host]
+                if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
+                    self._host_n[t, layer] = len(plan.on_host)
+                    self._surrogate_n[t, layer] = len(plan.surrogate)
+                    self._substituted_n[t, layer] = plan.substituted
+                    self._dropped_n[t, layer] = plan.dropped
+                    if plan.surrogate:
+                        op = self.policy.surrogate_op
+                        extra_ps += len(plan.surrogate) * op.duration_ps
+                        extra_b += len(plan.surrogate) * (op.hbm_read_bytes + op.hbm_write_bytes)
+                    if host_jobs:
+                        combine_later = (combine_ps, combine_b)
+                        combine_ps = combine_b = 0
                 layer_stall = 0
                 entries = self._entries
                 while remaining:
@@ -367,7 +470,13 @@ class Simulation:
                         layer_stall += waited
                         if self.events is not None:
                             self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
-                if not plan.execute:
+                if host_jobs:
+                    wait_start = self.env.now
+                    yield self.env.all_of(host_jobs)
+                    self._host_wait[t] += self.env.now - wait_start
+                    combine_ps, combine_b = combine_later
+                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
+                elif not plan.execute:
                     yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
                 self._layer_stall[t, layer] = layer_stall
                 stall_total += layer_stall
@@ -409,6 +518,12 @@ class Simulation:
             prefetches_unused=self.prefetches_unused,
             fetches_total=self.fetches_total,
             expert_computes=self.expert_computes,
+            host_wait_ps=self._host_wait,
+            host_busy_ps=np.array([lg.host_busy_ps for lg in self._token_ledgers], dtype=np.int64),
+            layer_host=self._host_n,
+            layer_surrogate=self._surrogate_n,
+            layer_substituted=self._substituted_n,
+            layer_dropped=self._dropped_n,
             extra=self.policy.extra_metrics(),
             events=self.events,
         )

@@ -38,6 +38,20 @@ class LayerCosts:
 
 
 @dataclass(frozen=True)
+class ExpertFormat:
+    """How one routed expert is moved, stored and computed (a policy may change it, e.g. compression)."""
+
+    part_bytes: tuple[int, ...]  # one DMA transfer per part (one part: the whole expert)
+    slot_bytes: int  # buffer space one expert takes
+    compute_ps: int  # arrays time for one expert
+    hbm_bytes: int  # operand bytes the arrays read (and write) for one expert
+
+    @property
+    def fetch_bytes(self) -> int:
+        return sum(self.part_bytes)
+
+
+@dataclass(frozen=True)
 class DecodeWorkload:
     model: ModelShape
     context_length: int
@@ -49,10 +63,18 @@ class DecodeWorkload:
     hbm_non_expert_bytes: int
     hbm_kv_bytes: int
     hbm_activation_bytes: int
+    hbm_spare_bytes: int  # HBM left after weights, KV cache, activations and the expert buffer
     buffer_slots: int  # whole experts the expert buffer holds
+    buffer_bytes: int
 
     def moe_layer(self, moe_index: int) -> LayerCosts:
         return self.layers[self.model.first_dense_layers + moe_index]
+
+    def expert_format(self, per_matrix: bool = False) -> ExpertFormat:
+        """The expert as published: one transfer, or one per matrix (gate, up, down)."""
+        op = self.moe_layer(0).expert
+        parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
+        return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
@@ -164,5 +186,6 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
         model=m, context_length=ctx, expert_bits=bits, expert_bytes=expert_bytes,
         expert_matrix_bytes=tuple(per_matrix), layers=tuple(layers), token_head=head,
         hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
-        buffer_slots=slots,
+        hbm_spare_bytes=hbm_capacity - needed,
+        buffer_slots=slots, buffer_bytes=buffer_bytes,
     )
