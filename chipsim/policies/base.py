@@ -71,7 +71,7 @@ class Policy:
         for key, value in params.items():
             setattr(self, key, value)
 
-    def expert_format(self, workload):
+    def expert_format(self, workload, hw):
         """How experts are moved, stored and computed under this policy (default: as published)."""
         return workload.expert_format(per_matrix=self.transfer_per_matrix)
 

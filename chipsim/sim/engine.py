@@ -154,7 +154,7 @@ class Simulation:
             on_landed=self._on_fetch_done,
             preempt=hw.dma.demand_preempts_prefetch,
         )
-        fmt = policy.expert_format(workload)
+        fmt = policy.expert_format(workload, hw)
         self.expert_format = fmt
         self._part_bytes = fmt.part_bytes
         self.slots = workload.buffer_bytes // fmt.slot_bytes
