@@ -77,3 +77,12 @@ def test_listing_commands(capsys):
         assert main([cmd]) == 0
     out = capsys.readouterr().out
     assert "deepseek-v2-lite" in out and "links.pcie.bandwidth_gbps" in out and "policies.static.extra" in out
+
+
+def test_every_bundled_hwconfig_runs(capsys):
+    import glob
+
+    for path in sorted(glob.glob(f"{ROOT}/hwconfigs/*.yaml")):
+        assert main(["run", path, "--json", "--policy", "no-prefetch", "--policy", "oracle", *SHORT]) == 0, path
+        rows = json.loads(capsys.readouterr().out)
+        assert rows[1]["latency_ms_per_token"] <= rows[0]["latency_ms_per_token"], path
