@@ -1,0 +1,160 @@
+"""APEX: adaptive pre-attention expert prefetch, in its correctness-preserving and stall-free modes.
+
+Before a MoE layer's attention, APEX's prefetch router ranks the experts (trace: `apex_rank`) and its
+ordinal logistic CDF p_δ(x) = σ(θ_δ − wᵀx) (trace: `apex_theta` per layer, `apex_score` per token-layer)
+gives the extra budget δ̂(x) = min{δ : p_δ(x) ≥ τ}; the top-(k+δ̂) of the ranking are prefetched into the
+per-layer buffer (loaded, used, evicted at the layer's end).
+
+- `apex` (correctness-preserving): the router's experts run as routed; those not prefetched are fetched
+  on demand by the engine while the available ones are computed.
+- `apex-sf` (stall-free, the paper's Algorithm 1): each routed expert not in the buffer at routing is
+  replaced by the prefetched, non-routed expert of this layer that the original router ranks highest
+  (each substitute used once); if none is left the expert is dropped. Nothing is fetched on demand; the
+  layer can still wait for a prefetch that is on its way, never for a miss.
+
+Both read only predictor outputs the trace recorded before routing (and, for apex-sf, the original
+router's ranking at routing time). δ* (`oracle_delta_star`) is read only for reporting coverage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from chipsim.errors import InputError
+from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.trace import format as trace_format
+
+
+def _quality_entry(meta: dict, mode: str, tau: float):
+    """The trace's measured quality cost of `mode` at this τ (meta['quality'][mode][str(τ)]), or None."""
+    quality = meta.get("quality")
+    if not isinstance(quality, dict):
+        return None, "trace has no meta['quality'] record: quality cost not measured"
+    table = quality.get(mode)
+    if not isinstance(table, dict) or not table:
+        return None, f"trace has no meta['quality']['{mode}'] record: quality cost not measured"
+    for key, value in table.items():
+        try:
+            if math.isclose(float(key), tau, rel_tol=0.0, abs_tol=1e-9):
+                return value, f"meta['quality']['{mode}']['{key}'] of the trace"
+        except (TypeError, ValueError):
+            continue
+    known = ", ".join(sorted(str(k) for k in table))
+    return None, f"trace measured {mode} quality only at tau = {known}, not at {tau:g}"
+
+
+@register
+class Apex(Policy):
+    name = "apex"
+    summary = ("before attention, prefetch the top-(k+δ̂) of the APEX prefetch router's ranking, δ̂ from its CDF at τ; "
+               "missing routed experts are fetched on demand (correctness-preserving)")
+    params = {
+        "tau": Param(float, 0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
+                     minimum=0.0, maximum=1.0),
+        "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1),
+    }
+    stall_free = False
+
+    def __init__(self, label: str, **params):
+        super().__init__(label, **params)
+        if not 0.0 < self.tau < 1.0:
+            raise InputError(f"policies.{self.name}.tau: must lie strictly between 0 and 1, got {self.tau!r}")
+        self._reset()
+
+    def _reset(self):
+        self._delta_hat = None  # (T, L) budget used, after the cap
+        self._budget = None
+        self._delta_star = None  # (T, L) oracle δ*, for reporting only
+        self._rank = None
+        self._warmup = 0
+        self._meta = {}
+        self._layer_substituted = None
+        self._layer_dropped = None
+
+    # ------------------------------------------------------------------ hooks
+    def on_run_start(self, ctx) -> None:
+        T = ctx.num_tokens
+        trace = ctx.trace
+        delta = trace_format.apex_delta_hat(trace, self.tau)[:T]
+        if self.max_extra >= 0:
+            delta = np.minimum(delta, self.max_extra)
+        self._delta_hat = delta
+        self._budget = (delta + ctx.top_k).tolist()
+        self._rank = ctx.trace_array("apex_rank")[:T].tolist()
+        self._delta_star = trace_format.oracle_delta_star(trace)[:T]
+        self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
+        self._meta = trace.meta
+        if self.stall_free:
+            self._router_rank = ctx.trace_array("router_rank")[:T].tolist()
+            L = ctx.num_moe_layers
+            self._layer_substituted = np.zeros((T, L), dtype=np.int64)
+            self._layer_dropped = np.zeros((T, L), dtype=np.int64)
+        self._routed_count = ctx.top_k
+
+    def on_layer_start(self, ctx, t, layer):
+        for expert in self._rank[t][layer][:self._budget[t][layer]]:
+            if not ctx.prefetch(layer, expert):
+                break  # buffer full: the rest of the ranking cannot be staged
+
+    # on_route: the base class's correctness-preserving default (cancel unpicked in-flight prefetches,
+    # execute the routed set, the engine demand-fetches what is missing); on_layer_end: evict the layer.
+
+    # ------------------------------------------------------------------ results
+    def extra_metrics(self) -> dict:
+        if self._delta_hat is None:
+            return {}
+        sl = slice(self._warmup, None)
+        dh = self._delta_hat[sl]
+        ds = self._delta_star[sl]
+        out = {
+            "tau": self.tau,
+            "mean_delta_hat": float(dh.mean()),
+            "mean_delta_star": float(ds.mean()),
+            "coverage": float((ds <= dh).mean()),
+            "delta_hat_per_layer": [float(x) for x in dh.mean(axis=0)],
+            "delta_star_per_layer": [float(x) for x in ds.mean(axis=0)],
+        }
+        return out
+
+
+@register
+class ApexStallFree(Apex):
+    name = "apex-sf"
+    summary = ("APEX prefetch; a routed expert missing at routing is replaced by the prefetched non-routed expert "
+               "the router ranks highest, or dropped: never fetched on demand (stall-free, changes routing)")
+    params = dict(Apex.params)
+    stall_free = True
+
+    def on_route(self, ctx, t, layer, routed):
+        kept = [e for e in routed if ctx.present(layer, e)]
+        missing = len(routed) - len(kept)
+        substitutes = []
+        if missing:
+            routed_set = set(routed)
+            for expert in self._router_rank[t][layer]:  # descending original-router probability
+                if expert not in routed_set and ctx.present(layer, expert):
+                    substitutes.append(expert)
+                    if len(substitutes) == missing:
+                        break
+        dropped = missing - len(substitutes)
+        execute = kept + substitutes
+        ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
+        self._layer_substituted[t, layer] = len(substitutes)
+        self._layer_dropped[t, layer] = dropped
+        return LayerPlan(execute=execute, substituted=len(substitutes), dropped=dropped)
+
+    def extra_metrics(self) -> dict:
+        out = super().extra_metrics()
+        if not out:
+            return out
+        sl = slice(self._warmup, None)
+        subs, drops = self._layer_substituted[sl], self._layer_dropped[sl]
+        routed = subs.size * self._routed_count
+        out["substitution_rate"] = float(subs.sum() / routed)  # share of routed experts replaced
+        out["drop_rate"] = float(drops.sum() / routed)
+        entry, source = _quality_entry(self._meta, "apex_sf", self.tau)
+        out["quality_cost"] = entry
+        out["quality_source"] = source
+        return out

@@ -1,0 +1,102 @@
+"""Pre-gated MoE (Hwang et al., ISCA 2024): layer l's experts are chosen by a pre-gate at layer l−1, and
+those are the experts layer l executes.
+
+The trace's `pregate_rank[t, l]` is layer l's router applied to the FFN (gate) input of layer l−1, so the
+prediction for layer l exists from layer l−1's routing point onward. The policy:
+
+- executes the pre-gate's top-k for layer l instead of the router's choice (routing semantics change);
+  every predicted expert that the true router did not pick is a routing deviation, counted as
+  `LayerPlan.substituted`;
+- prefetches that set: with `lookahead: 1` (default) as soon as it is known, i.e. at layer l−1's routing,
+  so the transfer overlaps layer l−1's experts and layer l's attention; with `lookahead: 0` only at layer
+  l's start (overlapping its attention alone). Experts are staged per layer: a layer's experts are evicted
+  at its end, the next layer's prefetches stay;
+- MoE layer 0 has no pre-gate (no earlier MoE layer: the trace holds NO_EXPERT there). It runs its own
+  router's choice, fetched on demand after routing, as the first block of Pre-gated MoE does.
+
+Only recorded predictor outputs are read before routing; the true routed set is read at routing, for the
+fallback of layer 0 and to count deviations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.trace.format import NO_EXPERT
+
+
+@register
+class PreGated(Policy):
+    name = "pregated"
+    summary = ("Pre-gated MoE: layer l−1's pre-gate picks layer l's top-k, which are prefetched and executed "
+               "instead of the router's choice (routing deviations counted)")
+    params = {
+        "lookahead": Param(int, 1, "1: fetch layer l+1's pre-gated set at layer l's routing, when the pre-gate has "
+                                   "chosen it; 0: only at layer l+1's start", minimum=0, maximum=1),
+    }
+
+    def __init__(self, label: str, **params):
+        super().__init__(label, **params)
+        self._pred = None
+
+    def on_run_start(self, ctx) -> None:
+        T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
+        head = ctx.trace_array("pregate_rank")[:T, :, :k]
+        pred = head.tolist()
+        for t in range(T):
+            for layer in range(L):
+                ids = pred[t][layer]
+                # a usable prediction names k distinct experts; anything else (NO_EXPERT at MoE layer 0) has none
+                if NO_EXPERT in ids or len(set(ids)) != k:
+                    pred[t][layer] = None
+        self._pred = pred
+        self._deviations = np.zeros((T, L), dtype=np.int64)
+        self._no_pregate = np.zeros((T, L), dtype=bool)
+        self._k = k
+        self._L = L
+        self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
+
+    def _prefetch(self, ctx, t, layer):
+        experts = self._pred[t][layer]
+        if experts is None:
+            return
+        for expert in experts:
+            if not ctx.prefetch(layer, expert):
+                break  # buffer full: the rest are fetched on demand
+
+    def on_layer_start(self, ctx, t, layer):
+        self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
+
+    def on_route(self, ctx, t, layer, routed):
+        predicted = self._pred[t][layer]
+        if predicted is None:
+            execute = list(routed)
+            self._no_pregate[t, layer] = True
+            deviations = 0
+        else:
+            execute = list(predicted)
+            routed_set = set(routed)
+            deviations = sum(1 for e in execute if e not in routed_set)
+        self._deviations[t, layer] = deviations
+        ctx.cancel_unneeded(layer, execute)
+        if self.lookahead and layer + 1 < self._L:
+            # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
+            self._prefetch(ctx, t, layer + 1)
+        return LayerPlan(execute=execute, substituted=deviations)
+
+    def on_layer_end(self, ctx, t, layer):
+        ctx.evict_layer(layer)  # only this layer: layer+1's prefetches stay staged
+
+    def extra_metrics(self) -> dict:
+        if self._pred is None:
+            return {}
+        sl = slice(self._warmup, None)
+        dev = self._deviations[sl]
+        routed_experts = dev.size * self._k
+        return {
+            "routing_deviations_per_token": float(dev.sum(axis=1).mean()),
+            "deviation_rate": float(dev.sum() / routed_experts),
+            "deviation_rate_per_layer": [float(x) for x in dev.mean(axis=0) / self._k],
+            "layers_without_pregate_per_token": float(self._no_pregate[sl].sum(axis=1).mean()),
+        }

@@ -1,0 +1,139 @@
+"""Pre-gated MoE: executes the pre-gate's selection, counts routing deviations exactly, stages the next
+layer's pre-gated set ahead (lookahead) without evicting it early; MoE layer 0 falls back to its router."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT, THOR
+from helpers import hand_trace_arrays, random_routing
+
+from chipsim.errors import InputError
+from chipsim.policies.base import make_policy
+from chipsim.runner import prepare, simulate
+from chipsim.trace import format as tf
+from chipsim.workload.models import MODELS, ModelShape
+
+TINY = ModelShape(
+    name="tiny-pregated-test", hf_architecture="GraniteMoeForCausalLM",
+    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
+    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
+)
+N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
+M = min(N, 2 * K)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setitem(MODELS, TINY.name, TINY)
+
+    def make(routed, pregate):
+        arrays, meta = hand_trace_arrays(TINY, routed)
+        arrays["pregate_rank"] = pregate.astype(np.uint8)
+        trace = tmp_path / "p.npz"
+        tf.save(trace, arrays, meta)
+        cfg = tmp_path / "p.yaml"
+        cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
+                       "expert_buffer:\n  capacity_mib: 4\n")
+        return str(cfg)
+
+    return make
+
+
+def run(cfg, specs, overrides=()):
+    prep = prepare(cfg, list(overrides), specs)
+    out = {}
+    for policy in prep.policies:
+        plans = []
+        original = policy.on_route
+
+        def on_route(ctx, t, layer, routed, _orig=original, _plans=plans):
+            plan = _orig(ctx, t, layer, routed)
+            _plans.append((t, layer, list(plan.execute), plan.substituted, plan.dropped))
+            return plan
+
+        policy.on_route = on_route
+        out[policy.label] = (simulate(prep, policy, record_events=True), plans)
+    return out
+
+
+def hand_case(T=4):
+    routed = np.array([[[0, 1]] * L] * T, dtype=np.uint8)
+    pregate = np.array([[[255] * M, [0, 2, 1, 3], [3, 4, 0, 1]]] * T, dtype=np.uint8)  # layer 0: no pre-gate
+    return routed, pregate
+
+
+def test_pregated_executes_the_pregate_set_and_counts_deviations_exactly(tiny):
+    T = 4
+    cfg = tiny(*hand_case(T))
+    result, plans = run(cfg, ["pregated"])["pregated"]
+    want = {0: ([0, 1], 0), 1: ([0, 2], 1), 2: ([3, 4], 2)}  # layer 0 runs its router's choice
+    assert len(plans) == T * L
+    for t, layer, execute, substituted, dropped in plans:
+        assert (execute, substituted, dropped) == (*want[layer], 0)
+    assert (result.layer_substituted == np.array([0, 1, 2])).all()
+    assert result.extra["routing_deviations_per_token"] == 3
+    assert result.extra["deviation_rate"] == pytest.approx(3 / (L * K))
+    assert result.extra["deviation_rate_per_layer"] == pytest.approx([0.0, 0.5, 1.0])
+    assert result.extra["layers_without_pregate_per_token"] == 1
+    # the arrays computed exactly the pre-gated experts
+    executed = {}
+    for lane, name, *_ in result.events:
+        if lane == "arrays" and " experts " in name:
+            layer = int(name.split()[0][1:])
+            executed.setdefault(layer, []).extend(int(e) for e in name.split("[")[1].rstrip("]").split(","))
+    for layer, (experts, _) in want.items():
+        assert sorted(executed[layer]) == sorted(experts * T)
+    # layer 0 has no prediction: fetched on demand after routing; layers 1, 2 were staged ahead
+    assert (result.layer_demand_fetches[:, 0] == K).all()
+    assert (result.layer_demand_fetches[:, 1:] == 0).all()
+
+
+def test_lookahead_stages_the_next_layer_during_this_one_and_keeps_it_past_this_layers_end(tiny):
+    T = 6
+    routed = random_routing(TINY, T, seed=11)
+    rng = np.random.default_rng(12)
+    pregate = np.array([[rng.permutation(N)[:M] for _ in range(L)] for _ in range(T)], dtype=np.uint8)
+    pregate[:, 0] = 255
+    cfg = tiny(routed, pregate)
+    res = run(cfg, ["pregated", "pregated:lookahead=0"])
+    (ahead, _), (late, _) = res["pregated"], res["pregated:lookahead=0"]
+    for r in (ahead, late):
+        # each executed expert crossed the link exactly once: nothing was evicted before its layer ran
+        assert r.fetches_total == T * L * K
+        assert r.prefetches_unused == 0
+        assert r.prefetches_issued == T * (L - 1) * K
+    assert (ahead.layer_substituted == late.layer_substituted).all()
+    # staged at layer l−1's routing, the fetch also hides behind layer l−1's experts
+    assert (ahead.latency_ps <= late.latency_ps).all()
+    assert ahead.latency_ps.mean() < late.latency_ps.mean()
+    # the deviations are the pre-gated experts outside the routed set
+    want = np.array([[0] + [len(set(pregate[t, layer, :K]) - set(routed[t, layer])) for layer in range(1, L)]
+                     for t in range(T)])
+    assert (ahead.layer_substituted == want).all()
+
+
+@pytest.mark.parametrize("spec", ["pregated:lookahead=2", "pregated:lookahead=-1"])
+def test_lookahead_beyond_one_layer_is_rejected(spec):
+    """A pre-gate at layer l predicts only layer l+1."""
+    with pytest.raises(InputError):
+        make_policy(spec, {})
+
+
+def test_on_the_default_trace_deviations_match_the_trace():
+    path = os.path.join(ROOT, "traces", "synthetic-granite-3b.npz")
+    T = 24
+    res = run(THOR, ["pregated", "no-prefetch"], ["workload.max_tokens=24"])
+    (pre, _), (none, _) = res["pregated"], res["no-prefetch"]
+    trace = tf.load(path)
+    k = trace.top_k
+    routed, gate = trace["routed_ids"][:T], trace["pregate_rank"][:T, :, :k]
+    want = np.zeros(routed.shape[:2], dtype=int)
+    for t in range(T):
+        for layer in range(1, trace.num_moe_layers):
+            want[t, layer] = len(set(gate[t, layer].tolist()) - set(routed[t, layer].tolist()))
+    assert (gate[:, 0] == tf.NO_EXPERT).all()
+    assert (pre.layer_substituted == want).all()
+    assert pre.extra["deviation_rate"] == pytest.approx(want.sum() / (T * trace.num_moe_layers * k))
+    assert pre.latency_ps.mean() < none.latency_ps.mean()
+    assert (pre.layer_demand_fetches[:, 1:] == 0).all()
