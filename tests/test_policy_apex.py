@@ -246,3 +246,11 @@ def test_on_the_default_trace_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex(
     delta_star = tf.oracle_delta_star(tf.load(os.path.join(ROOT, "traces", "synthetic-granite-3b.npz")))[:48]
     assert apex.extra["mean_delta_star"] == pytest.approx(delta_star.mean())
     assert len(apex.extra["delta_hat_per_layer"]) == len(apex.extra["delta_star_per_layer"]) == 32
+
+
+def test_apex_sf_takes_tau_from_the_apex_section_unless_it_has_its_own():
+    from chipsim.policies.base import make_policy
+
+    assert make_policy("apex-sf", {"apex": {"tau": 0.6}}).tau == 0.6
+    assert make_policy("apex-sf", {"apex": {"tau": 0.6}, "apex-sf": {"tau": 0.75}}).tau == 0.75
+    assert make_policy("apex-sf:tau=0.97", {"apex": {"tau": 0.6}}).tau == 0.97

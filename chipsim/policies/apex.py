@@ -122,6 +122,7 @@ class Apex(Policy):
 @register
 class ApexStallFree(Apex):
     name = "apex-sf"
+    param_family = "apex"
     summary = ("APEX prefetch; a routed expert missing at routing is replaced by the prefetched non-routed expert "
                "the router ranks highest, or dropped: never fetched on demand (stall-free, changes routing)")
     params = dict(Apex.params)

@@ -65,6 +65,9 @@ class Policy:
     transfer_per_matrix: bool = False
     # arrays cost of one surrogate expert (an OpCost), for policies that return LayerPlan.surrogate
     surrogate_op = None
+    # a variant reads its family's `policies.<family>` section first (apex-sf reads policies.apex, then
+    # policies.apex-sf), so one τ in the config reaches both modes
+    param_family: str = ""
 
     def __init__(self, label: str, **params):
         self.label = label
@@ -177,9 +180,11 @@ def make_policy(spec: str, config_params: dict) -> Policy:
     if name not in REGISTRY:
         raise InputError(f"--policy {spec}: unknown policy '{head}' (known: {', '.join(sorted(REGISTRY))})")
     cls = REGISTRY[name]
+    family = (config_params.get(cls.param_family, {}) or {}) if cls.param_family else {}
+    family = {k: v for k, v in family.items() if k in cls.params}
     from_config = config_params.get(name, {}) or {}
     values = {key: p.default for key, p in cls.params.items()}
-    for source in (from_config, shorthand, _parse_inline(inline)):
+    for source in (family, from_config, shorthand, _parse_inline(inline)):
         for key, value in source.items():
             if key not in cls.params:
                 known = ", ".join(cls.params) or "none"
