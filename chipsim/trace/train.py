@@ -68,7 +68,7 @@ DEFAULT_WIDTH = Width(d=512, ffn=256, heads=8, kv_heads=4, head_dim=64)
 TINY_WIDTH = Width(d=64, ffn=32, heads=2, kv_heads=2, head_dim=32)
 
 
-def build_config(shape_name: str, w: Width, vocab: int, max_pos: int):
+def build_config(shape_name: str, w: Width, vocab: int, max_pos: int, attention_multiplier: float | None = None):
     """The transformers config of the published shape at width w. Returns (config, aux-loss spec)."""
     import transformers as tf
 
@@ -78,8 +78,9 @@ def build_config(shape_name: str, w: Width, vocab: int, max_pos: int):
                   tie_word_embeddings=s.tie_embeddings)
     arch = s.hf_architecture
     if arch == "GraniteMoeForCausalLM":
+        extra = {} if attention_multiplier is None else {"attention_multiplier": attention_multiplier}
         cfg = tf.GraniteMoeConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn,
-                                  num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.01)
+                                  num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.01, **extra)
         aux = {"kind": "switch", "coef": 0.01,
                "note": "Switch-style load balancing (N·Σ f_i P_i per layer, averaged over layers), coefficient 0.01 (ASSUMPTION: "
                        "the published Granite value was not checked offline); multipliers left at the class defaults (1.0)"}
@@ -117,10 +118,10 @@ def build_config(shape_name: str, w: Width, vocab: int, max_pos: int):
     return cfg, aux
 
 
-def build_model(shape_name: str, w: Width, vocab: int, max_pos: int, seed: int, device):
+def build_model(shape_name: str, w: Width, vocab: int, max_pos: int, seed: int, device, attention_multiplier: float | None = None):
     import transformers as tf
 
-    cfg, aux = build_config(shape_name, w, vocab, max_pos)
+    cfg, aux = build_config(shape_name, w, vocab, max_pos, attention_multiplier)
     torch.manual_seed(seed)
     cls = getattr(tf, get_model(shape_name).hf_architecture)
     cfg._experts_implementation = "eager"
@@ -222,6 +223,35 @@ def lr_at(frac: float, step: int, lr: float, warmup_steps: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+
+def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> int:
+    """Save a trace keeping the most leading tokens (a multiple of `unit`, one recorded window) that fit 16 MiB.
+
+    The compressed bytes per token are estimated from a one-window trial save; sets meta.provenance.trace_tokens.
+    """
+    t_all = int(arrays["routed_ids"].shape[0])
+
+    def head(t):
+        return {k: (v[:t] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}
+
+    unit = max(1, min(unit, t_all))
+    trial = path.with_name(path.stem + ".trial.npz")
+    tformat.save(trial, head(unit), meta)
+    per_token = trial.stat().st_size / unit
+    trial.unlink()
+    t_keep = max(unit, min(t_all, int(15.0 * (1 << 20) / per_token) // unit * unit))
+    while True:
+        meta.setdefault("provenance", {})["trace_tokens"] = int(t_keep)
+        try:
+            tformat.save(path, head(t_keep), meta)
+            return t_keep
+        except InputError as exc:
+            if "16 MiB" not in str(exc) or t_keep <= unit:
+                raise
+            t_keep -= unit
+            log(f"{exc}; keeping {t_keep} tokens")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="train a published-shape MoE at reduced width, record it, write a trace")
     ap.add_argument("--shape", required=True, help="model shape name (chipsim.workload.models)")
@@ -240,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pred-steps", type=int, default=None)
     ap.add_argument("--experts-impl", default="auto", choices=("auto", "eager", "grouped_mm"))
     ap.add_argument("--device", default=None)
+    ap.add_argument("--attention-multiplier", type=float, default=None,
+                    help="GraniteMoe only: the attention softmax scale (GraniteMoe uses config.attention_multiplier as the "
+                         "scale, class default 1.0; 0.015625 = 1/head_dim is, as far as we recall, the published configs' value: not checked offline). "
+                         "Default: the class default, as the shipped real-granite-3b trace was trained")
     a = ap.parse_args(argv)
 
     t_start = time.perf_counter()
@@ -272,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = int(data_meta["vocab_size"])
     log(f"data: {train_ids.size:,} training / {held_ids.size:,} held-out tokens, vocab {vocab}")
 
-    model, cfg, aux = build_model(a.shape, width, vocab, max(seq, 2048), a.seed, device)
+    model, cfg, aux = build_model(a.shape, width, vocab, max(seq, 2048), a.seed, device, a.attention_multiplier)
     counts = model_counts(model)
     for key in tformat.META_MODEL_KEYS:
         if counts[key] != getattr(shape, key):
@@ -399,25 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         "quality": {},
     }
     path = out_dir / f"{name}.npz"
-    t_keep = rec_te.num_tokens
-    # estimate the compressed bytes per token from a one-window trial, and keep as many windows as fit 16 MiB
-    trial = out_dir / f"{name}.trial.npz"
-    tformat.save(trial, {k: (v[:seq] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}, meta)
-    per_token = trial.stat().st_size / seq
-    trial.unlink()
-    t_keep = max(seq, min(t_keep, int(15.0 * (1 << 20) / per_token) // seq * seq))
-    while True:
-        keep = {k: (v[:t_keep] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}
-        meta["provenance"]["trace_tokens"] = int(t_keep)
-        meta["provenance"]["metrics_tokens"] = int(rec_te.num_tokens)
-        try:
-            tformat.save(path, keep, meta)
-            break
-        except InputError as exc:
-            if "16 MiB" not in str(exc) or t_keep <= seq:
-                raise
-            t_keep -= seq
-            log(f"{exc}; keeping {t_keep} tokens")
+    meta["provenance"]["metrics_tokens"] = int(rec_te.num_tokens)
+    save_trimmed(path, arrays, meta, seq, log)
     trace = tformat.load(path)
     (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     log(f"wrote {path} ({path.stat().st_size / (1 << 20):.2f} MiB): {trace.provenance_line()}")

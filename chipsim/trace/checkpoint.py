@@ -1,0 +1,114 @@
+"""Record a trace from any local Hugging Face MoE checkpoint over a text file.
+
+    python -m chipsim.trace.checkpoint MODEL_DIR --text FILE --out traces/NAME.npz [--shape NAME] [--seq 512]
+        [--train-tokens 32768] [--heldout-tokens 4096] [--device cuda] [--dtype bfloat16]
+
+A user with real Granite / DeepSeek / Mixtral … weights records a real trace of them with this command
+(nothing is fetched: the folder must hold config.json, the weights and the tokenizer). The text is
+tokenised with the checkpoint's own tokenizer and split by position: the first 90 % of its tokens are the
+training split (predictor training and train_expert_counts), the last 10 % the held-out split whose
+windows become the trace's decode tokens. The trace's meta.model.name is --shape, or the chipsim model
+shape whose counts match the checkpoint's.
+
+Needs torch and transformers; the simulator never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chipsim.trace import format as tformat
+from chipsim.trace.predictors import build_trace_arrays
+from chipsim.trace.recorder import find_routers, load_local_model, model_counts, record
+from chipsim.trace.train import even_starts, save_trimmed, windows
+from chipsim.workload.models import MODELS
+
+
+def matching_shape(counts: dict) -> str | None:
+    for name, m in MODELS.items():
+        if all(getattr(m, k) == counts[k] for k in tformat.META_MODEL_KEYS):
+            return name
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="record a chipsim trace from a local Hugging Face MoE checkpoint")
+    ap.add_argument("model", help="local checkpoint folder")
+    ap.add_argument("--text", required=True, help="a UTF-8 text file")
+    ap.add_argument("--out", required=True, help="trace path (.npz)")
+    ap.add_argument("--shape", default=None, help="chipsim model shape name for meta.model.name")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--train-tokens", type=int, default=32768)
+    ap.add_argument("--heldout-tokens", type=int, default=4096)
+    ap.add_argument("--pred-steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+    from transformers import AutoTokenizer
+
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_local_model(a.model, device=device.type, dtype=getattr(torch, a.dtype))
+    counts = model_counts(model)
+    name = a.shape or matching_shape(counts) or counts["hf_architecture"]
+    tok = AutoTokenizer.from_pretrained(a.model, local_files_only=True)
+    raw = Path(a.text).read_bytes()
+    ids = np.asarray(tok(raw.decode("utf-8", errors="replace"))["input_ids"], dtype=np.int64)
+    split = int(ids.size * 0.9)
+    train_ids, held_ids = ids[:split], ids[split:]
+    if held_ids.size < a.seq or train_ids.size < a.seq + 1:
+        raise SystemExit(f"{a.text}: {ids.size} tokens are too few for windows of {a.seq}")
+    rng = np.random.default_rng(a.seed)
+    tr = windows(train_ids, rng.integers(0, train_ids.size - a.seq, max(1, a.train_tokens // a.seq)), a.seq)
+    he = windows(held_ids, even_starts(held_ids.size, max(1, -(-a.heldout_tokens // a.seq)), a.seq), a.seq)
+    log(f"{counts['hf_architecture']} ({name}): {ids.size:,} tokens of text; recording {tr.numel():,} training and {he.numel():,} held-out tokens")
+    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rec_tr = record(model, tr, batch_size=a.batch, hidden_dtype=hdt, progress=True)
+    rec_te = record(model, he, batch_size=a.batch, hidden_dtype=hdt, progress=True)
+    rw = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
+    arrays, metrics = build_trace_arrays(rec_tr, rec_te, rw, device=device, steps=a.pred_steps, cdf_steps=a.pred_steps * 4 // 3,
+                                         seed=a.seed, log=log)
+    meta = {
+        "synthetic": False,
+        "model": {**{k: counts[k] for k in tformat.META_MODEL_KEYS}, "name": name, "hf_architecture": counts["hf_architecture"]},
+        "provenance": {
+            "description": f"{counts['hf_architecture']} checkpoint {Path(a.model).name} over {Path(a.text).name}",
+            "kind": "recorded from a local checkpoint",
+            "checkpoint": str(a.model),
+            "name_or_path": getattr(model.config, "_name_or_path", ""),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "text": {"file": Path(a.text).name, "sha256": hashlib.sha256(raw).hexdigest(), "tokens": int(ids.size),
+                     "split": "first 90 % of tokens: training split; last 10 %: held-out"},
+            "recording": {"dtype": a.dtype, "seq": a.seq, "train_tokens": int(tr.numel()), "heldout_tokens": int(he.numel())},
+            "metrics_tokens": int(rec_te.num_tokens),
+            "command": "python -m chipsim.trace.checkpoint " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])),
+        },
+        "predictor_metrics": metrics,
+        "quality": {},
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_trimmed(out, arrays, meta, a.seq, log)
+    trace = tformat.load(out)
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    log(f"wrote {out}: {trace.provenance_line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
