@@ -1,0 +1,107 @@
+"""FloE: compressed experts, prefetched one layer ahead by the inter-expert predictor, staged per layer.
+
+FloE (arXiv 2505.05950; DESIGN §5; REFERENCE-NUMBERS §B) shrinks every expert ~9.3× (gate and down
+projections contextually sparse: only the channels the intra-expert predictor keeps are stored and moved;
+up projection INT2) and prefetches the next layer's experts with a learned inter-expert predictor.
+
+Expert format (`expert_format`). One expert moves and is stored as ⌈W / compression⌉ bytes, W being the
+expert's BF16 size (FloE's factor is relative to FP16 weights, so the compressed format replaces
+`model.expert_bits`). It moves as one DMA transfer (FloE packs gate and down columns contiguously for one
+compact asynchronous copy; the engine already overlaps computing landed experts with the transfers of
+the others, so per-matrix transfers would only add descriptor set-ups). Its arrays time is built with
+chipsim.hw.compute.ArrayModel from the compressed operand bytes:
+- up projection: d → I outputs (dense: its output magnitudes choose the kept channels), INT2 weights,
+  dequantised to BF16 on the vector lanes (`compute.dequant_ops_per_weight` lane operations per weight);
+- channel mask: one vector pass over the I up outputs;
+- gate projection: d → (1−s)·I kept outputs; SiLU and product on those channels;
+- down projection: (1−s)·I kept inputs → d.
+The sparse matvecs stream only the kept weights, so the arrays read exactly the compressed bytes. Those
+bytes are split between the three matrices in proportion to what each holds at sparsity s: BF16 for the
+kept gate and down columns, 2.5 bits per up weight (INT2 plus an FP16 scale and zero per group of 64, HQQ
+style); the total is fixed by `compression`. The intra-expert predictor's own cost is not modelled.
+
+Prefetch: at on_layer_start(l) the first k entries of the trace's `floe_rank[t, l+1]` (the predictor's
+ranking for layer l+1, made from layer l) are prefetched; layer 0 of each token has no prediction and is
+fetched on demand. Per-layer staging: a layer's unrouted prefetches still in flight are cancelled when it
+routes, and only layer l is evicted at its end (layer l+1's prefetches stay).
+
+Quality: compressed experts change the model's numerics. The simulator does not model that cost; it is
+reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, else `floe_quality` says
+"not modelled".
+"""
+
+from __future__ import annotations
+
+from chipsim.hw.compute import ArrayModel, ceil_div
+from chipsim.policies.base import Param, Policy, register
+from chipsim.trace.format import NO_EXPERT
+from chipsim.workload.decode import BF16_BYTES, ExpertFormat
+
+UP_HALF_BITS_PER_WEIGHT = 5  # 2.5 bits: INT2 + FP16 scale and zero per 64 weights (HQQ-style); byte split only
+
+
+def floe_expert_format(model, hw, compression: float, sparsity: float) -> ExpertFormat:
+    d, inter = model.hidden_size, model.expert_ffn
+    bf16_bytes = model.expert_params * BF16_BYTES
+    total = -(-bf16_bytes * 1000 // int(round(compression * 1000)))  # ⌈W / compression⌉, exact to 1e-3
+    keep = max(1, ceil_div(int(round((1.0 - sparsity) * 10**6)) * inter, 10**6))
+    # byte split gate : up : down by what each matrix holds (half-bits per weight × kept weights)
+    gate_w = keep * d * 32
+    up_w = d * inter * UP_HALF_BITS_PER_WEIGHT
+    down_w = keep * d * 32
+    share = gate_w + up_w + down_w
+    gate_b = total * gate_w // share
+    up_b = total * up_w // share
+    down_b = total - gate_b - up_b
+    am = ArrayModel(hw)
+    op = am.matvec("floe_up", d, inter, up_b)
+    op = op + am.vector("floe_dequant_up", d * inter * hw.compute.dequant_ops_per_weight)
+    op = op + am.vector("floe_channel_mask", inter)
+    op = op + am.matvec("floe_gate_sparse", d, keep, gate_b)
+    op = op + am.sfu("floe_silu", keep) + am.vector("floe_mul", keep)
+    op = op + am.matvec("floe_down_sparse", keep, d, down_b)
+    return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
+                        hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes)
+
+
+@register
+class FloE(Policy):
+    name = "floe"
+    summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
+               "prefetch, per-layer staging")
+    params = {
+        "compression": Param(float, 9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0),
+        "sparsity": Param(float, 0.9, "share of gate/down channels skipped (FloE: up to 90 %); sets the compute "
+                          "shape and the byte split", minimum=0.0, maximum=0.99),
+    }
+
+    def expert_format(self, workload, hw):
+        return floe_expert_format(workload.model, hw, self.compression, self.sparsity)
+
+    def on_run_start(self, ctx) -> None:
+        self._rank = ctx.trace_array("floe_rank")
+        self._ctx = ctx
+        quality = (ctx.trace.meta.get("quality") or {}).get("floe")
+        self._quality = quality if quality is not None else (
+            "not modelled: compressed experts change the model's numerics and this trace carries no measured "
+            "FloE quality (meta['quality']['floe'])")
+
+    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+        if layer + 1 >= ctx.num_moe_layers:
+            return
+        for e in self._rank[t, layer + 1, :ctx.top_k].tolist():
+            if e != NO_EXPERT:
+                ctx.prefetch(layer + 1, e)
+
+    def extra_metrics(self) -> dict:
+        ctx = self._ctx
+        fmt = ctx.expert_format
+        out = {
+            "floe_expert_bytes": int(fmt.fetch_bytes),
+            "floe_compression": float(self.compression),
+            "floe_quality": self._quality,
+        }
+        if ctx.workload.expert_bits != 16:
+            out["floe_note"] = (f"FloE's format (BF16 / {self.compression:g}) replaces model.expert_bits = "
+                                f"{ctx.workload.expert_bits}")
+        return out

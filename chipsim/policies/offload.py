@@ -1,0 +1,78 @@
+"""Fiddler: hot experts placed statically on the accelerator, every other expert computed on the host CPU.
+
+Fiddler (Kamahori et al., 2024; DESIGN §5) keeps the most popular experts in accelerator memory and, at
+batch-1 decode, runs every other routed expert on the CPU next to its weights: the activations cross the
+host link, the weights never do.
+
+Placement (on_run_start): the (layer, expert) pairs of all MoE layers are ranked by the trace's
+training-split routing counts (`train_expert_counts`, most used first; ties by layer, then expert id) and
+prefetched in that order until the cache holds `slots` experts (0 = the whole expert buffer). They are never
+evicted. Their transfers are issued before the first token and land during it: the `warmup` leading tokens
+are reported separately (default 4, which covers the placement on the bundled configs). After that, only
+activations cross PCIe.
+
+Routing: a routed expert in the buffer (landed, or still on its way during the warm-up) runs on the arrays;
+every other one runs on the host CPU (LayerPlan.on_host), one expert at a time, and the layer's weighted
+sum waits for the results. Nothing is prefetched, fetched on demand or evicted.
+
+Metrics: fiddler_static_hit_rate (routed experts found in the placed set / routed experts),
+fiddler_cpu_experts_per_token, fiddler_placed_experts; means over the tokens after the warm-up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.policies.base import LayerPlan, Param, Policy, register
+
+
+@register
+class Fiddler(Policy):
+    name = "fiddler"
+    summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"
+    caches_across_tokens = True
+    params = {
+        "slots": Param(int, 0, "experts placed on the accelerator (0 = the whole expert buffer; never more than it "
+                       "holds)", minimum=0),
+        "warmup": Param(int, 4, "leading tokens reported separately while the static placement lands", minimum=0),
+    }
+
+    def warmup_tokens(self) -> int:
+        return self.warmup
+
+    def on_run_start(self, ctx) -> None:
+        T, L, N = ctx.num_tokens, ctx.num_moe_layers, ctx.num_experts
+        capacity = min(self.slots, ctx.slots) if self.slots else ctx.slots
+        self._ctx = ctx
+        self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
+        counts = np.asarray(ctx.trace_array("train_expert_counts"), dtype=np.int64)
+        order = sorted(((layer, e) for layer in range(L) for e in range(N)),
+                       key=lambda key: (-int(counts[key]), key))
+        self.placed: set[tuple[int, int]] = set()
+        for layer, e in order[:capacity]:
+            if not ctx.prefetch(layer, e):
+                break
+            self.placed.add((layer, e))
+        self.hits = np.zeros((T, L), dtype=np.int16)
+        self.on_cpu = np.zeros((T, L), dtype=np.int16)
+
+    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+        placed = self.placed
+        execute = [e for e in routed if (layer, e) in placed]
+        on_host = [e for e in routed if (layer, e) not in placed]
+        self.hits[t, layer] = len(execute)
+        self.on_cpu[t, layer] = len(on_host)
+        return LayerPlan(execute=execute, on_host=on_host)
+
+    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+        pass  # the placement is static
+
+    def extra_metrics(self) -> dict:
+        ctx = self._ctx
+        sl = slice(self._warm, None)
+        routed = ctx.top_k * ctx.num_moe_layers
+        return {
+            "fiddler_static_hit_rate": float(self.hits[sl].sum(axis=1).mean() / routed),
+            "fiddler_cpu_experts_per_token": float(self.on_cpu[sl].sum(axis=1).mean()),
+            "fiddler_placed_experts": len(self.placed),
+        }

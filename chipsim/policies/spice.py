@@ -1,0 +1,399 @@
+"""SPICE: speculative deep prefetch with a draft predictor, LoRE surrogates and a CPU/fetch cost model.
+
+SPICE (arXiv 2608.21240; DESIGN §5; REFERENCE-NUMBERS §B) replays the trace's draft predictions:
+`draft_ids[t, l, d-1]` is the draft's top-k for MoE layer l made d layers earlier, with confidence
+`draft_conf[t, l, d-1]` (its probability mass on those k experts).
+
+Prefetch (on_layer_start(l), before layer l's attention). For d = 1, 2, … the policy looks at the draft
+made at layer l for layer l+d and prefetches its k experts. The depth grows while the confidence stays
+≥ `confidence`; it stops at the first depth below it, but never before
+
+    D_min = ⌈W_e / (B · T_layer)⌉
+
+layers (W_e: bytes of one expert as fetched, B: bandwidth of the fetch path's bottleneck, T_layer: the
+arrays' time for one MoE layer = attention + router + shared experts + k routed experts + weighted sum,
+from the workload; computed once in on_run_start), and never past `max_depth` or the last layer. The
+depth reached at every token-layer is recorded (`mean_prefetch_depth`).
+
+Expert cache. Experts stay in the buffer across tokens (`slots` of them, 0 = the whole buffer). Victims
+are least recently used: every expert carries a stamp, the position (token·L + layer) at which it was
+last executed or, for a prefetch, the position at which its predicted layer will run. An expert whose
+stamp lies ahead of the running layer is a pending prediction and is evicted only when nothing else can
+go (then the farthest-ahead first); the running layer's routed experts are never victims. Room is made
+before a prefetch or a demand fetch is issued, so the cache holds at most `slots` experts (plus, for a
+moment, experts whose cancelled transfers are still stopping). Layers are not evicted at their end.
+
+Misses (a routed expert neither resident nor on its way when routing decides):
+- low-confidence miss (the depth-1 draft's confidence for this layer, draft_conf[t, l, 0], is below
+  `confidence`) on a model with shared experts: replaced by the resident shared expert plus the
+  expert's LoRE low-rank residual (LayerPlan.surrogate). Its arrays cost is `surrogate_op`: the
+  paper's residual B_e·A_e·h (d→r→d, `lore_form: residual`, 2·d·r BF16 weights per expert), or
+  rank-r factors of all three expert matrices (`lore_form: factored`: gate and up d→r→I, down I→r→d,
+  3·r·(d+I) weights). The LoRE weights of every expert must fit the HBM left over after weights, KV
+  cache, activations and the expert buffer, else the run is rejected (policies.spice.lore_rank). A
+  model without shared experts has no surrogate: its low-confidence misses go to the cost model below,
+  and the results say so (`spice_surrogate`).
+- high-confidence miss, or a layer no draft predicted (MoE layer 0: nothing runs before it, so there
+  is no confidence to judge it by; it is treated as high-confidence, i.e. computed exactly): a per-miss
+  cost model picks the cheaper of
+      fetch: ctx.fetch_estimate_ps() (setup + path latency + (link queue + W_e)/B) + the arrays' time
+             for the expert (T_acc), plus W_e/B for each miss of this layer already sent to the link;
+      host CPU: ctx.host_estimate_ps() (dispatch + 2·H/B + T_cpu, behind the host's queue), plus one
+             host job for each miss of this layer already sent to the CPU.
+  Fetch keeps the expert in `execute` (the engine demand-fetches it); CPU puts it in `on_host`. The
+  link queue counts queued prefetches too: a demand fetch pre-empts them, but every prefetch it delays
+  is one the next layers wait for, so the queue is the cost SPICE's "current PCIe pressure" stands for.
+
+Transfer scheduling (`schedule`): when routing decides, this layer's prefetches still on their way that
+the router did not pick are cancelled, so their bytes stop competing with demand fetches and deeper
+prefetches. (Nearest-layer-first issue order and demand-over-prefetch priority hold in every variant:
+the first is the depth loop's order, the second the DMA model's `dma.demand_preempts_prefetch`.)
+
+The paper's ablation (Fig. 9, "exact residual" setting, i.e. no surrogates) maps onto the parameters:
+
+| variant | deep | cpu_fallback | surrogate | schedule |
+| --- | --- | --- | --- | --- |
+| full SPICE | true | true | true | true |
+| (a) deep prediction + full prefetch (every miss fetched) | true | false | false | false |
+| (b) deep prediction + CPU fallback | true | true | false | false |
+| (c) shallow (next layer only) + CPU fallback | false | true | false | false |
+| (d) shallow + transfer scheduling | false | false | false | true |
+
+`deep: false` prefetches exactly the depth-1 draft (the next layer), whatever its confidence and D_min.
+
+Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's): spice_fallback_rate
+(misses / routed experts), spice_cpu_experts_per_token, spice_surrogate_experts_per_token,
+spice_fetched_misses_per_token, spice_low_confidence_misses_per_token, host_link_bytes_per_token (bytes
+that crossed PCIe: expert fetches plus host-CPU activations; mirrors offchip_bytes_per_token),
+link_utilisation (share of the simulated time the fetch path moved data), mean_prefetch_depth,
+spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.errors import InputError
+from chipsim.hw.compute import ArrayModel
+from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
+from chipsim.workload.decode import BF16_BYTES
+
+LORE_FORMS = ("residual", "factored")
+
+
+def check_bool(policy: str, key: str, value) -> None:
+    if not isinstance(value, bool):
+        raise InputError(f"policies.{policy}.{key}: expected true or false, got {value!r}")
+
+
+def lore_weights_per_expert(d: int, inter: int, rank: int, form: str) -> int:
+    """LoRE parameters of one expert: residual B·A (d×r + r×d) or rank-r factors of gate, up and down."""
+    if form == "residual":
+        return 2 * d * rank
+    return 2 * (d * rank + rank * inter) + (inter * rank + rank * d)
+
+
+def lore_op(am: ArrayModel, d: int, inter: int, rank: int, form: str):
+    """Arrays cost of one surrogate expert on top of the (already computed) shared expert, BF16 weights."""
+    if form == "residual":
+        op = am.matvec("lore_a", d, rank, d * rank * BF16_BYTES)
+        op = op + am.matvec("lore_b", rank, d, rank * d * BF16_BYTES)
+        return op + am.vector("lore_add_shared", d)
+    op = am.matvec("lore_gate_up_a", d, 2 * rank, 2 * d * rank * BF16_BYTES)
+    op = op + am.matvec("lore_gate_up_b", rank, 2 * inter, 2 * rank * inter * BF16_BYTES)
+    op = op + am.sfu("lore_silu", inter) + am.vector("lore_mul", inter)
+    op = op + am.matvec("lore_down_a", inter, rank, inter * rank * BF16_BYTES)
+    op = op + am.matvec("lore_down_b", rank, d, rank * d * BF16_BYTES)
+    return op + am.vector("lore_add_shared", d)
+
+
+@register
+class Spice(Policy):
+    name = "spice"
+    summary = ("draft predictions several layers deep (depth grows with confidence, ≥ D_min), expert cache; "
+               "misses: LoRE surrogate (low confidence) or the cheaper of fetch / host CPU")
+    caches_across_tokens = True
+    params = {
+        "confidence": Param(float, 0.7, "draft confidence (probability mass on its top-k) needed to look one layer "
+                            "deeper, and below which a miss is low-confidence", minimum=0.0, maximum=1.0),
+        "max_depth": Param(int, 8, "deepest prefetch, in layers ahead (the trace's draft depth is 8)",
+                           minimum=1, maximum=DRAFT_DEPTH),
+        "slots": Param(int, 0, "experts the cache holds (0 = the whole expert buffer; never more than it holds)",
+                       minimum=0),
+        "lore_rank": Param(int, 16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1),
+        "lore_form": Param(str, "residual", "LoRE shape: 'residual' (paper: y_shared + B·A·h, d→r→d) or 'factored' "
+                           "(rank-r factors of gate, up and down)"),
+        "deep": Param(bool, True, "true: confidence-adaptive depth (≥ D_min); false: next layer only (depth 1)"),
+        "cpu_fallback": Param(bool, True, "true: high-confidence misses go to the cheaper of fetch and host CPU; "
+                              "false: always fetched"),
+        "surrogate": Param(bool, True, "true: low-confidence misses use shared expert + LoRE (models with shared "
+                           "experts only); false: exact (cost model)"),
+        "schedule": Param(bool, True, "true: cancel this layer's unrouted prefetches still on the link when "
+                          "routing decides"),
+        "warmup": Param(int, 4, "leading tokens reported separately while the cache fills", minimum=0),
+    }
+
+    def __init__(self, label: str, **params):
+        super().__init__(label, **params)
+        for key in ("deep", "cpu_fallback", "surrogate", "schedule"):
+            check_bool(self.name, key, getattr(self, key))
+        if self.lore_form not in LORE_FORMS:
+            raise InputError(f"policies.spice.lore_form: must be one of {', '.join(LORE_FORMS)}, "
+                             f"got {self.lore_form!r}")
+        self.surrogate_op = None
+
+    def warmup_tokens(self) -> int:
+        return self.warmup
+
+    # ------------------------------------------------------------------------------ set-up
+    def on_run_start(self, ctx) -> None:
+        self._ctx = ctx
+        m = ctx.workload.model
+        T, L = ctx.num_tokens, ctx.num_moe_layers
+        self._L = L
+        self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
+        if self.slots == 0:
+            self.capacity = ctx.slots
+        elif self.slots < ctx.top_k:
+            raise InputError(f"policies.spice.slots: {self.slots} cannot hold one layer's top-{ctx.top_k} experts")
+        else:
+            self.capacity = min(self.slots, ctx.slots)
+
+        # D_min = ⌈W_e / (B · T_layer)⌉, capped at max_depth
+        fmt = ctx.expert_format
+        self._bandwidth = gbps_to_bytes_per_s(ctx.path_timing.bandwidth_gbps)
+        costs = ctx.workload.moe_layer(0)
+        t_layer = sum(op.duration_ps for op in (costs.attention, costs.router, costs.dense, costs.combine) if op)
+        t_layer += ctx.top_k * fmt.compute_ps
+        self.t_layer_ps = t_layer
+        d_min = -(-fmt.fetch_bytes * PS_PER_S // (self._bandwidth * t_layer))
+        self.d_min = max(1, min(d_min, self.max_depth))
+        self._fetch_one_ps = transfer_ps(fmt.fetch_bytes, self._bandwidth)
+        self._t_acc = fmt.compute_ps
+
+        # surrogates: only where a shared expert exists, with LoRE weights that fit the spare HBM
+        self.surrogate_op = None
+        self.lore_bytes = 0
+        self._use_surrogate = bool(self.surrogate and m.num_shared_experts > 0)
+        if self._use_surrogate:
+            per_expert = lore_weights_per_expert(m.hidden_size, m.expert_ffn, self.lore_rank, self.lore_form)
+            self.lore_bytes = per_expert * BF16_BYTES * m.num_moe_layers * m.num_experts
+            spare = ctx.workload.hbm_spare_bytes
+            if self.lore_bytes > spare:
+                raise InputError(
+                    f"policies.spice.lore_rank: LoRE weights of rank {self.lore_rank} for all "
+                    f"{m.num_moe_layers * m.num_experts} experts take {self.lore_bytes / 2**20:.1f} MiB, more than "
+                    f"the {max(spare, 0) / 2**20:.1f} MiB of HBM left after weights, KV cache, activations and "
+                    f"the expert buffer")
+            self.surrogate_op = lore_op(ArrayModel(ctx.hw), m.hidden_size, m.expert_ffn, self.lore_rank,
+                                        self.lore_form)
+        if self._use_surrogate:
+            self.surrogate_note = (f"shared expert + LoRE rank {self.lore_rank} ({self.lore_form}); quality cost "
+                                   "not modelled")
+        elif m.num_shared_experts == 0:
+            self.surrogate_note = ("none: the model has no shared experts, so low-confidence misses go to the "
+                                   "fetch / host-CPU cost model")
+        else:
+            self.surrogate_note = "none: surrogate disabled (policies.spice.surrogate = false)"
+
+        self._ids = ctx.trace_array("draft_ids")
+        self._conf = ctx.trace_array("draft_conf")
+        self._stamp: dict[tuple[int, int], int] = {}  # every expert in the buffer -> LRU stamp (see module doc)
+        self._pos = 0
+        self._token_ids = None
+        self._token_conf = None
+        # per token-layer counters
+        self.depth = np.zeros((T, L), dtype=np.int16)
+        self.misses = np.zeros((T, L), dtype=np.int16)
+        self.low_conf = np.zeros((T, L), dtype=np.int16)
+        self.on_cpu = np.zeros((T, L), dtype=np.int16)
+        self.surrogated = np.zeros((T, L), dtype=np.int16)
+        self.fetched = np.zeros((T, L), dtype=np.int16)
+        self.depth_cut_by_buffer = 0
+        self.miss_log: list[tuple] = []  # (t, layer, expert, fetch_ps, host_ps, choice) for high-confidence misses
+        # link statistics at token starts (for per-token bytes and post-warm-up utilisation)
+        self._dma_bytes = np.zeros(T + 1, dtype=np.int64)
+        self._busy = np.zeros(T + 1, dtype=np.int64)
+        self._clock = np.zeros(T + 1, dtype=np.int64)
+
+    # ------------------------------------------------------------------------------ cache
+    def _room(self, ctx) -> int:
+        return self.capacity - (ctx.slots - ctx.free_slots())
+
+    def _victim_order(self, keys):
+        """LRU first (stamps at or before the running layer), then pending predictions, farthest ahead first."""
+        pos = self._pos
+        stamp = self._stamp
+        return sorted(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))
+
+    def _make_room(self, ctx, count: int, protect=(), past_only: bool = False) -> bool:
+        short = count - self._room(ctx)
+        if short <= 0:
+            return True
+        pos = self._pos
+        keys = [k for k in self._stamp if k not in protect and (not past_only or self._stamp[k] < pos)]
+        if not keys:
+            return False
+        if short == 1:  # the common case (one prefetch at a time): no need to sort
+            stamp = self._stamp
+            victims = [min(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))]
+        else:
+            victims = self._victim_order(keys)[:short]
+        for key in victims:
+            del self._stamp[key]
+            ctx.evict(*key)
+        return self._room(ctx) >= count
+
+    def choose_victims(self, ctx, layer, needed, count):
+        keys = [k for k in self._stamp if not (k[0] == layer and k[1] in needed)]
+        victims = self._victim_order(keys)[:count]
+        for key in victims:
+            del self._stamp[key]
+        return victims
+
+    def _prefetch(self, ctx, layer: int, expert: int, stamp: int) -> bool:
+        key = (layer, expert)
+        if key in self._stamp:
+            if stamp > self._stamp[key]:
+                self._stamp[key] = stamp
+            return True
+        # a prefetch may only push out experts whose use is behind us
+        if not self._make_room(ctx, 1, past_only=True) or not ctx.prefetch(layer, expert):
+            return False
+        self._stamp[key] = stamp
+        return True
+
+    # ------------------------------------------------------------------------------ hooks
+    def on_token_start(self, ctx, t: int) -> None:
+        self._token_ids = self._ids[t].tolist()  # (L, D, k)
+        self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
+        self._dma_bytes[t] = ctx.dma.bytes_moved
+        ctx.link_queued_bytes()  # brings the link's busy-time statistic up to now
+        self._busy[t] = ctx.dma.busy_ps
+        self._clock[t] = ctx.now
+
+    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+        L = self._L
+        self._pos = t * L + layer
+        remaining = L - 1 - layer
+        if remaining <= 0:
+            return
+        if self.deep:
+            limit, floor = min(self.max_depth, remaining), self.d_min
+        else:
+            limit, floor = 1, 1
+        ids, conf = self._token_ids, self._token_conf
+        reached = 0
+        for d in range(1, limit + 1):
+            target = layer + d
+            if d > floor and conf[target][d - 1] < self.confidence:
+                break
+            stamp = t * L + target
+            ok = True
+            for e in ids[target][d - 1]:
+                if e != NO_EXPERT and not self._prefetch(ctx, target, e, stamp):
+                    ok = False
+                    break
+            reached = d
+            if not ok:
+                self.depth_cut_by_buffer += 1
+                break
+        self.depth[t, layer] = reached
+
+    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+        pos = t * self._L + layer
+        self._pos = pos
+        stamp = self._stamp
+        execute, misses = [], []
+        for e in routed:
+            key = (layer, e)
+            if key in stamp:
+                stamp[key] = pos
+                execute.append(e)
+            else:
+                misses.append(e)
+        if self.schedule:
+            routed_set = set(routed)
+            for key in ctx.keys_of_layer(layer):
+                if key[1] not in routed_set and not ctx.resident(*key):
+                    stamp.pop(key, None)
+                    ctx.evict(*key)
+        plan = LayerPlan(execute=execute)
+        if not misses:
+            return plan
+        self.misses[t, layer] = len(misses)
+        first = self._token_ids[layer][0][0]
+        predicted = first != NO_EXPERT
+        low = predicted and self._token_conf[layer][0] < self.confidence
+        if low:
+            self.low_conf[t, layer] = len(misses)
+        if low and self._use_surrogate:
+            plan.surrogate = misses
+            self.surrogated[t, layer] = len(misses)
+            return plan
+        fetch_base = ctx.fetch_estimate_ps() + self._t_acc
+        host_base = ctx.host_estimate_ps()
+        host_one = ctx.host_timing.total_ps
+        to_fetch = []
+        for e in misses:
+            fetch_ps = fetch_base + len(to_fetch) * self._fetch_one_ps
+            host_ps = host_base + len(plan.on_host) * host_one
+            if self.cpu_fallback and host_ps < fetch_ps:
+                plan.on_host.append(e)
+                choice = "cpu"
+            else:
+                to_fetch.append(e)
+                choice = "fetch"
+            self.miss_log.append((t, layer, e, fetch_ps, host_ps, choice))
+        if to_fetch:
+            protect = {(layer, e) for e in routed}
+            self._make_room(ctx, len(to_fetch), protect=protect)
+            for e in to_fetch:
+                stamp[(layer, e)] = pos
+            execute.extend(to_fetch)
+        self.on_cpu[t, layer] = len(plan.on_host)
+        self.fetched[t, layer] = len(to_fetch)
+        return plan
+
+    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+        """Nothing is staged out per layer; only the slot budget is honoured (after cancelled transfers)."""
+        over = len(self._stamp) - self.capacity
+        if over > 0:
+            for key in self._victim_order(list(self._stamp))[:over]:
+                del self._stamp[key]
+                ctx.evict(*key)
+
+    # ------------------------------------------------------------------------------ results
+    def extra_metrics(self) -> dict:
+        ctx = self._ctx
+        T = ctx.num_tokens
+        self._dma_bytes[T] = ctx.dma.bytes_moved
+        ctx.link_queued_bytes()
+        self._busy[T] = ctx.dma.busy_ps
+        self._clock[T] = ctx.now
+        w = self._warm
+        sl = slice(w, None)
+        routed = ctx.top_k * self._L
+        per_token = lambda a: float(a[sl].sum(axis=1).mean())  # noqa: E731
+        cpu_bytes = self.on_cpu.sum(axis=1).astype(np.int64) * ctx.host_timing.activation_bytes
+        link_bytes = np.diff(self._dma_bytes) + cpu_bytes
+        span = int(self._clock[T] - self._clock[w])
+        busy = int(self._busy[T] - self._busy[w])
+        looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
+        return {
+            "spice_fallback_rate": float(self.misses[sl].sum(axis=1).mean() / routed),
+            "spice_cpu_experts_per_token": per_token(self.on_cpu),
+            "spice_surrogate_experts_per_token": per_token(self.surrogated),
+            "spice_fetched_misses_per_token": per_token(self.fetched),
+            "spice_low_confidence_misses_per_token": per_token(self.low_conf),
+            "host_link_bytes_per_token": float(link_bytes[sl].mean()),
+            "link_utilisation": busy / span if span > 0 else 0.0,
+            "mean_prefetch_depth": float(looked.mean()),
+            "spice_d_min": int(self.d_min),
+            "spice_depth_cut_by_buffer": int(self.depth_cut_by_buffer),
+            "spice_cache_slots": int(self.capacity),
+            "spice_surrogate": self.surrogate_note,
+            "spice_lore_hbm_bytes": int(self.lore_bytes),
+        }

@@ -1,0 +1,145 @@
+"""FloE: experts moved and stored at 1/9.3 of their BF16 bytes, computed from the compressed bytes, the
+inter-expert predictor prefetching one layer ahead, per-layer staging; beats no-prefetch on latency."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT, THOR
+from helpers import hand_trace_arrays, random_routing
+
+from chipsim.runner import prepare, simulate
+from chipsim.trace import format as tf
+from chipsim.units import transfer_ps, gbps_to_bytes_per_s
+from chipsim.workload.models import MODELS, ModelShape
+
+TINY = ModelShape(
+    name="tiny-floe-test", hf_architecture="GraniteMoeForCausalLM",
+    num_layers=4, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
+    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
+)
+N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
+M = min(N, 2 * K)
+EXPERT_BYTES = 3 * 256 * 128 * 2  # 196,608 BF16 bytes
+COMPRESSED = -(-EXPERT_BYTES * 10 // 93)  # ⌈196,608 / 9.3⌉ = 21,141
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setitem(MODELS, TINY.name, TINY)
+
+    def make(routed, floe_rank=None, quality=None, name="t"):
+        arrays, meta = hand_trace_arrays(TINY, routed)
+        if floe_rank is not None:
+            arrays["floe_rank"] = floe_rank.astype(np.uint8)
+        if quality is not None:
+            meta["quality"] = quality
+        trace = tmp_path / f"{name}.npz"
+        tf.save(trace, arrays, meta)
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
+                       "expert_buffer:\n  capacity_mib: 4\n")
+        return str(cfg)
+
+    return make
+
+
+def predictor(routed, correct=True, seed=0):
+    """floe_rank: the routed experts first (correct) or last (wrong); layer 0 has no prediction."""
+    rng = np.random.default_rng(seed)
+    T = routed.shape[0]
+    rank = np.full((T, L, M), tf.NO_EXPERT, dtype=np.uint8)
+    for t in range(T):
+        for layer in range(1, L):
+            chosen = list(routed[t, layer])
+            others = [e for e in rng.permutation(N).tolist() if e not in chosen]
+            order = chosen + others if correct else others + chosen
+            rank[t, layer] = order[:M]
+    return rank
+
+
+def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_bytes(tiny):
+    routed = random_routing(TINY, 5, seed=1)
+    cfg = tiny(routed, predictor(routed))
+    prep = prepare(cfg, [], ["floe", "no-prefetch"])
+    floe, none = prep.policies
+    fmt = floe.expert_format(prep.workload, prep.config.hw)
+    assert COMPRESSED == 21141
+    assert fmt.part_bytes == (COMPRESSED,) and fmt.slot_bytes == COMPRESSED and fmt.fetch_bytes == COMPRESSED
+    # the arrays read exactly the compressed bytes, so at least their streaming time, far less than dense
+    assert fmt.hbm_bytes == COMPRESSED
+    stream = gbps_to_bytes_per_s(prep.config.hw.links.ucie.bandwidth_gbps)
+    assert fmt.compute_ps >= transfer_ps(COMPRESSED, stream)
+    assert fmt.compute_ps < prep.workload.moe_layer(0).expert.duration_ps
+    res, base = simulate(prep, floe), simulate(prep, none)
+    # a perfect predictor: layer 0 is fetched on demand, layers 1.. prefetched; k experts per layer either way
+    assert (res.bytes["pcie"] == L * K * COMPRESSED).all()
+    assert (res.bytes["lpddr5x"] == L * K * COMPRESSED).all()
+    assert (base.bytes["pcie"] == L * K * EXPERT_BYTES).all()
+    assert (res.layer_demand_fetches[:, 0] == K).all() and (res.layer_demand_fetches[:, 1:] == 0).all()
+    assert res.layer_overlap[:, 1:].all()
+    assert res.extra["floe_expert_bytes"] == COMPRESSED
+    # the buffer holds ~9.3x as many experts
+    from chipsim.sim.engine import Simulation
+
+    assert Simulation(prep.config.hw, prep.workload, prep.trace, floe).slots == (4 << 20) // COMPRESSED == 198
+
+
+def test_floe_beats_no_prefetch_even_with_a_wrong_predictor(tiny):
+    routed = random_routing(TINY, 6, seed=2)
+    for correct in (True, False):
+        cfg = tiny(routed, predictor(routed, correct=correct), name=f"p{correct}")
+        prep = prepare(cfg, [], ["floe", "no-prefetch", "floe:compression=1"])
+        floe, none, uncompressed = (simulate(prep, p) for p in prep.policies)
+        assert floe.latency_ps.mean() < none.latency_ps.mean()
+        if correct:  # the predictor alone (no compression) already hides layers 1..
+            assert uncompressed.latency_ps.mean() < none.latency_ps.mean()
+        else:  # wrong predictions: every routed expert fetched on demand, the wrong prefetches abandoned
+            assert (floe.layer_demand_fetches == K).all()
+            assert floe.prefetches_unused == floe.prefetches_issued
+
+
+def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
+    routed = random_routing(TINY, 4, seed=3)
+    cfg = tiny(routed, predictor(routed))
+    prep = prepare(cfg, [], ["floe"])
+    from chipsim.sim.engine import Simulation
+
+    policy = prep.policies[0]
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy)
+    after_end = []
+    original = policy.on_layer_end
+
+    def on_layer_end(ctx, t, layer):
+        original(ctx, t, layer)
+        after_end.append((layer, sorted({key[0] for key in ctx._entries})))
+
+    policy.on_layer_end = on_layer_end
+    sim.run()
+    for layer, layers_held in after_end:
+        assert layer not in layers_held  # layer l evicted at its end
+        assert layers_held == ([layer + 1] if layer + 1 < L else [])  # layer l+1's prefetches kept
+
+
+def test_quality_is_reported_from_the_trace_or_said_to_be_unmodelled(tiny):
+    routed = random_routing(TINY, 2, seed=4)
+    prep = prepare(tiny(routed, name="a"), [], ["floe"])
+    assert simulate(prep, prep.policies[0]).extra["floe_quality"].startswith("not modelled")
+    quality = {"floe": {"ppl_base": 6.0, "ppl": 6.4}}
+    prep = prepare(tiny(routed, quality=quality, name="b"), [], ["floe"])
+    assert simulate(prep, prep.policies[0]).extra["floe_quality"] == quality["floe"]
+
+
+def test_floe_completes_and_beats_no_prefetch_on_the_bundled_traces(tmp_path):
+    thor = os.path.join(ROOT, "hwconfigs", "thor.yaml")
+    ds = tmp_path / "ds.yaml"
+    ds.write_text(f"base: {THOR}\nmemory:\n  hbm:\n    capacity_gib: 6\nexpert_buffer:\n  capacity_mib: 1056\n"
+                  f"model:\n  name: deepseek-v2-lite\nworkload:\n  trace: {ROOT}/traces/synthetic-deepseek-v2-lite.npz\n")
+    for cfg, tokens in ((thor, 48), (str(ds), 24)):
+        prep = prepare(cfg, [f"workload.max_tokens={tokens}"], ["floe", "no-prefetch"])
+        floe, none = (simulate(prep, p) for p in prep.policies)
+        assert floe.tokens == tokens and (floe.latency_ps > 0).all()
+        assert floe.latency_ps.mean() < none.latency_ps.mean()
+        compressed = -(-prep.workload.model.expert_params * 2 * 10 // 93)
+        assert floe.extra["floe_expert_bytes"] == compressed
+        assert floe.bytes["pcie"].sum() <= floe.fetches_total * compressed

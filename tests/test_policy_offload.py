@@ -1,0 +1,97 @@
+"""Fiddler: static placement of the most-used experts from the training-split counts, never evicted; every
+other routed expert runs on the host CPU; after the warm-up only activations cross PCIe."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT, THOR
+from helpers import hand_trace_arrays, random_routing
+
+from chipsim.runner import prepare, simulate, summarize_result
+from chipsim.sim.engine import Simulation
+from chipsim.trace import format as tf
+from chipsim.workload.models import MODELS, ModelShape
+
+TINY = ModelShape(
+    name="tiny-fiddler-test", hf_architecture="GraniteMoeForCausalLM",
+    num_layers=4, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
+    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
+)
+N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
+EXPERT_BYTES = 3 * 256 * 128 * 2
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setitem(MODELS, TINY.name, TINY)
+    routed = random_routing(TINY, 12, seed=7)
+    arrays, meta = hand_trace_arrays(TINY, routed)
+    counts = np.arange(L * N, dtype=np.int64)[::-1].reshape(L, N).copy()  # layer 0 expert 0 most used ...
+    counts[2, 5] = 10_000  # ... except this one, the most used of all
+    counts[3, 7] = 10_000  # a tie with it: broken by layer, then expert id
+    arrays["train_expert_counts"] = counts
+    trace = tmp_path / "t.npz"
+    tf.save(trace, arrays, meta)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
+                   "expert_buffer:\n  capacity_mib: 4\n")
+    return str(cfg), routed
+
+
+def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
+    cfg, routed = tiny
+    prep = prepare(cfg, [], ["fiddler:slots=5"])
+    policy = prep.policies[0]
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy)
+    evicted = []
+    original = sim.evict
+    sim.evict = lambda layer, expert: (evicted.append((layer, expert)), original(layer, expert))
+    result = sim.run()
+    assert policy.placed == {(2, 5), (3, 7), (0, 0), (0, 1), (0, 2)}
+    assert set(sim.resident_keys()) == policy.placed and not evicted
+    assert result.fetches_total == 5 and result.prefetches_issued == 5
+    # the whole buffer by default
+    prep = prepare(cfg, [], ["fiddler"])
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
+    sim.run()
+    assert len(prep.policies[0].placed) == min(sim.slots, L * N)
+
+
+def test_misses_all_run_on_the_host_and_after_warmup_only_activations_cross_pcie(tiny):
+    cfg, routed = tiny
+    prep = prepare(cfg, [], ["fiddler:slots=5,warmup=2"])
+    policy = prep.policies[0]
+    result = simulate(prep, policy)
+    placed = policy.placed
+    in_placed = np.array([[sum((l, e) in placed for e in routed[t, l]) for l in range(L)]
+                          for t in range(routed.shape[0])])
+    assert (result.layer_host == K - in_placed).all()  # every routed expert not placed ran on the host
+    assert result.layer_demand_fetches.sum() == 0
+    assert result.layer_surrogate.sum() == 0
+    act = prep.workload.model.hidden_size * 2 * 2  # BF16 hidden vector out and back
+    host = result.layer_host.sum(axis=1)
+    w = 2
+    # tokens after the warm-up: PCIe carries activations only, the CPU reads its own LPDDR5X copies
+    assert (result.bytes["pcie"][w:] == host[w:] * act).all()
+    assert (result.bytes["lpddr5x"][w:] == host[w:] * EXPERT_BYTES).all()
+    # the placement itself crossed PCIe once, during the warm-up
+    assert result.bytes["pcie"][:w].sum() == 5 * EXPERT_BYTES + host[:w].sum() * act
+    row = summarize_result(prep, result, policy)
+    assert row["warmup_tokens"] == 2
+    assert row["offchip_bytes_per_token"] == pytest.approx(host[w:].mean() * act)
+    assert row["fiddler_static_hit_rate"] == pytest.approx(in_placed[w:].sum(axis=1).mean() / (K * L))
+    assert row["fiddler_cpu_experts_per_token"] == pytest.approx(host[w:].mean())
+    assert row["host_experts_per_token"] == pytest.approx(host[w:].mean())
+
+
+def test_fiddler_completes_on_the_default_trace():
+    prep = prepare(os.path.join(ROOT, "hwconfigs", "thor.yaml"), ["workload.max_tokens=48"], ["fiddler"])
+    policy = prep.policies[0]
+    result = simulate(prep, policy)
+    assert result.tokens == 48 and (result.latency_ps > 0).all()
+    w = policy.warmup_tokens()
+    act = prep.workload.model.hidden_size * 2 * 2
+    assert (result.bytes["pcie"][w:] == result.layer_host[w:].sum(axis=1) * act).all()
+    assert result.fetches_total == len(policy.placed) == prep.workload.buffer_slots
+    assert 0 < result.extra["fiddler_static_hit_rate"] < 1
