@@ -27,12 +27,18 @@ def test_json_has_one_object_per_policy_with_the_documented_keys(capsys):
         assert math.isclose(row["edp_mj_ms"], row["energy_mj_per_token"] * row["latency_ms_per_token"], rel_tol=1e-12)
 
 
-def test_table_names_config_and_synthetic_trace(capsys):
-    assert main(["run", THOR, "--policy", "oracle", *SHORT]) == 0
+SYNTHETIC_TRACE = f"{ROOT}/traces/synthetic-granite-3b.npz"
+
+
+def test_table_names_config_and_says_synthetic_only_for_a_synthetic_trace(capsys):
+    assert main(["run", THOR, "--policy", "oracle", *SHORT, "--trace", SYNTHETIC_TRACE]) == 0
     out = capsys.readouterr().out
     assert f"config: {THOR}" in out
     assert "SYNTHETIC" in out.splitlines()[1]
     assert "oracle" in out and "EDP" in out
+    assert main(["run", THOR, "--policy", "oracle", *SHORT]) == 0  # thor's default: a trained model's trace
+    out = capsys.readouterr().out
+    assert "SYNTHETIC" not in out and "held-out loss" in out.splitlines()[1]
 
 
 def test_out_dir_holds_csv_and_json_with_hashes_and_per_layer_breakdowns(tmp_path, capsys):
@@ -43,7 +49,8 @@ def test_out_dir_holds_csv_and_json_with_hashes_and_per_layer_breakdowns(tmp_pat
     run = doc["run"]
     for key in ("config_sha256", "trace_sha256", "code_sha256"):
         assert len(run[key]) == 64
-    assert run["trace_synthetic"] is True
+    assert run["trace_synthetic"] is False
+    assert run["trace_provenance"]
     layers = doc["results"][0]["per_layer"]["overlap"]
     assert len(layers) == 32
     with open(out / "results.csv") as f:

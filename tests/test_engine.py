@@ -136,16 +136,18 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
 
 def test_oracle_is_never_slower_than_no_prefetch_or_static(tiny):
     cfg, _ = tiny
-    prep = prepare(cfg, policy_specs=["no-prefetch", "oracle", "static-0", "static-2"])
+    prep = prepare(cfg, policy_specs=["no-prefetch", "oracle", "oracle:lookahead=0", "static-0", "static-2"])
     lat = {p.label: simulate(prep, p).latency_ps for p in prep.policies}
-    for other in ("no-prefetch", "static-0", "static-2"):
+    for other in ("no-prefetch", "static-0", "static-2", "oracle:lookahead=0"):
         assert (lat["oracle"] <= lat[other]).all()
-    assert lat["oracle"].mean() < lat["no-prefetch"].mean()
+    for other in ("no-prefetch", "static-0", "static-2"):
+        assert (lat["oracle:lookahead=0"] <= lat[other]).all()
+    assert lat["oracle"].mean() < lat["oracle:lookahead=0"].mean() < lat["no-prefetch"].mean()
 
 
-def test_static_zero_with_a_perfect_ranking_is_exactly_oracle(tiny):
+def test_static_zero_with_a_perfect_ranking_is_exactly_the_apex_timed_oracle(tiny):
     cfg, _ = tiny  # the hand trace's APEX ranking puts the routed experts first
-    prep = prepare(cfg, policy_specs=["oracle", "static-0"])
+    prep = prepare(cfg, policy_specs=["oracle:lookahead=0", "static-0"])
     a, b = (simulate(prep, p) for p in prep.policies)
     assert (a.latency_ps == b.latency_ps).all()
     assert (a.bytes["pcie"] == b.bytes["pcie"]).all()

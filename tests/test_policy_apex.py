@@ -232,18 +232,22 @@ def test_apex_sf_quality_cost_is_read_from_the_trace_or_reported_missing(tiny):
     assert "quality_cost" not in run(measured, ["apex"])["apex"].extra
 
 
-def test_on_the_default_trace_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex():
-    assert os.path.exists(os.path.join(ROOT, "traces", "synthetic-granite-3b.npz"))
-    res = run(THOR, ["no-prefetch", "apex", "apex-sf", "oracle"], ["workload.max_tokens=48"])
+@pytest.mark.parametrize("trace_name", ["synthetic-granite-3b.npz", "real-granite-3b.npz"])
+def test_on_the_bundled_traces_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex(trace_name):
+    path = os.path.join(ROOT, "traces", trace_name)
+    res = run(THOR, ["no-prefetch", "apex", "apex-sf", "oracle"], ["workload.max_tokens=48", f"workload.trace={path}"])
     lat = {label: r.latency_ps.mean() for label, r in res.items()}
     assert lat["oracle"] <= lat["apex"] <= lat["no-prefetch"]
     assert lat["apex"] < lat["no-prefetch"]
-    assert lat["apex-sf"] <= lat["apex"]
+    # stall-free never waits for a demand fetch, but it may wait for a substitute still on its way; sharing
+    # the link with it can cost a fraction of a DMA setup on a token (seen on the real trace: 3 tokens of
+    # 48, < 1 us each), so the two agree to 1e-5 rather than exactly
+    assert lat["apex-sf"] <= lat["apex"] * (1 + 1e-5)
     apex, sf = res["apex"], res["apex-sf"]
     assert (sf.layer_demand_fetches == 0).all()
     assert apex.prefetches_dropped == 0
     assert apex.extra["coverage"] == pytest.approx(apex.layer_overlap.mean())
-    delta_star = tf.oracle_delta_star(tf.load(os.path.join(ROOT, "traces", "synthetic-granite-3b.npz")))[:48]
+    delta_star = tf.oracle_delta_star(tf.load(path))[:48]
     assert apex.extra["mean_delta_star"] == pytest.approx(delta_star.mean())
     assert len(apex.extra["delta_hat_per_layer"]) == len(apex.extra["delta_star_per_layer"]) == 32
 

@@ -1,6 +1,8 @@
 """Expert caches across tokens (lru, lfu, adapmoe): their defining behaviours on hand-made traces, then a
 completion check on the bundled default trace."""
 
+import os
+
 import numpy as np
 import pytest
 from conftest import ROOT, THOR
@@ -240,7 +242,7 @@ def test_adapmoe_layer_quotas_go_where_a_slot_saves_most_fetches():
 # ----------------------------------------------------------------------------- the bundled trace
 def test_every_caching_policy_completes_on_the_default_trace_and_reports_its_warm_up_apart():
     prep = prepare(THOR, ["workload.max_tokens=48"], ["lru", "lfu", "adapmoe"])
-    assert prep.config.trace_path.endswith("synthetic-granite-3b.npz") and ROOT
+    assert os.path.exists(prep.config.trace_path) and ROOT
     for policy in prep.policies:
         result = simulate(prep, policy)
         row = summarize_result(prep, result, policy)

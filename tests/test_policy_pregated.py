@@ -123,7 +123,7 @@ def test_lookahead_beyond_one_layer_is_rejected(spec):
 def test_on_the_default_trace_deviations_match_the_trace():
     path = os.path.join(ROOT, "traces", "synthetic-granite-3b.npz")
     T = 24
-    res = run(THOR, ["pregated", "no-prefetch"], ["workload.max_tokens=24"])
+    res = run(THOR, ["pregated", "no-prefetch"], ["workload.max_tokens=24", f"workload.trace={path}"])
     (pre, _), (none, _) = res["pregated"], res["no-prefetch"]
     trace = tf.load(path)
     k = trace.top_k

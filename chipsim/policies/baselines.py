@@ -17,12 +17,27 @@ class NoPrefetch(Policy):
 @register
 class Oracle(Policy):
     name = "oracle"
-    summary = "knows layer l's routed set before its attention and prefetches exactly it (lower bound)"
-    params = {}
+    summary = ("knows the routed sets in advance and prefetches exactly them: layer l's before its attention, "
+               "and with lookahead=1 also layer l+1's as soon as layer l has routed (lower bound)")
+    params = {
+        "lookahead": Param(int, 1, "0: prefetch layer l's set before its attention (APEX's timing); 1: also "
+                                   "layer l+1's set at layer l's routing (as early as ProMoE and Pre-gated fetch)",
+                           minimum=0, maximum=1),
+    }
 
     def on_layer_start(self, ctx, t, layer):
         for expert in ctx.trace_routed(t, layer):
             ctx.prefetch(layer, expert)
+
+    def on_route(self, ctx, t, layer, routed):
+        plan = super().on_route(ctx, t, layer, routed)
+        if self.lookahead and layer + 1 < ctx.num_moe_layers:
+            for expert in ctx.trace_routed(t, layer + 1):
+                ctx.prefetch(layer + 1, expert)
+        return plan
+
+    def on_layer_end(self, ctx, t, layer):
+        ctx.evict_layer(layer)  # only this layer: the next layer's prefetches stay staged
 
 
 @register

@@ -16,6 +16,8 @@ beside them.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from chipsim.errors import InputError
@@ -103,8 +105,11 @@ class ExpertCache(Policy):
             if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
             and not (key[0] == run_layer and key[1] in run_needed)
         ]
-        candidates.sort(key=lambda key: self._order(ctx, key))
-        return candidates[:count]
+        order = self._order  # a total order (ties broken by key), so min/nsmallest equal a full sort
+        if count == 1:
+            best = min(candidates, key=lambda key: order(ctx, key), default=None)
+            return [] if best is None else [best]
+        return heapq.nsmallest(count, candidates, key=lambda key: order(ctx, key))
 
     def choose_victims(self, ctx, layer, needed, count):
         return self._victims(ctx, layer, needed, count)
