@@ -88,7 +88,11 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
+        # longest first (policies moving each expert as several transfers cost the most), one at a time,
+        # so the two cores finish together; results come back in the order given
+        order = sorted(range(n), key=lambda i: (-len(prep.policies[i].expert_format(prep.workload, prep.config.hw).part_bytes), i))
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            return list(pool.map(_worker_run, range(n)))
+            rows = dict(zip(order, pool.map(_worker_run, order, chunksize=1)))
+        return [rows[i] for i in range(n)]
     finally:
         _WORKER_PREP = None

@@ -153,10 +153,14 @@ class ExpertCache(Policy):
         if not pred:
             return issued
         self._pending[nxt] = set(pred)
-        for expert in pred:
-            if ctx.present(nxt, expert):
-                continue
-            if not self._prefetch(ctx, nxt, expert):
+        missing = [e for e in pred if not ctx.present(nxt, e)]
+        if missing and self.prefetch_evicts:
+            # one victim search for all of them: the same victims as one search per expert, since the
+            # candidates (resident, unprotected) do not change while the prefetches are issued
+            self._make_room(ctx, -1, (), len(missing))
+        for expert in missing:
+            if self._room(ctx) < 1 or not ctx.prefetch(nxt, expert):
+                self._prefetch_refused += 1
                 break  # no room that is not protected: the rest are fetched on demand
             issued.add(expert)
         return issued

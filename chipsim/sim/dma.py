@@ -85,6 +85,7 @@ class DmaPath:
         self._generation = 0
         self._tick_at = -1  # time of the pending wake-up, -1 if none
         self._batch_depth = 0
+        self._dirty = False  # something changed inside a batch: re-plan at its end
         self._batch = _Batch(self)
         self.on_landed = on_landed or (lambda tr: None)
         self.preempt = preempt
@@ -98,15 +99,21 @@ class DmaPath:
     # ------------------------------------------------------------------------------------ public
     def submit(self, nbytes: int, priority: int, tag=None) -> Transfer:
         """Queue a transfer; `on_landed` is called with it when its last byte has landed."""
-        self._advance()
-        tr = Transfer(self._next_tid, int(nbytes), priority, tag, self.env.now)
+        now = self.env.now
+        if now != self.last_update:
+            self._advance()
+        tr = Transfer(self._next_tid, nbytes, priority, tag, now)
         self._next_tid += 1
         if priority == DEMAND:
             self.demands_live += 1
             self.queue_demand.append(tr)
         else:
             self.queue_prefetch.append(tr)
-        self._settle()
+        if self._batch_depth:
+            self._dirty = True
+        else:
+            self._dispatch()
+            self._reschedule()
         return tr
 
     def promote(self, tr: Transfer) -> None:
@@ -157,7 +164,10 @@ class DmaPath:
         return self._batch
 
     def _settle(self) -> None:
-        if not self._batch_depth:
+        if self._batch_depth:
+            self._dirty = True
+        else:
+            self._dirty = False
             self._dispatch()
             self._reschedule()
 
@@ -215,10 +225,12 @@ class DmaPath:
             else:
                 tr.state = SETUP
                 heapq.heappush(self.in_setup, (self.env.now + self.setup_ps, tr.tid, tr))
-        if self.preempt and (self.queue_demand or any(t.priority == DEMAND for t in self.flowing)):
-            for tr in self.flowing:
-                if tr.priority == PREFETCH and tr.state == ACTIVE:
-                    self._set_boundary(tr)
+        if self.preempt and self.flowing:
+            flowing = self.flowing
+            if self.queue_demand or any(t.priority == DEMAND for t in flowing):
+                for tr in flowing:
+                    if tr.priority == PREFETCH and tr.state == ACTIVE:
+                        self._set_boundary(tr)
 
     def _set_boundary(self, tr: Transfer) -> None:
         """Let a moving transfer run on to its next chunk boundary, then stop there."""
@@ -231,11 +243,12 @@ class DmaPath:
         """Keep one wake-up pending, at the next completion, chunk boundary or end of a setup."""
         now = self.env.now
         soonest = self.in_setup[0][0] - now if self.in_setup else None
-        if self.flowing:
-            per_ps = self.rate // len(self.flowing)  # exact: scale is divisible by the sharer count
-            for tr in self.flowing:
-                target = tr.boundary if tr.state == DRAINING else 0
-                dt = -(-max(tr.remaining - target, 0) // per_ps)
+        flowing = self.flowing
+        if flowing:
+            per_ps = self.rate // len(flowing)  # exact: scale is divisible by the sharer count
+            for tr in flowing:
+                left = tr.remaining - tr.boundary if tr.state == DRAINING else tr.remaining
+                dt = -(-left // per_ps) if left > 0 else 0
                 if soonest is None or dt < soonest:
                     soonest = dt
         if soonest is None:
@@ -256,16 +269,23 @@ class DmaPath:
         self._tick_at = -1
         self._advance()
         now = self.env.now
-        while self.in_setup and self.in_setup[0][0] <= now:
-            self._setup_over(heapq.heappop(self.in_setup)[2])
+        in_setup = self.in_setup
+        while in_setup and in_setup[0][0] <= now:
+            self._setup_over(heapq.heappop(in_setup)[2])
         still = []
+        unit = self.unit_per_byte
         for tr in self.flowing:
-            if tr.remaining <= 0:
-                self._finish_data(tr, now)
-            elif tr.state == DRAINING and tr.remaining <= tr.boundary:
+            remaining = tr.remaining
+            if remaining <= 0:
+                self.free_engines += 1
+                if tr.priority == DEMAND:
+                    self.demands_live -= 1
+                self.transfers_done += 1
+                self._end(tr, tr.nbytes * unit, True)
+            elif tr.state == DRAINING and remaining <= tr.boundary:
                 self.free_engines += 1
                 if tr.cancelled:
-                    self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+                    self._end(tr, tr.nbytes * unit - remaining, True)
                 else:
                     tr.state = PAUSED
                     self.paused.append(tr)
@@ -275,27 +295,20 @@ class DmaPath:
         self._dispatch()
         self._reschedule()
 
-    def _finish_data(self, tr: Transfer, now: int) -> None:
-        self.free_engines += 1
-        if tr.priority == DEMAND:
-            self.demands_live -= 1
-        self.transfers_done += 1
-        self._end(tr, moved_units=tr.nbytes * self.unit_per_byte, latency=True)
-
     def _end(self, tr: Transfer, moved_units: int, latency: bool) -> None:
         """Retire a transfer; `on_landed` runs once its last moved byte has crossed the path."""
         now = self.env.now
         tr.remaining = 0
-        tr.moved_bytes = -(-moved_units // self.unit_per_byte)
+        moved = tr.moved_bytes = -(-moved_units // self.unit_per_byte)
         tr.data_end_ps = now
-        tr.finish_ps = now + (self.latency_ps if latency else 0)
-        self.bytes_moved += tr.moved_bytes
+        finish = tr.finish_ps = now + self.latency_ps if latency else now
+        self.bytes_moved += moved
         tr.state = DONE
         # one SimPy event per distinct landing time, however many transfers land then
-        group = self._landing.get(tr.finish_ps)
+        group = self._landing.get(finish)
         if group is None:
-            self._landing[tr.finish_ps] = [tr]
-            ev = self.env.timeout(tr.finish_ps - now, value=tr.finish_ps)
+            self._landing[finish] = [tr]
+            ev = self.env.timeout(finish - now, value=finish)
             ev.callbacks.append(self._on_landing)
         else:
             group.append(tr)
@@ -314,6 +327,8 @@ class _Batch:
         return self.path
 
     def __exit__(self, *exc):
-        self.path._batch_depth -= 1
-        self.path._settle()
+        path = self.path
+        path._batch_depth -= 1
+        if path._dirty:
+            path._settle()
         return False
