@@ -85,7 +85,6 @@ class DmaPath:
         self._generation = 0
         self._tick_at = -1  # time of the pending wake-up, -1 if none
         self._batch_depth = 0
-        self._dirty = False  # something changed inside a batch: re-plan at its end
         self._batch = _Batch(self)
         self.on_landed = on_landed or (lambda tr: None)
         self.preempt = preempt
@@ -109,9 +108,7 @@ class DmaPath:
             self.queue_demand.append(tr)
         else:
             self.queue_prefetch.append(tr)
-        if self._batch_depth:
-            self._dirty = True
-        else:
+        if not self._batch_depth:
             self._dispatch()
             self._reschedule()
         return tr
@@ -164,10 +161,7 @@ class DmaPath:
         return self._batch
 
     def _settle(self) -> None:
-        if self._batch_depth:
-            self._dirty = True
-        else:
-            self._dirty = False
+        if not self._batch_depth:
             self._dispatch()
             self._reschedule()
 
@@ -329,6 +323,5 @@ class _Batch:
     def __exit__(self, *exc):
         path = self.path
         path._batch_depth -= 1
-        if path._dirty:
-            path._settle()
+        path._settle()
         return False
