@@ -75,6 +75,17 @@ def _cmd_policies(args) -> int:
     return 0
 
 
+def _cmd_inspect(args) -> int:
+    import json
+
+    from chipsim.trace import format as tf
+    from chipsim.trace.stats import format_report, trace_stats
+
+    stats = trace_stats(tf.load(args.trace))
+    print(json.dumps(stats, indent=1, ensure_ascii=False) if args.json else format_report(stats))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
@@ -94,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
+    inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
+    inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
+    inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    inspect.set_defaults(func=_cmd_inspect)
     return parser
 
 
