@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
+    sub.add_parser("trace", help="record a trace from a local Hugging Face MoE checkpoint over a text file "
+                                 "(needs torch; `chipsim trace --help` for its options)")
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
@@ -112,10 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _cmd_trace(argv: list[str]) -> int:
+    """`chipsim trace MODEL_DIR --text FILE --out PATH ...`: record a trace from a local HF checkpoint."""
     try:
+        from chipsim.trace import checkpoint
+    except ImportError as exc:
+        raise InputError(f"chipsim trace needs torch and transformers ({exc.name} is missing): "
+                         "pip install torch==2.13.0 -e '.[trace]'") from None
+    if argv and argv[0] not in ("-h", "--help") and not os.path.isdir(argv[0]):
+        raise InputError(f"chipsim trace {argv[0]}: not a local checkpoint folder (config.json, weights, tokenizer)")
+    try:
+        return checkpoint.main(argv)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"chipsim trace: {type(exc).__name__}: {exc}") from None
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        if argv[:1] == ["trace"]:  # its options belong to the recorder (torch is imported only here)
+            return _cmd_trace(argv[1:])
+        args = parser.parse_args(argv)
         return args.func(args)
     except InputError as exc:
         print(f"chipsim: error: {exc}", file=sys.stderr)

@@ -179,9 +179,9 @@ def test_non_moe_model_is_rejected():
 
 
 def test_checkpoint_command_writes_a_trace(tmp_path):
-    """`python -m chipsim.trace.checkpoint MODEL_DIR --text FILE --out X.npz` on a tiny local checkpoint."""
+    """`chipsim trace MODEL_DIR --text FILE --out X.npz` on a tiny local checkpoint."""
     tokenizers = pytest.importorskip("tokenizers")
-    from chipsim.trace import checkpoint
+    from chipsim.cli import main as cli_main
     from chipsim.trace import format as tformat
 
     text = " ".join(f"word{i % 37} token{i % 11} line{i % 5}." for i in range(1200))
@@ -195,7 +195,7 @@ def test_checkpoint_command_writes_a_trace(tmp_path):
     fast.save_pretrained(ckpt)
     (tmp_path / "text.txt").write_text(text)
     out = tmp_path / "t.npz"
-    assert checkpoint.main([str(ckpt), "--text", str(tmp_path / "text.txt"), "--out", str(out), "--seq", "16",
+    assert cli_main(["trace", str(ckpt), "--text", str(tmp_path / "text.txt"), "--out", str(out), "--seq", "16",
                             "--train-tokens", "128", "--heldout-tokens", "32", "--pred-steps", "10"]) == 0
     t = tformat.load(out)
     assert t.num_tokens == 32 and t.meta["model"]["hf_architecture"] == "GraniteMoeForCausalLM"
