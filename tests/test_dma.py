@@ -142,3 +142,11 @@ def test_without_preemption_a_demand_only_jumps_the_queue():
     assert landed["p1"] == 40_000_000  # not interrupted
     assert landed["d"] == 50_000_000  # ahead of the queued p2
     assert landed["p2"] == 90_000_000
+
+
+def test_a_descriptor_chain_pays_one_setup_per_descriptor_on_one_engine():
+    env, path, landed = make_path(engines=4)
+    path.submit(3 * MB, PREFETCH, tag="chain", descriptors=3)  # e.g. an expert's gate, up and down
+    env.run()
+    assert landed["chain"][0] == 3 * 1_000_000 + 500_000 + 30_000_000
+    assert path.descriptors_submitted == 3 and path.transfers_done == 1

@@ -61,7 +61,8 @@ class Policy:
     params: dict[str, Param] = {}
     # False: experts are staged per layer (loaded, used, evicted); True: kept across tokens
     caches_across_tokens: bool = False
-    # True: each expert moves as three transfers (gate, up, down) instead of one
+    # True: each expert moves as a chain of three DMA descriptors (gate, up, down) on one engine:
+    # three setup costs instead of one
     transfer_per_matrix: bool = False
     # arrays cost of one surrogate expert (an OpCost), for policies that return LayerPlan.surrogate
     surrogate_op = None

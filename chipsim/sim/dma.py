@@ -37,9 +37,10 @@ class Transfer:
     __slots__ = (
         "tid", "nbytes", "priority", "tag", "state", "remaining", "boundary",
         "issue_ps", "data_start_ps", "data_end_ps", "finish_ps", "setup_done", "cancelled", "moved_bytes",
+        "descriptors",
     )
 
-    def __init__(self, tid: int, nbytes: int, priority: int, tag, now: int):
+    def __init__(self, tid: int, nbytes: int, priority: int, tag, now: int, descriptors: int = 1):
         self.tid = tid
         self.nbytes = nbytes
         self.priority = priority
@@ -54,6 +55,7 @@ class Transfer:
         self.setup_done = False
         self.cancelled = False
         self.moved_bytes = 0  # set when the transfer ends: all its bytes, or what moved before a cancel
+        self.descriptors = descriptors  # a chain (e.g. gate, up, down): one setup cost per descriptor
 
 
 class DmaPath:
@@ -94,14 +96,19 @@ class DmaPath:
         self.bytes_moved = 0
         self.busy_ps = 0  # time with at least one transfer moving data
         self.transfers_done = 0
+        self.descriptors_submitted = 0
 
     # ------------------------------------------------------------------------------------ public
-    def submit(self, nbytes: int, priority: int, tag=None) -> Transfer:
-        """Queue a transfer; `on_landed` is called with it when its last byte has landed."""
+    def submit(self, nbytes: int, priority: int, tag=None, descriptors: int = 1) -> Transfer:
+        """Queue a transfer; `on_landed` is called with it when its last byte has landed.
+
+        `descriptors` > 1 is a descriptor chain run by one engine (e.g. an expert's gate, up and down
+        matrices): it pays the per-descriptor setup once per descriptor before its data moves."""
         now = self.env.now
         if now != self.last_update:
             self._advance()
-        tr = Transfer(self._next_tid, nbytes, priority, tag, now)
+        tr = Transfer(self._next_tid, nbytes, priority, tag, now, descriptors)
+        self.descriptors_submitted += descriptors
         self._next_tid += 1
         if priority == DEMAND:
             self.demands_live += 1
@@ -218,7 +225,7 @@ class DmaPath:
                 self._start_data(tr)
             else:
                 tr.state = SETUP
-                heapq.heappush(self.in_setup, (self.env.now + self.setup_ps, tr.tid, tr))
+                heapq.heappush(self.in_setup, (self.env.now + self.setup_ps * tr.descriptors, tr.tid, tr))
         if self.preempt and self.flowing:
             flowing = self.flowing
             if self.queue_demand or any(t.priority == DEMAND for t in flowing):

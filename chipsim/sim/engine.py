@@ -80,7 +80,7 @@ def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
 
 
 class _Entry:
-    """One expert's slot in the buffer; its bytes may come as several transfers (e.g. gate/up/down)."""
+    """One expert's slot in the buffer and the DMA transfer that fills it."""
 
     __slots__ = ("key", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
                  "last_use")
@@ -157,6 +157,7 @@ class Simulation:
         fmt = policy.expert_format(workload, hw)
         self.expert_format = fmt
         self._part_bytes = fmt.part_bytes
+        self._fetch_bytes = fmt.fetch_bytes
         self.slots = workload.buffer_bytes // fmt.slot_bytes
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
@@ -230,7 +231,7 @@ class Simulation:
         """When an expert fetched now would land if it queued behind every byte already on the link."""
         path = self.path_timing
         nbytes = self.link_queued_bytes() + self.expert_format.fetch_bytes
-        return (ns_to_ps(self.hw.dma.setup_ns) + ns_to_ps(path.latency_ns)
+        return (ns_to_ps(self.hw.dma.setup_ns) * len(self._part_bytes) + ns_to_ps(path.latency_ns)
                 + transfer_ps(nbytes, gbps_to_bytes_per_s(path.bandwidth_gbps)))
 
     def host_estimate_ps(self) -> int:
@@ -281,9 +282,10 @@ class Simulation:
     def _issue(self, key, priority) -> _Entry:
         entry = _Entry(key, prefetched=(priority == PREFETCH))
         self._entries[key] = entry
-        for nbytes in self._part_bytes:
-            entry.transfers.append(self.dma.submit(nbytes, priority, tag=entry))
-        entry.parts_left = len(entry.transfers)
+        # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
+        entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
+                                               descriptors=len(self._part_bytes)))
+        entry.parts_left = 1
         self.fetches_total += 1
         return entry
 
