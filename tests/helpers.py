@@ -68,3 +68,17 @@ def write_hand_trace(path, model: ModelShape, routed: np.ndarray, **kw) -> str:
     arrays, meta = hand_trace_arrays(model, routed, **kw)
     tf.save(path, arrays, meta)
     return str(path)
+
+
+def write_trace_and_config(tmp_path, model: ModelShape, arrays: dict, meta: dict, name: str = "t",
+                           extra_yaml: str = "expert_buffer:\n  capacity_mib: 4\n") -> str:
+    """Save a trace and a config that starts from hwconfigs/thor.yaml, runs `model` on it and adds
+    `extra_yaml`; returns the config path."""
+    import os
+
+    thor = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hwconfigs", "thor.yaml")
+    trace = tmp_path / f"{name}.npz"
+    tf.save(trace, arrays, meta)
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(f"base: {thor}\nmodel:\n  name: {model.name}\nworkload:\n  trace: {trace}\n{extra_yaml}")
+    return str(cfg)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing
+from helpers import hand_trace_arrays, random_routing, write_trace_and_config
 
 from chipsim.runner import prepare, simulate
 from chipsim.trace import format as tf
@@ -34,12 +34,7 @@ def tiny(tmp_path, monkeypatch):
             arrays["floe_rank"] = floe_rank.astype(np.uint8)
         if quality is not None:
             meta["quality"] = quality
-        trace = tmp_path / f"{name}.npz"
-        tf.save(trace, arrays, meta)
-        cfg = tmp_path / f"{name}.yaml"
-        cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                       "expert_buffer:\n  capacity_mib: 4\n")
-        return str(cfg)
+        return write_trace_and_config(tmp_path, TINY, arrays, meta, name)
 
     return make
 

@@ -14,7 +14,6 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 

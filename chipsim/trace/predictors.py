@@ -268,7 +268,6 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
         raise ValueError("predictor training needs recordings with hidden states (record(..., hidden=True))")
     device = device or train.routed_ids.device
     moe = list(train.moe_layers)
-    first = moe[0]
     n_layers_moe = len(moe)
     k = int(train.routed_ids.shape[-1])
     n = int(train.router_logits.shape[-1])

@@ -336,7 +336,7 @@ def format_report(stats: dict) -> str:
         lines.append(f"  command: {prov['command']}")
     lines.append(f"  sha256: {tr['sha256']}")
 
-    k, n = tr["top_k"], tr["num_experts"]
+    k = tr["top_k"]
     pop, ru, pr, ds = stats["popularity"], stats["reuse"], stats["predictability"], stats["delta_star"]
     lines += ["", f"Per MoE layer (recall = mean |predicted top-{k} ∩ routed| / {k}; '-' = no prediction):"]
     header = (f"{'layer':>5} {'zipf':>6} {'gini':>6} {'reuse':>6} {'apex':>6} {'pregate':>7} {'promoe':>6} "
