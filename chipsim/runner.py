@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -48,11 +49,20 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     trace.check_matches(workload.model)
     specs = list(policy_specs) or list(config.hw.run.policies)
     policies = [make_policy(spec, config.policies) for spec in specs]
+    for policy in policies:
+        _check_policy(config, workload, trace, policy)
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
     return Prepared(config, workload, trace, policies)
+
+
+def _check_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy: Policy) -> None:
+    """Let a policy reject the config before anything runs: set it up on a throwaway copy (its on_run_start
+    checks buffer sizes, HBM room for resident surrogates, ...)."""
+    probe = copy.deepcopy(policy)
+    probe.on_run_start(Simulation(config.hw, workload, trace, probe, max_tokens=1))
 
 
 def simulate(prep: Prepared, policy: Policy, record_events: bool = False) -> SimResult:

@@ -142,3 +142,10 @@ def test_out_path_that_is_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     assert_rejected(["run", THOR, "--set", "workload.max_tokens=2", "--out", str(f)], "not a directory")
+
+
+def test_a_policy_that_cannot_fit_is_rejected_before_anything_runs(tmp_path):
+    out = tmp_path / "o"
+    assert_rejected(["run", THOR, "--policy", "no-prefetch", "--policy", "lru:slots=3", "--out", str(out)],
+                    "policies.lru.slots", out_dir=out)
+    assert_rejected(["run", THOR, "--policy", "promoe:cache=maybe"], "policies.promoe.cache", "true or false")

@@ -139,6 +139,8 @@ def _coerce(policy: str, key: str, p: Param, value):
             raise InputError(f"{where}: expected an integer, got {value!r}")
     elif p.type is str and not isinstance(value, str):
         raise InputError(f"{where}: expected a string, got {value!r}")
+    elif p.type is bool and not isinstance(value, bool):
+        raise InputError(f"{where}: expected true or false, got {value!r}")
     if p.minimum is not None and value < p.minimum:
         raise InputError(f"{where}: must be at least {p.minimum}, got {value!r}")
     if p.maximum is not None and value > p.maximum:
