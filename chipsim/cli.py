@@ -12,13 +12,32 @@ from chipsim.errors import InputError
 
 def _cmd_run(args) -> int:
     from chipsim.analysis import report
-    from chipsim.runner import code_sha256, prepare, run_policies
+    from chipsim.runner import code_sha256, prepare, run_policies_with_timelines
     from chipsim.sim.engine import fetch_path_timing
 
+    if args.timeline_tokens < 0:
+        raise InputError(f"--timeline-tokens {args.timeline_tokens}: must be 0 (all tokens) or more")
     prep = prepare(args.config, args.set or (), args.policy or (), args.trace)
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError(f"--out {args.out}: exists and is not a directory")
-    rows = run_policies(prep, jobs=args.jobs)
+    if args.timeline is not None:
+        from chipsim.analysis import timeline
+
+        timeline.check_path(args.timeline)
+    runs = run_policies_with_timelines(prep, jobs=args.jobs,
+                                       timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
+    rows = [row for row, _ in runs]
+    if args.timeline is not None:
+        other = {
+            "chipsim_version": __version__,
+            "config": prep.config.path,
+            "trace": prep.trace.path,
+            "trace_sha256": prep.trace.sha256,
+            "trace_synthetic": prep.trace.synthetic,
+            "timeline_tokens": args.timeline_tokens or "all",
+            "time_unit": "ts and dur in microseconds, rounded to whole nanoseconds from integer picoseconds",
+        }
+        timeline.write_atomic(args.timeline, timeline.dumps(timeline.build_trace([tl for _, tl in runs], other)))
     if args.json:
         sys.stdout.write(report.to_json(report.json_rows(rows, with_details=False)))
     else:
@@ -42,6 +61,18 @@ def _cmd_run(args) -> int:
             "policies": [p.label for p in prep.policies],
         }
         report.write_outputs(args.out, rows, run_info)
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from chipsim.analysis.sweep import parse_grid_args, run_sweep
+
+    df = run_sweep(args.config, parse_grid_args(args.grid), args.policy, args.out, overrides=args.set or (),
+                   jobs=args.jobs, backend=args.backend, scheduler=args.scheduler, progress=not args.quiet)
+    a = df.attrs
+    print(f"{a['rows']} rows ({a['points']} points); {a['simulated']} simulated, {a['reused']} reused from "
+          f"{os.path.join(args.out, 'cache')}; {a['seconds']:.1f} s")
+    print(f"wrote {os.path.join(args.out, 'results.csv')} and {os.path.join(args.out, 'sweep.json')}")
     return 0
 
 
@@ -100,7 +131,26 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print a JSON list, one object per policy")
     run.add_argument("--out", metavar="DIR", help="write results.csv and results.json into DIR")
     run.add_argument("--jobs", type=int, default=0, help="processes for independent policies (default: cores)")
+    run.add_argument("--timeline", metavar="FILE",
+                     help="write a Chrome/Perfetto trace-event JSON of the runs (open in ui.perfetto.dev)")
+    run.add_argument("--timeline-tokens", type=int, default=8, metavar="N",
+                     help="tokens the timeline covers, from the first (default 8; 0: all); the table covers all")
     run.set_defaults(func=_cmd_run)
+
+    sweep = sub.add_parser("sweep", help="run the cross product of config-key grids x policies; results.csv, cached")
+    sweep.add_argument("config", help="hardware/run YAML, e.g. hwconfigs/thor.yaml")
+    sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                       help="a config key and its values (repeatable; the sweep is the cross product)")
+    sweep.add_argument("--policy", action="append", metavar="SPEC", help="policy to run at every point (repeatable)")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key at every point")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="write results.csv, sweep.json and cache/ into DIR")
+    sweep.add_argument("--jobs", type=int, default=0, help="parallel workers (default: cores)")
+    sweep.add_argument("--backend", default="process", choices=("process", "dask"),
+                       help="process pool here, or a Dask distributed cluster (pip install -e '.[dist]')")
+    sweep.add_argument("--scheduler", metavar="ADDRESS",
+                       help="Dask scheduler, e.g. tcp://127.0.0.1:8786 (default: a LocalCluster on 127.0.0.1)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.set_defaults(func=_cmd_sweep)
 
     sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)

@@ -65,9 +65,10 @@ def _check_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy
     probe.on_run_start(Simulation(config.hw, workload, trace, probe, max_tokens=1))
 
 
-def simulate(prep: Prepared, policy: Policy, record_events: bool = False) -> SimResult:
+def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0) -> SimResult:
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy,
-                     max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events)
+                     max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events,
+                     record_tokens=record_tokens)
     return sim.run()
 
 
@@ -80,19 +81,36 @@ def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
 _WORKER_PREP: Prepared | None = None
 
 
-def _worker_run(index: int) -> dict:
+def _run_one(prep: Prepared, policy: Policy, timeline_tokens: int | None = None) -> tuple[dict, dict | None]:
+    """A policy's summary row and, when `timeline_tokens` is given, its timeline of that many tokens (0: all)."""
+    if timeline_tokens is None:
+        return summarize_result(prep, simulate(prep, policy), policy), None
+    from chipsim.analysis.timeline import policy_timeline
+
+    result = simulate(prep, policy, record_events=True, record_tokens=timeline_tokens)
+    return summarize_result(prep, result, policy), policy_timeline(policy.label, result)
+
+
+def _worker_run(index: int, timeline_tokens: int | None = None) -> tuple[dict, dict | None]:
     prep = _WORKER_PREP
-    policy = prep.policies[index]
-    return summarize_result(prep, simulate(prep, policy), policy)
+    return _run_one(prep, prep.policies[index], timeline_tokens)
 
 
 def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
     """One summary row per policy, in the order given; independent policies run on separate cores."""
+    return [row for row, _ in run_policies_with_timelines(prep, jobs)]
+
+
+def run_policies_with_timelines(prep: Prepared, jobs: int = 0,
+                                timeline_tokens: int | None = None) -> list[tuple[dict, dict | None]]:
+    """(summary row, timeline) per policy, in the order given; timelines (chipsim.analysis.timeline) only
+    when `timeline_tokens` is given: the first that many tokens, 0 for all. Recording leaves the rows as
+    they are."""
     global _WORKER_PREP
     n = len(prep.policies)
     jobs = jobs or min(n, os.cpu_count() or 1)
     if jobs <= 1 or n == 1:
-        return [summarize_result(prep, simulate(prep, p), p) for p in prep.policies]
+        return [_run_one(prep, p, timeline_tokens) for p in prep.policies]
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
     try:
         import multiprocessing as mp
@@ -102,7 +120,7 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
         # so the two cores finish together; results come back in the order given
         order = sorted(range(n), key=lambda i: (-len(prep.policies[i].expert_format(prep.workload, prep.config.hw).part_bytes), i))
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            rows = dict(zip(order, pool.map(_worker_run, order, chunksize=1)))
+            rows = dict(zip(order, pool.map(_worker_run, order, [timeline_tokens] * n, chunksize=1)))
         return [rows[i] for i in range(n)]
     finally:
         _WORKER_PREP = None

@@ -150,3 +150,17 @@ def test_a_descriptor_chain_pays_one_setup_per_descriptor_on_one_engine():
     env.run()
     assert landed["chain"][0] == 3 * 1_000_000 + 500_000 + 30_000_000
     assert path.descriptors_submitted == 3 and path.transfers_done == 1
+
+
+def test_a_paused_prefetch_promoted_then_cancelled_charges_what_it_moved():
+    env, path, landed = make_path(engines=1, setup_ps=0, latency_ps=0, chunk_bytes=1 * MB)
+    p = path.submit(4 * MB, PREFETCH, tag="p")
+    env.run(until=15_000_000)  # 1.5 MB moved; pauses at 2 MB when the demand arrives
+    path.submit(4 * MB, DEMAND, tag="d")
+    env.run(until=25_000_000)  # p paused at 20 us, d moving
+    path.promote(p)  # p now waits in the demand queue, its 2 MB already moved
+    path.cancel(p)
+    env.run()
+    assert landed["p"][1].cancelled and landed["p"][1].moved_bytes == 2 * MB
+    assert landed["d"][0] == 60_000_000
+    assert path.bytes_moved == 6 * MB

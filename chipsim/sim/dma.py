@@ -58,6 +58,53 @@ class Transfer:
         self.descriptors = descriptors  # a chain (e.g. gate, up, down): one setup cost per descriptor
 
 
+class DmaRecorder:
+    """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`):
+    which engine each transfer holds (lowest free id first), the spans of its setup and data phases on
+    that engine, and samples of the link's state. `stopping` takes no new transfers; once the held
+    ones are done the path drops the recorder, so the rest of the run pays nothing."""
+
+    __slots__ = ("free", "held", "spans", "link", "stopping")
+
+    def __init__(self, engines: int):
+        self.free = list(range(engines))  # heap of free engine ids
+        self.held: dict[int, list] = {}  # tid -> [engine, phase, start ps, priority at start]
+        self.spans: list[tuple] = []  # (engine, phase, transfer, start ps, end ps, priority at start)
+        self.link: list[tuple[int, int, int]] = []  # (ps, transfers moving data, transfers waiting)
+        self.stopping = False
+
+    def take(self, tr: Transfer, now: int, phase: str) -> None:
+        if not self.stopping:
+            self.held[tr.tid] = [heapq.heappop(self.free), phase, now, tr.priority]
+
+    def next_phase(self, tr: Transfer, now: int, phase: str) -> None:
+        h = self.held.get(tr.tid)
+        if h is not None:
+            self.spans.append((h[0], h[1], tr, h[2], now, h[3]))
+            h[1], h[2], h[3] = phase, now, tr.priority
+
+    def release(self, tr: Transfer, now: int) -> None:
+        h = self.held.pop(tr.tid, None)
+        if h is not None:
+            self.spans.append((h[0], h[1], tr, h[2], now, h[3]))
+            heapq.heappush(self.free, h[0])
+
+    def sample(self, path: "DmaPath") -> None:
+        if self.stopping and not self.held:
+            path.recorder = None
+            return
+        now = path.env.now
+        point = (now, len(path.flowing), len(path.queue_demand) + len(path.queue_prefetch) + len(path.paused))
+        link = self.link
+        if link and link[-1][1:] == point[1:]:
+            return
+        if link and link[-1][0] == now:
+            link.pop()
+            if link and link[-1][1:] == point[1:]:
+                return
+        link.append(point)
+
+
 class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
@@ -97,6 +144,7 @@ class DmaPath:
         self.busy_ps = 0  # time with at least one transfer moving data
         self.transfers_done = 0
         self.descriptors_submitted = 0
+        self.recorder: DmaRecorder | None = None  # set only while a timeline is recorded
 
     # ------------------------------------------------------------------------------------ public
     def submit(self, nbytes: int, priority: int, tag=None, descriptors: int = 1) -> Transfer:
@@ -132,6 +180,7 @@ class DmaPath:
             self.queue_demand.append(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
+            tr.state = QUEUED
             self.queue_demand.appendleft(tr)
         elif tr.state == DRAINING:
             tr.state = ACTIVE
@@ -152,9 +201,12 @@ class DmaPath:
             tr.priority = PREFETCH
         if tr.state == QUEUED:
             (self.queue_demand if tr in self.queue_demand else self.queue_prefetch).remove(tr)
-            tr.state = DONE  # never started: nothing moved, nothing to wait for
-            tr.data_end_ps = tr.finish_ps = self.env.now
-            self.on_landed(tr)
+            if tr.setup_done:  # paused earlier and queued to resume: what it moved has landed
+                self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+            else:
+                tr.state = DONE  # never started: nothing moved, nothing to wait for
+                tr.data_end_ps = tr.finish_ps = self.env.now
+                self.on_landed(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
             self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
@@ -205,8 +257,12 @@ class DmaPath:
     def _setup_over(self, tr: Transfer) -> None:
         if tr.cancelled:
             self.free_engines += 1
+            if self.recorder is not None:
+                self.recorder.release(tr, self.env.now)
             self._end(tr, moved_units=0, latency=False)
         else:
+            if self.recorder is not None:
+                self.recorder.next_phase(tr, self.env.now, "data")
             self._start_data(tr)
 
     def _dispatch(self) -> None:
@@ -221,6 +277,8 @@ class DmaPath:
         while self.free_engines > 0 and (self.queue_demand or (self.queue_prefetch and (self.demands_live == 0 or not self.preempt))):
             tr = self.queue_demand.popleft() if self.queue_demand else self.queue_prefetch.popleft()
             self.free_engines -= 1
+            if self.recorder is not None:
+                self.recorder.take(tr, self.env.now, "data" if tr.setup_done else "setup")
             if tr.setup_done:  # a resumed prefetch: its descriptor is already programmed
                 self._start_data(tr)
             else:
@@ -243,6 +301,8 @@ class DmaPath:
     def _reschedule(self) -> None:
         """Keep one wake-up pending, at the next completion, chunk boundary or end of a setup."""
         now = self.env.now
+        if self.recorder is not None:
+            self.recorder.sample(self)
         soonest = self.in_setup[0][0] - now if self.in_setup else None
         flowing = self.flowing
         if flowing:
@@ -275,16 +335,21 @@ class DmaPath:
             self._setup_over(heapq.heappop(in_setup)[2])
         still = []
         unit = self.unit_per_byte
+        rec = self.recorder
         for tr in self.flowing:
             remaining = tr.remaining
             if remaining <= 0:
                 self.free_engines += 1
+                if rec is not None:
+                    rec.release(tr, now)
                 if tr.priority == DEMAND:
                     self.demands_live -= 1
                 self.transfers_done += 1
                 self._end(tr, tr.nbytes * unit, True)
             elif tr.state == DRAINING and remaining <= tr.boundary:
                 self.free_engines += 1
+                if rec is not None:
+                    rec.release(tr, now)
                 if tr.cancelled:
                     self._end(tr, tr.nbytes * unit - remaining, True)
                 else:

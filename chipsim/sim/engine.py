@@ -22,7 +22,7 @@ from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.dram import dram_timing
 from chipsim.policies.base import Policy
-from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, Transfer
+from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
 from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -124,13 +124,15 @@ class SimResult:
     layer_dropped: np.ndarray  # (T, L)
     extra: dict = field(default_factory=dict)
     events: list | None = None  # (lane, name, start_ps, end_ps) when recording
+    timeline: dict | None = None  # when recording: DMA engine spans and link samples (chipsim.analysis.timeline)
 
 
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
-                 max_tokens: int = 0, record_events: bool = False):
+                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0):
+        """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them)."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -191,6 +193,11 @@ class Simulation:
         self.fetches_total = 0
         self.expert_computes = 0
         self.events = [] if record_events else None
+        self._recorded_events = self.events
+        self._record_until = record_tokens if record_events and record_tokens else -1
+        self._dma_recorder = None
+        if record_events:
+            self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
     # ======================================================================== policy API
     @property
@@ -400,6 +407,9 @@ class Simulation:
                                 expert_ps, expert_b, combine_ps, combine_b))
         self.policy.on_run_start(self)
         for t in range(self.num_tokens):
+            if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
+                self.events = None
+                self._dma_recorder.stopping = True
             token_start = self.env.now
             self._ledger = Ledger()
             stall_total = 0
@@ -476,6 +486,8 @@ class Simulation:
                     wait_start = self.env.now
                     yield self.env.all_of(host_jobs)
                     self._host_wait[t] += self.env.now - wait_start
+                    if self.events is not None:
+                        self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
                     combine_ps, combine_b = combine_later
                     yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
                 elif not plan.execute:
@@ -486,6 +498,8 @@ class Simulation:
                     self.policy.on_layer_end(self, t, layer)
             yield from self._compute(head_ps, head_bytes, "lm head")
             latency = self.env.now - token_start
+            if self.events is not None:
+                self.events.append(("tokens", f"token {t}", token_start, self.env.now))
             self._ledger.idle_ps = latency - self._ledger.busy_ps
             self._latency[t] = latency
             self._stall[t] = stall_total
@@ -527,5 +541,18 @@ class Simulation:
             layer_substituted=self._substituted_n,
             layer_dropped=self._dropped_n,
             extra=self.policy.extra_metrics(),
-            events=self.events,
+            events=self._recorded_events,
+            timeline=self._timeline_data() if self._dma_recorder is not None else None,
         )
+
+    def _timeline_data(self) -> dict:
+        """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
+        "demand"/"prefetch" at the span's start, cancelled, promoted to demand) and its link samples."""
+        dma = []
+        for engine, phase, tr, start, end, priority in self._dma_recorder.spans:
+            layer, expert = tr.tag.key
+            dma.append((engine, phase, start, end, layer, expert, tr.nbytes,
+                        "demand" if priority == DEMAND else "prefetch", tr.cancelled,
+                        priority == PREFETCH and tr.priority == DEMAND and not tr.cancelled))
+        return {"arrays": self.hw.compute.arrays, "engines": self.dma.engines, "dma": dma,
+                "link": list(self._dma_recorder.link)}

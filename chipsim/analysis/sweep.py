@@ -1,0 +1,556 @@
+"""Parameter sweeps: the cross product of config-key grids × policies, run in parallel, cached by content.
+
+`run_sweep` (and `chipsim sweep`) takes a config, a grid {dotted.key: [values]} and policies, and
+
+1. builds every point of the cross product (grid order: the first key varies slowest) and `prepare()`s each
+   one before anything runs, so a bad key or value is an `InputError` naming the grid key and value, and
+   nothing is written;
+2. gives each (point, policy) a content address: sha256 of the resolved config dict, the trace file's
+   sha256, the simulator code's sha256 and the policy label. A result already in `DIR/cache/<hash>.json`
+   is reused; the rest are simulated, one task per (point, policy), on a local process pool
+   (`backend="process"`) or on a Dask distributed cluster (`backend="dask"`: an existing one at `scheduler`,
+   or a `LocalCluster` on 127.0.0.1);
+3. writes `DIR/results.csv` (one row per point and policy, in grid order then policy order: a column per
+   swept key, `point_id`, then `report.CSV_COLUMNS`) and `DIR/sweep.json` (grid, config and code hashes,
+   the trace hash of every point, every row in full, per-layer breakdowns included). Both are
+   deterministic: the same inputs give the same bytes, whichever backend ran them and whether rows were
+   simulated or reused.
+
+Workers re-read the config and trace from the paths given (a remote Dask cluster needs them at the same
+paths) and report the hashes they saw; a mismatch with what was validated here is an error, never a
+silently mislabelled cache entry.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import operator
+import os
+import sys
+import tempfile
+import time
+
+import pandas as pd
+import yaml
+
+from chipsim import __version__
+from chipsim import runner
+from chipsim.analysis.report import CSV_COLUMNS, to_json
+from chipsim.errors import InputError
+from chipsim.hw.config import load_config, parse_set
+from chipsim.runner import code_sha256, prepare, simulate, summarize_result
+from chipsim.trace import format as trace_format
+
+BACKENDS = ("process", "dask")
+_TRACE_MEMO_SIZE = 4
+
+
+# ---------------------------------------------------------------------------------------------- grid input
+def _split_values(text: str) -> list[str]:
+    """'16,64,[a, b],"x,y"' -> ['16', '64', '[a, b]', '"x,y"']: commas inside brackets or quotes stay."""
+    out, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+            cur.append(ch)
+        elif ch in "[{":
+            depth += 1
+            cur.append(ch)
+        elif ch in "]}":
+            depth -= 1
+            cur.append(ch)
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return [v.strip() for v in out]
+
+
+def parse_grid_arg(text: str) -> tuple[str, list]:
+    """'links.pcie.bandwidth_gbps=16,64,256' -> ('links.pcie.bandwidth_gbps', [16, 64, 256]); each value is
+    read like a `--set` value (a YAML scalar)."""
+    if "=" not in text:
+        raise InputError(f"--grid {text}: expected KEY=V1,V2,...")
+    key, _, values = text.partition("=")
+    key = key.strip()
+    if not key or not all(key.split(".")):
+        raise InputError(f"--grid {text}: empty part in key '{key}'")
+    if not values.strip():
+        raise InputError(f"--grid {text}: no values (expected KEY=V1,V2,...)")
+    parsed = []
+    for item in _split_values(values):
+        if not item:
+            raise InputError(f"--grid {text}: empty value in the list")
+        parsed.append(parse_set(f"{key}={item}")[1])
+    return key, parsed
+
+
+def parse_grid_args(texts) -> dict[str, list]:
+    grid: dict[str, list] = {}
+    for text in texts or ():
+        key, values = parse_grid_arg(text)
+        if key in grid:
+            raise InputError(f"--grid {key}: given twice")
+        grid[key] = values
+    return grid
+
+
+def _plain(value):
+    """numpy scalars and arrays (a grid built with numpy) -> plain Python values."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _yaml_text(key: str, value) -> str:
+    """The `--set` text that reads back as exactly `value` (PyYAML keeps 1e-05 a float only as 1.0e-05)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
+    text = text.removesuffix("\n").removesuffix("\n...").strip()
+    back = parse_set(f"{key}={text}")[1]
+    if back != value or type(back) is not type(value):
+        raise InputError(f"--grid {key}={value!r}: not expressible as a YAML value")
+    return text
+
+
+def _check_grid(grid) -> dict[str, list]:
+    if grid is None:
+        return {}
+    if not isinstance(grid, dict):
+        raise InputError("grid: expected a mapping {dotted.key: [values]}")
+    out = {}
+    for key, values in grid.items():
+        if not isinstance(key, str) or not key or not all(key.split(".")):
+            raise InputError(f"--grid {key!r}: expected a dotted config key")
+        if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+            raise InputError(f"--grid {key}={values!r}: expected a list of values")
+        values = [_plain(v) for v in values]
+        if not values:
+            raise InputError(f"--grid {key}=: no values")
+        for i, v in enumerate(values):
+            if v in values[:i]:
+                raise InputError(f"--grid {key}={_cell(v)}: value given twice")
+        out[key] = values
+    return out
+
+
+def _assignment(key: str, value) -> str:
+    if key == "workload.trace" and isinstance(value, str):
+        value = os.path.abspath(value)  # relative to the caller's directory, as with --set; workers may differ
+    return f"{key}={_yaml_text(key, value)}"
+
+
+def _absolute_overrides(overrides) -> list[str]:
+    out = []
+    for text in overrides or ():
+        parts, value = parse_set(text)
+        if parts == ["workload", "trace"] and isinstance(value, str):
+            text = f"workload.trace={_yaml_text('workload.trace', os.path.abspath(value))}"
+        out.append(text)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- trace memo
+class _TraceMemo:
+    """Loading a trace (~0.4 s for 14 MB) dominates `prepare`; a sweep prepares the same file many times.
+    While active, `chipsim.trace.format.load` returns the already loaded `Trace` for an unchanged file (same
+    path, size, mtime, inode); a `Trace` is read-only to the simulator, so sharing it is safe."""
+
+    def __init__(self, original):
+        self.original = original
+        self.cache: collections.OrderedDict = collections.OrderedDict()
+
+    def __call__(self, path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return self.original(path)  # the loader words the error
+        key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        trace = self.original(path)
+        self.cache[key] = trace
+        while len(self.cache) > _TRACE_MEMO_SIZE:
+            self.cache.popitem(last=False)
+        return trace
+
+
+@contextlib.contextmanager
+def _trace_memo():
+    original = trace_format.load
+    if isinstance(original, _TraceMemo):  # already memoised (nested, or a worker process)
+        yield
+        return
+    trace_format.load = _TraceMemo(original)
+    try:
+        yield
+    finally:
+        trace_format.load = original
+
+
+def _install_trace_memo() -> None:
+    """In a Dask worker process: memoise trace loads for the process's lifetime."""
+    if not isinstance(trace_format.load, _TraceMemo):
+        trace_format.load = _TraceMemo(trace_format.load)
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+def _json_default(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _normalize(row: dict) -> dict:
+    """A row as it reads back from JSON: fresh and cached rows are then the same objects, bit for bit."""
+    return json.loads(json.dumps(row, sort_keys=True, default=_json_default))
+
+
+def _run_task(task: dict) -> dict:
+    """Simulate one (point, policy). Runs in a worker: everything it needs is in `task` (paths, not objects)."""
+    prep = prepare(task["config"], task["overrides"], [task["policy_spec"]])
+    policy = prep.policies[0]
+    row = summarize_result(prep, simulate(prep, policy), policy)
+    return {
+        "row": _normalize(row),
+        "config_sha256": prep.config.sha256(),
+        "trace_sha256": prep.trace.sha256,
+        "code_sha256": runner.code_sha256(),
+        "label": policy.label,
+    }
+
+
+def _run_task_in_worker(task: dict) -> dict:
+    _install_trace_memo()
+    return _run_task(task)
+
+
+def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> str:
+    blob = json.dumps({"config": config_raw, "trace_sha256": trace_sha, "code_sha256": code_sha, "policy": label},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_cache(path: str, label: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+        row = entry["row"]
+        if row.get("policy") != label or not all(c in row for c in CSV_COLUMNS):
+            return None
+        return row
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # missing, partly written or foreign: simulate again
+
+
+def _write_atomic(directory: str, name: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def _point_error(config_path, base_overrides, policies, point: dict, exc: InputError) -> InputError:
+    """Name the grid key and value that made a point fail (or the combination, or the base config)."""
+    specs = list(policies or ())
+
+    def error_of(assignments):
+        try:
+            prepare(config_path, base_overrides + assignments, specs)
+        except InputError as e:
+            return str(e)
+        return None
+
+    base_error = None
+    base_checked = False
+    for key, value in point.items():
+        err = error_of([_assignment(key, value)])
+        if err is None:
+            continue
+        if not base_checked:
+            base_error, base_checked = error_of([]), True
+        if err != base_error:
+            return InputError(f"--grid {key}={_cell(value)}: {err}")
+    if not base_checked:
+        base_error = error_of([])
+    if base_error is not None and base_error == str(exc):
+        return exc  # the config, --set or --policy itself
+    where = ", ".join(f"{k}={_cell(v)}" for k, v in point.items())
+    return InputError(f"--grid point {where}: {exc}")
+
+
+def _cost_hint(prep, policy) -> float:
+    """Relative run time, to start the longest tasks first: tokens × MoE layers × transfers per expert
+    (policies moving each expert as several transfers cost the most, as in `runner.run_policies`)."""
+    try:
+        tokens = prep.config.hw.workload.max_tokens or prep.trace.num_tokens
+        tokens = min(tokens, prep.trace.num_tokens)
+        parts = len(policy.expert_format(prep.workload, prep.config.hw).part_bytes)
+        return float(tokens * prep.trace.num_moe_layers * parts)
+    except Exception:  # only an ordering hint: never a reason to fail
+        return 0.0
+
+
+def _prepare_points(config_path, base_overrides, policies, grid):
+    points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    code_sha = code_sha256()
+    prepared = []
+    for point_id, point in enumerate(points):
+        overrides = base_overrides + [_assignment(k, v) for k, v in point.items()]
+        try:
+            prep = prepare(config_path, overrides, list(policies or ()))
+        except InputError as exc:
+            raise _point_error(config_path, base_overrides, policies, point, exc) from None
+        specs = list(policies) if policies else list(prep.config.hw.run.policies)
+        entries = []
+        for spec, policy in zip(specs, prep.policies):
+            entries.append({
+                "label": policy.label,
+                "cost": _cost_hint(prep, policy),
+                "key": _task_key(prep.config.raw, prep.trace.sha256, code_sha, policy.label),
+                "task": {"config": config_path, "overrides": overrides, "policy_spec": spec},
+            })
+        prepared.append({
+            "point_id": point_id,
+            "values": point,
+            "config_sha256": prep.config.sha256(),
+            "trace": prep.trace.path,
+            "trace_sha256": prep.trace.sha256,
+            "trace_synthetic": prep.trace.synthetic,
+            "entries": entries,
+        })
+    return prepared, code_sha
+
+
+# ---------------------------------------------------------------------------------------------- backends
+def _progress_bar(total: int, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="sweep", unit="run", file=sys.stderr,
+                disable=not (progress and total and sys.stderr.isatty()))
+
+
+def _run_process(tasks: dict, jobs: int, on_done, progress: bool) -> None:
+    """Run here (one worker) or on a pool of forked processes (they inherit the loaded modules and traces;
+    unlike spawn or forkserver, they never re-import the caller's __main__, so an unguarded script works).
+    As in `runner.run_policies`, Python starts every forked worker at the first submit, before any thread of
+    the pool's own, and the progress bar (a monitor thread) is made only after that."""
+    if jobs <= 1 or len(tasks) == 1:
+        with _progress_bar(len(tasks), progress) as bar:
+            for key, task in tasks.items():
+                on_done(key, _run_task(task))
+                bar.update(1)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as pool:
+        futures = {pool.submit(_run_task, task): key for key, task in tasks.items()}
+        try:
+            with _progress_bar(len(tasks), progress) as bar:
+                for fut in as_completed(futures):
+                    on_done(futures[fut], fut.result())
+                    bar.update(1)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: bool) -> None:
+    try:
+        import logging
+
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise InputError("--backend dask needs dask.distributed: pip install -e '.[dist]'") from None
+    with contextlib.ExitStack() as stack:
+        if scheduler:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="20s"))
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise InputError(f"--scheduler {scheduler}: cannot connect ({type(exc).__name__}: {exc})") from None
+        else:
+            # loopback only, no dashboard: nothing of this listens beyond this machine
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address=None, silence_logs=logging.ERROR))
+            client = stack.enter_context(Client(cluster))
+        futures = {client.submit(_run_task_in_worker, task, key=f"chipsim-sweep-{key}", pure=False): key
+                   for key, task in tasks.items()}
+        with _progress_bar(len(tasks), progress) as bar:
+            for fut in as_completed(list(futures)):
+                on_done(futures[fut], fut.result())
+                bar.update(1)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _csv_text(table_rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in table_rows:
+        writer.writerow([_cell(row[c]) for c in columns])
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- API
+def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | None, out_dir: str,
+              overrides=(), jobs=0, backend="process", scheduler=None, progress=True) -> pd.DataFrame:
+    """Run every (point of the grid's cross product, policy) and return the results table.
+
+    config_path: base config (YAML); grid: {dotted config key (any, incl. `policies.<name>.<param>` and
+    `workload.trace`): [values]}; policies: specs as for `chipsim run --policy` (None: each point's
+    `run.policies`); out_dir: gets results.csv, sweep.json and cache/; overrides: `--set` strings applied
+    before the grid; jobs: parallel workers (0: os.cpu_count()); backend: "process" or "dask" (scheduler:
+    address of an existing Dask scheduler; None: a LocalCluster on 127.0.0.1); progress: a tqdm bar on
+    stderr when it is a terminal.
+
+    Returns the table of results.csv (same columns and order); `df.attrs` holds `simulated` and `reused`
+    (distinct (point, policy) results computed now / taken from DIR/cache) and `points`.
+    Raises InputError (one line) on any bad input before anything is simulated or written.
+    """
+    t0 = time.perf_counter()
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    if scheduler and backend != "dask":
+        raise InputError(f"--scheduler {scheduler}: needs --backend dask")
+    if isinstance(policies, str):
+        policies = [policies]
+    if policies is not None and not policies:
+        policies = None
+    try:
+        jobs = operator.index(jobs) if not isinstance(jobs, bool) else -1
+    except TypeError:
+        jobs = -1
+    if jobs < 0:
+        raise InputError("--jobs: expected a whole number >= 0 (0: one worker per core)")
+    if not out_dir:
+        raise InputError("--out: a directory is required")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"--out {out_dir}: exists and is not a directory")
+    grid = _check_grid(grid)
+    config_path = os.path.abspath(config_path)
+    base_overrides = _absolute_overrides(overrides)
+
+    with _trace_memo():  # active until the local runs end (forked workers inherit it)
+        return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0)
+
+
+def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0):
+    points, code_sha = _prepare_points(config_path, base_overrides, policies, grid)
+    try:
+        base_sha = load_config(config_path, base_overrides).sha256()
+    except InputError:
+        base_sha = None  # only the grid makes it valid (e.g. it sweeps the trace)
+
+    # everything checked: from here on files are written
+    cache_dir = os.path.join(out_dir, "cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    results: dict[str, dict] = {}
+    to_run: dict[str, dict] = {}
+    labels: dict[str, str] = {}
+    expected: dict[str, tuple] = {}
+    costs: dict[str, float] = {}
+    for point in points:
+        for entry in point["entries"]:
+            key = entry["key"]
+            if key in results or key in to_run:
+                continue
+            cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
+            if cached is not None:
+                results[key] = cached
+            else:
+                to_run[key] = entry["task"]
+                costs[key] = entry["cost"]
+                labels[key] = entry["label"]
+                expected[key] = (point["config_sha256"], point["trace_sha256"])
+    reused = len(results)
+    local_code = runner.code_sha256()
+
+    def on_done(key: str, out: dict) -> None:
+        config_sha, trace_sha = expected[key]
+        if out["code_sha256"] != local_code:
+            raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
+                             f"{out['code_sha256'][:12]}, here {local_code[:12]}): install the same version everywhere")
+        if out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha or out["label"] != labels[key]:
+            raise InputError(f"{to_run[key]['config']}: config or trace changed (or differs on a worker) "
+                             "while the sweep ran; run it again")
+        row = out["row"]
+        entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
+                            "policy": labels[key]}, "row": row}
+        _write_atomic(cache_dir, f"{key}.json", to_json(entry))
+        results[key] = row
+
+    if to_run:
+        workers = min(jobs or os.cpu_count() or 1, len(to_run))
+        # longest first, so the workers finish together (the order of the outputs is fixed below, not by this)
+        to_run = dict(sorted(to_run.items(), key=lambda kv: -costs[kv[0]]))
+        if backend == "dask":
+            _run_dask(to_run, workers, scheduler, on_done, progress)
+        else:
+            _run_process(to_run, workers, on_done, progress)
+
+    swept = list(grid)
+    columns = swept + ["point_id"] + CSV_COLUMNS
+    table_rows, json_rows = [], []
+    for point in points:
+        for entry in point["entries"]:
+            row = results[entry["key"]]
+            table_rows.append({**point["values"], "point_id": point["point_id"], **{c: row[c] for c in CSV_COLUMNS}})
+            json_rows.append({"point_id": point["point_id"], "values": point["values"], "cache_key": entry["key"],
+                              **row})
+    info = {
+        "config": config_path,
+        "config_sha256": base_sha,
+        "overrides": base_overrides,
+        "grid": grid,
+        "policies": list(policies) if policies else None,
+        "code_sha256": code_sha,
+        "chipsim_version": __version__,
+        "columns": columns,
+        "points": [{k: v for k, v in p.items() if k != "entries"} | {"policies": [e["label"] for e in p["entries"]]}
+                   for p in points],
+        "results": json_rows,
+    }
+    _write_atomic(out_dir, "sweep.json", to_json(info))
+    _write_atomic(out_dir, "results.csv", _csv_text(table_rows, columns))
+
+    df = pd.DataFrame(table_rows, columns=columns)
+    df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points),
+                     "rows": len(table_rows), "seconds": time.perf_counter() - t0})
+    return df

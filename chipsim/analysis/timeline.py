@@ -1,0 +1,188 @@
+"""Timelines of policy runs as Chrome / Perfetto trace-event JSON (`chipsim run ... --timeline FILE`).
+
+The file is the trace-event "JSON Object Format" (`{"traceEvents": [...], "displayTimeUnit": "ns",
+"otherData": {...}}`) that ui.perfetto.dev and chrome://tracing open. One process per policy run, named
+by the policy's label; in it one thread ("lane") each for:
+
+- `tokens`: one span per decoded token;
+- `arrays 0-N`: every operation on the compute chiplet. An operation occupies all the arrays at once in
+  this model, so it is drawn once on a lane standing for all of them, not repeated per array. Stalls
+  (the arrays waiting for expert bytes: `stall L<layer>`, category `stall`) and waits for the host CPU
+  (`host wait L<layer>`) are spans on this lane too; the stall spans of a token sum to its `stall_ps`;
+- `DMA engine i`: the setup (`setup L<l>E<e>`) and data phases (`prefetch L<l>E<e>` / `demand L<l>E<e>`,
+  categories `prefetch` / `demand`) of the transfers engine i ran; a prefetch that pauses for a demand
+  fetch and resumes later shows as several data spans, possibly on different engines. Args: layer,
+  expert, bytes (the whole transfer), cancelled, promoted (a prefetch the layer came to wait for);
+- `link`: a counter ("C" events, shown as the process's counter tracks `link moving` / `link waiting`):
+  transfers sharing the bottleneck bandwidth, and transfers waiting for an engine (queued or paused);
+- `host CPU`: experts computed on the host.
+
+Times (`ts`, `dur`) are microseconds, the format's unit, rounded to whole nanoseconds from the simulator's
+integer picoseconds: Perfetto rounds every time to a nanosecond, and rounding start and duration apart
+would make back-to-back spans overlap by a nanosecond, which it cannot draw. Rounding each boundary once
+keeps every span's start and end exactly where its neighbours' are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from bisect import bisect_right
+
+from chipsim.errors import InputError
+
+# lanes: thread id = pid * LANE_STRIDE + offset; order in the viewer by sort index
+LANE_STRIDE = 1000
+TOKENS, ARRAYS, HOST, LINK, DMA0 = 1, 2, 3, 4, 10
+_SORT = {TOKENS: 0, ARRAYS: 1, LINK: 900, HOST: 901}
+
+_STALL = re.compile(r"L(\d+) stall$")
+_HOST_WAIT = re.compile(r"L(\d+) host wait$")
+_EXPERT = re.compile(r"L(\d+)E(\d+)$")
+
+
+def policy_timeline(label: str, result) -> dict:
+    """The plain (picklable) data of one recorded run (`SimResult` from `record_events=True`)."""
+    if result.events is None or result.timeline is None:
+        raise ValueError("the run was not recorded (record_events=True)")
+    tl = result.timeline
+    return {
+        "label": label,
+        "arrays": tl["arrays"],
+        "engines": tl["engines"],
+        "events": [ev for ev in result.events if not ev[0].startswith("dma")],  # DMA: from the engine spans
+        "dma": tl["dma"],
+        "link": tl["link"],
+    }
+
+
+def _us(ps: int) -> float:
+    """Integer picoseconds -> microseconds, rounded to a whole nanosecond."""
+    return ((ps + 500) // 1000) / 1000
+
+
+def _span(name: str, cat: str, start: int, end: int, pid: int, tid: int, args: dict | None = None) -> dict:
+    # dur from the rounded ends, so that ts + dur is exactly the rounded end
+    dur = ((end + 500) // 1000 - (start + 500) // 1000) / 1000
+    ev = {"name": name, "cat": cat, "ph": "X", "ts": _us(start), "dur": dur, "pid": pid, "tid": tid}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def _meta(name: str, pid: int, tid: int, args: dict) -> dict:
+    return {"name": name, "ph": "M", "ts": 0.0, "pid": pid, "tid": tid, "args": args}
+
+
+def _process_events(pid: int, run: dict) -> list[dict]:
+    base = pid * LANE_STRIDE
+    arrays = run["arrays"]
+    names = {TOKENS: "tokens", LINK: "link (counters: moving, waiting)", HOST: "host CPU",
+             ARRAYS: f"arrays 0-{arrays - 1} (each op uses all {arrays})" if arrays > 1 else "array 0"}
+    for i in range(run["engines"]):
+        names[DMA0 + i] = f"DMA engine {i}"
+    meta = [_meta("process_name", pid, 0, {"name": run["label"]}),
+            _meta("process_sort_index", pid, 0, {"sort_index": pid})]
+    for lane in sorted(names):
+        meta.append(_meta("thread_name", pid, base + lane, {"name": names[lane]}))
+        meta.append(_meta("thread_sort_index", pid, base + lane, {"sort_index": _SORT.get(lane, lane)}))
+
+    tokens = sorted((start, end, int(name.split()[1])) for lane, name, start, end in run["events"] if lane == "tokens")
+    token_starts = [start for start, _, _ in tokens]
+
+    def token_of(ps: int) -> int:
+        return tokens[bisect_right(token_starts, ps) - 1][2] if tokens and ps >= token_starts[0] else -1
+
+    spans = []  # (tid, start, end, name, event)
+    for lane, name, start, end in run["events"]:
+        if lane == "tokens":
+            tid, ev = TOKENS, _span(name, "token", start, end, pid, base + TOKENS, {"token": int(name.split()[1])})
+        elif lane == "arrays":
+            m = _STALL.match(name)
+            w = _HOST_WAIT.match(name) if m is None else None
+            if m is not None:
+                ev = _span(f"stall L{m[1]}", "stall", start, end, pid, base + ARRAYS,
+                           {"layer": int(m[1]), "token": token_of(start)})
+            elif w is not None:
+                ev = _span(f"host wait L{w[1]}", "host-wait", start, end, pid, base + ARRAYS,
+                           {"layer": int(w[1]), "token": token_of(start)})
+            else:
+                ev = _span(name, "compute", start, end, pid, base + ARRAYS)
+            tid = ARRAYS
+        elif lane == "host-cpu":
+            m = _EXPERT.match(name)
+            args = {"layer": int(m[1]), "expert": int(m[2])} if m else None
+            tid, ev = HOST, _span(f"host {name}", "host-cpu", start, end, pid, base + HOST, args)
+        else:
+            continue
+        spans.append((tid, start, end, ev["name"], ev))
+    for engine, phase, start, end, layer, expert, nbytes, kind, cancelled, promoted in run["dma"]:
+        args = {"layer": layer, "expert": expert, "bytes": nbytes, "cancelled": bool(cancelled)}
+        if promoted:
+            args["promoted"] = True
+        if phase == "setup":
+            name, cat = f"setup L{layer}E{expert}", f"setup,{kind}"
+        else:
+            name, cat = f"{kind} L{layer}E{expert}", kind
+        tid = DMA0 + engine
+        spans.append((tid, start, end, name, _span(name, cat, start, end, pid, base + tid, args)))
+    spans.sort(key=lambda s: (_SORT.get(s[0], s[0]), s[1], s[2], s[3]))
+    counters = [{"name": "link", "ph": "C", "ts": _us(t), "pid": pid, "tid": base + LINK,
+                 "args": {"moving": moving, "waiting": waiting}} for t, moving, waiting in run["link"]]
+    return meta + [s[4] for s in spans] + counters
+
+
+def build_trace(runs: list[dict], other: dict | None = None) -> dict:
+    """The trace-event JSON object for several policy runs (`policy_timeline` data), one process each."""
+    events = []
+    for pid, run in enumerate(runs, start=1):
+        events.extend(_process_events(pid, run))
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": dict(other or {})}
+
+
+def dumps(trace: dict) -> str:
+    """Deterministic text: keys sorted, one event per line."""
+    parts = []
+    for key in sorted(trace):
+        if key == "traceEvents":
+            body = ",\n".join(json.dumps(ev, sort_keys=True, separators=(",", ":")) for ev in trace[key])
+            parts.append(f'"traceEvents":[\n{body}\n]')
+        else:
+            parts.append(f"{json.dumps(key)}:{json.dumps(trace[key], sort_keys=True, separators=(',', ':'))}")
+    return "{" + ",\n".join(parts) + "}\n"
+
+
+def check_path(path: str) -> None:
+    """Fail before any simulation if the timeline cannot be written to `path`."""
+    if not path:
+        raise InputError("--timeline: empty path")
+    if os.path.isdir(path):
+        raise InputError(f"--timeline {path}: is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"--timeline {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--timeline {path}: directory {parent} is not writable")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write through a temporary file in the same directory, then rename: never a half-written file."""
+    check_path(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; the timeline is an ordinary output
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise InputError(f"--timeline {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
