@@ -76,6 +76,62 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _write_report(experiments, out_dir: str, report_path: str) -> None:
+    from chipsim.analysis.experiments import report_markdown
+    from chipsim.runner import code_sha256
+
+    text = report_markdown(experiments, out_dir, report_path, {"code_sha256": code_sha256()})
+    parent = os.path.dirname(os.path.abspath(report_path))
+    os.makedirs(parent, exist_ok=True)
+    with open(report_path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {report_path}")
+
+
+def _cmd_reproduce(args) -> int:
+    import json
+    import time
+
+    from chipsim.analysis import experiments as ex
+    from chipsim.analysis import plots
+
+    if args.jobs < 0:
+        raise InputError(f"--jobs {args.jobs}: expected a whole number >= 0 (0: one worker per core)")
+    names = args.names or ex.list_experiments(args.experiments)
+    if not names:
+        raise InputError(f"{args.experiments or ex.EXPERIMENTS_DIR}: no experiments/*.yaml")
+    loaded = [ex.load_experiment(ex.find_experiment(n, args.experiments)) for n in names]  # all checked first
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise InputError(f"--out {args.out}: exists and is not a directory")
+    timings = {}
+    t_all = time.perf_counter()
+    for exp in loaded:
+        seconds = ex.run_experiment(exp, args.out, jobs=args.jobs, extra_overrides=args.set or (),
+                                    progress=not args.quiet)
+        saved = [e for e in ex.saved_experiments(args.out) if e["name"] == exp["name"]][0]
+        files = plots.draw(saved, args.out)
+        timings[exp["name"]] = round(seconds, 2)
+        print(f"{exp['name']}: {seconds:.1f} s; {', '.join(files)}")
+    with open(os.path.join(args.out, "timings.json"), "w", encoding="utf-8") as f:
+        json.dump({"seconds": timings, "total_seconds": round(time.perf_counter() - t_all, 2)}, f, indent=1)
+        f.write("\n")
+    ran = {e["name"] for e in loaded}
+    _write_report([e for e in ex.saved_experiments(args.out) if e["name"] in ran], args.out,
+                  args.report or os.path.join(args.out, "REPRODUCTION.md"))
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from chipsim.analysis import experiments as ex
+    from chipsim.analysis import plots
+
+    saved = ex.saved_experiments(args.dir)
+    for exp in saved:
+        print(", ".join(plots.draw(exp, args.dir)))
+    _write_report(saved, args.dir, args.report or os.path.join(args.dir, "REPRODUCTION.md"))
+    return 0
+
+
 def _cmd_models(args) -> int:
     from chipsim.workload.models import MODELS
 
@@ -151,6 +207,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Dask scheduler, e.g. tcp://127.0.0.1:8786 (default: a LocalCluster on 127.0.0.1)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(func=_cmd_sweep)
+
+    reproduce = sub.add_parser("reproduce", help="run experiments/*.yaml (the papers' figures and tables), draw "
+                                                 "them and write REPRODUCTION.md")
+    reproduce.add_argument("names", nargs="*", metavar="NAME",
+                           help="experiments to run (stems of experiments/*.yaml, or .yaml paths; default: all)")
+    reproduce.add_argument("--out", default="results/reproduce", metavar="DIR",
+                           help="results, figures and REPRODUCTION.md go here (default results/reproduce)")
+    reproduce.add_argument("--jobs", type=int, default=0, help="parallel workers (default: cores)")
+    reproduce.add_argument("--set", action="append", metavar="KEY=VALUE",
+                           help="override a config key in every experiment (after the experiment's own overrides)")
+    reproduce.add_argument("--report", metavar="FILE", help="write REPRODUCTION.md here (default DIR/REPRODUCTION.md)")
+    reproduce.add_argument("--experiments", metavar="DIR", help="where the experiment files are (default experiments/)")
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bar")
+    reproduce.set_defaults(func=_cmd_reproduce)
+
+    plot = sub.add_parser("plot", help="redraw the figures (and REPRODUCTION.md) of a reproduce DIR from its "
+                                       "saved results, without simulating")
+    plot.add_argument("dir", metavar="DIR", help="an output directory of chipsim reproduce")
+    plot.add_argument("--report", metavar="FILE", help="write REPRODUCTION.md here (default DIR/REPRODUCTION.md)")
+    plot.set_defaults(func=_cmd_plot)
 
     sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)

@@ -1,0 +1,399 @@
+"""Experiments: one YAML file per paper figure or table (`experiments/*.yaml`), run as sweeps and drawn.
+
+An experiment file names
+
+    name:      the file's stem (a figure/table id, e.g. apex_fig12)
+    title:     one line, what it reproduces
+    paper:     which figure or table of which paper
+    config:    a hardware config (path relative to the experiment file), or a list of them (one sweep each;
+               the results get a `config` column = the config file's stem)
+    grid:      {dotted config key: [values]} swept as in `chipsim sweep` (may be empty)
+    policies:  policy specs, as for `chipsim run --policy`
+    overrides: `--set` strings applied at every point (keep runs short: workload.max_tokens=128..256)
+    plot:      what to draw (see PLOT_KEYS; `chipsim.analysis.plots` draws it)
+    compare:   optional rows set beside the paper's numbers in REPRODUCTION.md (see COMPARE_KEYS)
+
+`load_experiment` checks all of that (one-line `InputError`s) before anything runs; `run_experiment` runs the
+sweeps into DIR/<name>/ (one config) or DIR/<name>/<config stem>/ (several) and saves the resolved experiment
+as DIR/<name>/experiment.json, so that `chipsim plot DIR` redraws from DIR alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pandas as pd
+import yaml
+
+from chipsim.errors import InputError
+
+EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                               "experiments")
+
+TOP_KEYS = ("name", "title", "paper", "config", "grid", "policies", "overrides", "plot", "compare", "notes")
+REQUIRED = ("title", "paper", "config", "policies", "plot")
+PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar")
+PLOT_KEYS = (
+    "kind",          # per_layer | line | bar | stacked_bar
+    "x",             # column on the x axis (per_layer: the layer index; stacked_bar: the category column)
+    "y",             # column, or list of columns (one panel each); per_layer: a per_layer field
+    "series",        # column whose values are the lines / bar groups (default: policy)
+    "where",         # {column: value} rows to draw (e.g. one context of a grid)
+    "xlabel", "ylabel",  # axis labels with units (ylabel: a string, or a list matching y)
+    "title",
+    "xscale",        # linear | log2
+    "secondary_x",   # {label: ..., factor: F}: a second x axis above, at F × x (e.g. both-direction PCIe)
+    "annotate",      # column whose value is written beside each point (e.g. τ)
+    "normalize",     # {column: C, value: V}: divide y by the row with C == V at the same x (and series key)
+    "stack",         # stacked_bar: {column: label}, bottom first
+    "series_labels", # {series value: legend text}
+    "ylim",
+)
+COMPARE_KEYS = ("what", "paper", "unit", "metric", "where", "vs", "why")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _err(path: str, msg: str) -> InputError:
+    return InputError(f"{path}: {msg}")
+
+
+def find_experiment(name: str, directory: str | None = None) -> str:
+    """NAME (a stem in `directory`, default experiments/) or a path to a .yaml file -> its path."""
+    if name.endswith((".yaml", ".yml")) or os.sep in name:
+        if not os.path.isfile(name):
+            raise InputError(f"{name}: no such experiment file")
+        return name
+    directory = directory or EXPERIMENTS_DIR
+    path = os.path.join(directory, f"{name}.yaml")
+    if not os.path.isfile(path):
+        known = ", ".join(list_experiments(directory)) or "none"
+        raise InputError(f"experiment {name}: not found in {directory} (known: {known})")
+    return path
+
+
+def list_experiments(directory: str | None = None) -> list[str]:
+    directory = directory or EXPERIMENTS_DIR
+    if not os.path.isdir(directory):
+        return []
+    return sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".yaml") and not f.startswith("."))
+
+
+def _check_key(path: str, config: str, key: str, value) -> None:
+    """A grid key must be a config key the config accepts (load_config checks the schema; policy params are
+    checked against the policy registry)."""
+    from chipsim.hw.config import load_config, parse_set
+
+    from chipsim.analysis.sweep import _yaml_text
+
+    parts = key.split(".")
+    if parts[0] == "policies":
+        import chipsim.policies  # noqa: F401
+        from chipsim.policies.base import REGISTRY
+
+        if len(parts) != 3:
+            raise _err(path, f"grid key {key}: expected policies.<policy>.<parameter>")
+        name, param = parts[1], parts[2]
+        cls = REGISTRY.get(name)
+        if cls is None and name != "static":
+            raise _err(path, f"grid key {key}: unknown policy '{name}' (chipsim policies lists them)")
+        if cls is not None and param not in cls.params:
+            raise _err(path, f"grid key {key}: policy {name} has no parameter '{param}' "
+                             f"(expected one of: {', '.join(cls.params)})")
+    try:
+        parse_set(f"{key}={_yaml_text(key, value)}")
+        load_config(config, [f"{key}={_yaml_text(key, value)}"])
+    except InputError as exc:
+        raise _err(path, f"grid {key}={value!r}: {exc}") from None
+
+
+def load_experiment(path: str) -> dict:
+    """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise _err(path, "expected a mapping of experiment keys")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    unknown = [k for k in raw if k not in TOP_KEYS]
+    if unknown:
+        raise _err(path, f"unknown key '{unknown[0]}' (expected one of: {', '.join(TOP_KEYS)})")
+    for key in REQUIRED:
+        if key not in raw:
+            raise _err(path, f"missing key '{key}'")
+    name = raw.get("name", stem)
+    if name != stem:
+        raise _err(path, f"name '{name}' differs from the file name '{stem}'")
+    base = os.path.dirname(os.path.abspath(path))
+    configs = raw["config"] if isinstance(raw["config"], list) else [raw["config"]]
+    if not configs or not all(isinstance(c, str) and c for c in configs):
+        raise _err(path, "config: expected a config path or a list of them")
+    config_paths = []
+    for c in configs:
+        p = os.path.normpath(os.path.join(base, c))
+        if not os.path.isfile(p):
+            raise _err(path, f"config {c}: no such file")
+        config_paths.append(p)
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in config_paths]
+    if len(set(stems)) != len(stems):
+        raise _err(path, "config: two configs with the same file name")
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise _err(path, "grid: expected a mapping {dotted.key: [values]}")
+    for key, values in grid.items():
+        if not isinstance(key, str) or not isinstance(values, list) or not values:
+            raise _err(path, f"grid {key}: expected a non-empty list of values")
+        for cp in config_paths:
+            for v in values:
+                _check_key(path, cp, key, v)
+    policies = raw["policies"]
+    if not isinstance(policies, list) or not policies or not all(isinstance(p, str) and p for p in policies):
+        raise _err(path, "policies: expected a non-empty list of policy specs")
+    overrides = raw.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise _err(path, "overrides: expected a list of KEY=VALUE strings")
+    from chipsim.hw.config import load_config
+
+    for cp in config_paths:
+        try:
+            load_config(cp, overrides)
+        except InputError as exc:
+            raise _err(path, f"overrides: {exc}") from None
+    plot = _check_plot(path, raw["plot"], grid)
+    compare = _check_compare(path, raw.get("compare") or [])
+    return {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
+            "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
+            "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare}
+
+
+def _check_plot(path: str, plot, grid) -> dict:
+    if not isinstance(plot, dict):
+        raise _err(path, "plot: expected a mapping")
+    unknown = [k for k in plot if k not in PLOT_KEYS]
+    if unknown:
+        raise _err(path, f"plot: unknown key '{unknown[0]}' (expected one of: {', '.join(PLOT_KEYS)})")
+    kind = plot.get("kind")
+    if kind not in PLOT_KINDS:
+        raise _err(path, f"plot.kind {kind!r}: expected one of {', '.join(PLOT_KINDS)}")
+    for key in ("x", "y", "xlabel", "ylabel"):
+        if key not in plot and not (kind == "stacked_bar" and key == "y"):
+            raise _err(path, f"plot: missing key '{key}'")
+    if kind == "stacked_bar" and not isinstance(plot.get("stack"), dict):
+        raise _err(path, "plot.stack: a stacked_bar needs {column: label}")
+    if plot.get("xscale", "linear") not in ("linear", "log2"):
+        raise _err(path, f"plot.xscale {plot['xscale']!r}: expected linear or log2")
+    ys = plot.get("y", [])
+    ys = ys if isinstance(ys, list) else [ys]
+    ylabels = plot["ylabel"] if isinstance(plot["ylabel"], list) else [plot["ylabel"]] * max(1, len(ys))
+    if kind != "stacked_bar" and len(ylabels) != len(ys):
+        raise _err(path, "plot.ylabel: give one label, or one per y")
+    out = dict(plot)
+    out["y"] = ys
+    out["ylabel"] = ylabels
+    out.setdefault("series", "policy")
+    out.setdefault("where", {})
+    return out
+
+
+def _check_compare(path: str, rows) -> list[dict]:
+    if not isinstance(rows, list):
+        raise _err(path, "compare: expected a list of rows")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _err(path, f"compare[{i}]: expected a mapping")
+        unknown = [k for k in row if k not in COMPARE_KEYS]
+        if unknown:
+            raise _err(path, f"compare[{i}]: unknown key '{unknown[0]}' (expected one of: {', '.join(COMPARE_KEYS)})")
+        for key in ("what", "paper", "metric", "where", "why"):
+            if key not in row:
+                raise _err(path, f"compare[{i}]: missing key '{key}'")
+        paper = row["paper"]
+        if not (isinstance(paper, (int, float)) or (isinstance(paper, list) and len(paper) == 2
+                                                    and all(isinstance(p, (int, float)) for p in paper))):
+            raise _err(path, f"compare[{i}].paper: expected a number or [low, high]")
+        out.append({"unit": "", "vs": None, **row})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- running
+def sweep_dirs(exp: dict, out_dir: str) -> list[tuple[str, str, str]]:
+    """[(config path, config stem, sweep directory)] of an experiment under out_dir."""
+    root = os.path.join(out_dir, exp["name"])
+    if len(exp["configs"]) == 1:
+        return [(exp["configs"][0], exp["config_names"][0], root)]
+    return [(c, s, os.path.join(root, s)) for c, s in zip(exp["configs"], exp["config_names"])]
+
+
+def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:
+    """Run every sweep of `exp` into out_dir/<name>/; returns the wall time in seconds."""
+    from chipsim.analysis.sweep import run_sweep
+
+    t0 = time.perf_counter()
+    overrides = list(exp["overrides"]) + list(extra_overrides)
+    for config, _, directory in sweep_dirs(exp, out_dir):
+        run_sweep(config, exp["grid"], exp["policies"], directory, overrides=overrides, jobs=jobs,
+                  progress=progress)
+    saved = dict(exp, overrides=overrides)
+    with open(os.path.join(out_dir, exp["name"], "experiment.json"), "w", encoding="utf-8") as f:
+        json.dump(saved, f, indent=1)  # key order kept: plot.stack is drawn bottom first
+        f.write("\n")
+    return time.perf_counter() - t0
+
+
+def saved_experiments(out_dir: str) -> list[dict]:
+    """The experiments `chipsim reproduce` ran into out_dir (each DIR/<name>/experiment.json)."""
+    if not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: no such directory")
+    out = []
+    for name in sorted(os.listdir(out_dir)):
+        p = os.path.join(out_dir, name, "experiment.json")
+        if os.path.isfile(p):
+            with open(p, encoding="utf-8") as f:
+                out.append(json.load(f))
+    if not out:
+        raise InputError(f"{out_dir}: no experiment results (DIR/<name>/experiment.json); run chipsim reproduce")
+    return out
+
+
+def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
+    """Every row of the experiment's sweeps: a DataFrame of the scalar fields (grid values, CSV columns and
+    extra policy metrics such as mean_delta_hat, plus `config`) and the full rows (per_layer included)."""
+    rows = []
+    for _, stem, directory in sweep_dirs(exp, out_dir):
+        p = os.path.join(directory, "sweep.json")
+        if not os.path.isfile(p):
+            raise InputError(f"{p}: missing; run chipsim reproduce {exp['name']}")
+        with open(p, encoding="utf-8") as f:
+            info = json.load(f)
+        for r in info["results"]:
+            rows.append({"config": stem, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
+    scalars = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in rows]
+    return pd.DataFrame(scalars), rows
+
+
+def select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
+    mask = pd.Series(True, index=df.index)
+    for key, value in (where or {}).items():
+        if key not in df.columns:
+            raise InputError(f"where {key}: no such result column")
+        col = df[key]
+        mask &= col.map(lambda v, value=value: v == value or (isinstance(v, float) and isinstance(value, (int, float))
+                                                               and math.isclose(v, value)))
+    return df[mask]
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+def compare_rows(exp: dict, df: pd.DataFrame) -> list[dict]:
+    """Each `compare` row of the experiment with chipsim's value filled in from the results.
+
+    metric M over the rows matching `where`; with `vs` ({column: value} replacing parts of `where`), the value
+    is the change M(where) / M(where | vs) − 1 in %. Several matching rows give a range [min, max]."""
+    out = []
+    for row in exp["compare"]:
+        sel = select(df, row["where"])
+        if sel.empty:
+            raise InputError(f"{exp['name']}: compare '{row['what']}': no result matches {row['where']}")
+        values = sel[row["metric"]].astype(float).to_numpy()
+        if row.get("vs"):
+            keys = [c for c in df.columns if c in exp["grid"] or c == "config"]
+            base = select(df, {**row["where"], **row["vs"]})
+            changes = []
+            for _, r in sel.iterrows():
+                b = base
+                for k in keys:
+                    b = b[b[k] == r[k]]
+                if b.empty:
+                    raise InputError(f"{exp['name']}: compare '{row['what']}': no baseline row for {row['vs']}")
+                changes.append((float(r[row["metric"]]) / float(b[row["metric"]].iloc[0]) - 1.0) * 100.0)
+            values = changes
+        ours = (min(values), max(values)) if len(values) > 1 else (float(values[0]),) * 2
+        paper = row["paper"]
+        paper_lo, paper_hi = (paper if isinstance(paper, list) else [paper, paper])
+        p_mid, o_mid = (paper_lo + paper_hi) / 2, (ours[0] + ours[1]) / 2
+        ratio = o_mid / p_mid if p_mid else float("nan")
+        out.append({**row, "ours": ours, "paper_range": (float(paper_lo), float(paper_hi)), "ratio": ratio,
+                    "difference": o_mid - p_mid})
+    return out
+
+
+def _num(v: float) -> str:
+    if v != v:
+        return "n/a"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    return f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
+
+
+def _span(lo: float, hi: float) -> str:
+    return _num(lo) if lo == hi else f"{_num(lo)} … {_num(hi)}"
+
+
+def report_markdown(experiments: list[dict], out_dir: str, report_path: str, meta: dict | None = None) -> str:
+    """REPRODUCTION.md: per experiment, its figure and each paper number beside chipsim's, all filled from
+    the saved results."""
+    from chipsim import __version__
+
+    report_dir = os.path.dirname(os.path.abspath(report_path))
+    lines = [
+        "# Reproducing the papers with chipsim",
+        "",
+        "Written by `chipsim reproduce` from the saved results; every chipsim number below is read from the "
+        "sweeps (`results.csv` / `sweep.json` under the output directory), none is typed by hand. The paper "
+        "numbers come from `/work/shared/REFERENCE-NUMBERS.md` §A–B. No parameter was tuned to close a gap; "
+        "where a single parameter would, the row names it.",
+        "",
+        "ratio = chipsim / paper (midpoints of ranges); difference = chipsim − paper, in the row's unit. "
+        "A '%' row is a change relative to the baseline it names (negative: lower).",
+        "",
+        "Figures (PNG and PDF) are written beside each experiment's results, `DIR/<name>/<name>.png`; the links "
+        "below point there and work once `chipsim reproduce` (or `chipsim plot DIR`) has run.",
+        "",
+        f"chipsim {__version__}" + (f"; code sha256 {meta['code_sha256'][:12]}" if meta and meta.get("code_sha256") else ""),
+        "",
+        "Common causes of the gaps, referred to below:",
+        "",
+        "- **trace model**: routing comes from reduced-width models of each shape trained for ~6 minutes on an "
+        "H200 (traces/README-real.md), not the released checkpoints; predictor quality (overlap, δ̂) follows "
+        "from that routing.",
+        "- **modelling choice**: on this first-principles platform a Granite-3B layer's attention takes ~20 µs "
+        "against ~320 µs of expert loading over PCIe, so a prefetch issued before attention has almost nothing "
+        "to hide behind (README, \"What the thor model finds\"); the paper's numbers imply ~12 ms of non-expert "
+        "work per token that a roofline of its stated platform does not reproduce.",
+        "- **parameter source**: energies per bit are the paper's (Table III); leakage, DMA setup and the host "
+        "CPU are `# ASSUMPTION` parameters of hwconfigs/thor.yaml.",
+        "",
+    ]
+    for exp in experiments:
+        df, _ = load_results(exp, out_dir)
+        lines += [f"## {exp['name']}: {exp['title']}", "", f"Paper: {exp['paper']}. Configs: "
+                  + ", ".join(f"`{c}`" for c in exp["config_names"]) + "; policies: "
+                  + ", ".join(f"`{p}`" for p in exp["policies"]) + "; overrides: "
+                  + (", ".join(f"`{o}`" for o in exp["overrides"]) or "none") + ".", ""]
+        if exp.get("notes"):
+            lines += [exp["notes"].strip(), ""]
+        fig = os.path.relpath(os.path.join(out_dir, exp["name"], f"{exp['name']}.png"), report_dir)
+        lines += [f"Figure: [{fig}]({fig}) (and .pdf beside it).", ""]
+        rows = compare_rows(exp, df)
+        if rows:
+            lines += ["| result | paper | chipsim | ratio | difference | why they differ |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for r in rows:
+                unit = f" {r['unit']}" if r["unit"] else ""
+                lines.append(f"| {r['what']} | {_span(*r['paper_range'])}{unit} | {_span(*r['ours'])}{unit} | "
+                             f"{_num(r['ratio'])} | {_num(r['difference'])}{unit} | {' '.join(str(r['why']).split())} |")
+            lines.append("")
+        else:
+            lines += ["The paper gives this one as a figure only; compare the shapes.", ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,132 @@
+"""experiments/*.yaml, `chipsim reproduce` and `chipsim plot`."""
+
+import os
+import shutil
+
+import pytest
+
+from chipsim import cli
+from chipsim.analysis import experiments as ex
+from chipsim.analysis import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = os.path.join(ROOT, "experiments")
+NAMES = ex.list_experiments(EXPERIMENTS)
+
+
+def test_the_papers_figures_are_all_there():
+    for name in ("apex_fig8", "apex_fig9", "apex_fig12", "apex_fig13", "apex_table5", "apex_fig14", "apex_fig15"):
+        assert name in NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_experiment_loads_and_validates(name):
+    exp = ex.load_experiment(ex.find_experiment(name, EXPERIMENTS))
+    assert exp["name"] == name
+    assert exp["policies"] and exp["plot"]["kind"] in ex.PLOT_KINDS
+    assert all(os.path.isfile(c) for c in exp["configs"])
+    # fast: every experiment caps its tokens
+    assert any(o.startswith("workload.max_tokens=") for o in exp["overrides"])
+
+
+GOOD = """\
+title: t
+paper: p
+config: {config}
+grid: {{workload.context_length: [512]}}
+policies: [no-prefetch]
+overrides: [workload.max_tokens=2]
+plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel: x (tokens), ylabel: y (ms)}}
+"""
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda t: t + "colour: red\n", "unknown key 'colour'"),
+    (lambda t: t.replace("workload.context_length: [512]", "workload.context_lenght: [512]"),
+     "grid workload.context_lenght=512"),
+    (lambda t: t.replace("workload.context_length: [512]", "policies.apex.tua: [0.5]"),
+     "policy apex has no parameter 'tua'"),
+    (lambda t: t.replace("kind: line", "kind: pie"), "plot.kind 'pie'"),
+    (lambda t: t.replace("policies: [no-prefetch]\n", ""), "missing key 'policies'"),
+    (lambda t: t.replace("{config}", "nowhere.yaml"), "config nowhere.yaml: no such file"),
+])
+def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
+    text = edit(GOOD).format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
+    (tmp_path / "bad.yaml").write_text(text)
+    out = tmp_path / "out"
+    rc = cli.main(["reproduce", "bad", "--experiments", str(tmp_path), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("chipsim: error: ")
+    assert fragment in err
+    assert not out.exists()  # checked before anything is written
+
+
+def test_unknown_experiment_name_is_one_line_exit_2(tmp_path, capsys):
+    rc = cli.main(["reproduce", "apex_fig99", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "apex_fig99" in err
+
+
+def test_plot_of_a_directory_without_results_is_one_line_exit_2(tmp_path, capsys):
+    rc = cli.main(["plot", str(tmp_path)])
+    assert rc == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def _no_simulation(*args, **kwargs):
+    raise AssertionError("chipsim plot must not simulate")
+
+
+def test_reproduce_end_to_end_then_plot_redraws_identically(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    report = tmp_path / "REPRODUCTION.md"
+    rc = cli.main(["reproduce", "apex_table5", "--out", str(out), "--jobs", "1", "--quiet",
+                   "--set", "workload.max_tokens=2", "--report", str(report)])
+    assert rc == 0, capsys.readouterr().err
+    png, pdf = out / "apex_table5" / "apex_table5.png", out / "apex_table5" / "apex_table5.pdf"
+    assert png.stat().st_size > 10_000 and pdf.stat().st_size > 5_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+    assert (out / "apex_table5" / "results.csv").is_file() and (out / "timings.json").is_file()
+    text = report.read_text()
+    assert "## apex_table5:" in text and "| no-prefetch PCIe only | 48.00 mJ |" in text
+    assert "apex_table5/apex_table5.png" in text
+    before = {p: p.read_bytes() for p in (png, pdf, report)}
+
+    # plot: from the saved results only; the simulator must not run
+    monkeypatch.setattr(sweep, "_run_task", _no_simulation)
+    monkeypatch.setattr(sweep, "simulate", _no_simulation)
+    monkeypatch.setattr("chipsim.runner.simulate", _no_simulation)
+    for p in (png, pdf):
+        p.unlink()
+    shutil.rmtree(out / "apex_table5" / "cache")  # not needed to draw
+    assert cli.main(["plot", str(out), "--report", str(report)]) == 0
+    after = {p: p.read_bytes() for p in (png, pdf, report)}
+    assert after == before  # byte-identical: fixed metadata, same results
+
+
+def test_compare_rows_fill_from_results_and_ranges():
+    import pandas as pd
+
+    exp = {"name": "x", "grid": {"b": [1, 2]}, "compare": [
+        {"what": "a", "paper": 10.0, "unit": "ms", "metric": "lat", "where": {"policy": "apex", "b": 1}, "vs": None,
+         "why": "w"},
+        {"what": "r", "paper": [-40, -20], "unit": "%", "metric": "lat", "where": {"policy": "apex"},
+         "vs": {"policy": "none"}, "why": "w"},
+    ]}
+    df = pd.DataFrame([
+        {"config": "c", "b": 1, "policy": "apex", "lat": 8.0}, {"config": "c", "b": 1, "policy": "none", "lat": 10.0},
+        {"config": "c", "b": 2, "policy": "apex", "lat": 5.0}, {"config": "c", "b": 2, "policy": "none", "lat": 10.0},
+    ])
+    one, rng = ex.compare_rows(exp, df)
+    assert one["ours"] == (8.0, 8.0) and one["ratio"] == pytest.approx(0.8) and one["difference"] == pytest.approx(-2)
+    assert rng["ours"] == (pytest.approx(-50.0), pytest.approx(-20.0))
+    assert rng["ratio"] == pytest.approx(35 / 30)
+
+
+def test_one_colour_per_policy_everywhere():
+    from chipsim.analysis import plots
+
+    colours = [plots.color_for(p) for p in ("no-prefetch", "promoe", "static-2", "static-4", "static-8", "apex",
+                                            "apex-sf", "oracle", "spice")]
+    assert len(set(colours)) == len(colours)
+    assert plots.color_for("apex") == plots.POLICY_COLORS["apex"]
