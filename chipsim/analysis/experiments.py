@@ -351,7 +351,7 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "",
         "Written by `chipsim reproduce` from the saved results; every chipsim number below is read from the "
         "sweeps (`results.csv` / `sweep.json` under the output directory), none is typed by hand. The paper "
-        "numbers come from `/work/shared/REFERENCE-NUMBERS.md` §A–B. No parameter was tuned to close a gap; "
+        "numbers come from `../shared/REFERENCE-NUMBERS.md` (the papers: APEX arXiv 2608.11688, SPICE arXiv 2608.21240) §A–B. No parameter was tuned to close a gap; "
         "where a single parameter would, the row names it.",
         "",
         "ratio = chipsim / paper (midpoints of ranges); difference = chipsim − paper, in the row's unit. "
