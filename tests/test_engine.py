@@ -231,3 +231,13 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
     row = summarize(result, EnergyTable.from_config(hw), TINY.top_k)
     assert math.isclose(row["energy_host_cpu_mj"], 3 * 2 * (per_expert - transit) * 1e-12 * cpu.active_power_w * 1e3)
     assert row["host_experts_per_token"] == 6
+
+
+def test_static_with_complete_unpicked_moves_every_prefetched_byte(tiny):
+    """The APEX paper's accounting of static k+N: all k+N experts cross PCIe, picked or not."""
+    cfg, routed = tiny
+    prep = prepare(cfg, policy_specs=["static-3", "static-3:complete_unpicked=true"])
+    stopped, completed = (simulate(prep, p) for p in prep.policies)
+    T, L, k = routed.shape
+    assert completed.bytes["pcie"].sum() == T * L * (k + 3) * prep.workload.expert_bytes
+    assert stopped.bytes["pcie"].sum() < completed.bytes["pcie"].sum()

@@ -54,6 +54,8 @@ class Apex(Policy):
         "tau": Param(float, 0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
                      minimum=0.0, maximum=1.0),
         "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1),
+        "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
+                                               "bytes (the APEX paper's accounting); false: they stop at routing"),
     }
     stall_free = False
 
@@ -141,7 +143,8 @@ class ApexStallFree(Apex):
                         break
         dropped = missing - len(substitutes)
         execute = kept + substitutes
-        ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
+        if not self.complete_unpicked:
+            ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
         self._layer_substituted[t, layer] = len(substitutes)
         self._layer_dropped[t, layer] = dropped
         return LayerPlan(execute=execute, substituted=len(substitutes), dropped=dropped)

@@ -66,6 +66,9 @@ class Policy:
     transfer_per_matrix: bool = False
     # arrays cost of one surrogate expert (an OpCost), for policies that return LayerPlan.surrogate
     surrogate_op = None
+    # True: prefetches the router did not pick still move all their bytes (no cancel at routing or at the
+    # layer's end), as in the APEX paper's accounting of static k+N; set by the `complete_unpicked` parameter
+    complete_unpicked: bool = False
     # a variant reads its family's `policies.<family>` section first (apex-sf reads policies.apex, then
     # policies.apex-sf), so one τ in the config reaches both modes
     param_family: str = ""
@@ -95,13 +98,13 @@ class Policy:
     def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
         """Default: execute the routed set; per-layer staging abandons this layer's prefetches that the
         router did not pick (a queued one never starts, a moving one stops at its next chunk boundary)."""
-        if not self.caches_across_tokens:
+        if not self.caches_across_tokens and not self.complete_unpicked:
             ctx.cancel_unneeded(layer, routed)
         return LayerPlan(execute=list(routed))
 
     def on_layer_end(self, ctx, t: int, layer: int) -> None:
         """Default per-layer staging: drop this layer's experts once it has run."""
-        ctx.evict_layer(layer)
+        ctx.evict_layer(layer, stop_transfers=not self.complete_unpicked)
 
     def choose_victims(self, ctx, layer: int, needed: set[int], count: int) -> list[tuple[int, int]]:
         """Default: resident experts not needed now, other layers' first, then least recently used."""

@@ -44,7 +44,11 @@ class Oracle(Policy):
 class StaticTopKPlusN(Policy):
     name = "static"
     summary = "before attention, prefetch the top-(k+N) of the APEX prefetch router's ranking (fixed N)"
-    params = {"extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0)}
+    params = {
+        "extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0),
+        "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
+                                               "bytes (the APEX paper's accounting); false: they stop at routing"),
+    }
 
     def on_layer_start(self, ctx, t, layer):
         budget = ctx.top_k + self.extra

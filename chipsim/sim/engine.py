@@ -258,7 +258,9 @@ class Simulation:
         self.prefetches_issued += 1
         return True
 
-    def evict(self, layer: int, expert: int) -> None:
+    def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
+        """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
+        stop_transfer=False, moves all its bytes first (its slot frees when they land)."""
         key = (layer, expert)
         entry = self._entries.pop(key, None)
         if entry is None:
@@ -268,9 +270,10 @@ class Simulation:
             self.prefetches_unused += 1
         if not entry.resident:
             self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
-            with self.dma.batch():
-                for tr in entry.transfers:
-                    self.dma.cancel(tr)
+            if stop_transfer:
+                with self.dma.batch():
+                    for tr in entry.transfers:
+                        self.dma.cancel(tr)
         if self._pending_demands:
             self._serve_pending_demands()
 
@@ -281,9 +284,9 @@ class Simulation:
             if key[1] not in needed and not self._entries[key].resident:
                 self.evict(*key)
 
-    def evict_layer(self, layer: int) -> None:
+    def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
         for key in self.keys_of_layer(layer):
-            self.evict(*key)
+            self.evict(*key, stop_transfer=stop_transfers)
 
     # ======================================================================== internals
     def _issue(self, key, priority) -> _Entry:
