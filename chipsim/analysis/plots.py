@@ -67,6 +67,10 @@ def color_for(name) -> str:
         return POLICY_COLORS[name]
     if name in CONFIG_COLORS:
         return CONFIG_COLORS[name]
+    base = name.split(":")[0]
+    if base in POLICY_COLORS:  # a variant (e.g. floe:compression=4.0): its family's colour, lightened
+        r, g, b = (int(POLICY_COLORS[base][i:i + 2], 16) for i in (1, 3, 5))
+        return "#{:02x}{:02x}{:02x}".format(*(int(c + (255 - c) * 0.5) for c in (r, g, b)))
     return _FALLBACK[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(_FALLBACK)]
 
 
