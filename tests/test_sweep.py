@@ -98,7 +98,6 @@ def test_rerun_reuses_every_point_and_simulates_none(tmp_path, monkeypatch):
         raise AssertionError("simulated on a rerun")
 
     monkeypatch.setattr(sweep, "_run_task", no_simulation)
-    monkeypatch.setattr(sweep, "_run_task_in_worker", no_simulation)
     again = run_sweep(*args, overrides=SHORT, jobs=1, progress=False)
     assert again.attrs["simulated"] == 0 and again.attrs["reused"] == 4
     assert read(os.path.join(out, "results.csv")) == csv1  # deterministic bytes, fresh or reused

@@ -379,3 +379,20 @@ def test_cli_writes_a_trace_and_prints_one_line(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 2 and "unknown model" in bad.stderr and not (tmp_path / "x.npz").exists()
+
+
+def test_load_returns_the_same_read_only_trace_until_the_file_changes(tmp_path):
+    import os
+
+    from chipsim.trace import format as tf
+    from chipsim.trace.synthetic import SyntheticParams, write
+
+    path = tmp_path / "t.npz"
+    write(path, "granite-3.1-1b-a400m", SyntheticParams(num_tokens=8, seed=1))
+    a, b = tf.load(path), tf.load(path)
+    assert a is b
+    assert not a["routed_ids"].flags.writeable
+    write(path, "granite-3.1-1b-a400m", SyntheticParams(num_tokens=8, seed=2))
+    os.utime(path, ns=(1, 1))  # a new mtime even on a coarse clock
+    c = tf.load(path)
+    assert c is not a and c.sha256 != a.sha256

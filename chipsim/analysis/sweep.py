@@ -23,7 +23,6 @@ silently mislabelled cache entry.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import csv
 import hashlib
@@ -46,10 +45,8 @@ from chipsim.analysis.report import CSV_COLUMNS, to_json
 from chipsim.errors import InputError
 from chipsim.hw.config import load_config, parse_set
 from chipsim.runner import code_sha256, prepare, simulate, summarize_result
-from chipsim.trace import format as trace_format
 
 BACKENDS = ("process", "dask")
-_TRACE_MEMO_SIZE = 4
 
 
 # ---------------------------------------------------------------------------------------------- grid input
@@ -166,51 +163,6 @@ def _absolute_overrides(overrides) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- trace memo
-class _TraceMemo:
-    """Loading a trace (~0.4 s for 14 MB) dominates `prepare`; a sweep prepares the same file many times.
-    While active, `chipsim.trace.format.load` returns the already loaded `Trace` for an unchanged file (same
-    path, size, mtime, inode); a `Trace` is read-only to the simulator, so sharing it is safe."""
-
-    def __init__(self, original):
-        self.original = original
-        self.cache: collections.OrderedDict = collections.OrderedDict()
-
-    def __call__(self, path):
-        try:
-            st = os.stat(path)
-        except OSError:
-            return self.original(path)  # the loader words the error
-        key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
-        trace = self.original(path)
-        self.cache[key] = trace
-        while len(self.cache) > _TRACE_MEMO_SIZE:
-            self.cache.popitem(last=False)
-        return trace
-
-
-@contextlib.contextmanager
-def _trace_memo():
-    original = trace_format.load
-    if isinstance(original, _TraceMemo):  # already memoised (nested, or a worker process)
-        yield
-        return
-    trace_format.load = _TraceMemo(original)
-    try:
-        yield
-    finally:
-        trace_format.load = original
-
-
-def _install_trace_memo() -> None:
-    """In a Dask worker process: memoise trace loads for the process's lifetime."""
-    if not isinstance(trace_format.load, _TraceMemo):
-        trace_format.load = _TraceMemo(trace_format.load)
-
-
 # ---------------------------------------------------------------------------------------------- tasks
 def _json_default(obj):
     if hasattr(obj, "tolist"):
@@ -235,11 +187,6 @@ def _run_task(task: dict) -> dict:
         "code_sha256": runner.code_sha256(),
         "label": policy.label,
     }
-
-
-def _run_task_in_worker(task: dict) -> dict:
-    _install_trace_memo()
-    return _run_task(task)
 
 
 def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> str:
@@ -400,7 +347,7 @@ def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: 
                 n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address=None, silence_logs=logging.ERROR))
             client = stack.enter_context(Client(cluster))
-        futures = {client.submit(_run_task_in_worker, task, key=f"chipsim-sweep-{key}", pure=False): key
+        futures = {client.submit(_run_task, task, key=f"chipsim-sweep-{key}", pure=False): key
                    for key, task in tasks.items()}
         with _progress_bar(len(tasks), progress) as bar:
             for fut in as_completed(list(futures)):
@@ -467,8 +414,7 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
     config_path = os.path.abspath(config_path)
     base_overrides = _absolute_overrides(overrides)
 
-    with _trace_memo():  # active until the local runs end (forked workers inherit it)
-        return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0)
+    return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0)
 
 
 def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0):
