@@ -76,6 +76,7 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["prefetches_dropped"] = result.prefetches_dropped
     row["prefetches_unused"] = result.prefetches_unused
     row["fetches_total"] = result.fetches_total
+    row["peak_buffer_slots"] = result.peak_buffer_slots
     row["warmup_tokens"] = warmup
     if warmup:
         w = _span_summary(result, table, slice(0, warmup))

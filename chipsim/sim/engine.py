@@ -115,6 +115,7 @@ class SimResult:
     prefetches_dropped: int  # refused for lack of buffer space
     prefetches_unused: int  # staged but evicted without being computed
     fetches_total: int
+    peak_buffer_slots: int  # most expert slots held at once (arrived, on their way, or stopping)
     expert_computes: int
     host_wait_ps: np.ndarray  # (T,) arrays waiting for host-CPU results
     host_busy_ps: np.ndarray  # (T,)
@@ -191,6 +192,7 @@ class Simulation:
         self.prefetches_dropped = 0
         self.prefetches_unused = 0
         self.fetches_total = 0
+        self.peak_buffer_slots = 0
         self.expert_computes = 0
         self.events = [] if record_events else None
         self._recorded_events = self.events
@@ -297,6 +299,9 @@ class Simulation:
                                                descriptors=len(self._part_bytes)))
         entry.parts_left = 1
         self.fetches_total += 1
+        held = len(self._entries) + self._zombies
+        if held > self.peak_buffer_slots:
+            self.peak_buffer_slots = held
         return entry
 
     def _on_fetch_done(self, tr: Transfer) -> None:
@@ -536,6 +541,7 @@ class Simulation:
             prefetches_dropped=self.prefetches_dropped,
             prefetches_unused=self.prefetches_unused,
             fetches_total=self.fetches_total,
+            peak_buffer_slots=self.peak_buffer_slots,
             expert_computes=self.expert_computes,
             host_wait_ps=self._host_wait,
             host_busy_ps=np.array([lg.host_busy_ps for lg in self._token_ledgers], dtype=np.int64),
