@@ -405,7 +405,6 @@ def test_spice_and_its_ablation_variants_complete_on_the_default_trace():
         w = policy.warmup_tokens()
         assert extra["spice_fallback_rate"] == pytest.approx(
             1 - result.layer_hits[w:].sum(axis=1).mean() / (K_GRANITE * result.moe_layers))
-        assert extra["host_link_bytes_per_token"] == pytest.approx(result.bytes["pcie"][w:].mean(), rel=1e-3)
     full = rows["spice"][1]
     assert full.layer_host.sum() > 0  # on the link-bound default platform the CPU takes misses
 

@@ -62,9 +62,7 @@ The paper's ablation (Fig. 9, "exact residual" setting, i.e. no surrogates) maps
 `deep: false` prefetches exactly the depth-1 draft (the next layer), whatever its confidence and D_min.
 
 Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's): spice_fallback_rate
-(misses / routed experts), spice_cpu_experts_per_token, spice_surrogate_experts_per_token,
-spice_fetched_misses_per_token, spice_low_confidence_misses_per_token, host_link_bytes_per_token (bytes
-that crossed PCIe: expert fetches plus host-CPU activations; mirrors offchip_bytes_per_token),
+(misses / routed experts), spice_fetched_misses_per_token, spice_low_confidence_misses_per_token,
 link_utilisation (share of the simulated time the fetch path moved data), mean_prefetch_depth,
 spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes.
 """
@@ -208,13 +206,10 @@ class Spice(Policy):
         self.depth = np.zeros((T, L), dtype=np.int16)
         self.misses = np.zeros((T, L), dtype=np.int16)
         self.low_conf = np.zeros((T, L), dtype=np.int16)
-        self.on_cpu = np.zeros((T, L), dtype=np.int16)
-        self.surrogated = np.zeros((T, L), dtype=np.int16)
         self.fetched = np.zeros((T, L), dtype=np.int16)
         self.depth_cut_by_buffer = 0
         self.miss_log: list[tuple] = []  # (t, layer, expert, fetch_ps, host_ps, choice) for high-confidence misses
         # link statistics at token starts (for per-token bytes and post-warm-up utilisation)
-        self._dma_bytes = np.zeros(T + 1, dtype=np.int64)
         self._busy = np.zeros(T + 1, dtype=np.int64)
         self._clock = np.zeros(T + 1, dtype=np.int64)
 
@@ -269,7 +264,6 @@ class Spice(Policy):
     def on_token_start(self, ctx, t: int) -> None:
         self._token_ids = self._ids[t].tolist()  # (L, D, k)
         self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
-        self._dma_bytes[t] = ctx.dma.bytes_moved
         ctx.link_queued_bytes()  # brings the link's busy-time statistic up to now
         self._busy[t] = ctx.dma.busy_ps
         self._clock[t] = ctx.now
@@ -331,7 +325,6 @@ class Spice(Policy):
             self.low_conf[t, layer] = len(misses)
         if low and self._use_surrogate:
             plan.surrogate = misses
-            self.surrogated[t, layer] = len(misses)
             return plan
         fetch_base = ctx.fetch_estimate_ps() + self._t_acc
         host_base = ctx.host_estimate_ps()
@@ -353,7 +346,6 @@ class Spice(Policy):
             for e in to_fetch:
                 stamp[(layer, e)] = pos
             execute.extend(to_fetch)
-        self.on_cpu[t, layer] = len(plan.on_host)
         self.fetched[t, layer] = len(to_fetch)
         return plan
 
@@ -369,7 +361,6 @@ class Spice(Policy):
     def extra_metrics(self) -> dict:
         ctx = self._ctx
         T = ctx.num_tokens
-        self._dma_bytes[T] = ctx.dma.bytes_moved
         ctx.link_queued_bytes()
         self._busy[T] = ctx.dma.busy_ps
         self._clock[T] = ctx.now
@@ -377,18 +368,13 @@ class Spice(Policy):
         sl = slice(w, None)
         routed = ctx.top_k * self._L
         per_token = lambda a: float(a[sl].sum(axis=1).mean())  # noqa: E731
-        cpu_bytes = self.on_cpu.sum(axis=1).astype(np.int64) * ctx.host_timing.activation_bytes
-        link_bytes = np.diff(self._dma_bytes) + cpu_bytes
         span = int(self._clock[T] - self._clock[w])
         busy = int(self._busy[T] - self._busy[w])
         looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
         return {
             "spice_fallback_rate": float(self.misses[sl].sum(axis=1).mean() / routed),
-            "spice_cpu_experts_per_token": per_token(self.on_cpu),
-            "spice_surrogate_experts_per_token": per_token(self.surrogated),
             "spice_fetched_misses_per_token": per_token(self.fetched),
             "spice_low_confidence_misses_per_token": per_token(self.low_conf),
-            "host_link_bytes_per_token": float(link_bytes[sl].mean()),
             "link_utilisation": busy / span if span > 0 else 0.0,
             "mean_prefetch_depth": float(looked.mean()),
             "spice_d_min": int(self.d_min),
