@@ -49,6 +49,16 @@ plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel:
     (lambda t: t.replace("kind: line", "kind: pie"), "plot.kind 'pie'"),
     (lambda t: t.replace("policies: [no-prefetch]\n", ""), "missing key 'policies'"),
     (lambda t: t.replace("{config}", "nowhere.yaml"), "config nowhere.yaml: no such file"),
+    (lambda t: t.replace("kind: line", "kind: line, yscale: ln"), "plot.yscale 'ln'"),
+    (lambda t: t.replace("kind: line", "kind: line, yfactor: [1, 2]"), "plot.yfactor"),
+    (lambda t: t + "paper_points: [{{series: no-prefetch, x: 512, metric: energy_mj_per_token, value: 1}}]\n",
+     "paper_points[0].metric 'energy_mj_per_token': not drawn by the plot"),
+    (lambda t: t + "paper_points: [{{series: no-prefetch, x: 512, metric: latency_ms_per_token}}]\n",
+     "paper_points[0]: missing key 'value'"),
+    (lambda t: t + "paper_points: [{{series: no-prefetch, x: 512, metric: latency_ms_per_token, value: [1]}}]\n",
+     "paper_points[0].value: expected a number or [low, high]"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: {{}}, why: w, draw: 0}}]\n",
+     "compare[0].draw: expected true or false"),
 ])
 def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
     text = edit(GOOD).format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))

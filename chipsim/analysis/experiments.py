@@ -11,7 +11,10 @@ An experiment file names
     policies:  policy specs, as for `chipsim run --policy`
     overrides: `--set` strings applied at every point (keep runs short: workload.max_tokens=128..256)
     plot:      what to draw (see PLOT_KEYS; `chipsim.analysis.plots` draws it)
-    compare:   optional rows set beside the paper's numbers in REPRODUCTION.md (see COMPARE_KEYS)
+    compare:   optional rows set beside the paper's numbers in REPRODUCTION.md (see COMPARE_KEYS); a row that
+               gives an absolute paper value at a plotted position is also drawn on the figure (hollow marker)
+    paper_points: optional paper values to draw that no compare row places (see PAPER_POINT_KEYS), e.g. a
+               point whose x is itself a paper number (APEX Fig. 9: overlap against the paper's mean δ̂)
 
 `load_experiment` checks all of that (one-line `InputError`s) before anything runs; `run_experiment` runs the
 sweeps into DIR/<name>/ (one config) or DIR/<name>/<config stem>/ (several) and saves the resolved experiment
@@ -33,7 +36,8 @@ from chipsim.errors import InputError
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "experiments")
 
-TOP_KEYS = ("name", "title", "paper", "config", "grid", "policies", "overrides", "plot", "compare", "notes")
+TOP_KEYS = ("name", "title", "paper", "config", "grid", "policies", "overrides", "plot", "compare", "paper_points",
+            "notes")
 REQUIRED = ("title", "paper", "config", "policies", "plot")
 PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar")
 PLOT_KEYS = (
@@ -44,15 +48,20 @@ PLOT_KEYS = (
     "where",         # {column: value} rows to draw (e.g. one context of a grid)
     "xlabel", "ylabel",  # axis labels with units (ylabel: a string, or a list matching y)
     "title",
-    "xscale",        # linear | log2
+    "xscale",        # linear | log2 | log (base 10); ticks at the swept values
+    "yscale",        # linear | log
+    "yfactor",       # number, or list matching y: y (and paper values) × this before drawing (e.g. 1e-9: B -> GB)
     "secondary_x",   # {label: ..., factor: F}: a second x axis above, at F × x (e.g. both-direction PCIe)
     "annotate",      # column whose value is written beside each point (e.g. τ)
     "normalize",     # {column: C, value: V}: divide y by the row with C == V at the same x (and series key)
     "stack",         # stacked_bar: {column: label}, bottom first
+    "total",         # stacked_bar: column written above each bar (default: the sum of the stack)
     "series_labels", # {series value: legend text}
     "ylim",
 )
-COMPARE_KEYS = ("what", "paper", "unit", "metric", "where", "vs", "why")
+COMPARE_KEYS = ("what", "paper", "unit", "metric", "where", "vs", "why",
+                "draw")  # draw: false keeps a row off the figure (e.g. a value on another platform's scale)
+PAPER_POINT_KEYS = ("series", "x", "metric", "value")  # value: a number or [low, high], in the plotted units
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -169,9 +178,11 @@ def load_experiment(path: str) -> dict:
             raise _err(path, f"overrides: {exc}") from None
     plot = _check_plot(path, raw["plot"], grid)
     compare = _check_compare(path, raw.get("compare") or [])
+    points = _check_paper_points(path, raw.get("paper_points") or [], plot)
     return {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
             "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
-            "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare}
+            "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare,
+            "paper_points": points}
 
 
 def _check_plot(path: str, plot, grid) -> dict:
@@ -188,16 +199,23 @@ def _check_plot(path: str, plot, grid) -> dict:
             raise _err(path, f"plot: missing key '{key}'")
     if kind == "stacked_bar" and not isinstance(plot.get("stack"), dict):
         raise _err(path, "plot.stack: a stacked_bar needs {column: label}")
-    if plot.get("xscale", "linear") not in ("linear", "log2"):
-        raise _err(path, f"plot.xscale {plot['xscale']!r}: expected linear or log2")
+    if plot.get("xscale", "linear") not in ("linear", "log2", "log"):
+        raise _err(path, f"plot.xscale {plot['xscale']!r}: expected linear, log2 or log")
+    if plot.get("yscale", "linear") not in ("linear", "log"):
+        raise _err(path, f"plot.yscale {plot['yscale']!r}: expected linear or log")
     ys = plot.get("y", [])
     ys = ys if isinstance(ys, list) else [ys]
     ylabels = plot["ylabel"] if isinstance(plot["ylabel"], list) else [plot["ylabel"]] * max(1, len(ys))
     if kind != "stacked_bar" and len(ylabels) != len(ys):
         raise _err(path, "plot.ylabel: give one label, or one per y")
+    factors = plot.get("yfactor", 1.0)
+    factors = factors if isinstance(factors, list) else [factors] * max(1, len(ys))
+    if len(factors) != max(1, len(ys)) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
+        raise _err(path, "plot.yfactor: give one positive number, or one per y")
     out = dict(plot)
     out["y"] = ys
     out["ylabel"] = ylabels
+    out["yfactor"] = [float(f) for f in factors]
     out.setdefault("series", "policy")
     out.setdefault("where", {})
     return out
@@ -220,8 +238,38 @@ def _check_compare(path: str, rows) -> list[dict]:
         if not (isinstance(paper, (int, float)) or (isinstance(paper, list) and len(paper) == 2
                                                     and all(isinstance(p, (int, float)) for p in paper))):
             raise _err(path, f"compare[{i}].paper: expected a number or [low, high]")
-        out.append({"unit": "", "vs": None, **row})
+        if not isinstance(row.get("draw", True), bool):
+            raise _err(path, f"compare[{i}].draw: expected true or false")
+        out.append({"unit": "", "vs": None, "draw": True, **row})
     return out
+
+
+def _is_value(v) -> bool:
+    """A paper value: a number or [low, high]."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+        isinstance(v, list) and len(v) == 2 and all(isinstance(p, (int, float)) for p in v))
+
+
+def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
+    if not isinstance(points, list):
+        raise _err(path, "paper_points: expected a list of {series, x, metric, value}")
+    drawn = set(plot["y"]) | set(plot.get("stack") or {}) | ({plot["total"]} if plot.get("total") else set())
+    for i, pt in enumerate(points):
+        if not isinstance(pt, dict):
+            raise _err(path, f"paper_points[{i}]: expected a mapping")
+        unknown = [k for k in pt if k not in PAPER_POINT_KEYS]
+        if unknown:
+            raise _err(path, f"paper_points[{i}]: unknown key '{unknown[0]}' "
+                             f"(expected one of: {', '.join(PAPER_POINT_KEYS)})")
+        missing = [k for k in PAPER_POINT_KEYS if k not in pt]
+        if missing:
+            raise _err(path, f"paper_points[{i}]: missing key '{missing[0]}'")
+        if pt["metric"] not in drawn:
+            raise _err(path, f"paper_points[{i}].metric {pt['metric']!r}: not drawn by the plot "
+                             f"(expected one of: {', '.join(sorted(drawn))})")
+        if not _is_value(pt["value"]):
+            raise _err(path, f"paper_points[{i}].value: expected a number or [low, high]")
+    return [dict(pt) for pt in points]
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -358,7 +406,10 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "A '%' row is a change relative to the baseline it names (negative: lower).",
         "",
         "Figures (PNG and PDF) are written beside each experiment's results, `DIR/<name>/<name>.png`; the links "
-        "below point there and work once `chipsim reproduce` (or `chipsim plot DIR`) has run.",
+        "below point there and work once `chipsim reproduce` (or `chipsim plot DIR`) has run. Where the paper gives a "
+        "value at a plotted point, the figure draws it on the same axes as a hollow marker in the colour of its "
+        "policy or model (stacked bars: a hatched, unfilled bar beside chipsim's); a '%' row is drawn only where "
+        "the figure is normalised to the very baseline it names.",
         "",
         f"chipsim {__version__}" + (f"; code sha256 {meta['code_sha256'][:12]}" if meta and meta.get("code_sha256") else ""),
         "",
@@ -394,6 +445,8 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
                 lines.append(f"| {r['what']} | {_span(*r['paper_range'])}{unit} | {_span(*r['ours'])}{unit} | "
                              f"{_num(r['ratio'])} | {_num(r['difference'])}{unit} | {' '.join(str(r['why']).split())} |")
             lines.append("")
-        else:
-            lines += ["The paper gives this one as a figure only; compare the shapes.", ""]
+        else:  # nothing from the paper to set beside: a table generated from the sweep instead
+            from chipsim.analysis.report import sweep_table_lines
+
+            lines += sweep_table_lines(exp, out_dir)
     return "\n".join(lines).rstrip() + "\n"

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from chipsim.errors import InputError
 from chipsim.trace import format as tformat
 from chipsim.trace.predictors import build_trace_arrays
+from chipsim.trace.quality import measure_quality
 from chipsim.trace.recorder import RoutingRecorder, find_routers, model_counts, record
 from chipsim.trace.textdata import load_split
 from chipsim.workload.models import get_model
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-tokens", type=int, default=None, help="held-out tokens to record (trace keeps as many as fit 16 MiB)")
     ap.add_argument("--pred-train-tokens", type=int, default=None, help="training-split tokens recorded for the predictors")
     ap.add_argument("--pred-steps", type=int, default=None)
+    ap.add_argument("--no-quality", action="store_true", help="skip the held-out perplexity of the approximate modes")
     ap.add_argument("--experts-impl", default="auto", choices=("auto", "eager", "grouped_mm"))
     ap.add_argument("--device", default=None)
     ap.add_argument("--attention-multiplier", type=float, default=None,
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     seq = a.seq or (64 if tiny else 512)
     batch = a.batch or (4 if tiny else 32)
     max_steps = a.max_steps if a.max_steps is not None else (6 if tiny else 10**9)
-    heldout_tokens = a.heldout_tokens or (256 if tiny else 4096)
+    heldout_tokens = a.heldout_tokens or (256 if tiny else 8192)
     pred_train_tokens = a.pred_train_tokens or (1024 if tiny else 32768)
     pred_steps = a.pred_steps or (30 if tiny else 300)
     eval_windows = 4 if tiny else 64
@@ -386,8 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     router_w = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
     arrays, pmetrics = build_trace_arrays(rec_tr, rec_te, router_w, device=device, steps=pred_steps, cdf_steps=int(pred_steps * 4 / 3),
                                           seed=a.seed, log=log)
-    del rec_tr
     log(f"predictors fitted in {pmetrics['seconds']} s")
+    quality = {}
+    if not a.no_quality:
+        quality = measure_quality(model, he_seqs, arrays, train_rec=rec_tr, heldout_rec=rec_te, batch=8, amp=False, log=log)
+        log(f"quality measured in {quality['seconds']} s")
+    del rec_tr
 
     cmd = "python -m chipsim.trace.train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     meta = {
@@ -429,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         },
         "predictor_metrics": pmetrics,
-        "quality": {},
+        "quality": quality,
     }
     path = out_dir / f"{name}.npz"
     meta["provenance"]["metrics_tokens"] = int(rec_te.num_tokens)
