@@ -45,6 +45,10 @@ def _cmd_run(args) -> int:
             print(line)
         print()
         print(report.format_table(rows))
+        quality = report.quality_lines(rows)
+        if quality:
+            print()
+            print("\n".join(quality))
         if prep.trace.synthetic:
             print("\nSYNTHETIC trace: routing and predictions come from a generator, not a model.")
     if args.out:
@@ -233,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
     sub.add_parser("trace", help="record a trace from a local Hugging Face MoE checkpoint over a text file "
                                  "(needs torch; `chipsim trace --help` for its options)")
+    sub.add_parser("hwreplay", help="replay policies' decisions on a CUDA GPU and measure per-token latency "
+                                    "(needs torch with CUDA; `chipsim hwreplay --help`)")
+    sub.add_parser("hwcompare", help="simulated vs measured latency and bytes of hwreplay measurements; writes "
+                                     "VALIDATION.md (`chipsim hwcompare --help`)")
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
@@ -255,12 +263,32 @@ def _cmd_trace(argv: list[str]) -> int:
         raise InputError(f"chipsim trace: {type(exc).__name__}: {exc}") from None
 
 
+def _cmd_hwreplay(argv: list[str]) -> int:
+    """`chipsim hwreplay CONFIG... --contexts 512,2048 --out DIR`: real replay on a CUDA GPU."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
+    from chipsim.hwreplay import run
+
+    for path in (a for a in argv if a.endswith((".yaml", ".yml"))):
+        if not os.path.exists(path):
+            raise InputError(f"config {path}: file not found")
+    return run.main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         if argv[:1] == ["trace"]:  # its options belong to the recorder (torch is imported only here)
             return _cmd_trace(argv[1:])
+        if argv[:1] == ["hwreplay"]:
+            return _cmd_hwreplay(argv[1:])
+        if argv[:1] == ["hwcompare"]:
+            from chipsim.hwreplay import compare
+
+            return compare.main(argv[1:])
         args = parser.parse_args(argv)
         return args.func(args)
     except InputError as exc:

@@ -81,6 +81,64 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# rates of a quality record (chipsim.trace.quality), in the order `quality_lines` prints them: key, text after
+# the percentage; drop_rate only when non-zero
+QUALITY_RATES = (
+    ("substitution_rate", "of routed experts substituted"),
+    ("drop_rate", "dropped"),
+    ("deviation_rate", "of routed experts replaced by the pre-gate's choice"),
+    ("surrogate_rate", "of routed experts replaced by surrogates (every low-confidence draft miss, SPICE cache "
+                       "ignored: an upper bound)"),
+)
+# engine counters of a run whose computation departs from the routed experts
+DEVIATION_COUNTERS = (
+    ("substitutions_per_token", "substituted"),
+    ("dropped_experts_per_token", "dropped"),
+    ("surrogate_experts_per_token", "replaced by surrogates"),
+)
+
+
+def _quality_measured(label: str, mode: str | None, entry: dict, source: str) -> str:
+    head = f"quality: {label}" + (f" ({mode})" if mode else "")
+    if not all(isinstance(entry.get(k), (int, float)) for k in ("baseline_ppl", "ppl", "delta_ppl_pct")):
+        return f"{head}: {json.dumps(entry, sort_keys=True)}; measured on the trace's model ({source})"
+    parts = [f"held-out perplexity {entry['baseline_ppl']:.2f} -> {entry['ppl']:.2f} ({entry['delta_ppl_pct']:+.2f} %)"]
+    for key, text in QUALITY_RATES:
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and (key != "drop_rate" or value > 0):
+            parts.append(f"{100 * value:.2f} % {text}")
+    err = entry.get("heldout_relative_sq_error")
+    if isinstance(err, (int, float)):
+        parts.append(f"LoRE held-out relative squared error {err:.3f}")
+    return f"{head}: {', '.join(parts)}; measured on the trace's model ({source})"
+
+
+def quality_lines(rows: list[dict]) -> list[str]:
+    """One line per policy whose run changes what the model computes: the held-out perplexity cost measured
+    on the trace's model (meta['quality'], chipsim.trace.quality), or why it is not measured. Policies that
+    compute every routed expert as routed print nothing."""
+    lines = []
+    for row in rows:
+        label = row["policy"]
+        if "quality_mode" in row:  # apex-sf, pregated, spice: chipsim.policies.base.quality_fields
+            mode = row["quality_mode"]
+            if mode is None:
+                continue
+            entry, source = row.get("quality_cost"), row.get("quality_source", "")
+            lines.append(_quality_measured(label, mode, entry, source) if isinstance(entry, dict)
+                         else f"quality: {label} ({mode}): {source}")
+        elif "floe_quality" in row:  # compressed experts: a record, or a sentence saying it is not measured
+            q = row["floe_quality"]
+            lines.append(_quality_measured(label, "compressed experts", q, "meta['quality']['floe']")
+                         if isinstance(q, dict) else f"quality: {label} (compressed experts): {q}")
+        else:
+            changed = [f"{row[key]:.2f} {text}" for key, text in DEVIATION_COUNTERS if row.get(key, 0) > 0]
+            if changed:
+                lines.append(f"quality: {label}: not measured: this run changed the routed experts "
+                             f"({', '.join(changed)} per token) and the policy reads no quality record")
+    return lines
+
+
 def json_rows(rows: list[dict], with_details: bool) -> list[dict]:
     if with_details:
         return rows

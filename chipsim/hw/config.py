@@ -108,6 +108,10 @@ class DmaConfig:
     chunk_kib: float = _f("transfer chunk: an in-flight prefetch yields to a demand fetch at chunk boundaries, KiB", positive=True)
     demand_preempts_prefetch: bool = _f("true: moving prefetches pause at their next chunk boundary while a demand "
                                         "fetch waits or moves; false: demand only goes ahead of queued prefetches")
+    demand_first: bool = _f("true: a demand fetch goes ahead of queued prefetches; false: one FIFO queue in issue "
+                            "order (a CUDA copy stream)")
+    cancel_in_flight: bool = _f("true: an evicted expert's transfer stops at its next chunk boundary (a queued one never "
+                                "starts); false: every issued transfer moves all its bytes (an enqueued CUDA copy)")
 
 
 @dataclass(frozen=True)

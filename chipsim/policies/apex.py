@@ -14,35 +14,19 @@ per-layer buffer (loaded, used, evicted at the layer's end).
 
 Both read only predictor outputs the trace recorded before routing (and, for apex-sf, the original
 router's ranking at routing time). δ* (`oracle_delta_star`) is read only for reporting coverage.
+
+apex-sf changes what the model computes; its results carry the held-out perplexity cost measured on the
+trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.trace.quality: `quality_cost`,
+`quality_source`), or say why there is none.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
 from chipsim.trace import format as trace_format
-
-
-def _quality_entry(meta: dict, mode: str, tau: float):
-    """The trace's measured quality cost of `mode` at this τ (meta['quality'][mode][str(τ)]), or None."""
-    quality = meta.get("quality")
-    if not isinstance(quality, dict):
-        return None, "trace has no meta['quality'] record: quality cost not measured"
-    table = quality.get(mode)
-    if not isinstance(table, dict) or not table:
-        return None, f"trace has no meta['quality']['{mode}'] record: quality cost not measured"
-    for key, value in table.items():
-        try:
-            if math.isclose(float(key), tau, rel_tol=0.0, abs_tol=1e-9):
-                return value, f"meta['quality']['{mode}']['{key}'] of the trace"
-        except (TypeError, ValueError):
-            continue
-    known = ", ".join(sorted(str(k) for k in table))
-    return None, f"trace measured {mode} quality only at tau = {known}, not at {tau:g}"
 
 
 @register
@@ -72,6 +56,7 @@ class Apex(Policy):
         self._rank = None
         self._warmup = 0
         self._meta = {}
+        self._capped = False
         self._layer_substituted = None
         self._layer_dropped = None
 
@@ -80,6 +65,7 @@ class Apex(Policy):
         T = ctx.num_tokens
         trace = ctx.trace
         delta = trace_format.apex_delta_hat(trace, self.tau)[:T]
+        self._capped = bool(self.max_extra >= 0 and (delta > self.max_extra).any())
         if self.max_extra >= 0:
             delta = np.minimum(delta, self.max_extra)
         self._delta_hat = delta
@@ -158,7 +144,8 @@ class ApexStallFree(Apex):
         routed = subs.size * self._routed_count
         out["substitution_rate"] = float(subs.sum() / routed)  # share of routed experts replaced
         out["drop_rate"] = float(drops.sum() / routed)
-        entry, source = _quality_entry(self._meta, "apex_sf", self.tau)
-        out["quality_cost"] = entry
-        out["quality_source"] = source
+        # the measured record prefetches the uncapped top-(k+δ̂); a binding max_extra is another operating point
+        reason = (f"not measured: max_extra = {self.max_extra} caps δ̂ on this run, and meta['quality']['apex_sf'] "
+                  "was measured with the uncapped δ̂") if self._capped else None
+        out.update(quality_fields(f"tau {self.tau:g}", self._meta, ("apex_sf", float(self.tau)), reason))
         return out

@@ -12,12 +12,17 @@ chipsim.sim.engine) through which it reads the trace and acts on the expert buff
     choose_victims(ctx, l, needed, n) -> list of (layer, expert) to evict to make room for demand fetches
     extra_metrics() -> dict             policy-specific results for the output
 
+A policy that changes what the model computes (substitutes, drops or approximates routed experts) reports
+the quality cost measured for it on the trace's model (meta['quality'], chipsim.trace.quality) through
+`quality_fields`: extra metrics `quality_mode`, `quality_cost` and `quality_source`.
+
 Policies are registered by name with `@register`; parameters are declared as `Param`s and come from
 `policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -117,6 +122,61 @@ class Policy:
 
     def extra_metrics(self) -> dict:
         return {}
+
+
+def _key_text(key) -> str:
+    return f"{key:g}" if isinstance(key, float) else str(key)
+
+
+def quality_record(meta: dict, path) -> tuple[dict | None, str]:
+    """The trace's measured quality cost at meta['quality'][path[0]][path[1]]…, or None and why not.
+
+    A str key is looked up as is; a float key (a τ) matches the record's numeric keys within 1e-9, so τ 0.9
+    finds '0.9'. Returns (entry, source): source names the record found ("meta['quality']['apex_sf']['0.9']")
+    or says why there is none.
+    """
+    node = meta.get("quality") if isinstance(meta, dict) else None
+    where = "meta['quality']"
+    if not isinstance(node, dict) or not node:
+        return None, "not measured: the trace has no meta['quality'] record"
+    for key in path:
+        found = None
+        if isinstance(node, dict):
+            if isinstance(key, float):
+                for name in node:
+                    try:
+                        if math.isclose(float(name), key, rel_tol=0.0, abs_tol=1e-9):
+                            found = name
+                            break
+                    except (TypeError, ValueError):
+                        continue
+            elif key in node:
+                found = key
+        if found is None:
+            known = ", ".join(sorted(str(k) for k in node)) if isinstance(node, dict) else ""
+            held = f" (it holds {known})" if known else ""
+            return None, f"not measured: the trace has no {where}['{_key_text(key)}'] record{held}"
+        where += f"['{found}']"
+        node = node[found]
+    if not isinstance(node, dict):
+        return None, f"not measured: {where} of the trace is not a quality record"
+    return node, where
+
+
+def quality_fields(mode: str | None, meta: dict | None = None, path=(), reason: str | None = None) -> dict:
+    """The extra metrics through which a policy reports its quality cost.
+
+    mode: the approximation this run makes, in words ("tau 0.9"); None when the run computes every routed
+    expert exactly (then nothing is read). reason: why no measured record applies to this run (the record
+    is then not read). Otherwise `quality_record(meta, path)`.
+    """
+    if mode is None:
+        return {"quality_mode": None, "quality_cost": None,
+                "quality_source": reason or "exact: every routed expert is computed as routed"}
+    if reason is not None:
+        return {"quality_mode": mode, "quality_cost": None, "quality_source": reason}
+    entry, source = quality_record(meta or {}, path)
+    return {"quality_mode": mode, "quality_cost": entry, "quality_source": source}
 
 
 REGISTRY: dict[str, type[Policy]] = {}

@@ -16,13 +16,17 @@ prediction for layer l exists from layer l−1's routing point onward. The polic
 
 Only recorded predictor outputs are read before routing; the true routed set is read at routing, for the
 fallback of layer 0 and to count deviations.
+
+Executing the pre-gate's choice changes what the model computes; the results carry the held-out perplexity
+cost measured on the trace's model (meta['quality']['pregated'], chipsim.trace.quality: `quality_cost`,
+`quality_source`), or say why there is none. `lookahead` changes only timing, not the computation.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
 from chipsim.trace.format import NO_EXPERT
 
 
@@ -39,9 +43,11 @@ class PreGated(Policy):
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
         self._pred = None
+        self._meta = {}
 
     def on_run_start(self, ctx) -> None:
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
+        self._meta = ctx.trace.meta
         head = ctx.trace_array("pregate_rank")[:T, :, :k]
         pred = head.tolist()
         for t in range(T):
@@ -99,4 +105,5 @@ class PreGated(Policy):
             "deviation_rate": float(dev.sum() / routed_experts),
             "deviation_rate_per_layer": [float(x) for x in dev.mean(axis=0) / self._k],
             "layers_without_pregate_per_token": float(self._no_pregate[sl].sum(axis=1).mean()),
+            **quality_fields("pre-gated routing", self._meta, ("pregated",)),
         }

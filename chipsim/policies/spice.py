@@ -64,16 +64,23 @@ The paper's ablation (Fig. 9, "exact residual" setting, i.e. no surrogates) maps
 Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's): spice_fallback_rate
 (misses / routed experts), spice_fetched_misses_per_token, spice_low_confidence_misses_per_token,
 link_utilisation (share of the simulated time the fetch path moved data), mean_prefetch_depth,
-spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes.
+spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes;
+and the quality cost of the surrogates (quality_mode, quality_cost, quality_source): with surrogates on, the
+held-out perplexity measured on the trace's model for this run's variant (residual LoRE of rank `lore_rank`
+at `confidence`: meta['quality']['spice_lore']['variants'][str(lore_rank)], chipsim.trace.quality), an upper
+bound since that measurement surrogates every low-confidence draft miss whatever the cache holds; with
+surrogates off or no shared experts every routed expert is computed exactly (quality_mode None).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
-from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, quality_record, register
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
 from chipsim.workload.decode import BF16_BYTES
@@ -187,9 +194,12 @@ class Spice(Policy):
                     f"the expert buffer")
             self.surrogate_op = lore_op(ArrayModel(ctx.hw), m.hidden_size, m.expert_ffn, self.lore_rank,
                                         self.lore_form)
+        self._quality = self._quality_fields(ctx.trace.meta)
         if self._use_surrogate:
-            self.surrogate_note = (f"shared expert + LoRE rank {self.lore_rank} ({self.lore_form}); quality cost "
-                                   "not modelled")
+            cost = self._quality["quality_source"]
+            if self._quality["quality_cost"] is not None:
+                cost = f"measured, {cost}"
+            self.surrogate_note = f"shared expert + LoRE rank {self.lore_rank} ({self.lore_form}); quality cost {cost}"
         elif m.num_shared_experts == 0:
             self.surrogate_note = ("none: the model has no shared experts, so low-confidence misses go to the "
                                    "fetch / host-CPU cost model")
@@ -212,6 +222,28 @@ class Spice(Policy):
         # link statistics at token starts (for per-token bytes and post-warm-up utilisation)
         self._busy = np.zeros(T + 1, dtype=np.int64)
         self._clock = np.zeros(T + 1, dtype=np.int64)
+
+    def _quality_fields(self, meta: dict) -> dict:
+        """The measured quality cost of what this run computes: the LoRE variant of its rank (residual form, at
+        its confidence) when surrogates are on; none when every routed expert is computed exactly."""
+        if not self._use_surrogate:
+            why = ("surrogates are off (policies.spice.surrogate = false)" if not self.surrogate
+                   else "the model has no shared experts, so there are no surrogates")
+            return quality_fields(None, reason=f"exact: {why}; every routed expert is computed as routed "
+                                               "(fetched or on the host CPU)")
+        mode = f"shared expert + LoRE rank {self.lore_rank} surrogates"
+        if self.lore_form != "residual":
+            mode += f", {self.lore_form} form"
+        reason = None
+        record, _ = quality_record(meta, ("spice_lore",))
+        if self.lore_form != "residual":
+            reason = (f"not measured: meta['quality']['spice_lore'] holds the residual LoRE form (y_shared + B·A·h) "
+                      f"only, this run uses lore_form {self.lore_form}")
+        elif record is not None and isinstance(record.get("confidence"), (int, float)) and not math.isclose(
+                record["confidence"], self.confidence, rel_tol=0.0, abs_tol=1e-9):
+            reason = (f"not measured: meta['quality']['spice_lore'] was measured at confidence "
+                      f"{record['confidence']:g}, this run uses {self.confidence:g}")
+        return quality_fields(mode, meta, ("spice_lore", "variants", str(self.lore_rank)), reason)
 
     # ------------------------------------------------------------------------------ cache
     def _room(self, ctx) -> int:
@@ -382,4 +414,5 @@ class Spice(Policy):
             "spice_cache_slots": int(self.capacity),
             "spice_surrogate": self.surrogate_note,
             "spice_lore_hbm_bytes": int(self.lore_bytes),
+            **self._quality,
         }

@@ -11,6 +11,9 @@ Model (all times integer picoseconds):
   on to its next chunk boundary and then pauses, giving back its engine; paused prefetches resume
   (without a second setup) once no demand fetch is left.
 
+With `demand_first` off there is one FIFO queue in issue order (a CUDA copy stream): a demand fetch waits
+behind every transfer issued before it (preemption must then be off too).
+
 Progress is tracked in exact integers: one "work unit" is 1e-12 byte / S, where S = lcm(1..engines), so
 that the bandwidth divided among up to `engines` sharers is always a whole number of units per ps.
 """
@@ -109,7 +112,7 @@ class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
     def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int, latency_ps: int, setup_ps: int,
-                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True):
+                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True):
         """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
         cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved)."""
         if bandwidth_bytes_per_s <= 0 or engines <= 0 or chunk_bytes <= 0:
@@ -137,6 +140,7 @@ class DmaPath:
         self._batch = _Batch(self)
         self.on_landed = on_landed or (lambda tr: None)
         self.preempt = preempt
+        self.demand_first = demand_first  # False: one FIFO queue (demands wait behind earlier prefetches)
         self._landing: dict[int, list[Transfer]] = {}  # finish time -> transfers landing then
         self._next_tid = 0
         # statistics
@@ -160,6 +164,7 @@ class DmaPath:
         self._next_tid += 1
         if priority == DEMAND:
             self.demands_live += 1
+        if priority == DEMAND and self.demand_first:
             self.queue_demand.append(tr)
         else:
             self.queue_prefetch.append(tr)
@@ -176,8 +181,9 @@ class DmaPath:
         tr.priority = DEMAND
         self.demands_live += 1
         if tr.state == QUEUED:
-            self.queue_prefetch.remove(tr)
-            self.queue_demand.append(tr)
+            if self.demand_first:  # FIFO order keeps its place in the one queue
+                self.queue_prefetch.remove(tr)
+                self.queue_demand.append(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
             tr.state = QUEUED

@@ -147,6 +147,8 @@ class Simulation:
         self.env = simpy.Environment()
         path = fetch_path_timing(hw)
         self.path_timing = path
+        if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
+            raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         self.dma = DmaPath(
             self.env,
             bandwidth_bytes_per_s=gbps_to_bytes_per_s(path.bandwidth_gbps),
@@ -156,7 +158,9 @@ class Simulation:
             chunk_bytes=int(hw.dma.chunk_kib * 1024),
             on_landed=self._on_fetch_done,
             preempt=hw.dma.demand_preempts_prefetch,
+            demand_first=hw.dma.demand_first,
         )
+        self._cancel_in_flight = hw.dma.cancel_in_flight
         fmt = policy.expert_format(workload, hw)
         self.expert_format = fmt
         self._part_bytes = fmt.part_bytes
@@ -272,7 +276,7 @@ class Simulation:
             self.prefetches_unused += 1
         if not entry.resident:
             self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
-            if stop_transfer:
+            if stop_transfer and self._cancel_in_flight:
                 with self.dma.batch():
                     for tr in entry.transfers:
                         self.dma.cancel(tr)

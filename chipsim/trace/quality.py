@@ -178,6 +178,7 @@ class PreGated:
         self.pending = {}
         self.deviations = 0
         self.routed = 0
+        self.rows = 0  # token-layers
         self.own_router_rows = 0
 
     def capture_ffn_input(self, li, router, x):
@@ -187,6 +188,7 @@ class PreGated:
     def modify(self, li, rows, idx, w, hidden):
         got = self.pending.pop(li, None)
         self.routed += idx.numel()
+        self.rows += idx.shape[0]
         if got is None:
             self.own_router_rows += idx.shape[0]
             return idx, w, None
@@ -197,7 +199,8 @@ class PreGated:
 
     def stats(self) -> dict:
         return {"deviation_rate": self.deviations / max(1, self.routed),
-                "first_layer_own_router_share": self.own_router_rows / max(1, self.routed)}
+                # share of token-layers (not of routed experts) that ran their own router
+                "first_layer_own_router_share": self.own_router_rows / max(1, self.rows)}
 
 
 def fit_lore(model, train_rec, ranks=LORE_RANKS, ridge: float = 1e-3, min_tokens: int = 8, log=print) -> dict:

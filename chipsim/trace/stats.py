@@ -31,6 +31,9 @@ routed set is predicted, APEX's strict measure):
   shares of δ* = 0, 1, 2, 3–4, 5–7, ≥ 8.
 - **APEX CDF**: at τ = 0.6 / 0.75 / 0.9 / 0.97, δ̂ = `format.apex_delta_hat`; coverage = share of
   token-layers with δ* ≤ δ̂ (every routed expert prefetched), and mean δ̂.
+- **quality**: the trace's meta['quality'] (chipsim.trace.quality: held-out perplexity of the trained model
+  under each approximate mode against the unmodified model), one row per measured mode and setting with the
+  record's values as stored; None when the trace carries no record.
 """
 
 from __future__ import annotations
@@ -258,6 +261,50 @@ def provenance_summary(trace: tf.Trace) -> dict:
     return out
 
 
+QUALITY_RATES = (("substitution_rate", "subst."), ("drop_rate", "drop"), ("deviation_rate", "deviat."),
+                 ("surrogate_rate", "surr."), ("heldout_relative_sq_error", "LoRE err"))
+QUALITY_NAMES = {"apex_sf": "apex-sf", "pregated": "pregated", "spice_lore": "spice"}
+
+
+def _setting_order(key: str):
+    """Named settings first (alphabetically), then numeric ones in numeric order: drop, shared, 16, 32."""
+    try:
+        return (1, float(key), key)
+    except ValueError:
+        return (0, 0.0, key)
+
+
+def quality_summary(trace: tf.Trace) -> dict | None:
+    """meta['quality'] as flat rows (mode, setting, the record's path and values); None without a record."""
+    q = trace.meta.get("quality")
+    if not isinstance(q, dict) or not q:
+        return None
+    base = q.get("baseline") if isinstance(q.get("baseline"), dict) else {}
+    out: dict = {
+        "baseline_ppl": base.get("ppl"),
+        "baseline_nll": base.get("nll"),
+        "hooked_identity_nll": base.get("hooked_identity_nll"),
+        **{k: q[k] for k in ("heldout_windows", "window_tokens", "scored_tokens", "precision", "method", "seconds") if k in q},
+        "settings": {},
+        "modes": [],
+    }
+    for mode in sorted(k for k in q if k != "baseline" and isinstance(q[k], dict)):
+        node = q[mode]
+        if "ppl" in node:
+            out["modes"].append({"mode": mode, "setting": None, "record": f"meta['quality']['{mode}']", **node})
+            continue
+        settings = {k: v for k, v in node.items() if not isinstance(v, dict)}
+        if settings:
+            out["settings"][mode] = settings
+        table, where = node, f"meta['quality']['{mode}']"
+        if isinstance(node.get("variants"), dict):
+            table, where = node["variants"], where + "['variants']"
+        for key in sorted(table, key=_setting_order):
+            if isinstance(table[key], dict) and "ppl" in table[key]:
+                out["modes"].append({"mode": mode, "setting": key, "record": f"{where}['{key}']", **table[key]})
+    return out
+
+
 def trace_stats(trace: tf.Trace) -> dict:
     """All of the above for one trace, as a JSON-serialisable dict."""
     n = trace.num_experts
@@ -282,6 +329,7 @@ def trace_stats(trace: tf.Trace) -> dict:
         "predictability": predictability(trace),
         "delta_star": delta_star_summary(dstar),
         "apex_cdf": apex_cdf(trace, dstar),
+        "quality": quality_summary(trace),
     }
 
 
@@ -374,6 +422,55 @@ def format_report(stats: dict) -> str:
                  f"max {ds['max']}; shares {shares}")
     lines.append("  APEX CDF: " + "; ".join(
         f"τ {a['tau']}: coverage {_f(a['coverage'])}, mean δ̂ {_f(a['mean_delta_hat'], 2)}" for a in stats["apex_cdf"]))
+    lines += [""] + format_quality(stats.get("quality"))
     if tr["synthetic"]:
         lines += ["", "SYNTHETIC trace: routing and predictions come from a generator, not a model."]
     return "\n".join(lines)
+
+
+def _setting_text(mode: str, setting) -> str:
+    if setting is None:
+        return ""
+    if mode == "apex_sf":
+        return f"τ {setting}"
+    if mode == "spice_lore" and str(setting).isdigit():
+        return f"LoRE rank {setting}"
+    return str(setting)
+
+
+def format_quality(q: dict | None) -> list[str]:
+    """The quality section of `format_report`: baseline perplexity and one row per measured mode."""
+    if not q:
+        return ["quality: not measured (the trace carries no meta['quality'] record)"]
+    scope = []
+    if "heldout_windows" in q and "window_tokens" in q:
+        scope.append(f"over all {q['heldout_windows']} recorded held-out windows of {q['window_tokens']} tokens "
+                     "(not only the trace's tokens)")
+    if "scored_tokens" in q:
+        scope.append(f"{q['scored_tokens']:,} tokens scored")
+    if "precision" in q:
+        scope.append(q["precision"])
+    lines = ["Quality cost (chipsim.trace.quality): held-out perplexity of the trace's trained model under each "
+             "approximate mode, teacher-forced" + (", " + ", ".join(scope) if scope else "") + ":"]
+    lines.append(f"  baseline ppl {_f(q.get('baseline_ppl'))} (nll {_f(q.get('baseline_nll'), 5)}; through identity "
+                 f"hooks {_f(q.get('hooked_identity_nll'), 5)})")
+    rates = [(key, head) for key, head in QUALITY_RATES if any(key in m for m in q["modes"])]
+    header = f"  {'mode':<9} {'setting':<12} {'ppl':>9} {'Δ ppl %':>8}" + "".join(f" {head:>8}" for _, head in rates)
+    lines += [header, "  " + "-" * (len(header) - 2)]
+    for m in q["modes"]:
+        pct = m.get("delta_ppl_pct")
+        line = (f"  {QUALITY_NAMES.get(m['mode'], m['mode']):<9} {_setting_text(m['mode'], m['setting']):<12} "
+                f"{_f(m.get('ppl')):>9} {'-' if pct is None else f'{pct:+.3f}':>8}")
+        line += "".join(f" {_f(m.get(key), 4):>8}" for key, _ in rates)
+        lines.append(line)
+    for mode, settings in q.get("settings", {}).items():
+        text = "; ".join(f"{k} {v}" for k, v in sorted(settings.items()))
+        lines.append(f"  {QUALITY_NAMES.get(mode, mode)}: {text}")
+    legend = {"subst.": "subst./drop = share of routed experts substituted / dropped",
+              "deviat.": "deviat. = share replaced by the pre-gate's choice",
+              "surr.": "surr. = share replaced by surrogates",
+              "LoRE err": "LoRE err = held-out relative squared error of the surrogate against the expert's output"}
+    shown = [legend[head] for _, head in rates if head in legend]
+    if shown:
+        lines.append("  " + "; ".join(shown))
+    return lines

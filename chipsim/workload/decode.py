@@ -122,33 +122,69 @@ def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, s
     return op
 
 
+OP_GROUPS = ("attention", "dense", "router", "shared", "expert", "combine", "head")
+
+
+def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig) -> dict:
+    """Group name -> a function building that group's OpCost on `am` (None: the model has no such group).
+
+    attention: input norm … residual; dense: post-attention norm + dense FFN + residual (dense first
+    layers); router: post-attention norm, router GEMV, softmax, top-k; shared: the shared experts;
+    expert: one routed expert; combine: weighted sum + residual; head: embedding, final norm, LM head.
+    chipsim.hwreplay replays the same builders primitive by primitive, so timing and replay share one
+    description of the decode step.
+    """
+    ctx = hw.workload.context_length
+    bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
+    d = m.hidden_size
+
+    def post_norm():
+        return am.sfu("ffn_norm_rsqrt", 1) + am.vector("ffn_norm_scale", 2 * d)
+
+    def dense():
+        return post_norm() + _ffn(am, "dense", d, m.dense_ffn, 16, group, sbits, 1) + am.vector("ffn_residual", d)
+
+    def router():
+        op = post_norm() + am.matvec("router", d, m.num_experts, d * m.num_experts * BF16_BYTES)
+        return op + am.sfu("router_softmax", m.num_experts) + am.vector("router_topk", m.num_experts * m.top_k)
+
+    def shared():
+        op = _ffn(am, "shared", d, m.shared_expert_ffn * m.num_shared_experts, 16, group, sbits, 1)
+        if m.shared_expert_gate:
+            op = op + am.matvec("shared_gate", d, 1, d * BF16_BYTES) + am.sfu("shared_sigmoid", 1)
+        return op
+
+    def head():
+        op = am.vector("embedding", d, read_bytes=d * BF16_BYTES)
+        op = op + am.sfu("final_norm_rsqrt", 1) + am.vector("final_norm_scale", 2 * d)
+        return op + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES) + am.vector("argmax", m.vocab_size)
+
+    return {
+        "attention": lambda: _attention(am, m, ctx),
+        "dense": dense if m.first_dense_layers else None,
+        "router": router,
+        "shared": shared if m.num_shared_experts else None,
+        "expert": lambda: _ffn(am, "expert", d, m.expert_ffn, bits, group, sbits, hw.compute.dequant_ops_per_weight),
+        "combine": lambda: am.vector("combine", (m.top_k + m.num_shared_experts + 1) * d),
+        "head": head,
+    }
+
+
 def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     m = get_model(hw.model.name)
     am = ArrayModel(hw)
     ctx = hw.workload.context_length
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
     d = m.hidden_size
-    attention = _attention(am, m, ctx)
-    post_norm = am.sfu("ffn_norm_rsqrt", 1) + am.vector("ffn_norm_scale", 2 * d)
+    built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw).items()}
+    attention = built["attention"]
     layers = []
     for layer in range(m.num_layers):
         if layer < m.first_dense_layers:
-            dense = post_norm + _ffn(am, "dense", d, m.dense_ffn, 16, group, sbits, 1) + am.vector("ffn_residual", d)
-            layers.append(LayerCosts(attention, None, dense, None, None))
+            layers.append(LayerCosts(attention, None, built["dense"], None, None))
             continue
-        router = post_norm + am.matvec("router", d, m.num_experts, d * m.num_experts * BF16_BYTES)
-        router = router + am.sfu("router_softmax", m.num_experts) + am.vector("router_topk", m.num_experts * m.top_k)
-        shared = None
-        if m.num_shared_experts:
-            shared = _ffn(am, "shared", d, m.shared_expert_ffn * m.num_shared_experts, 16, group, sbits, 1)
-            if m.shared_expert_gate:
-                shared = shared + am.matvec("shared_gate", d, 1, d * BF16_BYTES) + am.sfu("shared_sigmoid", 1)
-        expert = _ffn(am, "expert", d, m.expert_ffn, bits, group, sbits, hw.compute.dequant_ops_per_weight)
-        combine = am.vector("combine", (m.top_k + m.num_shared_experts + 1) * d)
-        layers.append(LayerCosts(attention, router, shared, expert, combine))
-    head = am.vector("embedding", d, read_bytes=d * BF16_BYTES)
-    head = head + am.sfu("final_norm_rsqrt", 1) + am.vector("final_norm_scale", 2 * d)
-    head = head + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES) + am.vector("argmax", m.vocab_size)
+        layers.append(LayerCosts(attention, built["router"], built["shared"], built["expert"], built["combine"]))
+    head = built["head"]
 
     per_matrix = [weight_bytes(i * o, bits, group, sbits) for _, i, o in m.expert_matrix_params()]
     expert_bytes = sum(per_matrix)

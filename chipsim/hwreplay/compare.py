@@ -1,0 +1,194 @@
+"""Simulated vs measured: re-run every replayed case in the simulator and write VALIDATION.md (no torch).
+
+    chipsim hwcompare validation/h200-pcie5*.json --microbench validation/h200-microbench.json --report VALIDATION.md
+
+For each case of each measurement file: the plan is rebuilt from the config named in the file (same code,
+config and trace give the same decisions: the digest must match the one measured), the simulated mean
+latency over the measured tokens (after the warm-up) is set beside the measured mean, and the bytes the
+plan fetches beside the bytes the GPU copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from chipsim.errors import InputError
+from chipsim.hwreplay.plan import build_plan
+from chipsim.runner import prepare
+
+OVERLAPPED = ("oracle", "static-4", "promoe", "apex", "apex-sf")  # policies that prefetch ahead of need
+
+
+def _resolve(config: str, measurement_path: str) -> str:
+    if os.path.exists(config):
+        return config
+    alt = os.path.join(os.path.dirname(os.path.abspath(measurement_path)), "..", config)
+    if os.path.exists(alt):
+        return alt
+    raise InputError(f"{measurement_path}: config {config} not found")
+
+
+def compare_file(path: str, overrides=()) -> dict:
+    try:
+        with open(path) as f:
+            meas = json.load(f)
+        config = _resolve(meas["config"], path)
+        _ = meas["cases"], meas["warmup_tokens"], meas["model"]
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
+    warm = int(meas["warmup_tokens"])
+    rows = []
+    for case in meas["cases"]:
+        ctx = case["context_length"]
+        prep = prepare(config, [f"workload.context_length={ctx}", *overrides], [case["policy"]])
+        plan = build_plan(prep, prep.policies[0])
+        measured = case["latency_ms"][warm:]
+        simulated = plan.sim_latency_ms[warm:]
+        m_ms, s_ms = statistics.fmean(measured), statistics.fmean(simulated)
+        rows.append({
+            "model": meas["model"], "context_length": ctx, "policy": case["policy"],
+            "measured_ms": m_ms, "measured_p10_ms": sorted(measured)[len(measured) // 10],
+            "measured_p90_ms": sorted(measured)[(9 * len(measured)) // 10],
+            "simulated_ms": s_ms, "error_pct": 100.0 * (s_ms - m_ms) / m_ms,
+            "plan_bytes": plan.fetch_bytes, "copied_bytes": case["copied_bytes"],
+            "measured_plan_bytes": case["plan"]["fetch_bytes"],
+            "decisions_match": plan.digest() == case["plan"]["digest"],
+            "host_enqueue_ms": statistics.fmean(case["host_enqueue_ms"][warm:]),
+            "tokens": len(measured),
+        })
+    return {"config": meas["config"], "model": meas["model"], "device": meas["device"], "torch": meas["torch"],
+            "warmup_tokens": warm, "rows": rows}
+
+
+def mape(rows) -> float:
+    return statistics.fmean(abs(r["error_pct"]) for r in rows) if rows else float("nan")
+
+
+def _table(rows) -> list[str]:
+    out = ["| model | context | policy | measured ms/token (p10–p90) | simulated ms/token | error | bytes fetched (plan) | bytes copied (GPU) | decisions |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        same = "equal" if r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] else "DIFFER"
+        out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {r['measured_ms']:.3f} "
+                   f"({r['measured_p10_ms']:.2f}–{r['measured_p90_ms']:.2f}) | {r['simulated_ms']:.3f} | "
+                   f"{r['error_pct']:+.1f} % | {r['plan_bytes']:,} | {r['copied_bytes']:,} ({same}) | "
+                   f"{'same' if r['decisions_match'] else 'DIFFER'} |")
+    return out
+
+
+def summary_lines(groups: dict[str, list]) -> list[str]:
+    out = ["| cases | n | latency MAPE | MAPE, overlapped policies | max error | bytes exact | decisions same |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rows in groups.items():
+        ov = [r for r in rows if r["policy"] in OVERLAPPED]
+        exact = sum(r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] for r in rows)
+        same = sum(r["decisions_match"] for r in rows)
+        worst = max(rows, key=lambda r: abs(r["error_pct"]))
+        out.append(f"| {name} | {len(rows)} | {mape(rows):.1f} % | {mape(ov):.1f} % | {worst['error_pct']:+.1f} % "
+                   f"({worst['model']}, {worst['policy']} @{worst['context_length']}) | {exact}/{len(rows)} | {same}/{len(rows)} |")
+    return out
+
+
+def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str]) -> str:
+    rows = [r for res in results for r in res["rows"]]
+    dev = [r for r in rows if r["model"] != held_out]
+    held = [r for r in rows if r["model"] == held_out]
+    lines = ["# Validation against a real machine: the lent NVIDIA H200", "",
+             "Written by `chipsim hwcompare` from the measurement files in `validation/` (numbers are read from them "
+             "and from the simulator, none typed by hand).", ""]
+    lines += ["## Summary", ""]
+    groups = {"all": rows, "development shapes": dev, f"held out ({held_out})": held}
+    lines += summary_lines(groups) + [""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += summary_lines({model: [r for r in rows if r["model"] == model]})[2:3]
+    lines += [""]
+    if microbench:
+        mb = microbench
+        lines += ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
+                  f"{mb['machine']['gpu']}, {mb['machine']['sm_count']} SMs, host {mb['machine'].get('host_cpu')} "
+                  f"({mb['machine'].get('host_cpus')} CPUs, {mb['machine'].get('host_memory_gib')} GiB); "
+                  f"torch {mb['machine']['torch']}, CUDA {mb['machine']['cuda']}; nvidia-smi (max SM clock, max memory "
+                  f"clock, PCIe gen, width, driver): {mb['machine'].get('nvidia_smi')}.", "",
+                  "| measurement | fit | used for |", "| --- | --- | --- |",
+                  f"| pinned host-to-device copies, 16 back to back, 256 KiB–16 MiB | {mb['h2d_pinned_queued16_fit']['bandwidth_gbps']} GB/s, "
+                  f"{mb['h2d_pinned_queued16_fit']['intercept_us']} µs per copy | links.pcie.bandwidth_gbps, dma.setup_ns |",
+                  f"| pinned copies one at a time, 1–64 MiB | {mb['h2d_pinned_single_fit']['bandwidth_gbps']} GB/s, "
+                  f"{mb['h2d_pinned_single_fit']['intercept_us']} µs | links.pcie.latency_ns (single − queued intercept) |",
+                  f"| pageable copy, 16 MiB | {mb['h2d_pageable'][0]['gbps']} GB/s | (reference only) |",
+                  f"| GEMV, 8–256 MiB of weights, each on a different weight | {mb['gemv_fit']['bandwidth_gbps']} GB/s, "
+                  f"{mb['gemv_fit']['intercept_us']} µs | operand path bandwidth (links.ucie), compute.sram_access_ns |",
+                  f"| tiny kernel, GPU side ({mb['tiny_kernels'].get('queued_kernels', '')} queued behind a sleep) | "
+                  f"{mb['tiny_kernels']['gpu_us_per_kernel']} µs | compute.op_overhead_cycles |",
+                  f"| tiny kernel, eager PyTorch chain (host dispatch included) | {mb['tiny_kernels']['eager_chain_us_per_kernel']} µs "
+                  "| not used (see Findings) |", ""]
+    lines += ["## Findings", ""] + notes + [""]
+    lines += [f"## Development shapes ({', '.join(dict.fromkeys(r['model'] for r in dev))})", ""] + _table(dev) + [""]
+    lines += [f"## Held-out shape: {held_out}", "",
+              "Kept out of all tuning of the harness and the microbenchmarks (see Findings for what was seen when).", ""]
+    lines += _table(held) + [""]
+    lines += ["## How it was measured", "",
+              "- `chipsim hwreplay CONFIG` builds, for every policy and context, the simulator's decisions on the trace as an "
+              "ordered action list (chipsim.hwreplay.plan: fetch issues with their buffer slot, evictions, expert "
+              "computes, layer and token boundaries) and replays it on the GPU (chipsim.hwreplay.harness): expert weights "
+              "of the published shape in pinned host memory, a bounded GPU buffer of the plan's slots, copies on one copy "
+              "stream (FIFO, as the config's DMA: one engine, no preemption, no cancel), one kernel per primitive the "
+              "simulator costs on the compute stream, a copy waiting for the compute stream to reach its issue point and "
+              "for its slot's last reader, an expert waiting for its copy. Per-token latency is measured with CUDA "
+              "events; the first tokens are warm-up.",
+              "- Bytes: the plan's fetches × expert bytes, the bytes the GPU copied, and the bytes in the measurement "
+              "file must be equal; decisions: the plan rebuilt here must have the digest recorded on the device.",
+              "- error = (simulated − measured) / measured; MAPE = mean |error|. Overlapped policies: "
+              + ", ".join(OVERLAPPED) + ".", "", "Commands:", "", "```"] + commands + ["```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="chipsim hwcompare", description="simulated vs measured latency and bytes of hardware replays")
+    ap.add_argument("measurements", nargs="+")
+    ap.add_argument("--microbench", default=None)
+    ap.add_argument("--held-out", default="deepseek-v2-lite")
+    ap.add_argument("--notes", default=None, help="markdown file whose lines go under Findings")
+    ap.add_argument("--report", default=None)
+    ap.add_argument("--json", default=None, help="also write every row as JSON")
+    a = ap.parse_args(argv)
+    results = [compare_file(p) for p in a.measurements]
+    mb = None
+    try:
+        if a.microbench:
+            with open(a.microbench) as f:
+                mb = json.load(f)
+        notes = open(a.notes).read().splitlines() if a.notes else []
+    except OSError as exc:
+        raise InputError(f"{exc.filename}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InputError(f"{a.microbench}: not JSON ({exc})") from None
+    commands = ["# on the GPU machine (one command per shape; microbenchmarks and the config first)",
+                "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json",
+                "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"]
+    commands += [f"chipsim hwreplay {res['config']} --contexts 512,2048 --out validation/" for res in results]
+    commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
+                 + (f" --microbench {a.microbench}" if a.microbench else "") + (f" --notes {a.notes}" if a.notes else "")
+                 + " --report VALIDATION.md"]
+    text = report(results, mb, a.held_out, commands, notes)
+    if a.report:
+        with open(a.report, "w") as f:
+            f.write(text)
+        print(f"wrote {a.report}")
+    else:
+        print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([r for res in results for r in res["rows"]], f, indent=1)
+    rows = [r for res in results for r in res["rows"]]
+    print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({a.held_out}) "
+          f"{mape([r for r in rows if r['model'] == a.held_out]):.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Write hwconfigs/h200-pcie5.yaml from the microbenchmark JSON (chipsim.hwreplay.microbench).
+
+    python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml
+
+Every timing number comes from a single-copy or single-op measurement (named in its comment) or a
+datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy numbers are not validated
+(the replay measures time and bytes) and are marked ASSUMPTION.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from chipsim.hw.config import DramConfig
+from chipsim.hw.dram import dram_timing
+
+# H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
+HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,
+           tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900)
+
+
+def render(mb: dict) -> str:
+    m = mb["machine"]
+    clock_mhz = 1980
+    smi = str(m.get("nvidia_smi", ""))
+    try:
+        clock_mhz = int(float(smi.split(",")[0].split()[0]))
+    except (ValueError, IndexError):
+        pass
+    q = mb["h2d_pinned_queued16_fit"]
+    s = mb["h2d_pinned_single_fit"]
+    g = mb["gemv_fit"]
+    tiny = mb["tiny_kernels"]
+    overhead_cycles = max(0, round(tiny["gpu_us_per_kernel"] * clock_mhz))
+    hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
+    hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
+    # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
+    first_operand_ns = g["intercept_us"] * 1e3 - tiny["gpu_us_per_kernel"] * 1e3
+    sram_ns = max(0.0, round(first_operand_ns - hbm_access_ns, 1))
+    gemv_gbps = g["bandwidth_gbps"]
+    pcie_latency_ns = max(0.0, round((s["intercept_us"] - q["intercept_us"]) * 1e3, 1))
+    setup_ns = max(0.0, round(q["intercept_us"] * 1e3, 1))
+    return f"""# chipsim hardware config: the lent NVIDIA H200 (PCIe 5.0 x16 host link) as chipsim sees it, for
+# validation against real replays (chipsim hwreplay; VALIDATION.md). WRITTEN BY
+#   python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml
+# from single-copy and single-op microbenchmarks (python -m chipsim.hwreplay.microbench) run on that machine:
+# {m["gpu"]}, {m["sm_count"]} SMs, {m["gpu_memory_gib"]} GiB; host {m.get("host_cpu")}, {m.get("host_cpus")} CPUs,
+# {m.get("host_memory_gib")} GiB; torch {m["torch"]}, CUDA {m["cuda"]}; nvidia-smi: {smi}.
+# Chiplet terms mapped onto a GPU: the "arrays" are the SMs; "UCIe" is not present and stands for the SMs'
+# achieved HBM read path in a GEMV; "LPDDR5X" is the host's DRAM holding the pinned experts; the DMA engine
+# is one CUDA copy stream (FIFO, no preemption, an enqueued copy cannot be abandoned). No number below was
+# fitted to an end-to-end replay.
+name: h200-pcie5
+description: NVIDIA H200 with experts in pinned host memory over PCIe 5.0 x16 (validation target)
+
+compute:
+  arrays: {m["sm_count"]}                     # measured: torch.cuda device properties, SM count
+  unit_rows: 4                    # Hopper SM: 4 sub-partitions (NVIDIA H100 whitepaper)
+  unit_cols: 32                   # Hopper SM sub-partition: 32 FP32 lanes (whitepaper)
+  vector_length: 2                # BF16x2 FMA per lane; sets a compute bound far below a batch-1 GEMV's memory time
+  clock_mhz: {clock_mhz}                 # measured: nvidia-smi clocks.max.sm
+  sfus_per_array: 16              # Hopper SM: 4 SFUs per sub-partition (whitepaper)
+  sfu_ops_per_cycle: 1            # one result per SFU per cycle
+  op_overhead_cycles: {overhead_cycles}         # measured: {tiny["gpu_us_per_kernel"]} us per tiny kernel, GPU side, host ahead (microbench tiny_kernels) x clock
+  sram_mib_per_array: 0.25        # Hopper SM: 256 KB L1/shared memory (whitepaper)
+  sram_access_ns: {sram_ns}            # measured: GEMV fixed time {g["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({hbm_access_ns:.1f} ns)
+  active_power_w_per_array: 4.5   # ASSUMPTION: 700 W TDP / 132 SMs share, less HBM; energy is not validated here
+  leakage_power_w_per_array: 0.5  # ASSUMPTION: energy is not validated here
+  dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
+
+memory:
+  hbm:
+    capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory
+    channels: 96                  # H200 datasheet 4.8 TB/s = 6 HBM3e stacks x 16 channels x 64 bit x 6.25 GT/s
+    channel_width_bits: 64        # JESD238 HBM3 channel (HBM3e keeps it)
+    data_rate_mtps: 6250          # H200 datasheet: 4.8 TB/s over a 6144-bit interface
+    banks_per_channel: 16         # JESD238 HBM3
+    page_bytes: 1024              # JESD238 HBM3
+    burst_length: 8               # JESD238 HBM3
+    tcl_ns: 12.5                  # JESD238-class HBM3 core timing (as thor.yaml)
+    trcd_ns: 19.375               # as thor.yaml
+    trp_ns: 16.25                 # as thor.yaml
+    tras_ns: 28.125               # as thor.yaml
+    tfaw_ns: 15.0                 # as thor.yaml
+    trfc_ns: 350                  # ASSUMPTION (as thor.yaml)
+    trefi_ns: 3900                # JESD238 HBM3 tREFI
+    energy_pj_per_bit: 7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here
+  lpddr5x:                        # stands for the host DRAM that holds the pinned experts
+    capacity_gib: {m.get("host_memory_gib", 128)}           # measured: /proc/meminfo MemTotal
+    channels: 8                   # ASSUMPTION: one socket's 8 DDR5 channels (server Xeon); never the bottleneck (PCIe is)
+    channel_width_bits: 64        # DDR5 DIMM: 2 x 32-bit subchannels
+    data_rate_mtps: 4800          # ASSUMPTION: DDR5-4800
+    banks_per_channel: 32         # JESD79-5 DDR5: 8 bank groups x 4 banks
+    page_bytes: 1024              # JESD79-5 x8 device page 1 KB
+    burst_length: 16              # JESD79-5 DDR5: BL16
+    tcl_ns: 16.7                  # JESD79-5 DDR5-4800B: CL40
+    trcd_ns: 16.7                 # JESD79-5 DDR5-4800B
+    trp_ns: 16.7                  # JESD79-5 DDR5-4800B
+    tras_ns: 32.0                 # JESD79-5
+    tfaw_ns: 13.3                 # JESD79-5 x8, 1 KB page
+    trfc_ns: 295                  # JESD79-5 16 Gb tRFC1
+    trefi_ns: 3900                # JESD79-5
+    energy_pj_per_bit: 3.0        # ASSUMPTION; energy is not validated here
+
+links:
+  pcie:
+    bandwidth_gbps: {q["bandwidth_gbps"]}         # measured: pinned H2D, 16 copies back to back, fit t = a + N/B over 256 KiB-16 MiB (h2d_pinned_queued16_fit)
+    latency_ns: {pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
+    energy_pj_per_bit: 5.0        # ASSUMPTION; energy is not validated here
+  ucie:                           # not present: the SMs' HBM read path in a GEMV
+    modules: 1
+    lanes_per_module: 64
+    gtps: {round(gemv_gbps * 8 / 64, 3)}                 # measured: GEMV bandwidth {gemv_gbps} GB/s (gemv_fit over 8-256 MiB) = 64 lanes x this / 8
+    latency_ns: 0.0               # folded into sram_access_ns (the measured GEMV fixed time)
+    energy_pj_per_bit: 0.0        # not present
+
+dma:
+  engines: 1                      # one CUDA copy stream: one copy at a time
+  setup_ns: {setup_ns}              # measured: per-copy fixed cost, queued fit intercept (h2d_pinned_queued16_fit)
+  chunk_kib: 256                  # unused (no preemption, no cancel)
+  demand_preempts_prefetch: false # a CUDA stream cannot pause a copy
+  demand_first: false             # a CUDA stream runs copies in issue order
+  cancel_in_flight: false         # an enqueued CUDA copy always completes
+
+host_cpu:                         # not used by the validated policies
+  cores: {m.get("host_cpus", 16)}                      # measured: os.cpu_count()
+  clock_ghz: 2.0                  # ASSUMPTION (not used here)
+  flops_per_cycle_per_core: 32    # ASSUMPTION: AVX-512 FMA x2 (not used here)
+  memory_bandwidth_gbps: 100      # ASSUMPTION (not used here)
+  dispatch_overhead_ns: 10000     # ASSUMPTION (not used here)
+  active_power_w: 100             # ASSUMPTION (not used here)
+
+expert_buffer:
+  capacity_mib: 1536              # the replay's bounded GPU expert buffer (a harness choice; per-shape configs set theirs)
+
+model:
+  name: granite-3.1-3b-a800m
+  expert_bits: 16                 # BF16 experts (the replay copies BF16)
+  quant_group_size: 128
+  quant_scale_bits: 16
+
+workload:
+  trace: ../traces/real-granite-3b.npz
+  context_length: 1024
+  max_tokens: 144                 # 16 warm-up + 128 measured tokens per case
+  warmup_tokens: 16
+
+run:
+  policies: [no-prefetch, oracle, static-4, promoe, apex, apex-sf, lru]
+
+policies:
+  apex:
+    tau: 0.90
+  static:
+    extra: 4
+  promoe:
+    slots: 0
+  oracle:
+    lookahead: 1
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="write hwconfigs/h200-pcie5.yaml from microbenchmark results")
+    ap.add_argument("microbench")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    with open(a.microbench) as f:
+        mb = json.load(f)
+    with open(a.out, "w") as f:
+        f.write(render(mb))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""Replay a Plan on a CUDA GPU: real expert copies from pinned host memory, real kernels of the decode step.
+
+Needs torch with CUDA. The model shape's expert weights live in pinned host memory (uninitialised: the
+numbers do not change a copy's or a GEMV's time); a bounded GPU buffer of `plan.slots` expert slots
+receives them on one copy stream (FIFO, as a CUDA stream is), while one compute stream runs the decode
+step one kernel per primitive the simulator costs (chipsim.hwreplay.ops): every matvec a GEMV (or, for
+an operand shared by g heads, a (rows × reduction)·(reduction × g) matmul reading exactly its bytes), every
+SFU op an exp, every vector op an add, over the primitive's element count. Each layer's non-expert
+weights and KV cache are separate allocations, so nothing stays in the L2 cache from layer to layer.
+
+Ordering follows the plan's action list (chipsim.hwreplay.plan):
+- a copy waits for an event recorded on the compute stream at its action's place (it cannot start before
+  the decode step reaches the point where the policy issued it) and for the compute that last read its
+  slot (write-after-read);
+- an expert's kernels wait for its copy's event;
+- per-token latency is the time between consecutive "token done" events on the compute stream.
+The host enqueues everything asynchronously; it never waits for the GPU inside the measured tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from chipsim.hwreplay.ops import Primitive
+from chipsim.hwreplay.plan import Plan
+
+
+class GpuDecodeStep:
+    """Weights and scratch buffers of one model shape on the GPU; enqueues op groups on the current stream."""
+
+    def __init__(self, groups: dict[str, list[Primitive]], num_layers: int, first_dense: int, device):
+        self.groups = groups
+        self.device = device
+        self.num_layers = num_layers
+        self.first_dense = first_dense
+        bf16 = torch.bfloat16
+        all_prims = [p for ps in groups.values() for p in ps]
+        n_scratch = max([p.elements for p in all_prims] + [p.outputs for p in all_prims] + [1])
+        n_in = max([p.reduction * p.groups for p in all_prims] + [1])
+        self.scratch_a = torch.randn(n_scratch, device=device, dtype=bf16)
+        self.scratch_b = torch.randn(n_scratch, device=device, dtype=bf16)
+        self.scratch_out = torch.empty(n_scratch + n_in, device=device, dtype=bf16)
+        self.x = torch.randn(n_in, device=device, dtype=bf16)
+        # one flat weight buffer per layer (and one for the head): layers never share operands
+        self.weights: dict[tuple[str, int], list[torch.Tensor]] = {}
+        per_layer_groups = [g for g in ("attention", "router", "shared", "dense") if g in groups]
+        for layer in range(num_layers):
+            names = ["attention", "dense"] if layer < first_dense else [g for g in per_layer_groups if g != "dense"]
+            self._alloc(names, layer)
+        self._alloc(["head"], -1)
+        self.expert_prims = groups["expert"]
+        self.expert_elems = sum(self._rows(p) * p.reduction for p in self.expert_prims if p.kind == "matvec")
+        self.kernels_per_group = {g: len(ps) for g, ps in groups.items()}
+
+    @staticmethod
+    def _rows(p: Primitive) -> int:
+        return -(-p.outputs // p.groups)
+
+    def _alloc(self, names, layer):
+        shapes = [(name, [(self._rows(p), p.reduction) for p in self.groups[name] if p.kind == "matvec"]) for name in names]
+        total = sum(r * c for _, sh in shapes for r, c in sh)
+        flat = torch.empty(max(total, 1), device=self.device, dtype=torch.bfloat16).normal_()
+        off = 0
+        for name, sh in shapes:
+            views = []
+            for r, c in sh:
+                views.append(flat[off:off + r * c].view(r, c))
+                off += r * c
+            self.weights[(name, layer)] = views
+
+    def _bind(self, prims, weights) -> list:
+        """The group's kernels as (function, args, kwargs) with every view made once, before any timing."""
+        calls, wi = [], 0
+        for p in prims:
+            if p.kind == "matvec":
+                w = weights[wi]
+                wi += 1
+                g = p.groups
+                if g == 1:
+                    calls.append((torch.mv, (w, self.x[:p.reduction]), {"out": self.scratch_out[:w.shape[0]]}))
+                else:
+                    calls.append((torch.mm, (w, self.x[:p.reduction * g].view(p.reduction, g)),
+                                  {"out": self.scratch_out[:w.shape[0] * g].view(w.shape[0], g)}))
+            elif p.kind == "sfu":
+                n = max(p.elements, 1)
+                calls.append((torch.exp, (self.scratch_a[:n],), {"out": self.scratch_out[:n]}))
+            else:
+                n = max(p.elements, 1)
+                calls.append((torch.add, (self.scratch_a[:n], self.scratch_b[:n]), {"out": self.scratch_out[:n]}))
+        return calls
+
+    def group_calls(self, name: str, layer: int) -> list:
+        return self._bind(self.groups[name], self.weights.get((name, layer), []))
+
+    def expert_calls(self, slot: torch.Tensor) -> list:
+        views, off = [], 0
+        for p in self.expert_prims:
+            if p.kind == "matvec":
+                r = self._rows(p)
+                views.append(slot[off:off + r * p.reduction].view(r, p.reduction))
+                off += r * p.reduction
+        return self._bind(self.expert_prims, views)
+
+
+class _CpuEvent:
+    """Stand-in for torch.cuda.Event on a CPU dry run (the CPU runs everything in order)."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) * 1e3
+
+
+class _CpuStream:
+    def wait_event(self, event):
+        pass
+
+
+def _sync_api(device):
+    """(Stream, Event, use-stream context, synchronize) for CUDA, or in-order stand-ins for a CPU dry run."""
+    if device.type == "cuda":
+        return torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.cuda.synchronize
+    return _CpuStream, _CpuEvent, lambda s: contextlib.nullcontext(), lambda: None
+
+
+def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
+           first_dense: int) -> dict:
+    """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
+
+    host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
+    The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
+    view and event made beforehand, so that enqueueing a token costs the host as little as possible.
+    """
+    Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
+    cs = Stream()
+    xs = Stream()
+    elem = torch.bfloat16.itemsize
+    parts = [(sum(plan.part_bytes[:i]) // elem, b // elem) for i, b in enumerate(plan.part_bytes)]
+    group_cache: dict[tuple[str, int], list] = {}
+    slot_calls = [None] * plan.slots
+
+    def group(name, layer):
+        key = (name, layer)
+        if key not in group_cache:
+            group_cache[key] = step.group_calls(name, layer)
+        return group_cache[key]
+
+    def expert(slot):
+        if slot_calls[slot] is None:
+            slot_calls[slot] = step.expert_calls(gpu_slots[slot])
+        return slot_calls[slot]
+
+    # ---- compile: ("c", calls) on the compute stream, ("x", calls) on the copy stream,
+    #      ("rec", event, stream), ("wait", stream, event), ("tok", event)
+    prog = []
+    copy_done: dict[tuple[int, int], object] = {}
+    slot_of: dict[tuple[int, int], int] = {}
+    slot_free: list = [None] * plan.slots
+    marker = None
+    token_events = []
+    copies = copied_bytes = 0
+    for a in plan.actions:
+        kind = a[0]
+        if kind == "issue":
+            key, slot = (a[3], a[4]), a[6]
+            if marker is None:
+                marker = Event()
+                prog.append(("rec", marker, cs))
+            prog.append(("wait", xs, marker))
+            if slot_free[slot] is not None:
+                prog.append(("wait", xs, slot_free[slot]))
+            calls = []
+            for off, n in parts:
+                calls.append((torch.Tensor.copy_, (gpu_slots[slot, off:off + n], host_experts[key[0], key[1], off:off + n]),
+                              {"non_blocking": True}))
+                copies += 1
+                copied_bytes += n * elem
+            prog.append(("x", calls))
+            ev = Event()
+            prog.append(("rec", ev, xs))
+            copy_done[key] = ev
+            slot_of[key] = slot
+            continue
+        if kind == "evict":
+            slot_of.pop((a[3], a[4]), None)
+            continue
+        if kind == "token":
+            continue
+        if kind == "attention":
+            layer = first_dense + a[2]
+            prog.append(("c", group("attention", layer) + group("router", layer)))
+        elif kind == "dense":
+            prog.append(("c", group("attention", a[2]) + group("dense", a[2])))
+        elif kind == "route":
+            if "shared" in step.groups:
+                prog.append(("c", group("shared", first_dense + a[2])))
+        elif kind == "compute":
+            layer = a[2]
+            for e in a[3]:
+                ev = copy_done.get((layer, e))
+                if ev is not None:
+                    prog.append(("wait", cs, ev))
+                prog.append(("c", expert(slot_of[(layer, e)])))
+            done = Event()
+            prog.append(("rec", done, cs))
+            for e in a[3]:
+                slot_free[slot_of[(layer, e)]] = done
+        elif kind == "layer_end":
+            prog.append(("c", group("combine", first_dense + a[2])))
+        elif kind == "head":
+            prog.append(("c", group("head", -1)))
+            ev = Event(enable_timing=True)
+            prog.append(("tok", ev))
+            token_events.append(ev)
+        else:
+            raise ValueError(f"unknown plan action {a!r}")
+        marker = None
+
+    # ---- execute: the host only enqueues; it never waits for the GPU until the end
+    import gc
+
+    host_at_token = []
+    synchronize()
+    start = Event(enable_timing=True)
+    gc_was = gc.isenabled()
+    gc.disable()
+    t_host0 = time.perf_counter()
+    try:
+        with use(cs):
+            start.record(cs)
+            for op in prog:
+                kind = op[0]
+                if kind == "c":
+                    for fn, args, kwargs in op[1]:
+                        fn(*args, **kwargs)
+                elif kind == "x":
+                    with use(xs):
+                        for fn, args, kwargs in op[1]:
+                            fn(*args, **kwargs)
+                elif kind == "wait":
+                    op[1].wait_event(op[2])
+                elif kind == "rec":
+                    op[1].record(op[2])
+                else:  # "tok"
+                    op[1].record(cs)
+                    host_at_token.append(time.perf_counter())
+        synchronize()
+    finally:
+        if gc_was:
+            gc.enable()
+    t_host = time.perf_counter() - t_host0
+    marks = [start] + token_events
+    latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
+    host_ms = [1e3 * (host_at_token[i] - (host_at_token[i - 1] if i else t_host0)) for i in range(len(host_at_token))]
+    return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
+            "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
+            "program_steps": len(prog)}

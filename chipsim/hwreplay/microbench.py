@@ -1,0 +1,194 @@
+"""Single-op and single-copy microbenchmarks of a CUDA machine, the only source of h200-pcie5.yaml's timing.
+
+    python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json
+
+Measures (CUDA events, medians):
+- host-to-device copies from pinned memory, one at a time and 16 back to back on one stream, 64 KiB … 64 MiB
+  (fits t = a + N/B: B the link's usable bandwidth, a the fixed cost per copy); pageable for reference;
+- GEMV time against weight size, 1 … 256 MiB, each call on a different weight so L2 never holds one
+  (fit t = a + bytes/B: B the HBM read bandwidth a GEMV reaches, a its fixed cost);
+- tiny kernels: GPU time per kernel when the host is far ahead (queued behind a sleep kernel), and the
+  steady rate of an eager chain of them (host dispatch included);
+- machine facts: GPU name, SM count, clocks, host CPU and memory.
+Nothing here is fitted to an end-to-end run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def _fit(sizes_bytes, times_us) -> dict:
+    """Least squares t = a + N / B; B in GB/s (1e9 B/s), a in µs."""
+    x = np.asarray(sizes_bytes, dtype=np.float64)
+    y = np.asarray(times_us, dtype=np.float64)
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (intercept + slope * x)
+    return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(float(intercept), 3),
+            "max_rel_residual": round(float(np.max(np.abs(resid) / y)), 4)}
+
+
+def _time_us(fn, reps: int, stream) -> float:
+    """GPU time of fn's work, queued behind a sleep kernel so the host is ahead (no dispatch time counted)."""
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(int(5e7))  # ~25 ms of spinning: time for the host to enqueue fn's work
+        a.record(stream)
+        fn()
+        b.record(stream)
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def copy_sweep(device, pinned: bool, back_to_back: int, sizes, reps: int = 15) -> list[dict]:
+    stream = torch.cuda.Stream()
+    out = []
+    for n in sizes:
+        src = torch.empty(n * back_to_back, dtype=torch.uint8, pin_memory=pinned)
+        dst = torch.empty(n * back_to_back, dtype=torch.uint8, device=device)
+
+        def run():
+            with torch.cuda.stream(stream):
+                for i in range(back_to_back):
+                    dst[i * n:(i + 1) * n].copy_(src[i * n:(i + 1) * n], non_blocking=True)
+        run()
+        us = _time_us(run, reps, stream) / back_to_back
+        out.append({"bytes": n, "us_per_copy": round(us, 3), "gbps": round(n / us / 1e3, 3)})
+        del src, dst
+    return out
+
+
+def gemv_sweep(device, sizes_mib, reps: int = 9) -> list[dict]:
+    stream = torch.cuda.Stream()
+    out = []
+    cols = 2048
+    for mib in sizes_mib:
+        rows = max(1, mib * MIB // (2 * cols))
+        count = max(2, (512 * MIB) // (rows * cols * 2))  # rotate through >= 512 MiB: L2 (~50 MB) never helps
+        ws = [torch.empty(rows, cols, dtype=torch.bfloat16, device=device).normal_() for _ in range(count)]
+        x = torch.randn(cols, dtype=torch.bfloat16, device=device)
+        y = torch.empty(rows, dtype=torch.bfloat16, device=device)
+
+        def run():
+            with torch.cuda.stream(stream):
+                for w in ws:
+                    torch.mv(w, x, out=y)
+        run()
+        us = _time_us(run, reps, stream) / count
+        out.append({"weight_bytes": rows * cols * 2, "us": round(us, 3), "gbps": round(rows * cols * 2 / us / 1e3, 2)})
+        del ws
+    return out
+
+
+def tiny_kernels(device, n: int = 4000, queued: int = 500) -> dict:
+    """GPU time per tiny kernel (`queued` of them behind a sleep: fewer than CUDA's pending-launch limit of
+    ~1,000, else the host blocks and its dispatch rate leaks into the figure) and the eager chain rate."""
+    stream = torch.cuda.Stream()
+    a = torch.randn(64, device=device)
+    b = torch.randn(64, device=device)
+    c = torch.empty(64, device=device)
+    with torch.cuda.stream(stream):
+        for _ in range(100):
+            torch.add(a, b, out=c)
+    torch.cuda.synchronize()
+    # GPU-side: queue the chain behind a long sleep so the host is far ahead when the GPU reaches it
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(2e8))  # ~0.1 s of spinning at ~2 GHz
+        e0.record(stream)
+        for _ in range(queued):
+            torch.add(a, b, out=c)
+        e1.record(stream)
+    e1.synchronize()
+    gpu_us = e0.elapsed_time(e1) * 1e3 / queued
+    # eager chain, GPU caught up: the steady rate of host dispatch and GPU together
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(stream):
+        for _ in range(n):
+            torch.add(a, b, out=c)
+    stream.synchronize()
+    chain_us = (time.perf_counter() - t0) * 1e6 / n
+    return {"gpu_us_per_kernel": round(gpu_us, 3), "eager_chain_us_per_kernel": round(chain_us, 3), "kernels": n,
+            "queued_kernels": queued}
+
+
+def machine(device) -> dict:
+    p = torch.cuda.get_device_properties(device)
+    facts = {"gpu": p.name, "sm_count": p.multi_processor_count, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
+             "l2_cache_mib": round(getattr(p, "L2_cache_size", 0) / MIB, 1), "torch": torch.__version__,
+             "cuda": torch.version.cuda, "host_cpu": platform.processor(), "host_cpus": os.cpu_count()}
+    try:
+        with open("/proc/meminfo") as f:
+            facts["host_memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    facts["host_cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import subprocess
+
+        q = "clocks.max.sm,clocks.max.mem,pcie.link.gen.max,pcie.link.width.max,driver_version"
+        facts["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as exc:  # facts only
+        facts["nvidia_smi"] = f"unavailable: {exc}"
+    return facts
+
+
+def run(device="cuda") -> dict:
+    device = torch.device(device)
+    sizes = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+    t0 = time.perf_counter()
+    single = copy_sweep(device, True, 1, sizes)
+    queued = copy_sweep(device, True, 16, sizes[:5])
+    pageable = copy_sweep(device, False, 1, [16 * MIB])
+    big = [r for r in single if r["bytes"] >= MIB]
+    bigq = [r for r in queued if r["bytes"] >= 256 * KIB]
+    gemv = gemv_sweep(device, [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    gemv_big = [r for r in gemv if r["weight_bytes"] >= 8 * MIB]
+    result = {
+        "machine": machine(device),
+        "h2d_pinned_single": single,
+        "h2d_pinned_single_fit": _fit([r["bytes"] for r in big], [r["us_per_copy"] for r in big]),
+        "h2d_pinned_queued16": queued,
+        "h2d_pinned_queued16_fit": _fit([r["bytes"] for r in bigq], [r["us_per_copy"] for r in bigq]),
+        "h2d_pageable": pageable,
+        "gemv": gemv,
+        "gemv_fit": _fit([r["weight_bytes"] for r in gemv_big], [r["us"] for r in gemv_big]),
+        "tiny_kernels": tiny_kernels(device),
+    }
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="single-op and single-copy microbenchmarks of a CUDA machine")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    res = run()
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    print(json.dumps({k: res[k] for k in ("machine", "h2d_pinned_single_fit", "h2d_pinned_queued16_fit", "gemv_fit",
+                                          "tiny_kernels", "seconds")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

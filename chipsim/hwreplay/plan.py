@@ -1,0 +1,172 @@
+"""A policy's decisions on a trace, as the ordered action list the hardware replay executes (no torch).
+
+The simulator runs the policy as usual; a recorder notes, in the order they happen, every point where
+the decode step moves on and every decision the policy (or the engine on its behalf) takes:
+
+    ["token", t]                          token t starts (on_token_start)
+    ["dense", t, i]                       dense first layer i runs
+    ["attention", t, l]                   MoE layer l's attention + router run
+    ["route", t, l]                       routing is known: the shared experts run now, beside the fetches
+    ["issue", t, l, key_layer, e, kind]   a fetch of expert e of layer key_layer is issued ("demand"/"prefetch")
+    ["evict", t, l, key_layer, e]         an expert leaves the buffer
+    ["compute", t, l, [e, ...]]           these routed experts run (in this order)
+    ["layer_end", t, l]                   the weighted sum runs, then on_layer_end
+    ["head", t]                           embedding, final norm and LM head: the token ends
+
+Issue points are program points: the replay may start a copy no earlier than the compute stream reaches
+the action's place in the list. The buffer slot of every fetch is assigned here (lowest free slot; an
+evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
+same FIFO copy stream), so the replay and the CPU tests agree on slots as well.
+
+The replay supports what a CUDA copy stream can do: every issued copy moves all its bytes
+(`dma.cancel_in_flight: false`), copies run in issue order (`dma.demand_first: false`); a policy that
+computes on the host CPU or with surrogates is rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from chipsim.errors import InputError
+from chipsim.runner import Prepared
+from chipsim.sim.dma import DEMAND
+from chipsim.sim.engine import Simulation
+
+PHASES = ("token", "layer_start", "route", "layer_end", "victims")
+
+
+class _PhaseProxy:
+    """Wraps the policy: notes the decode step's phase before each hook runs."""
+
+    def __init__(self, policy, rec: "PlanRecorder"):
+        self._policy = policy
+        self._rec = rec
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    def on_token_start(self, ctx, t):
+        self._rec.t = t
+        self._rec.actions.append(["token", t])
+        return self._policy.on_token_start(ctx, t)
+
+    def on_layer_start(self, ctx, t, layer):
+        self._rec.layer = layer
+        return self._policy.on_layer_start(ctx, t, layer)
+
+    def on_route(self, ctx, t, layer, routed):
+        self._rec.actions.append(["route", t, layer])
+        plan = self._policy.on_route(ctx, t, layer, routed)
+        if plan.on_host or plan.surrogate:
+            raise InputError(f"hwreplay: policy {self._policy.label} computes experts on the host CPU or with "
+                             "surrogates; the hardware replay runs only GPU-side policies")
+        return plan
+
+    def on_layer_end(self, ctx, t, layer):
+        self._rec.actions.append(["layer_end", t, layer])
+        return self._policy.on_layer_end(ctx, t, layer)
+
+
+class PlanRecorder(Simulation):
+    """A Simulation that records its action list (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        dma = self.hw.dma
+        if dma.cancel_in_flight or dma.demand_first or dma.demand_preempts_prefetch:
+            raise InputError("hwreplay: the config's DMA must behave as a CUDA copy stream: dma.cancel_in_flight, "
+                             "dma.demand_first and dma.demand_preempts_prefetch all false")
+        self.actions: list[list] = []
+        self.t = 0
+        self.layer = -1
+        self.policy = _PhaseProxy(self.policy, self)
+
+    def _issue(self, key, priority):
+        self.actions.append(["issue", self.t, self.layer, key[0], key[1], "demand" if priority == DEMAND else "prefetch"])
+        return super()._issue(key, priority)
+
+    def evict(self, layer, expert, stop_transfer=True):
+        if (layer, expert) in self._entries:
+            self.actions.append(["evict", self.t, self.layer, layer, expert])
+        return super().evict(layer, expert, stop_transfer)
+
+    def _compute(self, op_ps, hbm_bytes, label, *label_args):
+        if label == "L%d attention+router":
+            self.layer = label_args[0]
+            self.actions.append(["attention", self.t, label_args[0]])
+        elif label == "L%d experts %s":
+            self.actions.append(["compute", self.t, label_args[0], [int(e) for e in label_args[1]]])
+        elif label == "dense layer %d":
+            self.actions.append(["dense", self.t, label_args[0]])
+        elif label == "lm head":
+            self.actions.append(["head", self.t])
+        yield from super()._compute(op_ps, hbm_bytes, label, *label_args)
+
+
+@dataclass
+class Plan:
+    policy: str
+    tokens: int
+    slots: int
+    part_bytes: list  # one copy per part (ProMoE: gate, up, down), in this order
+    actions: list  # the action list, each "issue" extended with its buffer slot
+    sim_latency_ms: list  # the simulator's per-token latency for this plan
+    sim_fetch_bytes: int  # bytes the simulator moved over the expert-fetch path
+
+    def digest(self) -> str:
+        """sha256 of the action list: two plans with the same decisions have the same digest."""
+        return hashlib.sha256(json.dumps(self.actions, separators=(",", ":")).encode()).hexdigest()
+
+    @property
+    def fetches(self) -> int:
+        return sum(1 for a in self.actions if a[0] == "issue")
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(self.part_bytes)
+
+    @property
+    def fetch_bytes(self) -> int:
+        return self.fetches * self.expert_bytes
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
+                "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
+                "sim_fetch_bytes": self.sim_fetch_bytes}
+
+
+def assign_slots(actions: list, slots: int) -> list:
+    """Each issue gets the lowest free buffer slot; an evict frees its expert's slot (returns a new list)."""
+    free = list(range(slots))
+    where: dict[tuple[int, int], int] = {}
+    out = []
+    for a in actions:
+        if a[0] == "issue":
+            key = (a[3], a[4])
+            if not free:
+                raise RuntimeError(f"hwreplay: no free slot for {key} at token {a[1]} (the simulator's buffer "
+                                   f"accounting and the replay's disagree)")
+            free.sort()
+            slot = free.pop(0)
+            where[key] = slot
+            out.append(a + [slot])
+        else:
+            if a[0] == "evict":
+                free.append(where.pop((a[3], a[4])))
+            out.append(list(a))
+    return out
+
+
+def build_plan(prep: Prepared, policy) -> Plan:
+    """Run `policy` on the prepared config and trace with the recorder; return its Plan."""
+    sim = PlanRecorder(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens)
+    result = sim.run()
+    fmt = sim.expert_format
+    if fmt.slot_bytes != fmt.fetch_bytes:
+        raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
+    actions = assign_slots(sim.actions, sim.slots)
+    return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
+                actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.latency_ps],
+                sim_fetch_bytes=int(result.bytes["pcie"].sum()))

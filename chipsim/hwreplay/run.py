@@ -1,0 +1,108 @@
+"""Replay each policy of a config on the GPU, for each context length; write one measurement JSON per config.
+
+    chipsim hwreplay hwconfigs/h200-pcie5.yaml --contexts 512,2048 --out validation/
+    (= python -m chipsim.hwreplay.run ...)
+
+For every (context, policy): the plan (the simulator's decisions, chipsim.hwreplay.plan) is built on the
+CPU, then replayed on the GPU (chipsim.hwreplay.harness) once; the JSON keeps the plan's digest, fetch
+count and bytes, the copies the GPU made, every token's measured latency and the host's enqueue time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from chipsim.hwreplay.ops import primitive_ops
+from chipsim.hwreplay.plan import build_plan
+from chipsim.runner import prepare
+
+
+def _plan_job(args):
+    config, overrides, spec = args
+    prep = prepare(config, overrides, [spec])
+    return build_plan(prep, prep.policies[0])
+
+
+def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs: int):
+    """{(context, policy label): Plan}, built in parallel processes."""
+    base = prepare(config, (), policies or ())
+    specs = [p.label for p in base.policies]
+    work = [(config, [f"workload.context_length={c}"], s) for c in contexts for s in specs]
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
+        plans = list(pool.map(_plan_job, work))
+    return base, {(w[1][0].split("=")[1], w[2]): p for w, p in zip(work, plans)}
+
+
+def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
+                  device: str = "cuda") -> dict:
+    import torch
+
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    t0 = time.perf_counter()
+    base, plans = plans_for(config, contexts, policies, jobs)
+    hw = base.config.hw
+    m = base.workload.model
+    log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
+    device = torch.device(device)
+    expert_elems = base.workload.expert_bytes // 2
+    t1 = time.perf_counter()
+    host = torch.empty((m.num_moe_layers, m.num_experts, expert_elems), dtype=torch.bfloat16,
+                       pin_memory=device.type == "cuda")
+    slots = max(p.slots for p in plans.values())
+    gpu_slots = torch.empty((slots, expert_elems), dtype=torch.bfloat16, device=device).normal_()
+    log(f"  pinned {host.numel() * 2 / 2**30:.2f} GiB of experts, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    cases = []
+    for ctx in contexts:
+        prep = prepare(config, [f"workload.context_length={ctx}"], policies or ())
+        groups = primitive_ops(prep.config.hw)
+        step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device)
+        if step.expert_elems != expert_elems:
+            raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
+        for policy in prep.policies:
+            plan = plans[(str(ctx), policy.label)]
+            res = replay(plan, step, host, gpu_slots, m.first_dense_layers)
+            warm = hw.workload.warmup_tokens
+            lat = res["latency_ms"][warm:]
+            mean = sum(lat) / len(lat)
+            sim = plan.sim_latency_ms[warm:]
+            log(f"  ctx {ctx} {policy.label:12} measured {mean:8.3f} ms/token, simulated {sum(sim) / len(sim):8.3f}, "
+                f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token")
+            cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
+                          "kernels_per_group": step.kernels_per_group, **res})
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"config": config, "model": m.name, "trace": os.path.basename(base.config.trace_path),
+            "warmup_tokens": hw.workload.warmup_tokens, "tokens": hw.workload.max_tokens, "contexts": contexts,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "cases": cases,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="chipsim hwreplay", description="replay policies on the GPU and measure per-token latency")
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--contexts", default="512,2048")
+    ap.add_argument("--policy", action="append", default=None)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
+    a = ap.parse_args(argv)
+    contexts = [int(x) for x in a.contexts.split(",")]
+    os.makedirs(a.out, exist_ok=True)
+    for config in a.configs:
+        res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device)
+        name = os.path.splitext(os.path.basename(config))[0]
+        path = os.path.join(a.out, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

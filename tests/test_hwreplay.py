@@ -1,0 +1,182 @@
+"""Hardware replay on CPU: the decisions and bytes recorded on the H200 (validation/*.json) come out of the
+same code again, the FIFO/no-cancel DMA modes behave as a CUDA copy stream, and the harness runs a plan's
+copies and kernels (on CPU tensors) moving exactly the plan's bytes."""
+
+import json
+import os
+
+import pytest
+import simpy
+
+from chipsim.errors import InputError
+from chipsim.hwreplay.ops import primitive_ops
+from chipsim.hwreplay.plan import assign_slots, build_plan
+from chipsim.runner import prepare
+from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
+from chipsim.workload.decode import build_workload
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEASUREMENTS = ["h200-pcie5", "h200-pcie5-granite-1b", "h200-pcie5-phi-mini-moe", "h200-pcie5-deepseek-v2-lite"]
+MB = 1_000_000
+
+
+def _measurement(name):
+    with open(os.path.join(ROOT, "validation", f"{name}.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("name", MEASUREMENTS)
+def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name):
+    meas = _measurement(name)
+    # the timing-dependent policies (LRU evictions, apex-sf's use of what arrived) at one context each
+    cases = [c for c in meas["cases"] if c["context_length"] == 512 and c["policy"] in ("lru", "apex-sf")]
+    assert len(cases) == 2
+    for case in cases:
+        prep = prepare(os.path.join(ROOT, meas["config"]), ["workload.context_length=512"], [case["policy"]])
+        plan = build_plan(prep, prep.policies[0])
+        assert plan.digest() == case["plan"]["digest"], case["policy"]
+        assert plan.fetch_bytes == case["plan"]["fetch_bytes"] == case["copied_bytes"], case["policy"]
+        assert plan.fetch_bytes == plan.sim_fetch_bytes  # the simulator moved the same bytes
+        assert len(case["latency_ms"]) == plan.tokens == meas["tokens"]
+
+
+def test_every_measured_case_moved_exactly_the_plan_bytes():
+    for name in MEASUREMENTS:
+        for case in _measurement(name)["cases"]:
+            part_copies = case["plan"]["fetches"] * len(case["plan"]["part_bytes"])
+            assert case["copies"] == part_copies
+            assert case["copied_bytes"] == case["plan"]["fetch_bytes"] == case["plan"]["sim_fetch_bytes"]
+
+
+def _fifo_path(engines=1, setup_ps=1_000_000, latency_ps=0):
+    env = simpy.Environment()
+    landed = {}
+    path = DmaPath(env, 100_000_000_000, latency_ps, setup_ps, engines, 256 * 1024,
+                   on_landed=lambda tr: landed.__setitem__(tr.tag, env.now), preempt=False, demand_first=False)
+    return env, path, landed
+
+
+def test_fifo_queue_keeps_a_demand_behind_earlier_prefetches():
+    env, path, landed = _fifo_path()
+    path.submit(4 * MB, PREFETCH, tag="p1")  # 1 us setup + 40 us
+    path.submit(4 * MB, PREFETCH, tag="p2")
+    path.submit(4 * MB, DEMAND, tag="d")
+    env.run()
+    assert landed["p1"] == 41_000_000
+    assert landed["p2"] == 82_000_000
+    assert landed["d"] == 123_000_000  # one copy stream: issue order, demand or not
+
+
+def test_demand_first_queue_lets_the_demand_overtake_queued_prefetches():
+    env = simpy.Environment()
+    landed = {}
+    path = DmaPath(env, 100_000_000_000, 0, 1_000_000, 1, 256 * 1024,
+                   on_landed=lambda tr: landed.__setitem__(tr.tag, env.now), preempt=False, demand_first=True)
+    path.submit(4 * MB, PREFETCH, tag="p1")
+    path.submit(4 * MB, PREFETCH, tag="p2")
+    path.submit(4 * MB, DEMAND, tag="d")
+    env.run()
+    assert landed["d"] == 82_000_000 and landed["p2"] == 123_000_000
+
+
+def _config(tmp_path, **dma):
+    lines = [f"base: {ROOT}/hwconfigs/h200-pcie5-granite-1b.yaml", "workload:", "  max_tokens: 6", "  warmup_tokens: 0"]
+    if dma:
+        lines += ["dma:"] + [f"  {k}: {str(v).lower()}" for k, v in dma.items()]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_plan_recorder_rejects_a_dma_a_copy_stream_cannot_be(tmp_path):
+    prep = prepare(_config(tmp_path, cancel_in_flight=True), (), ["no-prefetch"])
+    with pytest.raises(InputError, match="copy stream"):
+        build_plan(prep, prep.policies[0])
+
+
+def test_fifo_needs_preemption_off(tmp_path):
+    with pytest.raises(InputError, match="demand_first"):
+        prepare(_config(tmp_path, demand_preempts_prefetch=True), (), ["no-prefetch"])
+
+
+def test_no_cancel_moves_every_issued_byte_and_plan_slots_never_collide(tmp_path):
+    prep = prepare(_config(tmp_path), (), ["static-4", "apex-sf", "promoe"])
+    for policy in prep.policies:
+        plan = build_plan(prep, policy)
+        assert plan.sim_fetch_bytes == plan.fetch_bytes  # nothing stopped half-way
+        held = {}
+        for a in plan.actions:  # a slot is never handed out while another expert holds it
+            if a[0] == "issue":
+                assert a[6] not in held.values()
+                held[(a[3], a[4])] = a[6]
+            elif a[0] == "evict":
+                held.pop((a[3], a[4]))
+            elif a[0] == "compute":
+                assert all((a[2], e) in held for e in a[3])  # every computed expert is in the buffer
+
+
+def test_assign_slots_reuses_the_lowest_free_slot():
+    actions = [["issue", 0, 0, 0, 5, "demand"], ["issue", 0, 0, 0, 6, "demand"], ["evict", 0, 0, 0, 5],
+               ["issue", 0, 0, 1, 7, "prefetch"], ["issue", 0, 0, 1, 8, "prefetch"]]
+    out = assign_slots(actions, 3)
+    assert [a[-1] for a in out if a[0] == "issue"] == [0, 1, 0, 2]
+    with pytest.raises(RuntimeError):
+        assign_slots(actions[:2] + [["issue", 0, 0, 2, 1, "demand"]], 2)
+
+
+def test_primitive_ops_cost_exactly_the_workload_groups():
+    prep = prepare(f"{ROOT}/hwconfigs/h200-pcie5-deepseek-v2-lite.yaml", ["workload.context_length=512"], ["no-prefetch"])
+    hw = prep.config.hw
+    groups = primitive_ops(hw)
+    wl = build_workload(hw)
+    from chipsim.hw.compute import ArrayModel
+
+    am = ArrayModel(hw)
+
+    def cost(prims):
+        total = 0
+        for p in prims:
+            if p.kind == "matvec":
+                total += am.matvec(p.name, p.reduction, p.outputs, p.weight_bytes, p.write_bytes).duration_ps
+            elif p.kind == "sfu":
+                total += am.sfu(p.name, p.elements).duration_ps
+            else:
+                total += am.vector(p.name, p.elements, p.weight_bytes).duration_ps
+        return total
+
+    moe = wl.moe_layer(0)
+    assert cost(groups["attention"]) == moe.attention.duration_ps
+    assert cost(groups["router"]) == moe.router.duration_ps
+    assert cost(groups["shared"]) == moe.dense.duration_ps
+    assert cost(groups["expert"]) == moe.expert.duration_ps
+    assert cost(groups["dense"]) == wl.layers[0].dense.duration_ps
+    assert cost(groups["head"]) == wl.token_head.duration_ps
+    # the expert's matvec operands are exactly one expert's bytes: the harness reads them from its slot
+    matvec_bytes = sum(p.weight_bytes for p in groups["expert"] if p.kind == "matvec")
+    assert matvec_bytes == wl.expert_bytes
+
+
+def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path):
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    prep = prepare(_config(tmp_path), ["workload.max_tokens=3"], ["promoe", "lru"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    elems = prep.workload.expert_bytes // 2
+    assert step.expert_elems == elems
+    host = torch.zeros((m.num_moe_layers, m.num_experts, elems), dtype=torch.bfloat16)
+    host[3, 7].fill_(1.5)  # one expert carries a mark: it must land in the slot the plan gave it
+    for policy in prep.policies:
+        plan = build_plan(prep, policy)
+        slots = torch.zeros((plan.slots, elems), dtype=torch.bfloat16)
+        res = replay(plan, step, host, slots, m.first_dense_layers)
+        assert res["copied_bytes"] == plan.fetch_bytes
+        assert res["copies"] == plan.fetches * len(plan.part_bytes)
+        assert len(res["latency_ms"]) == plan.tokens
+        final = {}  # slot -> the expert copied into it last
+        for a in plan.actions:
+            if a[0] == "issue":
+                final[a[6]] = (a[3], a[4])
+        for slot, key in final.items():  # every copy landed in the slot the plan gave it
+            assert bool((slots[slot] == (1.5 if key == (3, 7) else 0.0)).all()), (policy.label, slot, key)
