@@ -415,7 +415,7 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "",
         "Common causes of the gaps, referred to below:",
         "",
-        "- **trace model**: routing comes from reduced-width models of each shape trained for ~6 minutes on an "
+        "- **trace model**: routing comes from reduced-width models of each shape trained for 5.3–6.5 minutes on an "
         "H200 (traces/README-real.md), not the released checkpoints; predictor quality (overlap, δ̂) follows "
         "from that routing.",
         "- **modelling choice**: on this first-principles platform a Granite-3B layer's attention takes ~20 µs "

@@ -103,10 +103,9 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
              "and from the simulator, none typed by hand).", ""]
     lines += ["## Summary", ""]
     groups = {"all": rows, "development shapes": dev, f"held out ({held_out})": held}
-    lines += summary_lines(groups) + [""]
     for model in dict.fromkeys(r["model"] for r in rows):
-        lines += summary_lines({model: [r for r in rows if r["model"] == model]})[2:3]
-    lines += [""]
+        groups[model] = [r for r in rows if r["model"] == model]
+    lines += summary_lines(groups) + [""]
     if microbench:
         mb = microbench
         lines += ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
