@@ -217,6 +217,17 @@ def pick_experts_impl(model, x, top_k, aux, amp, device, log) -> tuple[str, dict
     return best, timings
 
 
+def _time_bar(budget_s: float):
+    """A tqdm bar over the training wall-time budget when stderr is a terminal (None otherwise, or without tqdm)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=budget_s, unit="s", desc="training", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s")
+
+
 def lr_at(frac: float, step: int, lr: float, warmup_steps: int) -> float:
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
@@ -344,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     step, tokens = 0, 0
     t_train = time.perf_counter()
     hist = []
+    bar = _time_bar(budget)  # a progress bar on a terminal; the log lines below either way
     while step < max_steps:
         elapsed = time.perf_counter() - t_train
+        if bar is not None:
+            bar.update(min(elapsed, budget) - bar.n)
         if elapsed >= budget:
             break
         for g in opt.param_groups:
@@ -366,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"step {step}: loss {ce_f:.4f} aux {bal_f:.5f} gnorm {float(gnorm):.2f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"{tokens / el:,.0f} tok/s, {tokens / 1e6:.2f} M tokens")
     train_seconds = time.perf_counter() - t_train
+    if bar is not None:
+        bar.close()
     loss1_held = eval_loss(model, eval_held, batch, device, amp)
     loss1_train = eval_loss(model, eval_train, batch, device, amp)
     log(f"after {step} steps ({tokens:,} tokens, {train_seconds:.0f} s): train loss {loss0_train:.4f} -> {loss1_train:.4f}, "
@@ -382,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     he_seqs = windows(held_ids, he_starts, seq)
     hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
     t_rec = time.perf_counter()
-    rec_tr = record(model, tr_seqs, batch_size=8, hidden=True, hidden_dtype=hdt)
-    rec_te = record(model, he_seqs, batch_size=8, hidden=True, hidden_dtype=hdt)
+    tty = sys.stderr.isatty()
+    rec_tr = record(model, tr_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
+    rec_te = record(model, he_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
     log(f"recorded {rec_tr.num_tokens:,} training-split and {rec_te.num_tokens:,} held-out tokens in {time.perf_counter() - t_rec:.1f} s")
     router_w = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
     arrays, pmetrics = build_trace_arrays(rec_tr, rec_te, router_w, device=device, steps=pred_steps, cdf_steps=int(pred_steps * 4 / 3),
