@@ -180,3 +180,34 @@ def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path
                 final[a[6]] = (a[3], a[4])
         for slot, key in final.items():  # every copy landed in the slot the plan gave it
             assert bool((slots[slot] == (1.5 if key == (3, 7) else 0.0)).all()), (policy.label, slot, key)
+
+
+def test_hwcompare_recomputes_a_case_and_reports_its_error(tmp_path):
+    from chipsim.hwreplay import compare
+
+    meas = _measurement("h200-pcie5-phi-mini-moe")
+    meas["cases"] = [c for c in meas["cases"] if c["context_length"] == 2048 and c["policy"] in ("no-prefetch", "oracle")]
+    meas["config"] = os.path.join(ROOT, meas["config"])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(meas))
+    res = compare.compare_file(str(path))
+    assert [r["policy"] for r in res["rows"]] == ["no-prefetch", "oracle"]
+    for row, case in zip(res["rows"], meas["cases"]):
+        measured = case["latency_ms"][meas["warmup_tokens"]:]
+        assert row["measured_ms"] == pytest.approx(sum(measured) / len(measured))
+        assert row["error_pct"] == pytest.approx(100 * (row["simulated_ms"] - row["measured_ms"]) / row["measured_ms"])
+        assert row["decisions_match"] and row["plan_bytes"] == row["copied_bytes"]
+    assert compare.mape(res["rows"]) == pytest.approx(sum(abs(r["error_pct"]) for r in res["rows"]) / 2)
+    text = compare.report([res], None, "phi-mini-moe", ["cmd"], ["- a finding"])
+    assert "| held out (phi-mini-moe) | 2 |" in text and "- a finding" in text
+
+
+def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
+    from chipsim.hwreplay import compare
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(InputError, match="not a chipsim hwreplay measurement"):
+        compare.compare_file(str(bad))
+    with pytest.raises(InputError, match="No such file"):
+        compare.compare_file(str(tmp_path / "missing.json"))

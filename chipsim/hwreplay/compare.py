@@ -31,7 +31,27 @@ def _resolve(config: str, measurement_path: str) -> str:
     raise InputError(f"{measurement_path}: config {config} not found")
 
 
-def compare_file(path: str, overrides=()) -> dict:
+def _case_row(job) -> dict:
+    config, ctx, policy, overrides, case, warm, model = job
+    prep = prepare(config, [f"workload.context_length={ctx}", *overrides], [policy])
+    plan = build_plan(prep, prep.policies[0])
+    measured = case["latency_ms"][warm:]
+    simulated = plan.sim_latency_ms[warm:]
+    m_ms, s_ms = statistics.fmean(measured), statistics.fmean(simulated)
+    return {
+        "model": model, "context_length": ctx, "policy": policy,
+        "measured_ms": m_ms, "measured_p10_ms": sorted(measured)[len(measured) // 10],
+        "measured_p90_ms": sorted(measured)[(9 * len(measured)) // 10],
+        "simulated_ms": s_ms, "error_pct": 100.0 * (s_ms - m_ms) / m_ms,
+        "plan_bytes": plan.fetch_bytes, "copied_bytes": case["copied_bytes"],
+        "measured_plan_bytes": case["plan"]["fetch_bytes"],
+        "decisions_match": plan.digest() == case["plan"]["digest"],
+        "host_enqueue_ms": statistics.fmean(case["host_enqueue_ms"][warm:]),
+        "tokens": len(measured),
+    }
+
+
+def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
     try:
         with open(path) as f:
             meas = json.load(f)
@@ -42,25 +62,15 @@ def compare_file(path: str, overrides=()) -> dict:
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
     warm = int(meas["warmup_tokens"])
-    rows = []
-    for case in meas["cases"]:
-        ctx = case["context_length"]
-        prep = prepare(config, [f"workload.context_length={ctx}", *overrides], [case["policy"]])
-        plan = build_plan(prep, prep.policies[0])
-        measured = case["latency_ms"][warm:]
-        simulated = plan.sim_latency_ms[warm:]
-        m_ms, s_ms = statistics.fmean(measured), statistics.fmean(simulated)
-        rows.append({
-            "model": meas["model"], "context_length": ctx, "policy": case["policy"],
-            "measured_ms": m_ms, "measured_p10_ms": sorted(measured)[len(measured) // 10],
-            "measured_p90_ms": sorted(measured)[(9 * len(measured)) // 10],
-            "simulated_ms": s_ms, "error_pct": 100.0 * (s_ms - m_ms) / m_ms,
-            "plan_bytes": plan.fetch_bytes, "copied_bytes": case["copied_bytes"],
-            "measured_plan_bytes": case["plan"]["fetch_bytes"],
-            "decisions_match": plan.digest() == case["plan"]["digest"],
-            "host_enqueue_ms": statistics.fmean(case["host_enqueue_ms"][warm:]),
-            "tokens": len(measured),
-        })
+    work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
+            for case in meas["cases"]]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+            rows = list(pool.map(_case_row, work))
+    else:
+        rows = [_case_row(job) for job in work]
     return {"config": meas["config"], "model": meas["model"], "device": meas["device"], "torch": meas["torch"],
             "warmup_tokens": warm, "rows": rows}
 
@@ -85,6 +95,8 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
     out = ["| cases | n | latency MAPE | MAPE, overlapped policies | max error | bytes exact | decisions same |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, rows in groups.items():
+        if not rows:
+            continue
         ov = [r for r in rows if r["policy"] in OVERLAPPED]
         exact = sum(r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] for r in rows)
         same = sum(r["decisions_match"] for r in rows)
@@ -154,8 +166,9 @@ def main(argv=None) -> int:
     ap.add_argument("--notes", default=None, help="markdown file whose lines go under Findings")
     ap.add_argument("--report", default=None)
     ap.add_argument("--json", default=None, help="also write every row as JSON")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes rebuilding plans (default: cores)")
     a = ap.parse_args(argv)
-    results = [compare_file(p) for p in a.measurements]
+    results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
     mb = None
     try:
         if a.microbench:
