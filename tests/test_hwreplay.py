@@ -211,3 +211,19 @@ def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
         compare.compare_file(str(bad))
     with pytest.raises(InputError, match="No such file"):
         compare.compare_file(str(tmp_path / "missing.json"))
+
+
+def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
+    import yaml
+
+    from chipsim.hwreplay.h200config import render
+
+    with open(os.path.join(ROOT, "validation", "h200-microbench.json")) as f:
+        mb = json.load(f)
+    with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
+        committed = yaml.safe_load(f)
+    assert yaml.safe_load(render(mb)) == committed  # every value, nothing edited by hand
+    tiny = mb["tiny_kernels"]
+    assert committed["compute"]["op_overhead_cycles"] == round(tiny["gpu_us_per_kernel"] * committed["compute"]["clock_mhz"])
+    assert committed["links"]["pcie"]["bandwidth_gbps"] == mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"]
+    assert committed["dma"]["setup_ns"] == round(mb["h2d_pinned_queued16_fit"]["intercept_us"] * 1e3, 1)

@@ -20,7 +20,9 @@ HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_ch
            tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900)
 
 
-def render(mb: dict) -> str:
+def render(mb: dict, kernel_launch: str = "eager") -> str:
+    """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
+    cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time)."""
     m = mb["machine"]
     clock_mhz = 1980
     smi = str(m.get("nvidia_smi", ""))
@@ -32,11 +34,16 @@ def render(mb: dict) -> str:
     s = mb["h2d_pinned_single_fit"]
     g = mb["gemv_fit"]
     tiny = mb["tiny_kernels"]
-    overhead_cycles = max(0, round(tiny["gpu_us_per_kernel"] * clock_mhz))
+    per_op_us = tiny["gpu_us_per_kernel"] if kernel_launch == "eager" else tiny["graph_us_per_kernel"]
+    if not isinstance(per_op_us, (int, float)):
+        raise SystemExit(f"microbenchmark has no usable {kernel_launch} per-kernel time: {per_op_us}")
+    per_op_source = ("GPU side, 500 queued behind a sleep (microbench tiny_kernels.gpu_us_per_kernel)" if kernel_launch == "eager"
+                     else "inside one CUDA graph (microbench tiny_kernels.graph_us_per_kernel); the replay runs with --graphs")
+    overhead_cycles = max(0, round(per_op_us * clock_mhz))
     hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
     hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
     # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
-    first_operand_ns = g["intercept_us"] * 1e3 - tiny["gpu_us_per_kernel"] * 1e3
+    first_operand_ns = g["intercept_us"] * 1e3 - tiny["gpu_us_per_kernel"] * 1e3  # the GEMV sweep launches eagerly
     sram_ns = max(0.0, round(first_operand_ns - hbm_access_ns, 1))
     gemv_gbps = g["bandwidth_gbps"]
     pcie_latency_ns = max(0.0, round((s["intercept_us"] - q["intercept_us"]) * 1e3, 1))
@@ -62,7 +69,7 @@ compute:
   clock_mhz: {clock_mhz}                 # measured: nvidia-smi clocks.max.sm
   sfus_per_array: 16              # Hopper SM: 4 SFUs per sub-partition (whitepaper)
   sfu_ops_per_cycle: 1            # one result per SFU per cycle
-  op_overhead_cycles: {overhead_cycles}         # measured: {tiny["gpu_us_per_kernel"]} us per tiny kernel, GPU side, host ahead (microbench tiny_kernels) x clock
+  op_overhead_cycles: {overhead_cycles}         # measured: {per_op_us} us per tiny kernel, {per_op_source}, x clock
   sram_mib_per_array: 0.25        # Hopper SM: 256 KB L1/shared memory (whitepaper)
   sram_access_ns: {sram_ns}            # measured: GEMV fixed time {g["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({hbm_access_ns:.1f} ns)
   active_power_w_per_array: 4.5   # ASSUMPTION: 700 W TDP / 132 SMs share, less HBM; energy is not validated here
@@ -165,11 +172,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="write hwconfigs/h200-pcie5.yaml from microbenchmark results")
     ap.add_argument("microbench")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kernel-launch", default="eager", choices=("eager", "graph"),
+                    help="how the replay launches kernels (chipsim hwreplay --graphs for graph)")
     a = ap.parse_args(argv)
     with open(a.microbench) as f:
         mb = json.load(f)
     with open(a.out, "w") as f:
-        f.write(render(mb))
+        f.write(render(mb, a.kernel_launch))
     print(f"wrote {a.out}")
     return 0
 

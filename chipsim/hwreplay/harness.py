@@ -104,6 +104,27 @@ class GpuDecodeStep:
                 off += r * p.reduction
         return self._bind(self.expert_prims, views)
 
+    def as_graph(self, key, calls: list) -> list:
+        """`calls` captured once into a CUDA graph (cached under `key`): one launch instead of one per kernel.
+
+        With graphs the host's dispatch cost per kernel drops out of the replay; the microbenchmark's
+        `graph_us_per_kernel` is then the per-operation cost to configure (h200config --kernel-launch graph).
+        """
+        cache = self.__dict__.setdefault("_graphs", {})
+        if key not in cache:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside capture (library handles, workspaces)
+                for fn, args, kwargs in calls:
+                    fn(*args, **kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for fn, args, kwargs in calls:
+                    fn(*args, **kwargs)
+            cache[key] = [(graph.replay, (), {})]
+        return cache[key]
+
 
 class _CpuEvent:
     """Stand-in for torch.cuda.Event on a CPU dry run (the CPU runs everything in order)."""
@@ -131,12 +152,14 @@ def _sync_api(device):
 
 
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
-           first_dense: int) -> dict:
+           first_dense: int, graphs: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
     The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
     view and event made beforehand, so that enqueueing a token costs the host as little as possible.
+    graphs=True (CUDA only) launches each compute segment (a layer's attention and router, one expert in
+    one slot, a combine, the head) as one captured CUDA graph instead of kernel by kernel.
     """
     Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
@@ -146,15 +169,21 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     group_cache: dict[tuple[str, int], list] = {}
     slot_calls = [None] * plan.slots
 
-    def group(name, layer):
-        key = (name, layer)
+    graphs = graphs and gpu_slots.device.type == "cuda"
+
+    def group(*names_layer):
+        """The kernels of one or more groups of one layer, e.g. group("attention", "router", 5)."""
+        *names, layer = names_layer
+        key = (tuple(names), layer)
         if key not in group_cache:
-            group_cache[key] = step.group_calls(name, layer)
+            calls = [c for name in names for c in step.group_calls(name, layer)]
+            group_cache[key] = step.as_graph(("group", key), calls) if graphs else calls
         return group_cache[key]
 
     def expert(slot):
         if slot_calls[slot] is None:
-            slot_calls[slot] = step.expert_calls(gpu_slots[slot])
+            calls = step.expert_calls(gpu_slots[slot])
+            slot_calls[slot] = step.as_graph(("expert", slot), calls) if graphs else calls
         return slot_calls[slot]
 
     # ---- compile: ("c", calls) on the compute stream, ("x", calls) on the copy stream,
@@ -195,9 +224,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             continue
         if kind == "attention":
             layer = first_dense + a[2]
-            prog.append(("c", group("attention", layer) + group("router", layer)))
+            prog.append(("c", group("attention", "router", layer)))
         elif kind == "dense":
-            prog.append(("c", group("attention", a[2]) + group("dense", a[2])))
+            prog.append(("c", group("attention", "dense", a[2])))
         elif kind == "route":
             if "shared" in step.groups:
                 prog.append(("c", group("shared", first_dense + a[2])))
@@ -261,4 +290,4 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     host_ms = [1e3 * (host_at_token[i] - (host_at_token[i - 1] if i else t_host0)) for i in range(len(host_at_token))]
     return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
-            "program_steps": len(prog)}
+            "program_steps": len(prog), "kernel_launch": "graph" if graphs else "eager"}

@@ -122,8 +122,28 @@ def tiny_kernels(device, n: int = 4000, queued: int = 500) -> dict:
             torch.add(a, b, out=c)
     stream.synchronize()
     chain_us = (time.perf_counter() - t0) * 1e6 / n
+    # the same kernels captured in one CUDA graph: the per-kernel cost of a graph-launched segment
+    graph_us = None
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(queued):
+                torch.add(a, b, out=c)
+        g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(5):
+            g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g0.record()
+            g.replay()
+            g1.record()
+            g1.synchronize()
+            ts.append(g0.elapsed_time(g1) * 1e3 / queued)
+        graph_us = round(statistics.median(ts), 3)
+    except RuntimeError as exc:  # recorded, not fatal: the eager figures stand on their own
+        graph_us = f"failed: {exc}"
     return {"gpu_us_per_kernel": round(gpu_us, 3), "eager_chain_us_per_kernel": round(chain_us, 3), "kernels": n,
-            "queued_kernels": queued}
+            "queued_kernels": queued, "graph_us_per_kernel": graph_us}
 
 
 def machine(device) -> dict:

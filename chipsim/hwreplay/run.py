@@ -38,7 +38,7 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
 
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
-                  device: str = "cuda") -> dict:
+                  device: str = "cuda", graphs: bool = False) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -65,7 +65,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
-            res = replay(plan, step, host, gpu_slots, m.first_dense_layers)
+            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs)
             warm = hw.workload.warmup_tokens
             lat = res["latency_ms"][warm:]
             mean = sum(lat) / len(lat)
@@ -91,11 +91,15 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
+                         "pair with a config written by h200config --kernel-launch graph")
     a = ap.parse_args(argv)
     contexts = [int(x) for x in a.contexts.split(",")]
     os.makedirs(a.out, exist_ok=True)
     for config in a.configs:
-        res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device)
+        res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
+                            graphs=a.graphs)
         name = os.path.splitext(os.path.basename(config))[0]
         path = os.path.join(a.out, f"{name}.json")
         with open(path, "w") as f:
