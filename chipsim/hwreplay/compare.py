@@ -62,6 +62,7 @@ def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
     warm = int(meas["warmup_tokens"])
+    overrides = (*meas.get("overrides", []), *overrides)  # the settings the replay ran with
     work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
             for case in meas["cases"]]
     if jobs > 1:

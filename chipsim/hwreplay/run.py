@@ -27,24 +27,24 @@ def _plan_job(args):
     return build_plan(prep, prep.policies[0])
 
 
-def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs: int):
+def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs: int, overrides=()):
     """{(context, policy label): Plan}, built in parallel processes."""
-    base = prepare(config, (), policies or ())
+    base = prepare(config, list(overrides), policies or ())
     specs = [p.label for p in base.policies]
-    work = [(config, [f"workload.context_length={c}"], s) for c in contexts for s in specs]
+    work = [(config, [*overrides, f"workload.context_length={c}"], s) for c in contexts for s in specs]
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
         plans = list(pool.map(_plan_job, work))
-    return base, {(w[1][0].split("=")[1], w[2]): p for w, p in zip(work, plans)}
+    return base, {(w[1][-1].split("=")[1], w[2]): p for w, p in zip(work, plans)}
 
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
-                  device: str = "cuda", graphs: bool = False) -> dict:
+                  device: str = "cuda", graphs: bool = False, overrides=()) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
 
     t0 = time.perf_counter()
-    base, plans = plans_for(config, contexts, policies, jobs)
+    base, plans = plans_for(config, contexts, policies, jobs, overrides)
     hw = base.config.hw
     m = base.workload.model
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
@@ -55,10 +55,10 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                        pin_memory=device.type == "cuda")
     slots = max(p.slots for p in plans.values())
     gpu_slots = torch.empty((slots, expert_elems), dtype=torch.bfloat16, device=device).normal_()
-    log(f"  pinned {host.numel() * 2 / 2**30:.2f} GiB of experts, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() * 2 / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:
-        prep = prepare(config, [f"workload.context_length={ctx}"], policies or ())
+        prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
         groups = primitive_ops(prep.config.hw)
         step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device)
         if step.expert_elems != expert_elems:
@@ -77,7 +77,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"config": config, "model": m.name, "trace": os.path.basename(base.config.trace_path),
+    return {"config": config, "overrides": list(overrides), "model": m.name, "trace": os.path.basename(base.config.trace_path),
             "warmup_tokens": hw.workload.warmup_tokens, "tokens": hw.workload.max_tokens, "contexts": contexts,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "cases": cases,
             "seconds": round(time.perf_counter() - t0, 1)}
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--contexts", default="512,2048")
     ap.add_argument("--policy", action="append", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (repeatable), e.g. workload.max_tokens=8 for a dry run")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     for config in a.configs:
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
-                            graphs=a.graphs)
+                            graphs=a.graphs, overrides=a.set)
         name = os.path.splitext(os.path.basename(config))[0]
         path = os.path.join(a.out, f"{name}.json")
         with open(path, "w") as f:
