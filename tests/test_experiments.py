@@ -140,3 +140,34 @@ def test_one_colour_per_policy_everywhere():
                                             "apex-sf", "oracle", "spice")]
     assert len(set(colours)) == len(colours)
     assert plots.color_for("apex") == plots.POLICY_COLORS["apex"]
+
+
+def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
+    """Each thor.yaml key whose comment says ASSUMPTION is the grid key of some experiments/sensitivity_*.yaml."""
+    import glob
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stack = []  # (indent, key) of the enclosing mappings
+    assumed = []
+    with open(os.path.join(root, "hwconfigs", "thor.yaml")) as f:
+        for line in f:
+            body = line.split("#", 1)[0].rstrip()
+            if not body.strip() or ":" not in body:
+                continue
+            indent = len(body) - len(body.lstrip())
+            key = body.strip().split(":", 1)[0]
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            value = body.split(":", 1)[1].strip()
+            if value == "":
+                stack.append((indent, key))
+            elif "ASSUMPTION" in line.split("#", 1)[-1]:
+                assumed.append(".".join([k for _, k in stack] + [key]))
+    swept = set()
+    for path in glob.glob(os.path.join(root, "experiments", "sensitivity_*.yaml")):
+        with open(path) as f:
+            swept.update((yaml.safe_load(f).get("grid") or {}).keys())
+    assert len(assumed) >= 15
+    assert sorted(set(assumed) - swept) == []
