@@ -83,7 +83,9 @@ def build_config(shape_name: str, w: Width, vocab: int, max_pos: int, attention_
                                   num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.01, **extra)
         aux = {"kind": "switch", "coef": 0.01,
                "note": "Switch-style load balancing (N·Σ f_i P_i per layer, averaged over layers), coefficient 0.01 (ASSUMPTION: "
-                       "the published Granite value was not checked offline); multipliers left at the class defaults (1.0)"}
+                       "the published Granite value was not checked offline); "
+                       + ("multipliers left at the class defaults (1.0)" if attention_multiplier is None else
+                          f"attention_multiplier {attention_multiplier:g}, the other multipliers at the class defaults (1.0)")}
     elif arch == "DeepseekV2ForCausalLM":
         dense = int(round(w.ffn * s.dense_ffn / s.expert_ffn / 64)) * 64  # 10944/1408 of the expert width
         cfg = tf.DeepseekV2Config(**common, num_key_value_heads=w.heads, intermediate_size=dense, moe_intermediate_size=w.ffn,
