@@ -82,3 +82,26 @@ def write_trace_and_config(tmp_path, model: ModelShape, arrays: dict, meta: dict
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(f"base: {thor}\nmodel:\n  name: {model.name}\nworkload:\n  trace: {trace}\n{extra_yaml}")
     return str(cfg)
+
+
+def run_policies_recording_plans(cfg: str, specs, overrides=(), record_plans: bool = True) -> dict:
+    """label -> (SimResult, [(t, layer, execute, substituted, dropped) per routed layer]) of each policy,
+    or label -> SimResult when record_plans is False."""
+    from chipsim.runner import prepare, simulate
+
+    prep = prepare(cfg, list(overrides), specs)
+    out = {}
+    for policy in prep.policies:
+        plans = []
+        if record_plans:
+            original = policy.on_route
+
+            def on_route(ctx, t, layer, routed, _orig=original, _plans=plans):
+                plan = _orig(ctx, t, layer, routed)
+                _plans.append((t, layer, list(plan.execute), plan.substituted, plan.dropped))
+                return plan
+
+            policy.on_route = on_route
+        result = simulate(prep, policy, record_events=record_plans)
+        out[policy.label] = (result, plans) if record_plans else result
+    return out

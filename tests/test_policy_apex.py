@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing, write_trace_and_config
+from helpers import hand_trace_arrays, random_routing, run_policies_recording_plans, write_trace_and_config
 
 from chipsim.errors import InputError
 from chipsim.policies.base import LayerPlan, make_policy
@@ -44,22 +44,7 @@ def shuffled_ranks(tokens, seed):
 
 
 def run(cfg, specs, overrides=(), record_plans=False):
-    prep = prepare(cfg, list(overrides), specs)
-    out = {}
-    for policy in prep.policies:
-        plans = []
-        if record_plans:
-            original = policy.on_route
-
-            def on_route(ctx, t, layer, routed, _orig=original, _plans=plans):
-                plan = _orig(ctx, t, layer, routed)
-                _plans.append((t, layer, list(plan.execute), plan.substituted, plan.dropped))
-                return plan
-
-            policy.on_route = on_route
-        result = simulate(prep, policy, record_events=record_plans)
-        out[policy.label] = (result, plans) if record_plans else result
-    return out
+    return run_policies_recording_plans(cfg, specs, overrides, record_plans)
 
 
 def test_apex_whose_cdf_always_answers_zero_is_exactly_static_0(tiny):

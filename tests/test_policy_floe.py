@@ -116,13 +116,14 @@ def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
         assert layers_held == ([layer + 1] if layer + 1 < L else [])  # layer l+1's prefetches kept
 
 
-def test_quality_is_reported_from_the_trace_or_said_to_be_unmodelled(tiny):
+def test_quality_is_reported_from_the_trace_or_said_to_be_unmeasured(tiny):
     routed = random_routing(TINY, 2, seed=4)
     prep = prepare(tiny(routed, name="a"), [], ["floe"])
-    assert simulate(prep, prep.policies[0]).extra["floe_quality"].startswith("not modelled")
+    extra = simulate(prep, prep.policies[0]).extra
+    assert extra["quality_cost"] is None and extra["quality_source"].startswith("not measured")
     quality = {"floe": {"ppl_base": 6.0, "ppl": 6.4}}
     prep = prepare(tiny(routed, quality=quality, name="b"), [], ["floe"])
-    assert simulate(prep, prep.policies[0]).extra["floe_quality"] == quality["floe"]
+    assert simulate(prep, prep.policies[0]).extra["quality_cost"] == quality["floe"]
 
 
 def test_floe_completes_and_beats_no_prefetch_on_the_bundled_traces(tmp_path):

@@ -6,11 +6,10 @@ import os
 import numpy as np
 import pytest
 from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing
+from helpers import hand_trace_arrays, random_routing, run_policies_recording_plans
 
 from chipsim.errors import InputError
 from chipsim.policies.base import make_policy
-from chipsim.runner import prepare, simulate
 from chipsim.trace import format as tf
 from chipsim.workload.models import MODELS, ModelShape
 
@@ -41,20 +40,7 @@ def tiny(tmp_path, monkeypatch):
 
 
 def run(cfg, specs, overrides=()):
-    prep = prepare(cfg, list(overrides), specs)
-    out = {}
-    for policy in prep.policies:
-        plans = []
-        original = policy.on_route
-
-        def on_route(ctx, t, layer, routed, _orig=original, _plans=plans):
-            plan = _orig(ctx, t, layer, routed)
-            _plans.append((t, layer, list(plan.execute), plan.substituted, plan.dropped))
-            return plan
-
-        policy.on_route = on_route
-        out[policy.label] = (simulate(prep, policy, record_events=True), plans)
-    return out
+    return run_policies_recording_plans(cfg, specs, overrides)
 
 
 def hand_case(T=4):

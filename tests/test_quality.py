@@ -377,8 +377,9 @@ def test_run_names_other_computation_changes_and_a_binding_delta_cap(capsys):
     assert main(["run", THOR, "--policy", "floe", "--policy", "adapmoe", "--policy", "apex-sf:max_extra=1",
                  "--policy", "apex-sf:max_extra=32", *SHORT]) == 0
     lines = _quality_lines(capsys.readouterr().out)
-    assert lines[0].startswith("quality: floe (compressed experts): not modelled")
-    assert lines[1].startswith("quality: adapmoe: not measured: this run changed the routed experts (")
+    assert lines[0] == "quality: floe (compression 9.3): not measured: the trace has no meta['quality']['floe'] record"
+    assert lines[1] == ("quality: adapmoe (gate threshold 0.9): not measured: the trace has no "
+                        "meta['quality']['adapmoe'] record")
     assert lines[2] == ("quality: apex-sf:max_extra=1 (tau 0.9): not measured: max_extra = 1 caps δ̂ on this run, and "
                         "meta['quality']['apex_sf'] was measured with the uncapped δ̂")
     assert lines[3].startswith("quality: apex-sf:max_extra=32 (tau 0.9): held-out perplexity ")  # N−k = 32: no cap

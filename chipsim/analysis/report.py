@@ -90,14 +90,6 @@ QUALITY_RATES = (
     ("surrogate_rate", "of routed experts replaced by surrogates (every low-confidence draft miss, SPICE cache "
                        "ignored: an upper bound)"),
 )
-# engine counters of a run whose computation departs from the routed experts
-DEVIATION_COUNTERS = (
-    ("substitutions_per_token", "substituted"),
-    ("dropped_experts_per_token", "dropped"),
-    ("surrogate_experts_per_token", "replaced by surrogates"),
-)
-
-
 def _quality_measured(label: str, mode: str | None, entry: dict, source: str) -> str:
     head = f"quality: {label}" + (f" ({mode})" if mode else "")
     if not all(isinstance(entry.get(k), (int, float)) for k in ("baseline_ppl", "ppl", "delta_ppl_pct")):
@@ -119,23 +111,12 @@ def quality_lines(rows: list[dict]) -> list[str]:
     compute every routed expert as routed print nothing."""
     lines = []
     for row in rows:
-        label = row["policy"]
-        if "quality_mode" in row:  # apex-sf, pregated, spice: chipsim.policies.base.quality_fields
-            mode = row["quality_mode"]
-            if mode is None:
-                continue
-            entry, source = row.get("quality_cost"), row.get("quality_source", "")
-            lines.append(_quality_measured(label, mode, entry, source) if isinstance(entry, dict)
-                         else f"quality: {label} ({mode}): {source}")
-        elif "floe_quality" in row:  # compressed experts: a record, or a sentence saying it is not measured
-            q = row["floe_quality"]
-            lines.append(_quality_measured(label, "compressed experts", q, "meta['quality']['floe']")
-                         if isinstance(q, dict) else f"quality: {label} (compressed experts): {q}")
-        else:
-            changed = [f"{row[key]:.2f} {text}" for key, text in DEVIATION_COUNTERS if row.get(key, 0) > 0]
-            if changed:
-                lines.append(f"quality: {label}: not measured: this run changed the routed experts "
-                             f"({', '.join(changed)} per token) and the policy reads no quality record")
+        mode = row.get("quality_mode")  # set by every approximating policy (chipsim.policies.base.quality_fields)
+        if mode is None:
+            continue
+        label, entry, source = row["policy"], row.get("quality_cost"), row.get("quality_source", "")
+        lines.append(_quality_measured(label, mode, entry, source) if isinstance(entry, dict)
+                     else f"quality: {label} ({mode}): {source}")
     return lines
 
 

@@ -153,7 +153,8 @@ def quality_record(meta: dict, path) -> tuple[dict | None, str]:
             elif key in node:
                 found = key
         if found is None:
-            known = ", ".join(sorted(str(k) for k in node)) if isinstance(node, dict) else ""
+            # name the alternatives within a mode's record (its τ values), not every top-level entry
+            known = ", ".join(sorted(str(k) for k in node)) if isinstance(node, dict) and where != "meta['quality']" else ""
             held = f" (it holds {known})" if known else ""
             return None, f"not measured: the trace has no {where}['{_key_text(key)}'] record{held}"
         where += f"['{found}']"

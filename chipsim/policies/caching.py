@@ -21,7 +21,7 @@ import heapq
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
 from chipsim.trace.format import NO_EXPERT
 
 SLOTS_DOC = "experts the cache holds (0 = the whole expert buffer; never more than the buffer holds)"
@@ -274,6 +274,9 @@ class AdapMoE(ExpertCache):
         self.quota = self.layer_quotas(ctx.trace_array("train_expert_counts"), k, max(0, self.capacity - 2 * k))
         self._dropped = np.zeros((T, L), dtype=np.int64)
         self._pred_hits = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|
+        # adaptive gating changes the computation only above top-2 (see the class docstring)
+        self._quality = quality_fields(f"gate threshold {self.gate_threshold:g}" if k > 2 else None,
+                                       ctx.trace.meta, ("adapmoe", self.gate_threshold))
         self._pred_exec = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ executed|
         self._predicted = np.zeros((T, L), dtype=bool)
         self._over_quota: set = set()
@@ -370,5 +373,6 @@ class AdapMoE(ExpertCache):
             "prefetch_coverage": _mean_or_none(self._pred_exec[sl], predicted * executed),  # of executed ones
             "prefetches_refused": self._prefetch_refused,
             "cache_quota_per_layer": list(self.quota),
+            **self._quality,
         })
         return out

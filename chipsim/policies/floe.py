@@ -26,14 +26,14 @@ fetched on demand. Per-layer staging: a layer's unrouted prefetches still in fli
 routes, and only layer l is evicted at its end (layer l+1's prefetches stay).
 
 Quality: compressed experts change the model's numerics. The simulator does not model that cost; it is
-reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, else `floe_quality` says
-"not modelled".
+reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, else `quality_source` says
+"not measured".
 """
 
 from __future__ import annotations
 
 from chipsim.hw.compute import ArrayModel, ceil_div
-from chipsim.policies.base import Param, Policy, register
+from chipsim.policies.base import Param, Policy, quality_fields, register
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import BF16_BYTES, ExpertFormat
 
@@ -81,10 +81,7 @@ class FloE(Policy):
     def on_run_start(self, ctx) -> None:
         self._rank = ctx.trace_array("floe_rank")
         self._ctx = ctx
-        quality = (ctx.trace.meta.get("quality") or {}).get("floe")
-        self._quality = quality if quality is not None else (
-            "not modelled: compressed experts change the model's numerics and this trace carries no measured "
-            "FloE quality (meta['quality']['floe'])")
+        self._quality = quality_fields(f"compression {self.compression:g}", ctx.trace.meta, ("floe",))
 
     def on_layer_start(self, ctx, t: int, layer: int) -> None:
         if layer + 1 >= ctx.num_moe_layers:
@@ -99,7 +96,7 @@ class FloE(Policy):
         out = {
             "floe_expert_bytes": int(fmt.fetch_bytes),
             "floe_compression": float(self.compression),
-            "floe_quality": self._quality,
+            **self._quality,
         }
         if ctx.workload.expert_bits != 16:
             out["floe_note"] = (f"FloE's format (BF16 / {self.compression:g}) replaces model.expert_bits = "

@@ -203,6 +203,13 @@ class PreGated:
                 "first_layer_own_router_share": self.own_router_rows / max(1, self.rows)}
 
 
+def _expert_residual(block, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert e's output, its residual against the shared expert) for FFN inputs x, both float32."""
+    y_e = block.experts(x, torch.full((x.shape[0], 1), e, device=x.device, dtype=torch.long),
+                        torch.ones(x.shape[0], 1, device=x.device)).float()
+    return y_e, y_e - block.shared_experts(x).float()
+
+
 def fit_lore(model, train_rec, ranks=LORE_RANKS, ridge: float = 1e-3, min_tokens: int = 8, log=print) -> dict:
     """Reduced-rank residuals expert_e(x) − shared(x) ≈ x·A_e·B_e per MoE layer and expert, every rank in `ranks`.
 
@@ -232,9 +239,7 @@ def fit_lore(model, train_rec, ranks=LORE_RANKS, ridge: float = 1e-3, min_tokens
                 if sel.numel() < min_tokens:
                     continue
                 x = x_all[sel]
-                y_e = block.experts(x, torch.full((x.shape[0], 1), e, device=device, dtype=torch.long),
-                                    torch.ones(x.shape[0], 1, device=device))
-                res = y_e.float() - block.shared_experts(x).float()
+                _, res = _expert_residual(block, x, e)
                 g = x.T @ x
                 g = g + ridge * g.diagonal().mean() * torch.eye(d, device=device)
                 w_full = torch.linalg.solve(g, x.T @ res)  # (d, d) least squares x·W ≈ res
@@ -265,9 +270,7 @@ def lore_fit_error(model, rec, lore: dict, ranks=LORE_RANKS) -> dict:
         ids = rec.routed_ids[:, li].to(device)
         for e in torch.unique(ids).tolist():
             x = x_all[(ids == e).any(-1)]
-            y_e = block.experts(x, torch.full((x.shape[0], 1), e, device=device, dtype=torch.long),
-                                torch.ones(x.shape[0], 1, device=device)).float()
-            res = y_e - block.shared_experts(x).float()
+            y_e, res = _expert_residual(block, x, e)
             norm += float(y_e.pow(2).sum())
             err["shared"] += float(res.pow(2).sum())
             for r in ranks:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from chipsim.errors import InputError
 from chipsim.trace import format as tformat
 from chipsim.trace.predictors import build_trace_arrays
-from chipsim.trace.quality import measure_quality
+from chipsim.trace.quality import heldout_nll, measure_quality
 from chipsim.trace.recorder import RoutingRecorder, find_routers, model_counts, record
 from chipsim.trace.textdata import load_split
 from chipsim.workload.models import get_model
@@ -160,19 +160,11 @@ def even_starts(n_tokens: int, count: int, seq: int) -> np.ndarray:
     return np.arange(count) * max(stride, seq)
 
 
-@torch.no_grad()
 def eval_loss(model, data: torch.Tensor, batch: int, device, amp) -> float:
-    model.eval()
-    tot, cnt = 0.0, 0
-    for s in range(0, data.shape[0], batch):
-        x = data[s:s + batch].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum")
-        tot += float(loss)
-        cnt += x[:, 1:].numel()
+    """Mean next-token loss over the windows of `data`; leaves the model in training mode."""
+    loss, _ = heldout_nll(model, data, batch, amp)
     model.train()
-    return tot / cnt
+    return loss
 
 
 def train_step(model, x, top_k, aux, amp, device):
