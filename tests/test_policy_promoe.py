@@ -4,7 +4,7 @@ or per-layer staging; defining behaviours on hand-made traces, then the bundled 
 import numpy as np
 import pytest
 from conftest import THOR
-from helpers import hand_trace_arrays, random_routing
+from helpers import hand_trace_arrays, random_routing, write_trace_and_config
 
 from chipsim.errors import InputError
 from chipsim.runner import prepare, simulate, summarize_result
@@ -43,12 +43,8 @@ def _config(tmp_path, routed, quality=None, name="p", capacity_mib=4):
     arrays, meta = hand_trace_arrays(TINY, routed)
     if quality:
         arrays["promoe_rank"] = _prediction(routed, quality)
-    trace = tmp_path / f"{name}.npz"
-    tf.save(trace, arrays, meta)
-    cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                   f"expert_buffer:\n  capacity_mib: {capacity_mib}\n")
-    return str(cfg)
+    return write_trace_and_config(tmp_path, TINY, arrays, meta, name=name,
+                                  extra_yaml=f"expert_buffer:\n  capacity_mib: {capacity_mib}\n")
 
 
 def _runs(cfg, specs, record_events=False):

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing
+from helpers import hand_trace_arrays, random_routing, write_trace_and_config
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
@@ -47,13 +47,8 @@ def make(tmp_path, monkeypatch):
             arrays["draft_ids"] = draft.astype(np.uint8)
         if conf is not None:
             arrays["draft_conf"] = conf.astype(np.float16)
-        n = next(counter)
-        trace = tmp_path / f"t{n}.npz"
-        tf.save(trace, arrays, meta)
-        cfg = tmp_path / f"c{n}.yaml"
-        cfg.write_text(f"base: {THOR}\nmodel:\n  name: {model.name}\nworkload:\n  trace: {trace}\n"
-                       f"expert_buffer:\n  capacity_mib: {buffer_mib}\n{body}")
-        return str(cfg)
+        return write_trace_and_config(tmp_path, model, arrays, meta, name=f"t{next(counter)}",
+                                      extra_yaml=f"expert_buffer:\n  capacity_mib: {buffer_mib}\n{body}")
 
     return build
 

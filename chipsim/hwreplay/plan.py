@@ -102,6 +102,8 @@ class PlanRecorder(Simulation):
             self.actions.append(["dense", self.t, label_args[0]])
         elif label == "lm head":
             self.actions.append(["head", self.t])
+        elif label not in ("L%d shared", "L%d combine"):  # those two run inside the replay's route/layer_end steps
+            raise RuntimeError(f"hwreplay: the engine computes {label!r}, which the plan recorder does not know")
         yield from super()._compute(op_ps, hbm_bytes, label, *label_args)
 
 
