@@ -75,6 +75,13 @@ def test_non_positive_bandwidth_from_set(value):
                     "must be positive")
 
 
+def test_profiled_op_time_must_be_a_positive_number(tmp_path):
+    cfg = write_config(tmp_path, 'compute:\n  op_times_ns:\n    "matvec r8 o8 b128": -5\n')
+    assert_rejected(["run", cfg], "compute.op_times_ns.matvec r8 o8 b128", "must be positive")
+    cfg = write_config(tmp_path, "compute:\n  op_times_ns: 12\n", name="d.yaml")
+    assert_rejected(["run", cfg], "compute.op_times_ns", "expected a section")
+
+
 def test_unknown_key_from_set():
     assert_rejected(["run", THOR, "--set", "links.pcie.speed=3"], "links.pcie.speed", "unknown key")
 

@@ -115,3 +115,27 @@ def test_expert_bytes_scale_with_precision_plus_group_scales():
     assert weight_bytes(params, 32, 128, 16) == params * 4
     assert weight_bytes(params, 8, 128, 16) == params + params // 128 * 2
     assert weight_bytes(params, 4, 128, 16) == params // 2 + params // 128 * 2
+
+
+def test_a_profiled_op_takes_its_measured_time_and_the_rest_the_array_model():
+    base = hw()
+    key = "matvec r1536 o1024 b3145728"
+    prof = dataclasses.replace(base, compute=dataclasses.replace(base.compute, op_times_ns={key: 10114.0}))
+    am, ref = ArrayModel(prof), ArrayModel(base)
+    op = am.matvec("gate_up", 1536, 1024, 1536 * 1024 * 2)
+    assert op.duration_ps == 10_114_000
+    assert (op.hbm_read_bytes, op.macs) == (1536 * 1024 * 2, 1536 * 1024)  # energy still counts its actions
+    other = am.matvec("down", 512, 1536, 512 * 1536 * 2)  # not in the table: the array model's cost
+    assert other.duration_ps == ref.matvec("down", 512, 1536, 512 * 1536 * 2).duration_ps
+    assert (am.profiled_ops, am.modelled_ops) == (1, 1)
+
+
+def test_op_group_launch_is_charged_once_per_group():
+    from chipsim.workload.decode import build_workload
+
+    base = hw()
+    launched = dataclasses.replace(base, compute=dataclasses.replace(base.compute, op_group_launch_ns=800.0))
+    a, b = build_workload(base), build_workload(launched)
+    for group in ("attention", "router", "expert", "combine"):
+        assert getattr(b.moe_layer(0), group).duration_ps == getattr(a.moe_layer(0), group).duration_ps + 800_000
+    assert b.token_head.duration_ps == a.token_head.duration_ps + 800_000

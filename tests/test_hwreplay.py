@@ -28,9 +28,9 @@ def _measurement(name):
 @pytest.mark.parametrize("name", MEASUREMENTS)
 def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name):
     meas = _measurement(name)
-    # the timing-dependent policies (LRU evictions, apex-sf's use of what arrived) at one context each
-    cases = [c for c in meas["cases"] if c["context_length"] == 512 and c["policy"] in ("lru", "apex-sf")]
-    assert len(cases) == 2
+    # ProMoE (whose prefetches depend on timing), LRU evictions and apex-sf's use of what arrived, at one context
+    cases = [c for c in meas["cases"] if c["context_length"] == 512 and c["policy"] in ("promoe", "lru", "apex-sf")]
+    assert len(cases) == 3
     for case in cases:
         prep = prepare(os.path.join(ROOT, meas["config"]), ["workload.context_length=512"], [case["policy"]])
         plan = build_plan(prep, prep.policies[0])
@@ -145,12 +145,14 @@ def test_primitive_ops_cost_exactly_the_workload_groups():
         return total
 
     moe = wl.moe_layer(0)
-    assert cost(groups["attention"]) == moe.attention.duration_ps
-    assert cost(groups["router"]) == moe.router.duration_ps
-    assert cost(groups["shared"]) == moe.dense.duration_ps
-    assert cost(groups["expert"]) == moe.expert.duration_ps
-    assert cost(groups["dense"]) == wl.layers[0].dense.duration_ps
-    assert cost(groups["head"]) == wl.token_head.duration_ps
+    launch = am.group_launch_ps  # each group is one launch (one CUDA graph in the replay)
+    assert launch > 0
+    assert cost(groups["attention"]) + launch == moe.attention.duration_ps
+    assert cost(groups["router"]) + launch == moe.router.duration_ps
+    assert cost(groups["shared"]) + launch == moe.dense.duration_ps
+    assert cost(groups["expert"]) + launch == moe.expert.duration_ps
+    assert cost(groups["dense"]) + launch == wl.layers[0].dense.duration_ps
+    assert cost(groups["head"]) + launch == wl.token_head.duration_ps
     # the expert's matvec operands are exactly one expert's bytes: the harness reads them from its slot
     matvec_bytes = sum(p.weight_bytes for p in groups["expert"] if p.kind == "matvec")
     assert matvec_bytes == wl.expert_bytes
@@ -222,8 +224,29 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
         mb = json.load(f)
     with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
         committed = yaml.safe_load(f)
-    assert yaml.safe_load(render(mb)) == committed  # every value, nothing edited by hand
+    launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
+    assert len(launches) == 1  # every committed replay ran the same way, and the config says which
+    mode = launches.pop()
+    assert yaml.safe_load(render(mb, mode)) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
-    assert committed["compute"]["op_overhead_cycles"] == round(tiny["gpu_us_per_kernel"] * committed["compute"]["clock_mhz"])
+    per_kernel = tiny["gpu_us_per_kernel"] if mode == "eager" else tiny["graph_us_per_kernel"]
+    assert committed["compute"]["op_overhead_cycles"] == round(per_kernel * committed["compute"]["clock_mhz"])
+    field = "eager_us" if mode == "eager" else "graph_us"
+    assert committed["compute"]["op_times_ns"] == {r["key"]: round(r[field] * 1e3, 1) for r in mb["op_times"]}
     assert committed["links"]["pcie"]["bandwidth_gbps"] == mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"]
     assert committed["dma"]["setup_ns"] == round(mb["h2d_pinned_queued16_fit"]["intercept_us"] * 1e3, 1)
+
+
+@pytest.mark.parametrize("name", MEASUREMENTS)
+def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
+    """The validation configs cost every kernel of their decode steps from the microbenchmark's per-shape table."""
+    from chipsim.hw.compute import ArrayModel
+    from chipsim.workload.decode import op_group_builders
+
+    for ctx in (512, 2048):
+        prep = prepare(f"{ROOT}/hwconfigs/{name}.yaml", [f"workload.context_length={ctx}"], ["no-prefetch"])
+        am = ArrayModel(prep.config.hw)
+        for build in op_group_builders(am, prep.workload.model, prep.config.hw).values():
+            if build is not None:
+                build()
+        assert am.modelled_ops == 0 and am.profiled_ops > 0, (name, ctx)

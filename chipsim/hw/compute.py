@@ -13,6 +13,11 @@ An operation runs on all arrays together. Its time is
 - Elementwise vector work (residual add, scaling, dequantisation): ceil(lane ops / (A·R·C·V)) cycles.
 - Operands stream from HBM through the UCIe link into SRAM: bandwidth = min(HBM effective, UCIe).
 - Fixed latency per operation: issue/pipeline overhead cycles + first operand (HBM access + UCIe + SRAM).
+
+Profiled operators: an operation whose key (`op_key`) is in `compute.op_times_ns` takes that measured
+time instead (its bytes, MACs and SFU operations still count for energy). The validation config of a
+real GPU (hwconfigs/h200-pcie5.yaml) lists every kernel shape of its decode steps, each timed alone by a
+microbenchmark; `op_group_launch_ns` adds the fixed cost of starting one op group (OpGroup launch).
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def op_key(kind: str, reduction: int = 0, outputs: int = 0, read_bytes: int = 0, elements: int = 0) -> str:
+    """The name of an operation's shape in `compute.op_times_ns`: what a kernel's time depends on."""
+    if kind == "matvec":
+        return f"matvec r{reduction} o{outputs} b{read_bytes}"
+    if kind == "sfu":
+        return f"sfu n{elements}"
+    if kind == "vector":
+        return f"vector n{elements} b{read_bytes}"
+    raise ValueError(f"unknown operation kind {kind!r}")
 
 
 @dataclass(frozen=True)
@@ -69,20 +85,35 @@ class ArrayModel:
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + hw.links.ucie.latency_ns + c.sram_access_ns)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
+        self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
+        self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
+        self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
+        self.modelled_ops = 0  # operations costed by the array model
 
-    def _op(self, name: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int) -> OpCost:
+    def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int) -> OpCost:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         memory_ps = transfer_ps(read_bytes + write_bytes, self.stream_bytes_per_s) if (read_bytes + write_bytes) else 0
+        measured = self.op_times_ps.get(key)
+        if measured is not None:
+            self.profiled_ops += 1
+            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops)
+        self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
         return OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops)
 
     def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0) -> OpCost:
         """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM."""
         cycles = ceil_div(outputs * ceil_div(reduction, self.vector_length), self.units)
-        return self._op(name, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
+        key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
+        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
 
     def sfu(self, name: str, ops: int) -> OpCost:
-        return self._op(name, ceil_div(ops, self.sfu_per_cycle), 0, 0, 0, ops)
+        return self._op(name, op_key("sfu", elements=ops), ceil_div(ops, self.sfu_per_cycle), 0, 0, 0, ops)
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
-        return self._op(name, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0)
+        key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
+        return self._op(name, key, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0)
+
+    def group_launch(self, name: str) -> OpCost:
+        """The fixed cost of starting one op group (compute.op_group_launch_ns)."""
+        return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0)

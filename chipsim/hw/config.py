@@ -29,6 +29,13 @@ def _f(doc: str, **kw):
     return field(metadata=spec(doc, **kw))
 
 
+def _optional(doc: str, default, **kw):
+    """A key that may be left out of a config (older configs and platforms that have no use for it)."""
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=spec(doc, **kw))
+    return field(default=default, metadata=spec(doc, **kw))
+
+
 # ---------------------------------------------------------------------------------------------- compute
 @dataclass(frozen=True)
 class ComputeConfig:
@@ -45,6 +52,13 @@ class ComputeConfig:
     active_power_w_per_array: float = _f("power of one array while busy (incl. its SRAM and SFUs), W", positive=True)
     leakage_power_w_per_array: float = _f("power of one clock-gated idle array (leakage), W", minimum=0)
     dequant_ops_per_weight: int = _f("vector-lane operations to dequantise one sub-16-bit weight to BF16", positive=True)
+    op_group_launch_ns: float = _optional(
+        "fixed time to start one op group (attention, router, one expert, ...): a CUDA-graph launch on a GPU; "
+        "0 for an accelerator that sequences its own groups", 0.0, minimum=0)
+    op_times_ns: dict = _optional(
+        "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
+        "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
+        "array model's estimate (profiled-operator mode, as in Vidur); empty: the array model throughout", {})
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -288,6 +302,16 @@ def _check_value(value, tp, meta: dict, key: str):
     elif tp is str:
         if not isinstance(value, str) or not value:
             raise InputError(f"{key}: expected a non-empty string, got {value!r}")
+    elif tp is dict:
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a section of name: number entries, got {value!r}")
+        out = {}
+        for name, v in value.items():
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{key}: entry names must be non-empty strings, got {name!r}")
+            v = _check_value(v, float, {"positive": True}, f"{key}.{name}")
+            out[name] = v
+        return out
     elif tp is list:
         if isinstance(value, str):
             value = [value]
@@ -316,6 +340,8 @@ def build_dataclass(cls, data, key_prefix: str = ""):
     for f in dataclasses.fields(cls):
         key = f"{key_prefix}{f.name}"
         if f.name not in data:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue  # optional key: the dataclass default
             raise InputError(f"{key}: missing key ({f.metadata.get('doc', '')})")
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):

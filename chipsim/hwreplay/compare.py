@@ -16,6 +16,8 @@ import os
 import statistics
 
 from chipsim.errors import InputError
+from chipsim.hw.compute import ArrayModel
+from chipsim.workload.decode import op_group_builders
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
 
@@ -31,6 +33,10 @@ def _resolve(config: str, measurement_path: str) -> str:
     raise InputError(f"{measurement_path}: config {config} not found")
 
 
+# the simulator without the profiled operators: every op from the array model, no per-group launch
+ARRAY_MODEL_ONLY = ("compute.op_times_ns={}", "compute.op_group_launch_ns=0")
+
+
 def _case_row(job) -> dict:
     config, ctx, policy, overrides, case, warm, model = job
     prep = prepare(config, [f"workload.context_length={ctx}", *overrides], [policy])
@@ -38,7 +44,15 @@ def _case_row(job) -> dict:
     measured = case["latency_ms"][warm:]
     simulated = plan.sim_latency_ms[warm:]
     m_ms, s_ms = statistics.fmean(measured), statistics.fmean(simulated)
+    am = ArrayModel(prep.config.hw)  # count the decode step's ops costed from the profile vs the array model
+    for build in op_group_builders(am, prep.workload.model, prep.config.hw).values():
+        if build is not None:
+            build()
+    alt = prepare(config, [f"workload.context_length={ctx}", *overrides, *ARRAY_MODEL_ONLY], [policy])
+    a_ms = statistics.fmean(build_plan(alt, alt.policies[0]).sim_latency_ms[warm:])
     return {
+        "array_model_ms": a_ms, "array_model_error_pct": 100.0 * (a_ms - m_ms) / m_ms,
+        "profiled_ops": am.profiled_ops, "modelled_ops": am.modelled_ops,
         "model": model, "context_length": ctx, "policy": policy,
         "measured_ms": m_ms, "measured_p10_ms": sorted(measured)[len(measured) // 10],
         "measured_p90_ms": sorted(measured)[(9 * len(measured)) // 10],
@@ -73,7 +87,8 @@ def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
     else:
         rows = [_case_row(job) for job in work]
     return {"config": meas["config"], "model": meas["model"], "device": meas["device"], "torch": meas["torch"],
-            "warmup_tokens": warm, "rows": rows}
+            "warmup_tokens": warm, "rows": rows,
+            "cases": [{"kernel_launch": c.get("kernel_launch", "eager")} for c in meas["cases"]]}
 
 
 def mape(rows) -> float:
@@ -81,20 +96,23 @@ def mape(rows) -> float:
 
 
 def _table(rows) -> list[str]:
-    out = ["| model | context | policy | measured ms/token (p10–p90) | simulated ms/token | error | bytes fetched (plan) | bytes copied (GPU) | decisions |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| model | context | policy | measured ms/token (p10–p90) | simulated ms/token | error | array model only: ms, error "
+           "| bytes fetched (plan) | bytes copied (GPU) | decisions |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         same = "equal" if r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] else "DIFFER"
         out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {r['measured_ms']:.3f} "
                    f"({r['measured_p10_ms']:.2f}–{r['measured_p90_ms']:.2f}) | {r['simulated_ms']:.3f} | "
-                   f"{r['error_pct']:+.1f} % | {r['plan_bytes']:,} | {r['copied_bytes']:,} ({same}) | "
+                   f"{r['error_pct']:+.1f} % | {r['array_model_ms']:.3f}, {r['array_model_error_pct']:+.1f} % | "
+                   f"{r['plan_bytes']:,} | {r['copied_bytes']:,} ({same}) | "
                    f"{'same' if r['decisions_match'] else 'DIFFER'} |")
     return out
 
 
 def summary_lines(groups: dict[str, list]) -> list[str]:
-    out = ["| cases | n | latency MAPE | MAPE, overlapped policies | max error | bytes exact | decisions same |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| cases | n | latency MAPE | MAPE, overlapped policies | max error | array model only: MAPE | bytes exact "
+           "| decisions same | ops from the profile |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, rows in groups.items():
         if not rows:
             continue
@@ -103,11 +121,37 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
         same = sum(r["decisions_match"] for r in rows)
         worst = max(rows, key=lambda r: abs(r["error_pct"]))
         out.append(f"| {name} | {len(rows)} | {mape(rows):.1f} % | {mape(ov):.1f} % | {worst['error_pct']:+.1f} % "
-                   f"({worst['model']}, {worst['policy']} @{worst['context_length']}) | {exact}/{len(rows)} | {same}/{len(rows)} |")
+                   f"({worst['model']}, {worst['policy']} @{worst['context_length']}) | "
+                   f"{statistics.fmean(abs(r['array_model_error_pct']) for r in rows):.1f} % | {exact}/{len(rows)} | "
+                   f"{same}/{len(rows)} | {sum(r['profiled_ops'] for r in rows)}/"
+                   f"{sum(r['profiled_ops'] + r['modelled_ops'] for r in rows)} |")
     return out
 
 
-def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str]) -> str:
+def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
+    """Each profiled kernel shape: the array model's estimate (config without op_times_ns) vs its measured time
+    (inside a CUDA graph when the replays ran with graphs, else launched eagerly)."""
+    hw = prepare(config, list(ARRAY_MODEL_ONLY), ["no-prefetch"]).config.hw
+    am = ArrayModel(hw)
+    field = "graph_us" if graphs else "eager_us"
+    out = []
+    for r in mb.get("op_times", []):
+        kind, *parts = r["key"].split()
+        v = {p[0]: int(p[1:]) for p in parts}
+        if kind == "matvec":
+            op = am.matvec("op", v["r"], v["o"], v["b"])
+        elif kind == "sfu":
+            op = am.sfu("op", v["n"])
+        else:
+            op = am.vector("op", v["n"], v["b"])
+        model_us = op.duration_ps / 1e6
+        out.append({"key": r["key"], "users": r["users"], "measured_us": r[field], "model_us": model_us,
+                    "error_pct": 100.0 * (model_us - r[field]) / r[field]})
+    return out
+
+
+def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
+           profile_check: list[dict] | None = None) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
@@ -137,7 +181,34 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
                   f"| tiny kernel, GPU side ({mb['tiny_kernels'].get('queued_kernels', '')} queued behind a sleep) | "
                   f"{mb['tiny_kernels']['gpu_us_per_kernel']} µs | compute.op_overhead_cycles |",
                   f"| tiny kernel, eager PyTorch chain (host dispatch included) | {mb['tiny_kernels']['eager_chain_us_per_kernel']} µs "
-                  "| not used (see Findings) |", ""]
+                  "| not used (see Findings) |"]
+        if isinstance(mb["tiny_kernels"].get("graph_us_per_kernel"), (int, float)):
+            lines.append(f"| tiny kernel inside one CUDA graph | {mb['tiny_kernels']['graph_us_per_kernel']} µs | "
+                         "compute.op_overhead_cycles of the graph config (ops outside the profile) |")
+        if isinstance(mb.get("graph_launch", {}).get("us_per_one_kernel_graph"), (int, float)):
+            lines.append(f"| one-kernel CUDA graph, GPU time per launch | {mb['graph_launch']['us_per_one_kernel_graph']} µs | "
+                         "compute.op_group_launch_ns (minus the kernel's own time) |")
+        if mb.get("op_times"):
+            src = mb.get("op_times_from", {})
+            lines.append(f"| every kernel shape of the decode steps ({len(mb['op_times'])} shapes: the four validation "
+                         f"shapes at contexts {', '.join(map(str, src.get('contexts', [])))}), each alone, in a CUDA graph | "
+                         "per shape | compute.op_times_ns (profiled operators) |")
+        lines.append("")
+        if profile_check:
+            lines += ["### The array model against the profiled kernels", "",
+                      "What chipsim's analytic array model (hwconfigs/h200-pcie5.yaml without `op_times_ns`) predicts for "
+                      "each profiled kernel shape, against its measured time inside a CUDA graph. The simulated latencies "
+                      "above use the measured times; the 'array model only' columns use these estimates.", "",
+                      "| kind | shapes | median error | worst |", "| --- | --- | --- | --- |"]
+            for kind in ("matvec", "sfu", "vector"):
+                rs = [r for r in profile_check if r["key"].startswith(kind)]
+                if not rs:
+                    continue
+                errs = sorted(rs, key=lambda r: r["error_pct"])
+                worst = max(rs, key=lambda r: abs(r["error_pct"]))
+                lines.append(f"| {kind} | {len(rs)} | {errs[len(errs) // 2]['error_pct']:+.0f} % | {worst['error_pct']:+.0f} % "
+                             f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
+            lines.append("")
     lines += ["## Findings", ""] + notes + [""]
     lines += [f"## Development shapes ({', '.join(dict.fromkeys(r['model'] for r in dev))})", ""] + _table(dev) + [""]
     lines += [f"## Held-out shape: {held_out}", "",
@@ -180,14 +251,19 @@ def main(argv=None) -> int:
         raise InputError(f"{exc.filename}: {exc.strerror}") from None
     except ValueError as exc:
         raise InputError(f"{a.microbench}: not JSON ({exc})") from None
-    commands = ["# on the GPU machine (one command per shape; microbenchmarks and the config first)",
-                "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json",
-                "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"]
-    commands += [f"chipsim hwreplay {res['config']} --contexts 512,2048 --out validation/" for res in results]
+    graphs = all(c.get("kernel_launch") == "graph" for res in results for c in res["cases"])
+    configs = [res["config"] for res in results]
+    commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
+                "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
+                "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
+                + (" --kernel-launch graph" if graphs else "")]
+    commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
                  + (f" --microbench {a.microbench}" if a.microbench else "") + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
-    text = report(results, mb, a.held_out, commands, notes)
+    check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
+             if mb and mb.get("op_times") else None)
+    text = report(results, mb, a.held_out, commands, notes, check)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)

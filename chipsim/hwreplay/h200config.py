@@ -1,6 +1,6 @@
 """Write hwconfigs/h200-pcie5.yaml from the microbenchmark JSON (chipsim.hwreplay.microbench).
 
-    python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml
+    python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch graph
 
 Every timing number comes from a single-copy or single-op measurement (named in its comment) or a
 datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy numbers are not validated
@@ -18,6 +18,25 @@ from chipsim.hw.dram import dram_timing
 # H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
 HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,
            tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900)
+
+
+def _op_table(mb: dict, kernel_launch: str) -> str:
+    """compute.op_times_ns: each decode-step kernel shape's measured time (microbench op_times), or nothing."""
+    rows = mb.get("op_times") or []
+    if not rows:
+        return ""
+    field = "eager_us" if kernel_launch == "eager" else "graph_us"
+    how = ("launched eagerly, queued behind a sleep (GPU time only)" if kernel_launch == "eager"
+           else "inside one CUDA graph")
+    src = mb.get("op_times_from", {})
+    lines = [f"  op_times_ns:                    # measured: every kernel shape of the decode steps of "
+             f"{', '.join(src.get('configs', []))} at contexts {src.get('contexts')}, each timed alone "
+             f"(microbench op_times.{field}: a chain of it over weights rotating through 2 GiB, {how}); "
+             f"an op not listed falls back to the array model"]
+    for r in rows:
+        users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
+        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {users}')
+    return "\n".join(lines) + "\n"
 
 
 def render(mb: dict, kernel_launch: str = "eager") -> str:
@@ -40,6 +59,15 @@ def render(mb: dict, kernel_launch: str = "eager") -> str:
     per_op_source = ("GPU side, 500 queued behind a sleep (microbench tiny_kernels.gpu_us_per_kernel)" if kernel_launch == "eager"
                      else "inside one CUDA graph (microbench tiny_kernels.graph_us_per_kernel); the replay runs with --graphs")
     overhead_cycles = max(0, round(per_op_us * clock_mhz))
+    launch_ns, launch_source = 0.0, "eager launches: no per-group start beyond each kernel's own time"
+    if kernel_launch == "graph":
+        gl = mb.get("graph_launch", {}).get("us_per_one_kernel_graph")
+        if not isinstance(gl, (int, float)):
+            raise SystemExit(f"microbenchmark has no graph launch time: {mb.get('graph_launch')}")
+        launch_ns = max(0.0, round((gl - per_op_us) * 1e3, 1))
+        launch_source = (f"measured: a one-kernel graph takes {gl} us per launch (graph_launch) - {per_op_us} us for "
+                         f"its kernel (tiny_kernels.graph_us_per_kernel)")
+    table = _op_table(mb, kernel_launch)
     hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
     hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
     # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
@@ -50,7 +78,8 @@ def render(mb: dict, kernel_launch: str = "eager") -> str:
     setup_ns = max(0.0, round(q["intercept_us"] * 1e3, 1))
     return f"""# chipsim hardware config: the lent NVIDIA H200 (PCIe 5.0 x16 host link) as chipsim sees it, for
 # validation against real replays (chipsim hwreplay; VALIDATION.md). WRITTEN BY
-#   python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml
+#   python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch {kernel_launch}
+# (--kernel-launch {kernel_launch}: the replay launches {"each kernel on its own" if kernel_launch == "eager" else "each op group as one CUDA graph (chipsim hwreplay --graphs)"})
 # from single-copy and single-op microbenchmarks (python -m chipsim.hwreplay.microbench) run on that machine:
 # {m["gpu"]}, {m["sm_count"]} SMs, {m["gpu_memory_gib"]} GiB; host {m.get("host_cpu")}, {m.get("host_cpus")} CPUs,
 # {m.get("host_memory_gib")} GiB; torch {m["torch"]}, CUDA {m["cuda"]}; nvidia-smi: {smi}.
@@ -75,7 +104,8 @@ compute:
   active_power_w_per_array: 4.5   # ASSUMPTION: 700 W TDP / 132 SMs share, less HBM; energy is not validated here
   leakage_power_w_per_array: 0.5  # ASSUMPTION: energy is not validated here
   dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
-
+  op_group_launch_ns: {launch_ns}   # {launch_source}
+{table}
 memory:
   hbm:
     capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory

@@ -28,6 +28,26 @@ from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
 
+def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out) -> tuple:
+    """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
+    shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, an exp for SFU work, an add
+    for vector work. The replay and the per-shape microbenchmark launch exactly these."""
+    if p.kind == "matvec":
+        g = p.groups
+        if g == 1:
+            return torch.mv, (weight, x[:p.reduction]), {"out": out[:weight.shape[0]]}
+        return torch.mm, (weight, x[:p.reduction * g].view(p.reduction, g)), {"out": out[:weight.shape[0] * g].view(weight.shape[0], g)}
+    n = max(p.elements, 1)
+    if p.kind == "sfu":
+        return torch.exp, (scratch_a[:n],), {"out": out[:n]}
+    return torch.add, (scratch_a[:n], scratch_b[:n]), {"out": out[:n]}
+
+
+def weight_shape(p: Primitive) -> tuple[int, int]:
+    """(rows, reduction) of a matvec primitive's weight operand."""
+    return -(-p.outputs // p.groups), p.reduction
+
+
 class GpuDecodeStep:
     """Weights and scratch buffers of one model shape on the GPU; enqueues op groups on the current stream."""
 
@@ -75,21 +95,11 @@ class GpuDecodeStep:
         """The group's kernels as (function, args, kwargs) with every view made once, before any timing."""
         calls, wi = [], 0
         for p in prims:
+            w = None
             if p.kind == "matvec":
                 w = weights[wi]
                 wi += 1
-                g = p.groups
-                if g == 1:
-                    calls.append((torch.mv, (w, self.x[:p.reduction]), {"out": self.scratch_out[:w.shape[0]]}))
-                else:
-                    calls.append((torch.mm, (w, self.x[:p.reduction * g].view(p.reduction, g)),
-                                  {"out": self.scratch_out[:w.shape[0] * g].view(w.shape[0], g)}))
-            elif p.kind == "sfu":
-                n = max(p.elements, 1)
-                calls.append((torch.exp, (self.scratch_a[:n],), {"out": self.scratch_out[:n]}))
-            else:
-                n = max(p.elements, 1)
-                calls.append((torch.add, (self.scratch_a[:n], self.scratch_b[:n]), {"out": self.scratch_out[:n]}))
+            calls.append(kernel_call(p, w, self.x, self.scratch_a, self.scratch_b, self.scratch_out))
         return calls
 
     def group_calls(self, name: str, layer: int) -> list:
@@ -158,8 +168,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
     The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
     view and event made beforehand, so that enqueueing a token costs the host as little as possible.
-    graphs=True (CUDA only) launches each compute segment (a layer's attention and router, one expert in
-    one slot, a combine, the head) as one captured CUDA graph instead of kernel by kernel.
+    graphs=True (CUDA only) launches each simulator op group (a layer's attention, its router, its shared
+    experts, one expert in one slot, a combine, the head) as one captured CUDA graph instead of kernel by
+    kernel; the config then charges compute.op_group_launch_ns per group.
     """
     Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
@@ -171,12 +182,11 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
 
     graphs = graphs and gpu_slots.device.type == "cuda"
 
-    def group(*names_layer):
-        """The kernels of one or more groups of one layer, e.g. group("attention", "router", 5)."""
-        *names, layer = names_layer
-        key = (tuple(names), layer)
+    def group(name, layer):
+        """The kernels of one op group of one layer, e.g. group("router", 5)."""
+        key = (name, layer)
         if key not in group_cache:
-            calls = [c for name in names for c in step.group_calls(name, layer)]
+            calls = step.group_calls(name, layer)
             group_cache[key] = step.as_graph(("group", key), calls) if graphs else calls
         return group_cache[key]
 
@@ -222,11 +232,13 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             continue
         if kind == "token":
             continue
-        if kind == "attention":
+        if kind == "attention":  # one launch per simulator op group: with graphs, one graph each
             layer = first_dense + a[2]
-            prog.append(("c", group("attention", "router", layer)))
+            prog.append(("c", group("attention", layer)))
+            prog.append(("c", group("router", layer)))
         elif kind == "dense":
-            prog.append(("c", group("attention", "dense", a[2])))
+            prog.append(("c", group("attention", a[2])))
+            prog.append(("c", group("dense", a[2])))
         elif kind == "route":
             if "shared" in step.groups:
                 prog.append(("c", group("shared", first_dense + a[2])))

@@ -7,8 +7,13 @@ Measures (CUDA events, medians):
   (fits t = a + N/B: B the link's usable bandwidth, a the fixed cost per copy); pageable for reference;
 - GEMV time against weight size, 1 … 256 MiB, each call on a different weight so L2 never holds one
   (fit t = a + bytes/B: B the HBM read bandwidth a GEMV reaches, a its fixed cost);
-- tiny kernels: GPU time per kernel when the host is far ahead (queued behind a sleep kernel), and the
-  steady rate of an eager chain of them (host dispatch included);
+- tiny kernels: GPU time per kernel when the host is far ahead (queued behind a sleep kernel), the
+  steady rate of an eager chain of them (host dispatch included), the per-kernel time inside a CUDA graph
+  and the GPU-side cost of launching one graph;
+- every kernel shape of the decode steps of the given configs (--shapes-from, at --contexts): each one
+  timed alone, as a chain of the same kernel over weights that rotate through more than the L2 cache,
+  launched eagerly behind a sleep (GPU time only) and captured in one CUDA graph; the rows are the
+  compute.op_times_ns table of h200config (the simulator's profiled-operator mode);
 - machine facts: GPU name, SM count, clocks, host CPU and memory.
 Nothing here is fitted to an end-to-end run.
 """
@@ -146,6 +151,105 @@ def tiny_kernels(device, n: int = 4000, queued: int = 500) -> dict:
             "queued_kernels": queued, "graph_us_per_kernel": graph_us}
 
 
+def graph_launch(device, replays: int = 200) -> dict:
+    """GPU-side time per launch of a one-kernel CUDA graph, queued behind a sleep (host far ahead)."""
+    stream = torch.cuda.Stream()
+    a, b, c = (torch.randn(64, device=device) for _ in range(3))
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.add(a, b, out=c)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        torch.add(a, b, out=c)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(int(5e7))
+            e0.record(stream)
+            for _ in range(replays):
+                g.replay()
+            e1.record(stream)
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / replays)
+    return {"us_per_one_kernel_graph": round(statistics.median(ts), 3), "replays": replays}
+
+
+def decode_shapes(configs: list[str], contexts: list[int]) -> list[tuple[object, list[str]]]:
+    """Every distinct primitive (by op key) of the configs' decode steps at the contexts, with its users."""
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.ops import primitive_ops
+
+    found: dict[str, tuple[object, set]] = {}
+    for path in configs:
+        for ctx in contexts:
+            hw = load_config(path, [f"workload.context_length={ctx}"]).hw
+            for prims in primitive_ops(hw).values():
+                for p in prims:
+                    found.setdefault(p.key, (p, set()))[1].add(f"{p.name} ({hw.model.name})")
+    return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
+
+
+def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: int = 5) -> list[dict]:
+    """Each shape timed alone: a chain of its kernel (chipsim.hwreplay.harness.kernel_call) over weights
+    rotating through `pool_mib` (far beyond the 60 MB L2, as in the replay where every layer has its own
+    weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel."""
+    from chipsim.hwreplay.harness import kernel_call, weight_shape
+
+    stream = torch.cuda.Stream()
+    pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
+    widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
+    longest = max([max(p.elements, p.outputs) for p, _ in shapes] + [1])
+    x = torch.randn(widest, dtype=torch.bfloat16, device=device)
+    sa = torch.randn(longest, dtype=torch.bfloat16, device=device)
+    sb = torch.randn(longest, dtype=torch.bfloat16, device=device)
+    out = torch.empty(longest + widest, dtype=torch.bfloat16, device=device)
+    rows_out = []
+    for p, users in shapes:
+        if p.kind == "matvec":
+            rows, red = weight_shape(p)
+            n = rows * red
+            count = max(2, min(max_chain, pool.numel() // n))
+            calls = [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out) for i in range(count)]
+        else:
+            count = max_chain // 2
+            calls = [kernel_call(p, None, x, sa, sb, out)] * count
+
+        def run():
+            with torch.cuda.stream(stream):
+                for fn, args, kwargs in calls:
+                    fn(*args, **kwargs)
+        run()
+        eager_us = _time_us(run, reps, stream) / count
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for fn, args, kwargs in calls:
+                fn(*args, **kwargs)
+        g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1) * 1e3 / count)
+        del g
+        rows_out.append({"key": p.key, "users": users, "chain": count, "eager_us": round(eager_us, 3),
+                         "graph_us": round(statistics.median(ts), 3)})
+    del pool
+    torch.cuda.empty_cache()
+    return rows_out
+
+
 def machine(device) -> dict:
     p = torch.cuda.get_device_properties(device)
     facts = {"gpu": p.name, "sm_count": p.multi_processor_count, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
@@ -172,7 +276,7 @@ def machine(device) -> dict:
     return facts
 
 
-def run(device="cuda") -> dict:
+def run(device="cuda", shape_configs=(), contexts=(512, 1024, 2048)) -> dict:
     device = torch.device(device)
     sizes = [64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB]
     t0 = time.perf_counter()
@@ -194,6 +298,19 @@ def run(device="cuda") -> dict:
         "gemv_fit": _fit([r["weight_bytes"] for r in gemv_big], [r["us"] for r in gemv_big]),
         "tiny_kernels": tiny_kernels(device),
     }
+    try:  # recorded, not fatal: the copy and GEMV figures stand on their own
+        result["graph_launch"] = graph_launch(device)
+    except RuntimeError as exc:
+        result["graph_launch"] = {"failed": str(exc)}
+    if shape_configs:
+        t1 = time.perf_counter()
+        try:
+            result["op_times"] = op_times(device, decode_shapes(list(shape_configs), list(contexts)))
+        except RuntimeError as exc:
+            result["op_times"] = []
+            result["op_times_failed"] = str(exc)
+        result["op_times_from"] = {"configs": list(shape_configs), "contexts": list(contexts),
+                                   "seconds": round(time.perf_counter() - t1, 1)}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
 
@@ -201,12 +318,15 @@ def run(device="cuda") -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="single-op and single-copy microbenchmarks of a CUDA machine")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes-from", nargs="*", default=[], metavar="CONFIG",
+                    help="time every kernel shape of these configs' decode steps (the op_times_ns table)")
+    ap.add_argument("--contexts", default="512,1024,2048", help="context lengths whose attention shapes to time")
     a = ap.parse_args(argv)
-    res = run()
+    res = run(shape_configs=a.shapes_from, contexts=[int(c) for c in a.contexts.split(",")])
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(json.dumps({k: res[k] for k in ("machine", "h2d_pinned_single_fit", "h2d_pinned_queued16_fit", "gemv_fit",
-                                          "tiny_kernels", "seconds")}, indent=1))
+                                          "tiny_kernels", "graph_launch", "op_times_from", "seconds") if k in res}, indent=1))
     return 0
 
 

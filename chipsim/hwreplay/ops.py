@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.compute import ArrayModel
+from chipsim.hw.compute import ArrayModel, op_key
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import op_group_builders
 from chipsim.workload.models import get_model
@@ -24,6 +24,12 @@ class Primitive:
     weight_bytes: int = 0  # matvec: operand bytes streamed; vector: bytes read
     elements: int = 0  # sfu: operations; vector: lane operations
     write_bytes: int = 0  # matvec: results written back to HBM (KV-cache append; the replay does not launch a kernel for it)
+
+    @property
+    def key(self) -> str:
+        """The shape's name in compute.op_times_ns."""
+        return op_key(self.kind, reduction=self.reduction, outputs=self.outputs, read_bytes=self.weight_bytes,
+                      elements=self.elements)
 
     @property
     def groups(self) -> int:

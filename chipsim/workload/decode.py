@@ -177,6 +177,8 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
     d = m.hidden_size
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw).items()}
+    if am.group_launch_ps:  # each op group starts with a launch (a CUDA graph per group on a GPU)
+        built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
     attention = built["attention"]
     layers = []
     for layer in range(m.num_layers):
