@@ -220,7 +220,8 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
               "computes, layer and token boundaries) and replays it on the GPU (chipsim.hwreplay.harness): expert weights "
               "of the published shape in pinned host memory, a bounded GPU buffer of the plan's slots, copies on one copy "
               "stream (FIFO, as the config's DMA: one engine, no preemption, no cancel), one kernel per primitive the "
-              "simulator costs on the compute stream, a copy waiting for the compute stream to reach its issue point and "
+              "simulator costs on the compute stream (with `--graphs`, each simulator op group captured once as a CUDA "
+              "graph and launched as one), a copy waiting for the compute stream to reach its issue point and "
               "for its slot's last reader, an expert waiting for its copy. Per-token latency is measured with CUDA "
               "events; the first tokens are warm-up.",
               "- Bytes: the plan's fetches × expert bytes, the bytes the GPU copied, and the bytes in the measurement "
