@@ -359,7 +359,11 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
         if dataclasses.is_dataclass(tp):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
         else:
-            yield f"{prefix}{f.name}", _type_name(tp), f.metadata.get("doc", "")
+            doc = f.metadata.get("doc", "")
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                doc += f" (optional; default {default!r})"
+            yield f"{prefix}{f.name}", _type_name(tp), doc
 
 
 def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
