@@ -17,7 +17,7 @@ An operation runs on all arrays together. Its time is
 Profiled operators: an operation whose key (`op_key`) is in `compute.op_times_ns` takes that measured
 time instead (its bytes, MACs and SFU operations still count for energy). The validation config of a
 real GPU (hwconfigs/h200-pcie5.yaml) lists every kernel shape of its decode steps, each timed alone by a
-microbenchmark; `op_group_launch_ns` adds the fixed cost of starting one op group (OpGroup launch).
+microbenchmark; `op_group_launch_ns` adds the fixed cost of starting one op group (group_launch).
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ def _f(doc: str, **kw):
     return field(metadata=spec(doc, **kw))
 
 
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
 def _optional(doc: str, default, **kw):
     """A key that may be left out of a config (older configs and platforms that have no use for it)."""
     if isinstance(default, dict):
@@ -340,7 +344,7 @@ def build_dataclass(cls, data, key_prefix: str = ""):
     for f in dataclasses.fields(cls):
         key = f"{key_prefix}{f.name}"
         if f.name not in data:
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            if _has_default(f):
                 continue  # optional key: the dataclass default
             raise InputError(f"{key}: missing key ({f.metadata.get('doc', '')})")
         tp = hints[f.name]
@@ -360,7 +364,7 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
         else:
             doc = f.metadata.get("doc", "")
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            if _has_default(f):
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 doc += f" (optional; default {default!r})"
             yield f"{prefix}{f.name}", _type_name(tp), doc

@@ -17,7 +17,7 @@ import statistics
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
-from chipsim.workload.decode import op_group_builders
+from chipsim.hwreplay.ops import profile_coverage
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
 
@@ -44,15 +44,12 @@ def _case_row(job) -> dict:
     measured = case["latency_ms"][warm:]
     simulated = plan.sim_latency_ms[warm:]
     m_ms, s_ms = statistics.fmean(measured), statistics.fmean(simulated)
-    am = ArrayModel(prep.config.hw)  # count the decode step's ops costed from the profile vs the array model
-    for build in op_group_builders(am, prep.workload.model, prep.config.hw).values():
-        if build is not None:
-            build()
+    profiled, modelled = profile_coverage(prep.config.hw)
     alt = prepare(config, [f"workload.context_length={ctx}", *overrides, *ARRAY_MODEL_ONLY], [policy])
     a_ms = statistics.fmean(build_plan(alt, alt.policies[0]).sim_latency_ms[warm:])
     return {
         "array_model_ms": a_ms, "array_model_error_pct": 100.0 * (a_ms - m_ms) / m_ms,
-        "profiled_ops": am.profiled_ops, "modelled_ops": am.modelled_ops,
+        "profiled_ops": profiled, "modelled_ops": modelled,
         "model": model, "context_length": ctx, "policy": policy,
         "measured_ms": m_ms, "measured_p10_ms": sorted(measured)[len(measured) // 10],
         "measured_p90_ms": sorted(measured)[(9 * len(measured)) // 10],
@@ -88,7 +85,7 @@ def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
         rows = [_case_row(job) for job in work]
     return {"config": meas["config"], "model": meas["model"], "device": meas["device"], "torch": meas["torch"],
             "warmup_tokens": warm, "rows": rows,
-            "cases": [{"kernel_launch": c.get("kernel_launch", "eager")} for c in meas["cases"]]}
+            "kernel_launch": sorted({c.get("kernel_launch", "eager") for c in meas["cases"]})}
 
 
 def mape(rows) -> float:
@@ -252,7 +249,7 @@ def main(argv=None) -> int:
         raise InputError(f"{exc.filename}: {exc.strerror}") from None
     except ValueError as exc:
         raise InputError(f"{a.microbench}: not JSON ({exc})") from None
-    graphs = all(c.get("kernel_launch") == "graph" for res in results for c in res["cases"])
+    graphs = all(res["kernel_launch"] == ["graph"] for res in results)
     configs = [res["config"] for res in results]
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),

@@ -48,6 +48,22 @@ def weight_shape(p: Primitive) -> tuple[int, int]:
     return -(-p.outputs // p.groups), p.reduction
 
 
+def capture_graph(calls: list):
+    """`calls` ((function, args, kwargs) tuples) captured into one CUDA graph, after one warm-up run on a side
+    stream outside capture (library handles and workspaces are made there, not inside the graph)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+    return graph
+
+
 class GpuDecodeStep:
     """Weights and scratch buffers of one model shape on the GPU; enqueues op groups on the current stream."""
 
@@ -122,17 +138,7 @@ class GpuDecodeStep:
         """
         cache = self.__dict__.setdefault("_graphs", {})
         if key not in cache:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside capture (library handles, workspaces)
-                for fn, args, kwargs in calls:
-                    fn(*args, **kwargs)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for fn, args, kwargs in calls:
-                    fn(*args, **kwargs)
-            cache[key] = [(graph.replay, (), {})]
+            cache[key] = [(capture_graph(calls).replay, (), {})]
         return cache[key]
 
 

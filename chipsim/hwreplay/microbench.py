@@ -30,6 +30,8 @@ import time
 import numpy as np
 import torch
 
+from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_shape
+
 KIB, MIB = 1 << 10, 1 << 20
 
 
@@ -55,6 +57,21 @@ def _time_us(fn, reps: int, stream) -> float:
         b.record(stream)
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def _graph_us(graph, per: int, reps: int = 5) -> float:
+    """Median GPU time of one replay of `graph` (CUDA events around it), divided by the `per` kernels in it."""
+    graph.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / per)
     return statistics.median(ts)
 
 
@@ -128,23 +145,8 @@ def tiny_kernels(device, n: int = 4000, queued: int = 500) -> dict:
     stream.synchronize()
     chain_us = (time.perf_counter() - t0) * 1e6 / n
     # the same kernels captured in one CUDA graph: the per-kernel cost of a graph-launched segment
-    graph_us = None
     try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(queued):
-                torch.add(a, b, out=c)
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(5):
-            g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            g0.record()
-            g.replay()
-            g1.record()
-            g1.synchronize()
-            ts.append(g0.elapsed_time(g1) * 1e3 / queued)
-        graph_us = round(statistics.median(ts), 3)
+        graph_us = round(_graph_us(capture_graph([(torch.add, (a, b), {"out": c})] * queued), queued), 3)
     except RuntimeError as exc:  # recorded, not fatal: the eager figures stand on their own
         graph_us = f"failed: {exc}"
     return {"gpu_us_per_kernel": round(gpu_us, 3), "eager_chain_us_per_kernel": round(chain_us, 3), "kernels": n,
@@ -155,13 +157,7 @@ def graph_launch(device, replays: int = 200) -> dict:
     """GPU-side time per launch of a one-kernel CUDA graph, queued behind a sleep (host far ahead)."""
     stream = torch.cuda.Stream()
     a, b, c = (torch.randn(64, device=device) for _ in range(3))
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.add(a, b, out=c)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        torch.add(a, b, out=c)
+    g = capture_graph([(torch.add, (a, b), {"out": c})])
     torch.cuda.synchronize()
     ts = []
     for _ in range(5):
@@ -196,8 +192,6 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     """Each shape timed alone: a chain of its kernel (chipsim.hwreplay.harness.kernel_call) over weights
     rotating through `pool_mib` (far beyond the 60 MB L2, as in the replay where every layer has its own
     weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel."""
-    from chipsim.hwreplay.harness import kernel_call, weight_shape
-
     stream = torch.cuda.Stream()
     pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
     widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
@@ -223,28 +217,9 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
                     fn(*args, **kwargs)
         run()
         eager_us = _time_us(run, reps, stream) / count
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for fn, args, kwargs in calls:
-                fn(*args, **kwargs)
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            ts.append(e0.elapsed_time(e1) * 1e3 / count)
-        del g
+        graph_us = _graph_us(capture_graph(calls), count, reps)
         rows_out.append({"key": p.key, "users": users, "chain": count, "eager_us": round(eager_us, 3),
-                         "graph_us": round(statistics.median(ts), 3)})
+                         "graph_us": round(graph_us, 3)})
     del pool
     torch.cuda.empty_cache()
     return rows_out

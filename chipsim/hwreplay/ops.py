@@ -59,6 +59,15 @@ class RecordingArrayModel(ArrayModel):
         return super().vector(name, lane_ops, read_bytes)
 
 
+def profile_coverage(hw: HardwareConfig) -> tuple[int, int]:
+    """(operations costed from compute.op_times_ns, operations costed by the array model) in one decode step."""
+    am = ArrayModel(hw)
+    for build in op_group_builders(am, get_model(hw.model.name), hw).values():
+        if build is not None:
+            build()
+    return am.profiled_ops, am.modelled_ops
+
+
 def primitive_ops(hw: HardwareConfig) -> dict[str, list[Primitive]]:
     """Op group name -> its primitives in order (groups the model lacks are absent)."""
     am = RecordingArrayModel(hw)
