@@ -8,7 +8,7 @@ from conftest import THOR
 from helpers import random_routing, write_hand_trace
 
 from chipsim.analysis.metrics import per_token_energy_pj, summarize
-from chipsim.runner import prepare, simulate
+from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, EnergyTable
 from chipsim.sim.engine import fetch_path_timing
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
@@ -80,6 +80,22 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
                  + row["energy_host_cpu_mj"])
         assert math.isclose(parts, row["energy_mj_per_token"], rel_tol=1e-12)
         assert (result.busy_ps + result.idle_ps == result.latency_ps).all()
+
+
+def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
+    cfg, _ = tiny
+    for bw in (8, 118):  # a slow link (the link binds) and thor's
+        prep = prepare(cfg, overrides=[f"links.pcie.bandwidth_gbps={bw}"],
+                       policy_specs=["no-prefetch", "static-3", "oracle"])
+        for policy in prep.policies:
+            result = simulate(prep, policy)
+            row = summarize_result(prep, result, policy)
+            seconds = result.latency_ps.sum() / 1e12
+            by_hand = result.bytes["pcie"].sum() / (seconds * bw * 1e9)
+            assert row["pcie_utilization"] == pytest.approx(by_hand, rel=1e-12)
+            assert 0 < row["pcie_utilization"] <= 1.0
+            if bw == 8 and policy.label == "oracle":  # link-bound and always fetching ahead: near its peak
+                assert row["pcie_utilization"] > 0.8
 
 
 def test_no_expert_is_computed_before_its_bytes_arrive_and_the_buffer_never_overflows(tiny):

@@ -59,6 +59,10 @@ plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel:
      "paper_points[0].value: expected a number or [low, high]"),
     (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: {{}}, why: w, draw: 0}}]\n",
      "compare[0].draw: expected true or false"),
+    (lambda t: t + "table: [{{metric: latency_ms, label: x}}]\n",
+     "table[0].metric 'latency_ms': not a results.csv column"),
+    (lambda t: t + "table: [{{metric: fallback_rate}}]\n", "table[0]: missing key 'label'"),
+    (lambda t: t + "table: [{{metric: fallback_rate, label: x, format: '{{:q}}'}}]\n", "table[0].format"),
 ])
 def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
     text = edit(GOOD).format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
@@ -171,3 +175,25 @@ def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
             swept.update((yaml.safe_load(f).get("grid") or {}).keys())
     assert len(assumed) >= 15
     assert sorted(set(assumed) - swept) == []
+
+
+def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):
+    import pandas as pd
+
+    text = GOOD.format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml")).replace(
+        "policies: [no-prefetch]", "policies: [no-prefetch, oracle]") + (
+        "table:\n"
+        "  - {metric: fallback_rate, label: fallback rate, format: '{:.3f}'}\n"
+        "  - {metric: offchip_bytes_per_token, label: traffic (MB), factor: 1.0e-6, format: '{:.2f}'}\n")
+    (tmp_path / "tab.yaml").write_text(text)
+    out, report = tmp_path / "out", tmp_path / "R.md"
+    rc = cli.main(["reproduce", "tab", "--experiments", str(tmp_path), "--out", str(out), "--quiet",
+                   "--jobs", "1", "--report", str(report)])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "tab" / "results.csv")
+    lines = report.read_text().splitlines()
+    assert "| x (tokens) | policy | fallback rate | traffic (MB) |" in lines  # swept key, then the columns
+    for _, r in df.iterrows():
+        row = f"| 512 | `{r['policy']}` | {r['fallback_rate']:.3f} | {r['offchip_bytes_per_token'] * 1e-6:.2f} |"
+        assert row in lines
+    assert df.set_index("policy").loc["no-prefetch", "fallback_rate"] == 1.0  # nothing is there before routing

@@ -50,7 +50,14 @@ def test_a_relative_row_is_drawn_only_where_the_plot_is_normalised_to_its_baseli
 def test_draw_false_keeps_a_row_off_the_figure_and_single_config_rows_take_its_position():
     exp = load("spice_ablation")
     points = plots.paper_points(exp)
-    assert [key(p) for p in points] == [("spice", "thor-deepseek-v2-lite", "fallback_rate", 0.03, 0.03)]
+    assert [key(p) for p in points] == [  # the '%' rows (vs full SPICE, AdapMoE, naive) are not drawn
+        ("spice", "thor-deepseek-v2-lite", "fallback_rate", 0.03, 0.03),
+        ("adapmoe", "thor-deepseek-v2-lite", "fallback_rate", 0.061, 0.061),
+        ("spice", "thor-deepseek-v2-lite", "pcie_utilization", 0.82, 0.91),
+        ("adapmoe", "thor-deepseek-v2-lite", "pcie_utilization", 0.38, 0.45),
+        ("lru", "thor-deepseek-v2-lite", "pcie_utilization", 0.21, 0.27),
+        ("no-prefetch", "thor-deepseek-v2-lite", "pcie_utilization", 0.15, 0.2),
+    ]
     assert any(r["metric"] == "latency_ms_per_token" and r["draw"] is False for r in exp["compare"])
 
 
@@ -141,13 +148,14 @@ def test_normalised_bar_plot_draws_the_range_on_the_policys_bar():
 def test_yfactor_scales_bars_and_paper_values_alike():
     exp = load("spice_ablation")
     df = pd.DataFrame([{"config": "thor-deepseek-v2-lite", "policy": p, "latency_ms_per_token": 20.0,
-                        "fallback_rate": 0.2, "offchip_bytes_per_token": 2.5e9} for p in exp["policies"]])
+                        "fallback_rate": 0.2, "offchip_bytes_per_token": 2.5e9, "pcie_utilization": 0.9}
+                       for p in exp["policies"]])
     fig = plt.figure()
     try:
         plots._draw_bar(fig, exp, df, [])
-        _, fallback, traffic = fig.axes
+        _, fallback, traffic, _ = fig.axes
         assert {round(p.get_height(), 9) for p in traffic.patches} == {2.5}  # bytes drawn as GB
-        assert [round(y, 6) for _, _, y in hollow_markers(fallback)] == [0.03]
+        assert sorted(round(y, 6) for _, _, y in hollow_markers(fallback)) == [0.03, 0.061]
         assert not hollow_markers(fig.axes[0])  # the TPOT row has draw: false
     finally:
         plt.close(fig)

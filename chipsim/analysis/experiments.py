@@ -15,6 +15,8 @@ An experiment file names
                gives an absolute paper value at a plotted position is also drawn on the figure (hollow marker)
     paper_points: optional paper values to draw that no compare row places (see PAPER_POINT_KEYS), e.g. a
                point whose x is itself a paper number (APEX Fig. 9: overlap against the paper's mean δ̂)
+    table:     optional columns (see TABLE_KEYS) of a per-policy table written into REPRODUCTION.md below the
+               comparison, one row per swept point and policy (e.g. fallback rate and host-link traffic)
 
 `load_experiment` checks all of that (one-line `InputError`s) before anything runs; `run_experiment` runs the
 sweeps into DIR/<name>/ (one config) or DIR/<name>/<config stem>/ (several) and saves the resolved experiment
@@ -37,7 +39,7 @@ EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(o
                                "experiments")
 
 TOP_KEYS = ("name", "title", "paper", "config", "grid", "policies", "overrides", "plot", "compare", "paper_points",
-            "notes")
+            "table", "notes")
 REQUIRED = ("title", "paper", "config", "policies", "plot")
 PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar")
 PLOT_KEYS = (
@@ -62,6 +64,7 @@ PLOT_KEYS = (
 COMPARE_KEYS = ("what", "paper", "unit", "metric", "where", "vs", "why",
                 "draw")  # draw: false keeps a row off the figure (e.g. a value on another platform's scale)
 PAPER_POINT_KEYS = ("series", "x", "metric", "value")  # value: a number or [low, high], in the plotted units
+TABLE_KEYS = ("metric", "label", "factor", "format")  # label with its unit; value × factor, written with format
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -179,10 +182,11 @@ def load_experiment(path: str) -> dict:
     plot = _check_plot(path, raw["plot"], grid)
     compare = _check_compare(path, raw.get("compare") or [])
     points = _check_paper_points(path, raw.get("paper_points") or [], plot)
+    table = _check_table(path, raw.get("table") or [])
     return {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
             "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
             "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare,
-            "paper_points": points}
+            "paper_points": points, "table": table}
 
 
 def _check_plot(path: str, plot, grid) -> dict:
@@ -270,6 +274,35 @@ def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
         if not _is_value(pt["value"]):
             raise _err(path, f"paper_points[{i}].value: expected a number or [low, high]")
     return [dict(pt) for pt in points]
+
+
+def _check_table(path: str, columns) -> list[dict]:
+    from chipsim.analysis.report import CSV_COLUMNS
+
+    if not isinstance(columns, list):
+        raise _err(path, "table: expected a list of {metric, label[, factor, format]}")
+    out = []
+    for i, col in enumerate(columns):
+        if not isinstance(col, dict):
+            raise _err(path, f"table[{i}]: expected a mapping")
+        unknown = [k for k in col if k not in TABLE_KEYS]
+        if unknown:
+            raise _err(path, f"table[{i}]: unknown key '{unknown[0]}' (expected one of: {', '.join(TABLE_KEYS)})")
+        for key in ("metric", "label"):
+            if key not in col:
+                raise _err(path, f"table[{i}]: missing key '{key}'")
+        if col["metric"] not in CSV_COLUMNS:
+            raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
+        factor = col.get("factor", 1.0)
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise _err(path, f"table[{i}].factor: expected a positive number")
+        fmt = col.get("format", "{:.3g}")
+        try:
+            fmt.format(1.0)
+        except (ValueError, IndexError, KeyError, AttributeError):
+            raise _err(path, f"table[{i}].format {fmt!r}: not a format for one number (e.g. '{{:.3f}}')") from None
+        out.append({"metric": col["metric"], "label": str(col["label"]), "factor": float(factor), "format": fmt})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -449,4 +482,8 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
             from chipsim.analysis.report import sweep_table_lines
 
             lines += sweep_table_lines(exp, out_dir)
+        if exp.get("table"):
+            from chipsim.analysis.report import metric_table_lines
+
+            lines += metric_table_lines(exp, out_dir)
     return "\n".join(lines).rstrip() + "\n"

@@ -6,6 +6,8 @@
 - overlap: share of token-layers whose whole routed set was in the buffer (arrived or on its way) when
   routing decided; recall: mean share of routed experts in the buffer then
 - offchip_bytes_per_token: bytes that crossed the host link (PCIe) per token
+- pcie_utilization: those bytes over what the link could have moved in the same time (mean bytes per token /
+  (mean latency per token × per-direction PCIe bandwidth)); the SPICE paper's "PCIe utilisation"
 Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
 """
 
@@ -57,13 +59,17 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
     }
 
 
-def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: int = 0) -> dict:
+def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: int = 0,
+              pcie_bandwidth_gbps: float | None = None) -> dict:
     """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary."""
     warmup = min(warmup_tokens, result.tokens - 1)
     sl = slice(warmup, None)
     row = {"policy": result.policy}
     row.update(_span_summary(result, table, sl))
     row["recall"] = row.pop("hits_per_layer") / top_k
+    row["pcie_utilization"] = (row["offchip_bytes_per_token"] / (row["latency_ms_per_token"] * 1e-3
+                                                                  * pcie_bandwidth_gbps * 1e9)
+                               if pcie_bandwidth_gbps else float("nan"))
     row["demand_fetches_per_token"] = float(result.layer_demand_fetches[sl].sum(axis=1).mean())
     row["host_wait_ms_per_token"] = float((result.host_wait_ps[sl] / PS_PER_MS).mean())
     row["host_experts_per_token"] = float(result.layer_host[sl].sum(axis=1).mean())

@@ -35,8 +35,8 @@ TABLE_COLUMNS = [
 CSV_COLUMNS = [
     "policy", "tokens", "latency_ms_per_token", "latency_p99_ms", "stall_ms_per_token",
     "energy_mj_per_token", "energy_onchip_active_mj", "energy_offchip_io_mj", "energy_idle_leakage_mj",
-    "energy_host_cpu_mj", "energy_pcie_mj", "edp_mj_ms", "offchip_bytes_per_token", "overlap", "recall",
-    "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped", "prefetches_unused",
+    "energy_host_cpu_mj", "energy_pcie_mj", "edp_mj_ms", "offchip_bytes_per_token", "pcie_utilization", "overlap",
+    "recall", "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped", "prefetches_unused",
     "fetches_total", "host_experts_per_token", "host_wait_ms_per_token", "surrogate_experts_per_token",
     "substitutions_per_token", "dropped_experts_per_token", "warmup_tokens",
 ]
@@ -271,6 +271,24 @@ def sweep_table_lines(exp: dict, out_dir: str) -> list[str]:
     if focus is not None:
         lines += [gap_sentence(exp, t), ""]
     return lines
+
+
+def metric_table_lines(exp: dict, out_dir: str) -> list[str]:
+    """REPRODUCTION.md lines of an experiment's `table`: one row per swept point and policy (policies named as
+    in the figure's legend), one column per listed metric, every number from results.csv."""
+    df = load_csv_results(exp, out_dir)
+    keys = sweep_keys(exp)
+    labels = exp["plot"].get("series_labels") or {}
+    columns = exp["table"]
+    header = [_key_header(exp, k) for k in keys] + ["policy"] + [c["label"] for c in columns]
+    lines = ["Per policy, from `results.csv`:", "", "| " + " | ".join(header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]
+    for _, r in df.iterrows():
+        row = [f"{r[k]:g}" if isinstance(r[k], float) else str(r[k]) for k in keys]
+        row.append(f"{labels[r['policy']]} (`{r['policy']}`)" if r["policy"] in labels else f"`{r['policy']}`")
+        row += [_cell(c["format"], float(r[c["metric"]]) * c["factor"]) for c in columns]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
 
 
 def _moves(exp: dict, t: dict, values: list[float]) -> str:
