@@ -389,7 +389,6 @@ def test_spice_and_its_ablation_variants_complete_on_the_default_trace():
         for key, value in want.items():
             assert getattr(policy, key) == value
         extra = result.extra
-        assert 0.0 < extra["link_utilisation"] <= 1.0
         assert result.layer_surrogate.sum() == 0  # Granite has no shared experts
         if not policy.cpu_fallback:
             assert result.layer_host.sum() == 0

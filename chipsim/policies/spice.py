@@ -63,7 +63,7 @@ The paper's ablation (Fig. 9, "exact residual" setting, i.e. no surrogates) maps
 
 Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's): spice_fallback_rate
 (misses / routed experts), spice_fetched_misses_per_token, spice_low_confidence_misses_per_token,
-link_utilisation (share of the simulated time the fetch path moved data), mean_prefetch_depth,
+mean_prefetch_depth,
 spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes;
 and the quality cost of the surrogates (quality_mode, quality_cost, quality_source): with surrogates on, the
 held-out perplexity measured on the trace's model for this run's variant (residual LoRE of rank `lore_rank`
@@ -219,9 +219,6 @@ class Spice(Policy):
         self.fetched = np.zeros((T, L), dtype=np.int16)
         self.depth_cut_by_buffer = 0
         self.miss_log: list[tuple] = []  # (t, layer, expert, fetch_ps, host_ps, choice) for high-confidence misses
-        # link statistics at token starts (for per-token bytes and post-warm-up utilisation)
-        self._busy = np.zeros(T + 1, dtype=np.int64)
-        self._clock = np.zeros(T + 1, dtype=np.int64)
 
     def _quality_fields(self, meta: dict) -> dict:
         """The measured quality cost of what this run computes: the LoRE variant of its rank (residual form, at
@@ -296,9 +293,6 @@ class Spice(Policy):
     def on_token_start(self, ctx, t: int) -> None:
         self._token_ids = self._ids[t].tolist()  # (L, D, k)
         self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
-        ctx.link_queued_bytes()  # brings the link's busy-time statistic up to now
-        self._busy[t] = ctx.dma.busy_ps
-        self._clock[t] = ctx.now
 
     def on_layer_start(self, ctx, t: int, layer: int) -> None:
         L = self._L
@@ -392,22 +386,15 @@ class Spice(Policy):
     # ------------------------------------------------------------------------------ results
     def extra_metrics(self) -> dict:
         ctx = self._ctx
-        T = ctx.num_tokens
-        ctx.link_queued_bytes()
-        self._busy[T] = ctx.dma.busy_ps
-        self._clock[T] = ctx.now
         w = self._warm
         sl = slice(w, None)
         routed = ctx.top_k * self._L
         per_token = lambda a: float(a[sl].sum(axis=1).mean())  # noqa: E731
-        span = int(self._clock[T] - self._clock[w])
-        busy = int(self._busy[T] - self._busy[w])
         looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
         return {
             "spice_fallback_rate": float(self.misses[sl].sum(axis=1).mean() / routed),
             "spice_fetched_misses_per_token": per_token(self.fetched),
             "spice_low_confidence_misses_per_token": per_token(self.low_conf),
-            "link_utilisation": busy / span if span > 0 else 0.0,
             "mean_prefetch_depth": float(looked.mean()),
             "spice_d_min": int(self.d_min),
             "spice_depth_cut_by_buffer": int(self.depth_cut_by_buffer),
