@@ -36,7 +36,7 @@ def test_cross_product_rows_columns_and_order(tmp_path):
     out = tmp_path / "sw"
     grid = {BW: [16, 64], "workload.context_length": [512, 2048]}
     df = run_sweep(THOR, grid, ["no-prefetch", "static-2"], str(out), overrides=SHORT, jobs=2, progress=False)
-    assert list(df.columns) == [BW, "workload.context_length", "point_id"] + CSV_COLUMNS
+    assert list(df.columns) == [BW, "workload.context_length", "point_id"] + CSV_COLUMNS  # no policy extras
     assert len(df) == 2 * 2 * 2
     # grid order (first key slowest), then policy order
     assert df[BW].tolist() == [16] * 4 + [64] * 4
@@ -220,3 +220,24 @@ def test_rows_are_those_of_chipsim_run(tmp_path):
     prep = prepare(THOR, SHORT + [f"{BW}=64"], ["no-prefetch", "promoe"])
     for got, want in zip(df.to_dict("records"), run_policies(prep, jobs=1)):
         assert {c: got[c] for c in CSV_COLUMNS} == {c: want[c] for c in CSV_COLUMNS}
+
+
+def test_results_csv_carries_every_scalar_json_field_of_each_policy(tmp_path):
+    """The tidy table has the policies' own metrics too (APEX's mean δ̂, its τ): empty where a policy lacks one;
+    per-layer lists and records stay in sweep.json."""
+    out = tmp_path / "sw"
+    df = run_sweep(THOR, {"policies.apex.tau": [0.6, 0.9]}, ["no-prefetch", "apex"], str(out), overrides=SHORT,
+                   jobs=1, progress=False)
+    info = json.loads((out / "sweep.json").read_text())
+    apex_json = next(r for r in info["results"] if r["policy"] == "apex")
+    scalars = [k for k, v in apex_json.items() if not isinstance(v, (list, dict))
+               and k not in ("point_id", "cache_key")]
+    assert set(scalars) <= set(df.columns)
+    assert {"mean_delta_hat", "tau"} <= set(df.columns) - set(CSV_COLUMNS)
+    assert "per_layer" not in df.columns and "delta_hat_per_layer" not in df.columns
+    csv = pd.read_csv(out / "results.csv")
+    apex = csv[csv["policy"] == "apex"]
+    assert apex["tau"].tolist() == [0.6, 0.9] and apex["tau"].tolist() == apex["policies.apex.tau"].tolist()
+    assert csv[csv["policy"] == "no-prefetch"]["mean_delta_hat"].isna().all()
+    for (_, row), js in zip(apex.iterrows(), [r for r in info["results"] if r["policy"] == "apex"]):
+        assert row["mean_delta_hat"] == js["mean_delta_hat"]  # written exactly (repr of the float)

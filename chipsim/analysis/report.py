@@ -36,9 +36,9 @@ CSV_COLUMNS = [
     "policy", "tokens", "latency_ms_per_token", "latency_p99_ms", "stall_ms_per_token",
     "energy_mj_per_token", "energy_onchip_active_mj", "energy_offchip_io_mj", "energy_idle_leakage_mj",
     "energy_host_cpu_mj", "energy_pcie_mj", "edp_mj_ms", "offchip_bytes_per_token", "pcie_utilization", "overlap",
-    "recall", "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped", "prefetches_unused",
-    "fetches_total", "host_experts_per_token", "host_wait_ms_per_token", "surrogate_experts_per_token",
-    "substitutions_per_token", "dropped_experts_per_token", "warmup_tokens",
+    "recall", "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped",
+    "prefetches_unused", "fetches_total", "peak_buffer_slots", "host_experts_per_token", "host_wait_ms_per_token",
+    "surrogate_experts_per_token", "substitutions_per_token", "dropped_experts_per_token", "warmup_tokens",
 ]
 
 
@@ -130,12 +130,35 @@ def to_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
-def to_csv(rows: list[dict]) -> str:
+def csv_columns(rows: list[dict]) -> list[str]:
+    """CSV_COLUMNS, then every other scalar field the rows carry (a policy's own metrics, e.g. APEX's
+    mean_delta_hat or SPICE's counters, and quality_mode / quality_source), in order of first appearance; a
+    field that is a list or mapping in any row (per-layer breakdowns, records) stays in the JSON only."""
+    nested = {k for row in rows for k, v in row.items() if isinstance(v, (list, dict))}
+    extra = {}
+    for row in rows:
+        extra.update((k, None) for k in row if k not in CSV_COLUMNS and k not in nested)
+    return CSV_COLUMNS + list(extra)
+
+
+def csv_cell(value) -> str:
+    """A value as results.csv writes it: floats exactly (repr), None (a field this row lacks) empty."""
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
+    columns = columns or csv_columns(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow([repr(row[c]) if isinstance(row[c], float) else row[c] for c in CSV_COLUMNS])
+        writer.writerow([csv_cell(row.get(c)) for c in columns])
     return buf.getvalue()
 
 

@@ -11,7 +11,8 @@
    (`backend="process"`) or on a Dask distributed cluster (`backend="dask"`: an existing one at `scheduler`,
    or a `LocalCluster` on 127.0.0.1);
 3. writes `DIR/results.csv` (one row per point and policy, in grid order then policy order: a column per
-   swept key, `point_id`, then `report.CSV_COLUMNS`) and `DIR/sweep.json` (grid, config and code hashes,
+   swept key, `point_id`, then `report.csv_columns`: the `chipsim run --out` columns and every other scalar
+   field of the `--json` rows) and `DIR/sweep.json` (grid, config and code hashes,
    the trace hash of every point, every row in full, per-layer breakdowns included). Both are
    deterministic: the same inputs give the same bytes, whichever backend ran them and whether rows were
    simulated or reused.
@@ -24,9 +25,7 @@ silently mislabelled cache entry.
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
-import io
 import itertools
 import json
 import math
@@ -41,7 +40,7 @@ import yaml
 
 from chipsim import __version__
 from chipsim import runner
-from chipsim.analysis.report import CSV_COLUMNS, to_json
+from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, to_json
 from chipsim.errors import InputError
 from chipsim.hw.config import load_config, parse_set
 from chipsim.runner import code_sha256, prepare, simulate, summarize_result
@@ -142,7 +141,7 @@ def _check_grid(grid) -> dict[str, list]:
             raise InputError(f"--grid {key}=: no values")
         for i, v in enumerate(values):
             if v in values[:i]:
-                raise InputError(f"--grid {key}={_cell(v)}: value given twice")
+                raise InputError(f"--grid {key}={csv_cell(v)}: value given twice")
         out[key] = values
     return out
 
@@ -241,12 +240,12 @@ def _point_error(config_path, base_overrides, policies, point: dict, exc: InputE
         if not base_checked:
             base_error, base_checked = error_of([]), True
         if err != base_error:
-            return InputError(f"--grid {key}={_cell(value)}: {err}")
+            return InputError(f"--grid {key}={csv_cell(value)}: {err}")
     if not base_checked:
         base_error = error_of([])
     if base_error is not None and base_error == str(exc):
         return exc  # the config, --set or --policy itself
-    where = ", ".join(f"{k}={_cell(v)}" for k, v in point.items())
+    where = ", ".join(f"{k}={csv_cell(v)}" for k, v in point.items())
     return InputError(f"--grid point {where}: {exc}")
 
 
@@ -356,25 +355,6 @@ def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: 
 
 
 # ---------------------------------------------------------------------------------------------- outputs
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    if value is None:
-        return ""
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def _csv_text(table_rows: list[dict], columns: list[str]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in table_rows:
-        writer.writerow([_cell(row[c]) for c in columns])
-    return buf.getvalue()
-
-
 # ---------------------------------------------------------------------------------------------- API
 def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | None, out_dir: str,
               overrides=(), jobs=0, backend="process", scheduler=None, progress=True) -> pd.DataFrame:
@@ -471,15 +451,13 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
         else:
             _run_process(to_run, workers, on_done, progress)
 
-    swept = list(grid)
-    columns = swept + ["point_id"] + CSV_COLUMNS
+    ordered = [(point, entry, results[entry["key"]]) for point in points for entry in point["entries"]]
+    columns = list(grid) + ["point_id"] + csv_columns([row for _, _, row in ordered])
     table_rows, json_rows = [], []
-    for point in points:
-        for entry in point["entries"]:
-            row = results[entry["key"]]
-            table_rows.append({**point["values"], "point_id": point["point_id"], **{c: row[c] for c in CSV_COLUMNS}})
-            json_rows.append({"point_id": point["point_id"], "values": point["values"], "cache_key": entry["key"],
-                              **row})
+    for point, entry, row in ordered:
+        table_rows.append({**point["values"], "point_id": point["point_id"], **row})
+        json_rows.append({"point_id": point["point_id"], "values": point["values"], "cache_key": entry["key"],
+                          **row})
     info = {
         "config": config_path,
         "config_sha256": base_sha,
@@ -494,9 +472,9 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
         "results": json_rows,
     }
     _write_atomic(out_dir, "sweep.json", to_json(info))
-    _write_atomic(out_dir, "results.csv", _csv_text(table_rows, columns))
+    _write_atomic(out_dir, "results.csv", to_csv(table_rows, columns))
 
-    df = pd.DataFrame(table_rows, columns=columns)
+    df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
     df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points),
                      "rows": len(table_rows), "seconds": time.perf_counter() - t0})
     return df
