@@ -59,6 +59,7 @@ plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel:
      "paper_points[0].value: expected a number or [low, high]"),
     (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: {{}}, why: w, draw: 0}}]\n",
      "compare[0].draw: expected true or false"),
+    (lambda t: t.replace("kind: line", "kind: line, annotate_only: [0.5]"), "plot.annotate_only"),
     (lambda t: t + "table: [{{metric: latency_ms, label: x}}]\n",
      "table[0].metric 'latency_ms': not a results.csv column"),
     (lambda t: t + "table: [{{metric: fallback_rate}}]\n", "table[0]: missing key 'label'"),

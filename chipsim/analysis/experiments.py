@@ -55,6 +55,7 @@ PLOT_KEYS = (
     "yfactor",       # number, or list matching y: y (and paper values) × this before drawing (e.g. 1e-9: B -> GB)
     "secondary_x",   # {label: ..., factor: F}: a second x axis above, at F × x (e.g. both-direction PCIe)
     "annotate",      # column whose value is written beside each point (e.g. τ)
+    "annotate_only", # list: write only these values of the annotate column (keeps crowded curves readable)
     "normalize",     # {column: C, value: V}: divide y by the row with C == V at the same x (and series key)
     "stack",         # stacked_bar: {column: label}, bottom first
     "total",         # stacked_bar: column written above each bar (default: the sum of the stack)
@@ -205,6 +206,8 @@ def _check_plot(path: str, plot, grid) -> dict:
         raise _err(path, "plot.stack: a stacked_bar needs {column: label}")
     if plot.get("xscale", "linear") not in ("linear", "log2", "log"):
         raise _err(path, f"plot.xscale {plot['xscale']!r}: expected linear, log2 or log")
+    if "annotate_only" in plot and (not plot.get("annotate") or not isinstance(plot["annotate_only"], list)):
+        raise _err(path, "plot.annotate_only: a list of values of the plot.annotate column")
     if plot.get("yscale", "linear") not in ("linear", "log"):
         raise _err(path, f"plot.yscale {plot['yscale']!r}: expected linear or log")
     ys = plot.get("y", [])

@@ -9,6 +9,7 @@ experiment gives them at a plotted position (`paper_points`), are drawn on the s
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import textwrap
 
@@ -293,7 +294,10 @@ def _draw_line(fig, exp, df, rows):
             ax.plot(s[plot["x"]], s[y] * f, marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.3,
                     color=color_for(name), label=_label(plot, name))
             if plot.get("annotate"):
+                only = plot.get("annotate_only")
                 for _, r in s.iterrows():
+                    if only is not None and not any(math.isclose(r[plot["annotate"]], v) for v in only):
+                        continue
                     ax.annotate(f"{r[plot['annotate']]:g}", (r[plot["x"]], r[y] * f), textcoords="offset points",
                                 xytext=(3, -9), fontsize=6, color=color_for(name))
         mine = [dict(p, lo=p["lo"] * f, hi=p["hi"] * f) for p in points if p["metric"] == y]
