@@ -28,7 +28,7 @@ def main() -> None:
             with open(timings_path) as f:
                 per_experiment = json.load(f).get("seconds", {})
             for name, seconds in sorted(per_experiment.items()):
-                print(f"{name:24} {seconds:8.1f} s")
+                print(f"{name:32} {seconds:8.1f} s")
     print(f"full `chipsim reproduce` (empty cache, {os.cpu_count()} cores): {total:.1f} s wall (target < 900 s)")
 
 

@@ -9,7 +9,8 @@ An experiment file names
                the results get a `config` column = the config file's stem)
     grid:      {dotted config key: [values]} swept as in `chipsim sweep` (may be empty)
     policies:  policy specs, as for `chipsim run --policy`
-    overrides: `--set` strings applied at every point (keep runs short: workload.max_tokens=128..256)
+    overrides: `--set` strings applied at every point (workload.max_tokens: 1024 for the papers' figures, as
+               `chipsim run` replays; 256 for the sensitivity sweeps)
     plot:      what to draw (see PLOT_KEYS; `chipsim.analysis.plots` draws it)
     compare:   optional rows set beside the paper's numbers in REPRODUCTION.md (see COMPARE_KEYS); a row that
                gives an absolute paper value at a plotted position is also drawn on the figure (hollow marker)
@@ -442,7 +443,8 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "A '%' row is a change relative to the baseline it names (negative: lower).",
         "",
         "Figures (PNG and PDF) are written beside each experiment's results, `DIR/<name>/<name>.png`; the links "
-        "below point there and work once `chipsim reproduce` (or `chipsim plot DIR`) has run. Where the paper gives a "
+        "below point there (the PNGs of results/reproduce are committed; `chipsim reproduce` or `chipsim plot DIR` "
+        "writes both formats). Where the paper gives a "
         "value at a plotted point, the figure draws it on the same axes as a hollow marker in the colour of its "
         "policy or model (stacked bars: a hatched, unfilled bar beside chipsim's); a '%' row is drawn only where "
         "the figure is normalised to the very baseline it names.",
