@@ -229,22 +229,28 @@ def _check_plot(path: str, plot, grid) -> dict:
     return out
 
 
-def _check_compare(path: str, rows) -> list[dict]:
-    if not isinstance(rows, list):
-        raise _err(path, "compare: expected a list of rows")
-    out = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise _err(path, f"compare[{i}]: expected a mapping")
-        unknown = [k for k in row if k not in COMPARE_KEYS]
+def _entries(path: str, section: str, value, allowed: tuple, required: tuple, shape: str) -> list[tuple[int, dict]]:
+    """The checks every list-of-mappings section shares (compare, paper_points, table): a list, each entry a
+    mapping with only `allowed` keys and every `required` one; returns [(index, entry)]."""
+    if not isinstance(value, list):
+        raise _err(path, f"{section}: expected a list of {shape}")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise _err(path, f"{section}[{i}]: expected a mapping")
+        unknown = [k for k in entry if k not in allowed]
         if unknown:
-            raise _err(path, f"compare[{i}]: unknown key '{unknown[0]}' (expected one of: {', '.join(COMPARE_KEYS)})")
-        for key in ("what", "paper", "metric", "where", "why"):
-            if key not in row:
-                raise _err(path, f"compare[{i}]: missing key '{key}'")
-        paper = row["paper"]
-        if not (isinstance(paper, (int, float)) or (isinstance(paper, list) and len(paper) == 2
-                                                    and all(isinstance(p, (int, float)) for p in paper))):
+            raise _err(path, f"{section}[{i}]: unknown key '{unknown[0]}' (expected one of: {', '.join(allowed)})")
+        missing = [k for k in required if k not in entry]
+        if missing:
+            raise _err(path, f"{section}[{i}]: missing key '{missing[0]}'")
+    return list(enumerate(value))
+
+
+def _check_compare(path: str, rows) -> list[dict]:
+    out = []
+    for i, row in _entries(path, "compare", rows, COMPARE_KEYS, ("what", "paper", "metric", "where", "why"),
+                           "rows"):
+        if not _is_value(row["paper"]):
             raise _err(path, f"compare[{i}].paper: expected a number or [low, high]")
         if not isinstance(row.get("draw", True), bool):
             raise _err(path, f"compare[{i}].draw: expected true or false")
@@ -259,19 +265,9 @@ def _is_value(v) -> bool:
 
 
 def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
-    if not isinstance(points, list):
-        raise _err(path, "paper_points: expected a list of {series, x, metric, value}")
     drawn = set(plot["y"]) | set(plot.get("stack") or {}) | ({plot["total"]} if plot.get("total") else set())
-    for i, pt in enumerate(points):
-        if not isinstance(pt, dict):
-            raise _err(path, f"paper_points[{i}]: expected a mapping")
-        unknown = [k for k in pt if k not in PAPER_POINT_KEYS]
-        if unknown:
-            raise _err(path, f"paper_points[{i}]: unknown key '{unknown[0]}' "
-                             f"(expected one of: {', '.join(PAPER_POINT_KEYS)})")
-        missing = [k for k in PAPER_POINT_KEYS if k not in pt]
-        if missing:
-            raise _err(path, f"paper_points[{i}]: missing key '{missing[0]}'")
+    for i, pt in _entries(path, "paper_points", points, PAPER_POINT_KEYS, PAPER_POINT_KEYS,
+                          "{series, x, metric, value}"):
         if pt["metric"] not in drawn:
             raise _err(path, f"paper_points[{i}].metric {pt['metric']!r}: not drawn by the plot "
                              f"(expected one of: {', '.join(sorted(drawn))})")
@@ -283,18 +279,9 @@ def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
 def _check_table(path: str, columns) -> list[dict]:
     from chipsim.analysis.report import CSV_COLUMNS
 
-    if not isinstance(columns, list):
-        raise _err(path, "table: expected a list of {metric, label[, factor, format]}")
     out = []
-    for i, col in enumerate(columns):
-        if not isinstance(col, dict):
-            raise _err(path, f"table[{i}]: expected a mapping")
-        unknown = [k for k in col if k not in TABLE_KEYS]
-        if unknown:
-            raise _err(path, f"table[{i}]: unknown key '{unknown[0]}' (expected one of: {', '.join(TABLE_KEYS)})")
-        for key in ("metric", "label"):
-            if key not in col:
-                raise _err(path, f"table[{i}]: missing key '{key}'")
+    for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
+                           "{metric, label[, factor, format]}"):
         if col["metric"] not in CSV_COLUMNS:
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
