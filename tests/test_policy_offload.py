@@ -80,8 +80,7 @@ def test_misses_all_run_on_the_host_and_after_warmup_only_activations_cross_pcie
     row = summarize_result(prep, result, policy)
     assert row["warmup_tokens"] == 2
     assert row["offchip_bytes_per_token"] == pytest.approx(host[w:].mean() * act)
-    assert row["fiddler_static_hit_rate"] == pytest.approx(in_placed[w:].sum(axis=1).mean() / (K * L))
-    assert row["fiddler_cpu_experts_per_token"] == pytest.approx(host[w:].mean())
+    assert row["recall"] == pytest.approx(in_placed[w:].sum(axis=1).mean() / (K * L))  # the placed set's hits
     assert row["host_experts_per_token"] == pytest.approx(host[w:].mean())
 
 
@@ -94,4 +93,4 @@ def test_fiddler_completes_on_the_default_trace():
     act = prep.workload.model.hidden_size * 2 * 2
     assert (result.bytes["pcie"][w:] == result.layer_host[w:].sum(axis=1) * act).all()
     assert result.fetches_total == len(policy.placed) == prep.workload.buffer_slots
-    assert 0 < result.extra["fiddler_static_hit_rate"] < 1
+    assert 0 < result.layer_hits.sum() < result.layer_hits.size * prep.workload.model.top_k  # some routed experts were placed

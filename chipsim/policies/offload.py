@@ -15,8 +15,8 @@ Routing: a routed expert in the buffer (landed, or still on its way during the w
 every other one runs on the host CPU (LayerPlan.on_host), one expert at a time, and the layer's weighted
 sum waits for the results. Nothing is prefetched, fetched on demand or evicted.
 
-Metrics: fiddler_static_hit_rate (routed experts found in the placed set / routed experts),
-fiddler_cpu_experts_per_token, fiddler_placed_experts; means over the tokens after the warm-up.
+Metrics: fiddler_placed_experts. The share of routed experts found in the placed set is the engine's
+`recall`, the experts run on the CPU per token its `host_experts_per_token`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ class Fiddler(Policy):
         return self.warmup
 
     def on_run_start(self, ctx) -> None:
-        T, L, N = ctx.num_tokens, ctx.num_moe_layers, ctx.num_experts
+        L, N = ctx.num_moe_layers, ctx.num_experts
         capacity = min(self.slots, ctx.slots) if self.slots else ctx.slots
-        self._ctx = ctx
-        self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
         counts = np.asarray(ctx.trace_array("train_expert_counts"), dtype=np.int64)
         order = sorted(((layer, e) for layer in range(L) for e in range(N)),
                        key=lambda key: (-int(counts[key]), key))
@@ -53,26 +51,15 @@ class Fiddler(Policy):
             if not ctx.prefetch(layer, e):
                 break
             self.placed.add((layer, e))
-        self.hits = np.zeros((T, L), dtype=np.int16)
-        self.on_cpu = np.zeros((T, L), dtype=np.int16)
 
     def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
         placed = self.placed
         execute = [e for e in routed if (layer, e) in placed]
         on_host = [e for e in routed if (layer, e) not in placed]
-        self.hits[t, layer] = len(execute)
-        self.on_cpu[t, layer] = len(on_host)
         return LayerPlan(execute=execute, on_host=on_host)
 
     def on_layer_end(self, ctx, t: int, layer: int) -> None:
         pass  # the placement is static
 
     def extra_metrics(self) -> dict:
-        ctx = self._ctx
-        sl = slice(self._warm, None)
-        routed = ctx.top_k * ctx.num_moe_layers
-        return {
-            "fiddler_static_hit_rate": float(self.hits[sl].sum(axis=1).mean() / routed),
-            "fiddler_cpu_experts_per_token": float(self.on_cpu[sl].sum(axis=1).mean()),
-            "fiddler_placed_experts": len(self.placed),
-        }
+        return {"fiddler_placed_experts": len(self.placed)}

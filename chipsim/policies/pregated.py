@@ -101,7 +101,6 @@ class PreGated(Policy):
         dev = self._deviations[sl]
         routed_experts = dev.size * self._k
         return {
-            "routing_deviations_per_token": float(dev.sum(axis=1).mean()),
             "deviation_rate": float(dev.sum() / routed_experts),
             "deviation_rate_per_layer": [float(x) for x in dev.mean(axis=0) / self._k],
             "layers_without_pregate_per_token": float(self._no_pregate[sl].sum(axis=1).mean()),

@@ -61,8 +61,8 @@ The paper's ablation (Fig. 9, "exact residual" setting, i.e. no surrogates) maps
 
 `deep: false` prefetches exactly the depth-1 draft (the next layer), whatever its confidence and D_min.
 
-Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's): spice_fallback_rate
-(misses / routed experts), spice_fetched_misses_per_token, spice_low_confidence_misses_per_token,
+Metrics (extra_metrics, means over the tokens after the warm-up, like the engine's; the miss share itself is
+the engine's fallback_rate): spice_fetched_misses_per_token, spice_low_confidence_misses_per_token,
 mean_prefetch_depth,
 spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes;
 and the quality cost of the surrogates (quality_mode, quality_cost, quality_source): with surrogates on, the
@@ -154,7 +154,6 @@ class Spice(Policy):
 
     # ------------------------------------------------------------------------------ set-up
     def on_run_start(self, ctx) -> None:
-        self._ctx = ctx
         m = ctx.workload.model
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self._L = L
@@ -385,14 +384,11 @@ class Spice(Policy):
 
     # ------------------------------------------------------------------------------ results
     def extra_metrics(self) -> dict:
-        ctx = self._ctx
         w = self._warm
         sl = slice(w, None)
-        routed = ctx.top_k * self._L
         per_token = lambda a: float(a[sl].sum(axis=1).mean())  # noqa: E731
         looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
         return {
-            "spice_fallback_rate": float(self.misses[sl].sum(axis=1).mean() / routed),
             "spice_fetched_misses_per_token": per_token(self.fetched),
             "spice_low_confidence_misses_per_token": per_token(self.low_conf),
             "mean_prefetch_depth": float(looked.mean()),
