@@ -47,18 +47,25 @@ def test_a_relative_row_is_drawn_only_where_the_plot_is_normalised_to_its_baseli
                       ("apex", "thor-phi-mini-moe", "edp_mj_ms", 0.51, 0.52)}
 
 
-def test_draw_false_keeps_a_row_off_the_figure_and_single_config_rows_take_its_position():
+def test_draw_false_keeps_a_row_off_the_figure_and_rows_sit_at_their_swept_x():
     exp = load("spice_ablation")
     points = plots.paper_points(exp)
     assert [key(p) for p in points] == [  # the '%' rows (vs full SPICE, AdapMoE, naive) are not drawn
-        ("spice", "thor-deepseek-v2-lite", "fallback_rate", 0.03, 0.03),
-        ("adapmoe", "thor-deepseek-v2-lite", "fallback_rate", 0.061, 0.061),
-        ("spice", "thor-deepseek-v2-lite", "pcie_utilization", 0.82, 0.91),
-        ("adapmoe", "thor-deepseek-v2-lite", "pcie_utilization", 0.38, 0.45),
-        ("lru", "thor-deepseek-v2-lite", "pcie_utilization", 0.21, 0.27),
-        ("no-prefetch", "thor-deepseek-v2-lite", "pcie_utilization", 0.15, 0.2),
+        ("spice", 3200, "fallback_rate", 0.03, 0.03),
+        ("adapmoe", 3200, "fallback_rate", 0.061, 0.061),
+        ("spice", 3200, "pcie_utilization", 0.82, 0.91),
+        ("adapmoe", 3200, "pcie_utilization", 0.38, 0.45),
+        ("lru", 3200, "pcie_utilization", 0.21, 0.27),
+        ("no-prefetch", 3200, "pcie_utilization", 0.15, 0.2),
     ]
     assert any(r["metric"] == "latency_ms_per_token" and r["draw"] is False for r in exp["compare"])
+
+
+def test_a_row_without_the_x_key_takes_the_one_config_of_a_single_config_experiment():
+    exp = load("apex_table5")  # one config (thor); drawn here against the config as x
+    exp["plot"] = dict(exp["plot"], kind="bar", x="config", y=["energy_pcie_mj"], ylabel=["PCIe (mJ)"])
+    points = plots.paper_points(exp)
+    assert ("no-prefetch", "thor", "energy_pcie_mj", 48.0, 48.0) in [key(p) for p in points]
 
 
 def test_per_layer_mean_is_a_level_and_fig9_points_carry_the_papers_own_x():
@@ -147,13 +154,16 @@ def test_normalised_bar_plot_draws_the_range_on_the_policys_bar():
 
 def test_yfactor_scales_bars_and_paper_values_alike():
     exp = load("spice_ablation")
-    df = pd.DataFrame([{"config": "thor-deepseek-v2-lite", "policy": p, "latency_ms_per_token": 20.0,
-                        "fallback_rate": 0.2, "offchip_bytes_per_token": 2.5e9, "pcie_utilization": 0.9}
-                       for p in exp["policies"]])
+    df = pd.DataFrame([{"config": "thor-deepseek-v2-lite", "expert_buffer.capacity_mib": mib, "policy": p,
+                        "latency_ms_per_token": 20.0, "fallback_rate": 0.2, "offchip_bytes_per_token": 2.5e9,
+                        "pcie_utilization": 0.9} for mib in (1056, 3200) for p in exp["policies"]])
     fig = plt.figure()
     try:
         plots._draw_bar(fig, exp, df, [])
-        _, fallback, traffic, _ = fig.axes
+        tpot, fallback, traffic, util = fig.axes
+        # four panels: two rows of two, the legend on the top-right one
+        assert [ax.get_subplotspec().get_geometry()[:2] for ax in fig.axes] == [(2, 2)] * 4
+        assert fallback.get_legend() is not None and util.get_legend() is None
         assert {round(p.get_height(), 9) for p in traffic.patches} == {2.5}  # bytes drawn as GB
         assert sorted(round(y, 6) for _, _, y in hollow_markers(fallback)) == [0.03, 0.061]
         assert not hollow_markers(fig.axes[0])  # the TPOT row has draw: false

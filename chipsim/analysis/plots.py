@@ -286,7 +286,7 @@ def _draw_line(fig, exp, df, rows):
     names = _series_order(sel[series].tolist(), plot)
     points = paper_points(exp)
     for n, (y, ylabel) in enumerate(zip(plot["y"], plot["ylabel"])):
-        ax = fig.add_subplot(1, len(plot["y"]), n + 1)
+        ax = fig.add_subplot(*_panel_grid(plot), n + 1)
         f = _yfactor(plot, y)
         xs_all = sorted(set(sel[plot["x"]].tolist()))
         for i, name in enumerate(names):
@@ -306,7 +306,7 @@ def _draw_line(fig, exp, df, rows):
             _x_axis(ax, plot, xs_all)
         ax.set_xlabel(plot["xlabel"])
         _y_axis(ax, plot, ylabel)
-        if n == len(plot["y"]) - 1:
+        if n == _legend_panel(plot):
             _legend(ax, extra=[_paper_handle()] if points else [])
 
 
@@ -337,7 +337,7 @@ def _draw_bar(fig, exp, df, rows):
         return np.arange(len(cats)) + (i - (len(names) - 1) / 2) * width
 
     for n, (y, ylabel) in enumerate(zip(plot["y"], plot["ylabel"])):
-        ax = fig.add_subplot(1, len(plot["y"]), n + 1)
+        ax = fig.add_subplot(*_panel_grid(plot), n + 1)
         f = _yfactor(plot, y)
         for i, name in enumerate(names):
             ax.bar(pos(i), np.array(_bar_heights(sel, plot, y, cats, name)) * f, width=width * 0.95,
@@ -353,7 +353,7 @@ def _draw_bar(fig, exp, df, rows):
         if plot.get("normalize"):
             ax.axhline(1.0, color="#000000", linewidth=0.6, linestyle="--")
         _y_axis(ax, plot, ylabel)
-        if n == len(plot["y"]) - 1:
+        if n == _legend_panel(plot):
             _legend(ax, extra=[_paper_handle()] if points else [])
 
 
@@ -408,10 +408,21 @@ def _draw_stacked(fig, exp, df, rows):
 DRAW = {"per_layer": _draw_per_layer, "line": _draw_line, "bar": _draw_bar, "stacked_bar": _draw_stacked}
 
 
+def _panel_grid(plot: dict) -> tuple[int, int]:
+    """(rows, columns) of a line or bar figure's panels: side by side up to three, then two rows."""
+    n = len(plot["y"]) if plot["kind"] in ("line", "bar") else 1
+    return (1, n) if n <= 3 else (2, math.ceil(n / 2))
+
+
+def _legend_panel(plot: dict) -> int:
+    """Index of the panel that carries the legend: the last of the first row (top right)."""
+    return _panel_grid(plot)[1] - 1
+
+
 def _width_in(exp: dict, df) -> float:
     """Figure width (inches): panels side by side, each wide enough for its bars' category labels."""
     plot = exp["plot"]
-    panels = len(plot["y"]) if plot["kind"] in ("line", "bar") else 1
+    panels = _panel_grid(plot)[1]
     panel = 3.6
     if plot["kind"] == "bar":
         sel = select(df, plot["where"])
@@ -426,7 +437,7 @@ def draw(exp: dict, out_dir: str) -> list[str]:
     plot = exp["plot"]
     _style()
     width = _width_in(exp, df)
-    fig = plt.figure(figsize=(width, 3.3))
+    fig = plt.figure(figsize=(width, 3.3 * _panel_grid(plot)[0]))
     try:
         DRAW[plot["kind"]](fig, exp, df, rows)
         title = _title(exp)
