@@ -246,3 +246,29 @@ def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
         prep = prepare(f"{ROOT}/hwconfigs/{name}.yaml", [f"workload.context_length={ctx}"], ["no-prefetch"])
         profiled, modelled = profile_coverage(prep.config.hw)
         assert modelled == 0 and profiled > 0, (name, ctx)
+
+
+def test_an_op_key_names_its_shape_exactly():
+    """op_for_key(p.key) is the very operation the primitive costs (hwcompare's array-model column)."""
+    from chipsim.hw.compute import ArrayModel, parse_op_key
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.compare import ARRAY_MODEL_ONLY
+
+    hw = load_config(f"{ROOT}/hwconfigs/h200-pcie5-deepseek-v2-lite.yaml",
+                     ["workload.context_length=512", *ARRAY_MODEL_ONLY]).hw
+    am = ArrayModel(hw)
+    prims = [p for group in primitive_ops(hw).values() for p in group]
+    assert {p.kind for p in prims} == {"matvec", "sfu", "vector"}
+    for p in prims:
+        kind, f = parse_op_key(p.key)
+        assert kind == p.kind
+        if p.kind == "matvec":
+            assert (f["reduction"], f["outputs"], f["read_bytes"]) == (p.reduction, p.outputs, p.weight_bytes)
+            want = am.matvec(p.name, p.reduction, p.outputs, p.weight_bytes)
+        elif p.kind == "sfu":
+            assert f == {"elements": p.elements}
+            want = am.sfu(p.name, p.elements)
+        else:
+            assert f == {"elements": p.elements, "read_bytes": p.weight_bytes}
+            want = am.vector(p.name, p.elements, p.weight_bytes)
+        assert am.op_for_key(p.key).duration_ps == want.duration_ps

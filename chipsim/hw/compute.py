@@ -44,6 +44,15 @@ def op_key(kind: str, reduction: int = 0, outputs: int = 0, read_bytes: int = 0,
     raise ValueError(f"unknown operation kind {kind!r}")
 
 
+_KEY_FIELDS = {"r": "reduction", "o": "outputs", "b": "read_bytes", "n": "elements"}
+
+
+def parse_op_key(key: str) -> tuple[str, dict[str, int]]:
+    """op_key's inverse: 'matvec r1536 o1024 b3145728' -> ('matvec', {reduction, outputs, read_bytes})."""
+    kind, *parts = key.split()
+    return kind, {_KEY_FIELDS[p[0]]: int(p[1:]) for p in parts}
+
+
 @dataclass(frozen=True)
 class OpCost:
     """Cost of one operation (or a fused sequence of them) on the arrays."""
@@ -113,6 +122,16 @@ class ArrayModel:
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
         return self._op(name, key, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0)
+
+    def op_for_key(self, key: str) -> OpCost:
+        """The operation an op_key names, costed by this model (e.g. the array model's estimate of a shape that
+        a profile measured)."""
+        kind, f = parse_op_key(key)
+        if kind == "matvec":
+            return self.matvec(key, f["reduction"], f["outputs"], f["read_bytes"])
+        if kind == "sfu":
+            return self.sfu(key, f["elements"])
+        return self.vector(key, f["elements"], f["read_bytes"])
 
     def group_launch(self, name: str) -> OpCost:
         """The fixed cost of starting one op group (compute.op_group_launch_ns)."""

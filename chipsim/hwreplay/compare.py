@@ -17,6 +17,7 @@ import statistics
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
+from chipsim.hw.config import load_config
 from chipsim.hwreplay.ops import profile_coverage
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -128,19 +129,11 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
 def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
     """Each profiled kernel shape: the array model's estimate (config without op_times_ns) vs its measured time
     (inside a CUDA graph when the replays ran with graphs, else launched eagerly)."""
-    hw = prepare(config, list(ARRAY_MODEL_ONLY), ["no-prefetch"]).config.hw
-    am = ArrayModel(hw)
+    am = ArrayModel(load_config(config, list(ARRAY_MODEL_ONLY)).hw)
     field = "graph_us" if graphs else "eager_us"
     out = []
     for r in mb.get("op_times", []):
-        kind, *parts = r["key"].split()
-        v = {p[0]: int(p[1:]) for p in parts}
-        if kind == "matvec":
-            op = am.matvec("op", v["r"], v["o"], v["b"])
-        elif kind == "sfu":
-            op = am.sfu("op", v["n"])
-        else:
-            op = am.vector("op", v["n"], v["b"])
+        op = am.op_for_key(r["key"])
         model_us = op.duration_ps / 1e6
         out.append({"key": r["key"], "users": r["users"], "measured_us": r[field], "model_us": model_us,
                     "error_pct": 100.0 * (model_us - r[field]) / r[field]})
