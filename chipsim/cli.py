@@ -12,8 +12,8 @@ from chipsim.errors import InputError
 
 def _cmd_run(args) -> int:
     from chipsim.analysis import report
-    from chipsim.runner import code_sha256, prepare, run_policies_with_timelines
-    from chipsim.sim.engine import fetch_path_timing
+    from chipsim.hw.paths import fetch_path_timing
+    from chipsim.runner import prepare, provenance, run_policies_with_timelines
 
     if args.timeline_tokens < 0:
         raise InputError(f"--timeline-tokens {args.timeline_tokens}: must be 0 (all tokens) or more")
@@ -27,19 +27,14 @@ def _cmd_run(args) -> int:
     runs = run_policies_with_timelines(prep, jobs=args.jobs,
                                        timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
     rows = [row for row, _ in runs]
+    prov = provenance(prep)
     if args.timeline is not None:
-        other = {
-            "chipsim_version": __version__,
-            "config": prep.config.path,
-            "trace": prep.trace.path,
-            "trace_sha256": prep.trace.sha256,
-            "trace_synthetic": prep.trace.synthetic,
-            "timeline_tokens": args.timeline_tokens or "all",
-            "time_unit": "ts and dur in microseconds, rounded to whole nanoseconds from integer picoseconds",
-        }
-        timeline.write_atomic(args.timeline, timeline.dumps(timeline.build_trace([tl for _, tl in runs], other)))
+        other = {k: prov[k] for k in ("chipsim_version", "config", "trace", "trace_sha256", "trace_synthetic")}
+        other.update(timeline_tokens=args.timeline_tokens or "all",
+                     time_unit="ts and dur in microseconds, rounded to whole nanoseconds from integer picoseconds")
+        timeline.write(args.timeline, timeline.build_trace([tl for _, tl in runs], other))
     if args.json:
-        sys.stdout.write(report.to_json(report.json_rows(rows, with_details=False)))
+        sys.stdout.write(report.to_json(report.json_rows(rows)))
     else:
         for line in report.header_lines(prep, fetch_path_timing(prep.config.hw)):
             print(line)
@@ -52,18 +47,8 @@ def _cmd_run(args) -> int:
         if prep.trace.synthetic:
             print("\nSYNTHETIC trace: routing and predictions come from a generator, not a model.")
     if args.out:
-        run_info = {
-            "config": prep.config.path,
-            "config_sha256": prep.config.sha256(),
-            "config_resolved": prep.config.raw,
-            "trace": prep.trace.path,
-            "trace_sha256": prep.trace.sha256,
-            "trace_synthetic": prep.trace.synthetic,
-            "trace_provenance": prep.trace.meta.get("provenance", {}),
-            "code_sha256": code_sha256(),
-            "chipsim_version": __version__,
-            "policies": [p.label for p in prep.policies],
-        }
+        run_info = dict(prov, config_resolved=prep.config.raw, trace_provenance=prep.trace.meta.get("provenance", {}),
+                        policies=[p.label for p in prep.policies])
         report.write_outputs(args.out, rows, run_info)
     return 0
 
@@ -81,14 +66,9 @@ def _cmd_sweep(args) -> int:
 
 
 def _write_report(experiments, out_dir: str, report_path: str) -> None:
-    from chipsim.analysis.experiments import report_markdown
-    from chipsim.runner import code_sha256
+    from chipsim.analysis.reproduction import write_report
 
-    text = report_markdown(experiments, out_dir, report_path, {"code_sha256": code_sha256()})
-    parent = os.path.dirname(os.path.abspath(report_path))
-    os.makedirs(parent, exist_ok=True)
-    with open(report_path, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_report(experiments, out_dir, report_path)
     print(f"wrote {report_path}")
 
 
@@ -98,6 +78,7 @@ def _cmd_reproduce(args) -> int:
 
     from chipsim.analysis import experiments as ex
     from chipsim.analysis import plots
+    from chipsim.files import write_atomic
 
     if args.jobs < 0:
         raise InputError(f"--jobs {args.jobs}: expected a whole number >= 0 (0: one worker per core)")
@@ -116,9 +97,9 @@ def _cmd_reproduce(args) -> int:
         files = plots.draw(saved, args.out)
         timings[exp["name"]] = round(seconds, 2)
         print(f"{exp['name']}: {seconds:.1f} s; {', '.join(files)}")
-    with open(os.path.join(args.out, "timings.json"), "w", encoding="utf-8") as f:
-        json.dump({"seconds": timings, "total_seconds": round(time.perf_counter() - t_all, 2)}, f, indent=1)
-        f.write("\n")
+    write_atomic(os.path.join(args.out, "timings.json"),
+                 json.dumps({"seconds": timings, "total_seconds": round(time.perf_counter() - t_all, 2)}, indent=1)
+                 + "\n", what="--out")
     ran = {e["name"] for e in loaded}
     _write_report([e for e in ex.saved_experiments(args.out) if e["name"] in ran], args.out,
                   args.report or os.path.join(args.out, "REPRODUCTION.md"))
@@ -155,14 +136,16 @@ def _cmd_keys(args) -> int:
 
 
 def _cmd_policies(args) -> int:
-    from chipsim.policies.base import REGISTRY
-
-    import chipsim.policies  # noqa: F401
+    from chipsim.policies import REGISTRY
 
     for name, cls in sorted(REGISTRY.items()):
         print(f"{name:14} {cls.summary}")
         for key, p in cls.params.items():
-            print(f"{'':14}   policies.{name}.{key} ({p.type.__name__}, default {p.default}): {p.doc}")
+            allowed = p.bounds.describe()
+            print(f"{'':14}   policies.{name}.{key} ({p.type.__name__}, default {p.default}"
+                  f"{', ' + allowed if allowed else ''}): {p.doc}")
+        if cls.trace_arrays:
+            print(f"{'':14}   reads trace arrays: {', '.join(spec.name for spec in cls.trace_arrays)}")
     return 0
 
 

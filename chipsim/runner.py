@@ -1,4 +1,7 @@
-"""Run policies on one config: load and check everything first, then simulate (in parallel), then summarise."""
+"""Run policies on one config: load and check everything first, then simulate (in parallel), then summarise.
+
+`prepare` is where every input check happens (config, trace, policies and the trace arrays they read);
+`provenance` is the one record of where a result came from (config, trace and code, with their hashes)."""
 
 from __future__ import annotations
 
@@ -9,12 +12,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chipsim.analysis.metrics import summarize
+from chipsim import __version__
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, load_config
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
-from chipsim.sim.engine import SimResult, Simulation
+from chipsim.sim.engine import Simulation
+from chipsim.sim.metrics import summarize
+from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
 from chipsim.trace.format import Trace
 from chipsim.workload.decode import DecodeWorkload, build_workload
@@ -50,12 +55,27 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     specs = list(policy_specs) or list(config.hw.run.policies)
     policies = [make_policy(spec, config.policies) for spec in specs]
     for policy in policies:
+        trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
     return Prepared(config, workload, trace, policies)
+
+
+def provenance(prep: Prepared) -> dict:
+    """Where a run's results come from: the config and trace (paths and sha256), whether the trace is
+    synthetic, and the simulator code's sha256 and version. results.json, sweep.json and timelines carry it."""
+    return {
+        "config": prep.config.path,
+        "config_sha256": prep.config.sha256(),
+        "trace": prep.trace.path,
+        "trace_sha256": prep.trace.sha256,
+        "trace_synthetic": prep.trace.synthetic,
+        "code_sha256": code_sha256(),
+        "chipsim_version": __version__,
+    }
 
 
 def _check_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy: Policy) -> None:
@@ -86,10 +106,8 @@ def _run_one(prep: Prepared, policy: Policy, timeline_tokens: int | None = None)
     """A policy's summary row and, when `timeline_tokens` is given, its timeline of that many tokens (0: all)."""
     if timeline_tokens is None:
         return summarize_result(prep, simulate(prep, policy), policy), None
-    from chipsim.analysis.timeline import policy_timeline
-
     result = simulate(prep, policy, record_events=True, record_tokens=timeline_tokens)
-    return summarize_result(prep, result, policy), policy_timeline(policy.label, result)
+    return summarize_result(prep, result, policy), result.timeline.run_data(policy.label)
 
 
 def _worker_run(index: int, timeline_tokens: int | None = None) -> tuple[dict, dict | None]:
@@ -104,8 +122,8 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
 
 def run_policies_with_timelines(prep: Prepared, jobs: int = 0,
                                 timeline_tokens: int | None = None) -> list[tuple[dict, dict | None]]:
-    """(summary row, timeline) per policy, in the order given; timelines (chipsim.analysis.timeline) only
-    when `timeline_tokens` is given: the first that many tokens, 0 for all. Recording leaves the rows as
+    """(summary row, timeline data) per policy, in the order given; timeline data (RecordedTimeline.run_data,
+    drawn by chipsim.analysis.timeline) only when `timeline_tokens` is given: the first that many tokens, 0 for all. Recording leaves the rows as
     they are."""
     global _WORKER_PREP
     n = len(prep.policies)

@@ -21,7 +21,8 @@ An experiment file names
 
 `load_experiment` checks all of that (one-line `InputError`s) before anything runs; `run_experiment` runs the
 sweeps into DIR/<name>/ (one config) or DIR/<name>/<config stem>/ (several) and saves the resolved experiment
-as DIR/<name>/experiment.json, so that `chipsim plot DIR` redraws from DIR alone.
+as DIR/<name>/experiment.json, so that `chipsim plot DIR` redraws from DIR alone. `load_results` reads the saved
+rows back; chipsim.analysis.reproduction writes REPRODUCTION.md from them and chipsim.analysis.plots draws them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ import time
 import pandas as pd
 import yaml
 
+from chipsim.analysis.report import CSV_COLUMNS
+from chipsim.analysis.sweep import run_sweep
 from chipsim.errors import InputError
+from chipsim.files import write_atomic
+from chipsim.hw.config import load_config, parse_set, yaml_text
+from chipsim.policies import REGISTRY
 
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "experiments")
@@ -98,15 +104,8 @@ def list_experiments(directory: str | None = None) -> list[str]:
 def _check_key(path: str, config: str, key: str, value) -> None:
     """A grid key must be a config key the config accepts (load_config checks the schema; policy params are
     checked against the policy registry)."""
-    from chipsim.hw.config import load_config, parse_set
-
-    from chipsim.analysis.sweep import _yaml_text
-
     parts = key.split(".")
     if parts[0] == "policies":
-        import chipsim.policies  # noqa: F401
-        from chipsim.policies.base import REGISTRY
-
         if len(parts) != 3:
             raise _err(path, f"grid key {key}: expected policies.<policy>.<parameter>")
         name, param = parts[1], parts[2]
@@ -117,8 +116,8 @@ def _check_key(path: str, config: str, key: str, value) -> None:
             raise _err(path, f"grid key {key}: policy {name} has no parameter '{param}' "
                              f"(expected one of: {', '.join(cls.params)})")
     try:
-        parse_set(f"{key}={_yaml_text(key, value)}")
-        load_config(config, [f"{key}={_yaml_text(key, value)}"])
+        parse_set(f"{key}={yaml_text(key, value)}")
+        load_config(config, [f"{key}={yaml_text(key, value)}"])
     except InputError as exc:
         raise _err(path, f"grid {key}={value!r}: {exc}") from None
 
@@ -174,8 +173,6 @@ def load_experiment(path: str) -> dict:
     overrides = raw.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise _err(path, "overrides: expected a list of KEY=VALUE strings")
-    from chipsim.hw.config import load_config
-
     for cp in config_paths:
         try:
             load_config(cp, overrides)
@@ -277,8 +274,6 @@ def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
 
 
 def _check_table(path: str, columns) -> list[dict]:
-    from chipsim.analysis.report import CSV_COLUMNS
-
     out = []
     for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
                            "{metric, label[, factor, format]}"):
@@ -307,17 +302,15 @@ def sweep_dirs(exp: dict, out_dir: str) -> list[tuple[str, str, str]]:
 
 def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:
     """Run every sweep of `exp` into out_dir/<name>/; returns the wall time in seconds."""
-    from chipsim.analysis.sweep import run_sweep
-
     t0 = time.perf_counter()
     overrides = list(exp["overrides"]) + list(extra_overrides)
     for config, _, directory in sweep_dirs(exp, out_dir):
         run_sweep(config, exp["grid"], exp["policies"], directory, overrides=overrides, jobs=jobs,
                   progress=progress)
     saved = dict(exp, overrides=overrides)
-    with open(os.path.join(out_dir, exp["name"], "experiment.json"), "w", encoding="utf-8") as f:
-        json.dump(saved, f, indent=1)  # key order kept: plot.stack is drawn bottom first
-        f.write("\n")
+    # key order kept (not sorted): plot.stack is drawn bottom first
+    write_atomic(os.path.join(out_dir, exp["name"], "experiment.json"), json.dumps(saved, indent=1) + "\n",
+                 what="--out")
     return time.perf_counter() - t0
 
 
@@ -361,121 +354,3 @@ def select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
         mask &= col.map(lambda v, value=value: v == value or (isinstance(v, float) and isinstance(value, (int, float))
                                                                and math.isclose(v, value)))
     return df[mask]
-
-
-# ---------------------------------------------------------------------------------------------- comparison
-def compare_rows(exp: dict, df: pd.DataFrame) -> list[dict]:
-    """Each `compare` row of the experiment with chipsim's value filled in from the results.
-
-    metric M over the rows matching `where`; with `vs` ({column: value} replacing parts of `where`), the value
-    is the change M(where) / M(where | vs) − 1 in %. Several matching rows give a range [min, max]."""
-    out = []
-    for row in exp["compare"]:
-        sel = select(df, row["where"])
-        if sel.empty:
-            raise InputError(f"{exp['name']}: compare '{row['what']}': no result matches {row['where']}")
-        values = sel[row["metric"]].astype(float).to_numpy()
-        if row.get("vs"):
-            keys = [c for c in df.columns if c in exp["grid"] or c == "config"]
-            base = select(df, {**row["where"], **row["vs"]})
-            changes = []
-            for _, r in sel.iterrows():
-                b = base
-                for k in keys:
-                    b = b[b[k] == r[k]]
-                if b.empty:
-                    raise InputError(f"{exp['name']}: compare '{row['what']}': no baseline row for {row['vs']}")
-                changes.append((float(r[row["metric"]]) / float(b[row["metric"]].iloc[0]) - 1.0) * 100.0)
-            values = changes
-        ours = (min(values), max(values)) if len(values) > 1 else (float(values[0]),) * 2
-        paper = row["paper"]
-        paper_lo, paper_hi = (paper if isinstance(paper, list) else [paper, paper])
-        p_mid, o_mid = (paper_lo + paper_hi) / 2, (ours[0] + ours[1]) / 2
-        ratio = o_mid / p_mid if p_mid else float("nan")
-        out.append({**row, "ours": ours, "paper_range": (float(paper_lo), float(paper_hi)), "ratio": ratio,
-                    "difference": o_mid - p_mid})
-    return out
-
-
-def _num(v: float) -> str:
-    if v != v:
-        return "n/a"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:.1f}"
-    if a >= 10:
-        return f"{v:.2f}"
-    return f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
-
-
-def _span(lo: float, hi: float) -> str:
-    return _num(lo) if lo == hi else f"{_num(lo)} … {_num(hi)}"
-
-
-def report_markdown(experiments: list[dict], out_dir: str, report_path: str, meta: dict | None = None) -> str:
-    """REPRODUCTION.md: per experiment, its figure and each paper number beside chipsim's, all filled from
-    the saved results."""
-    from chipsim import __version__
-
-    report_dir = os.path.dirname(os.path.abspath(report_path))
-    lines = [
-        "# Reproducing the papers with chipsim",
-        "",
-        "Written by `chipsim reproduce` from the saved results; every chipsim number below is read from the "
-        "sweeps (`results.csv` / `sweep.json` under the output directory), none is typed by hand. The paper "
-        "numbers come from `../shared/REFERENCE-NUMBERS.md` (the papers: APEX arXiv 2608.11688, SPICE arXiv 2608.21240) §A–B. No parameter was tuned to close a gap; "
-        "where a single parameter would, the row names it.",
-        "",
-        "ratio = chipsim / paper (midpoints of ranges); difference = chipsim − paper, in the row's unit. "
-        "A '%' row is a change relative to the baseline it names (negative: lower).",
-        "",
-        "Figures (PNG and PDF) are written beside each experiment's results, `DIR/<name>/<name>.png`; the links "
-        "below point there (the PNGs of results/reproduce are committed; `chipsim reproduce` or `chipsim plot DIR` "
-        "writes both formats). Where the paper gives a "
-        "value at a plotted point, the figure draws it on the same axes as a hollow marker in the colour of its "
-        "policy or model (stacked bars: a hatched, unfilled bar beside chipsim's); a '%' row is drawn only where "
-        "the figure is normalised to the very baseline it names.",
-        "",
-        f"chipsim {__version__}" + (f"; code sha256 {meta['code_sha256'][:12]}" if meta and meta.get("code_sha256") else ""),
-        "",
-        "Common causes of the gaps, referred to below:",
-        "",
-        "- **trace model**: routing comes from reduced-width models of each shape trained for 5.3–6.5 minutes on an "
-        "H200 (traces/README-real.md), not the released checkpoints; predictor quality (overlap, δ̂) follows "
-        "from that routing.",
-        "- **modelling choice**: on this first-principles platform a Granite-3B layer's attention takes ~20 µs "
-        "against ~320 µs of expert loading over PCIe, so a prefetch issued before attention has almost nothing "
-        "to hide behind (README, \"What the thor model finds\"); the paper's numbers imply ~12 ms of non-expert "
-        "work per token that a roofline of its stated platform does not reproduce.",
-        "- **parameter source**: energies per bit are the paper's (Table III); leakage, DMA setup and the host "
-        "CPU are `# ASSUMPTION` parameters of hwconfigs/thor.yaml.",
-        "",
-    ]
-    for exp in experiments:
-        df, _ = load_results(exp, out_dir)
-        lines += [f"## {exp['name']}: {exp['title']}", "", f"Paper: {exp['paper']}. Configs: "
-                  + ", ".join(f"`{c}`" for c in exp["config_names"]) + "; policies: "
-                  + ", ".join(f"`{p}`" for p in exp["policies"]) + "; overrides: "
-                  + (", ".join(f"`{o}`" for o in exp["overrides"]) or "none") + ".", ""]
-        if exp.get("notes"):
-            lines += [exp["notes"].strip(), ""]
-        fig = os.path.relpath(os.path.join(out_dir, exp["name"], f"{exp['name']}.png"), report_dir)
-        lines += [f"Figure: [{fig}]({fig}) (and .pdf beside it).", ""]
-        rows = compare_rows(exp, df)
-        if rows:
-            lines += ["| result | paper | chipsim | ratio | difference | why they differ |",
-                      "| --- | --- | --- | --- | --- | --- |"]
-            for r in rows:
-                unit = f" {r['unit']}" if r["unit"] else ""
-                lines.append(f"| {r['what']} | {_span(*r['paper_range'])}{unit} | {_span(*r['ours'])}{unit} | "
-                             f"{_num(r['ratio'])} | {_num(r['difference'])}{unit} | {' '.join(str(r['why']).split())} |")
-            lines.append("")
-        else:  # nothing from the paper to set beside: a table generated from the sweep instead
-            from chipsim.analysis.report import sweep_table_lines
-
-            lines += sweep_table_lines(exp, out_dir)
-        if exp.get("table"):
-            from chipsim.analysis.report import metric_table_lines
-
-            lines += metric_table_lines(exp, out_dir)
-    return "\n".join(lines).rstrip() + "\n"

@@ -1,5 +1,4 @@
-"""Human-readable table and machine-readable files (CSV, JSON) of a run's results, and the generated sweep tables
-of REPRODUCTION.md (experiments with no paper numbers to set beside)."""
+"""Human-readable table and machine-readable files (CSV, JSON) of a run's results."""
 
 from __future__ import annotations
 
@@ -7,12 +6,8 @@ import csv
 import io
 import json
 import os
-import re
-import tempfile
 
-import pandas as pd
-
-from chipsim.errors import InputError
+from chipsim.files import write_atomic
 from chipsim.hw.dram import dram_timing
 
 # (column header, key, format) of the printed table
@@ -120,9 +115,9 @@ def quality_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def json_rows(rows: list[dict], with_details: bool) -> list[dict]:
-    if with_details:
-        return rows
+def json_rows(rows: list[dict]) -> list[dict]:
+    """The rows as `--json` prints them: without the per-layer breakdowns, energy per component and the
+    warm-up summary (results.json keeps them)."""
     return [{k: v for k, v in row.items() if k not in ("per_layer", "energy_by_component_mj", "warmup")} for row in rows]
 
 
@@ -163,174 +158,6 @@ def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def write_outputs(out_dir: str, rows: list[dict], run_info: dict) -> None:
-    """Write results.csv and results.json, each atomically (temporary file, then rename)."""
-    os.makedirs(out_dir, exist_ok=True)
-    files = {
-        "results.csv": to_csv(rows),
-        "results.json": to_json({"run": run_info, "results": rows}),
-    }
-    for name, text in files.items():
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(out_dir, name))
-
-
-# ---------------------------------------------------------------------------------------------- sweep tables
-BASELINE_POLICY = "no-prefetch"
-FOCUS_POLICY = "apex"
-# metrics a sweep table shows: (column, header suffix, format); energy only where the plot draws it
-LATENCY = ("latency_ms_per_token", "ms", "{:.3f}")
-ENERGY = ("energy_mj_per_token", "mJ", "{:.1f}")
-
-
-def load_csv_results(exp: dict, out_dir: str) -> pd.DataFrame:
-    """Every results.csv row of an experiment's sweeps, with a `config` column (the config file's stem)."""
-    from chipsim.analysis.experiments import sweep_dirs
-
-    frames = []
-    for _, stem, directory in sweep_dirs(exp, out_dir):
-        path = os.path.join(directory, "results.csv")
-        if not os.path.isfile(path):
-            raise InputError(f"{path}: missing; run chipsim reproduce {exp['name']}")
-        frames.append(pd.read_csv(path).assign(config=stem))
-    return pd.concat(frames, ignore_index=True)
-
-
-def sweep_keys(exp: dict) -> list[str]:
-    """The columns that tell one swept point from another: the config (when several) and the grid keys."""
-    return (["config"] if len(exp["configs"]) > 1 else []) + list(exp["grid"])
-
-
-def baseline_and_focus(policies: list[str]) -> tuple[str, str | None]:
-    """The policy every change is relative to (no-prefetch, else the first) and the one the summary sentence
-    follows (APEX, else the first other policy that is not the oracle bound)."""
-    base = BASELINE_POLICY if BASELINE_POLICY in policies else policies[0]
-    others = [p for p in policies if p != base]
-    focus = FOCUS_POLICY if FOCUS_POLICY in others else next((p for p in others if p != "oracle"), None)
-    return base, focus
-
-
-def _unit(label: str) -> str:
-    """'leakage per array (W)' -> 'W'."""
-    m = re.search(r"\(([^()]*)\)\s*$", label)
-    return m.group(1) if m else ""
-
-
-def _key_header(exp: dict, key: str) -> str:
-    return exp["plot"]["xlabel"] if key == exp["plot"].get("x") else key
-
-
-def _point_text(exp: dict, keys: list[str], point: tuple) -> str:
-    """A swept point in words, e.g. '0.25 W' or 'DMA engines 4'."""
-    parts = []
-    for key, value in zip(keys, point):
-        text = f"{value:g}" if isinstance(value, float) else str(value)
-        header = _key_header(exp, key)
-        unit = _unit(header)
-        parts.append(f"{text} {unit}" if unit else (text if key == "config" else f"{header} {text}"))
-    return ", ".join(parts) or "the one point"
-
-
-def _change_pct(value: float, base: float) -> float:
-    return (value / base - 1.0) * 100.0
-
-
-def sweep_table(exp: dict, df: pd.DataFrame) -> dict:
-    """One row per swept point: latency (and energy, where plotted) of each policy and each policy's latency
-    change vs the baseline. Returns {keys, points, policies, base, focus, metrics, cells}, cells[point][name]."""
-    keys = sweep_keys(exp)
-    policies = list(dict.fromkeys(df["policy"]))  # the labels results.csv carries, in run order
-    base, focus = baseline_and_focus(policies)
-    metrics = [LATENCY] + ([ENERGY] if ENERGY[0] in exp["plot"]["y"] else [])
-    points = list(dict.fromkeys(tuple(r) for r in df[keys].itertuples(index=False))) if keys else [()]
-    cells = {}
-    for point in points:
-        sel = df
-        for key, value in zip(keys, point):
-            sel = sel[sel[key] == value]
-        row = {}
-        for col, _, _ in metrics:
-            for p in policies:
-                match = sel[sel["policy"] == p]
-                row[(col, p)] = float(match[col].iloc[0]) if not match.empty else float("nan")
-        lat = LATENCY[0]
-        for p in policies:
-            if p != base:
-                row[("change", p)] = _change_pct(row[(lat, p)], row[(lat, base)])
-        cells[point] = row
-    return {"keys": keys, "points": points, "policies": policies, "base": base, "focus": focus,
-            "metrics": metrics, "cells": cells}
-
-
-def _cell(fmt: str, v: float) -> str:
-    return "n/a" if v != v else fmt.format(v)
-
-
-def sweep_table_lines(exp: dict, out_dir: str) -> list[str]:
-    """REPRODUCTION.md lines of an experiment with no paper numbers: the generated table and one sentence on
-    how far the focus policy's latency gap to the baseline moves over the sweep; every number from results.csv."""
-    t = sweep_table(exp, load_csv_results(exp, out_dir))
-    base, focus, policies = t["base"], t["focus"], t["policies"]
-    others = [p for p in policies if p != base]
-    header = [_key_header(exp, k) for k in t["keys"]] or ["point"]
-    header += [f"{p} {suffix}" for col, suffix, _ in t["metrics"][:1] for p in policies]
-    header += [f"{p} vs {base}" for p in others]
-    header += [f"{p} {suffix}" for col, suffix, _ in t["metrics"][1:] for p in policies]
-    lines = [f"No paper numbers to set beside this one; chipsim's values from `results.csv`: latency per token "
-             f"(ms){' and energy per token (mJ)' if len(t['metrics']) > 1 else ''} of each policy, and each "
-             f"policy's latency change vs `{base}` at the same point.", "",
-             "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    (lat, _, lat_fmt), energy = t["metrics"][0], t["metrics"][1:]
-    for point in t["points"]:
-        c = t["cells"][point]
-        row = [f"{v:g}" if isinstance(v, float) else str(v) for v in point] or ["-"]
-        row += [_cell(lat_fmt, c[(lat, p)]) for p in policies]
-        row += [_cell("{:+.2f} %", c[("change", p)]) for p in others]
-        row += [_cell(fmt, c[(col, p)]) for col, _, fmt in energy for p in policies]
-        lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    if focus is not None:
-        lines += [gap_sentence(exp, t), ""]
-    return lines
-
-
-def metric_table_lines(exp: dict, out_dir: str) -> list[str]:
-    """REPRODUCTION.md lines of an experiment's `table`: one row per swept point and policy (policies named as
-    in the figure's legend), one column per listed metric, every number from results.csv."""
-    df = load_csv_results(exp, out_dir)
-    keys = sweep_keys(exp)
-    labels = exp["plot"].get("series_labels") or {}
-    columns = exp["table"]
-    header = [_key_header(exp, k) for k in keys] + ["policy"] + [c["label"] for c in columns]
-    lines = ["Per policy, from `results.csv`:", "", "| " + " | ".join(header) + " |",
-             "| " + " | ".join("---" for _ in header) + " |"]
-    for _, r in df.iterrows():
-        row = [f"{r[k]:g}" if isinstance(r[k], float) else str(r[k]) for k in keys]
-        row.append(f"{labels[r['policy']]} (`{r['policy']}`)" if r["policy"] in labels else f"`{r['policy']}`")
-        row += [_cell(c["format"], float(r[c["metric"]]) * c["factor"]) for c in columns]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines + [""]
-
-
-def _moves(exp: dict, t: dict, values: list[float]) -> str:
-    """'-5.18 % at 0.25 W … -5.20 % at 4 W (range -5.20 … -5.18 % over the 5 points)'."""
-    keys, points = t["keys"], t["points"]
-    first = f"{values[0]:+.2f} % at {_point_text(exp, keys, points[0])}"
-    if len(points) == 1:
-        return first
-    return (f"{first} … {values[-1]:+.2f} % at {_point_text(exp, keys, points[-1])} "
-            f"(range {min(values):+.2f} … {max(values):+.2f} % over the {len(points)} points)")
-
-
-def gap_sentence(exp: dict, t: dict) -> str:
-    """How far the focus policy's gap to the baseline moves over the sweep: latency, and energy where plotted."""
-    focus, base = t["focus"], t["base"]
-    lat = [t["cells"][p][("change", focus)] for p in t["points"]]
-    text = f"{focus} vs {base}: latency per token {_moves(exp, t, lat)}"
-    if len(t["metrics"]) > 1:
-        col = t["metrics"][1][0]
-        energy = [_change_pct(t["cells"][p][(col, focus)], t["cells"][p][(col, base)]) for p in t["points"]]
-        text += f"; energy per token {_moves(exp, t, energy)}"
-    return text + "."
+    """Write results.csv and results.json, each whole or not at all."""
+    write_atomic(os.path.join(out_dir, "results.csv"), to_csv(rows), what="--out")
+    write_atomic(os.path.join(out_dir, "results.json"), to_json({"run": run_info, "results": rows}), what="--out")

@@ -28,21 +28,19 @@ import contextlib
 import hashlib
 import itertools
 import json
-import math
 import operator
 import os
 import sys
-import tempfile
 import time
 
 import pandas as pd
-import yaml
 
 from chipsim import __version__
 from chipsim import runner
 from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, to_json
 from chipsim.errors import InputError
-from chipsim.hw.config import load_config, parse_set
+from chipsim.files import write_atomic
+from chipsim.hw.config import load_config, parse_set, yaml_text
 from chipsim.runner import code_sha256, prepare, simulate, summarize_result
 
 BACKENDS = ("process", "dask")
@@ -115,16 +113,6 @@ def _plain(value):
     return value
 
 
-def _yaml_text(key: str, value) -> str:
-    """The `--set` text that reads back as exactly `value` (PyYAML keeps 1e-05 a float only as 1.0e-05)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
-    text = text.removesuffix("\n").removesuffix("\n...").strip()
-    back = parse_set(f"{key}={text}")[1]
-    if back != value or type(back) is not type(value):
-        raise InputError(f"--grid {key}={value!r}: not expressible as a YAML value")
-    return text
-
-
 def _check_grid(grid) -> dict[str, list]:
     if grid is None:
         return {}
@@ -149,7 +137,7 @@ def _check_grid(grid) -> dict[str, list]:
 def _assignment(key: str, value) -> str:
     if key == "workload.trace" and isinstance(value, str):
         value = os.path.abspath(value)  # relative to the caller's directory, as with --set; workers may differ
-    return f"{key}={_yaml_text(key, value)}"
+    return f"{key}={yaml_text(key, value)}"
 
 
 def _absolute_overrides(overrides) -> list[str]:
@@ -157,7 +145,7 @@ def _absolute_overrides(overrides) -> list[str]:
     for text in overrides or ():
         parts, value = parse_set(text)
         if parts == ["workload", "trace"] and isinstance(value, str):
-            text = f"workload.trace={_yaml_text('workload.trace', os.path.abspath(value))}"
+            text = f"workload.trace={yaml_text('workload.trace', os.path.abspath(value))}"
         out.append(text)
     return out
 
@@ -204,19 +192,6 @@ def _read_cache(path: str, label: str) -> dict | None:
         return row
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing, partly written or foreign: simulate again
-
-
-def _write_atomic(directory: str, name: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(directory, name))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -439,7 +414,7 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
         row = out["row"]
         entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
                             "policy": labels[key]}, "row": row}
-        _write_atomic(cache_dir, f"{key}.json", to_json(entry))
+        write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
         results[key] = row
 
     if to_run:
@@ -471,8 +446,8 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
                    for p in points],
         "results": json_rows,
     }
-    _write_atomic(out_dir, "sweep.json", to_json(info))
-    _write_atomic(out_dir, "results.csv", to_csv(table_rows, columns))
+    write_atomic(os.path.join(out_dir, "sweep.json"), to_json(info))
+    write_atomic(os.path.join(out_dir, "results.csv"), to_csv(table_rows, columns))
 
     df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
     df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points),

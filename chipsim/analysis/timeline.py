@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from bisect import bisect_right
 
 from chipsim.errors import InputError
+from chipsim.files import write_atomic
 
 # lanes: thread id = pid * LANE_STRIDE + offset; order in the viewer by sort index
 LANE_STRIDE = 1000
@@ -41,21 +41,6 @@ _SORT = {TOKENS: 0, ARRAYS: 1, LINK: 900, HOST: 901}
 _STALL = re.compile(r"L(\d+) stall$")
 _HOST_WAIT = re.compile(r"L(\d+) host wait$")
 _EXPERT = re.compile(r"L(\d+)E(\d+)$")
-
-
-def policy_timeline(label: str, result) -> dict:
-    """The plain (picklable) data of one recorded run (`SimResult` from `record_events=True`)."""
-    if result.events is None or result.timeline is None:
-        raise ValueError("the run was not recorded (record_events=True)")
-    tl = result.timeline
-    return {
-        "label": label,
-        "arrays": tl["arrays"],
-        "engines": tl["engines"],
-        "events": [ev for ev in result.events if not ev[0].startswith("dma")],  # DMA: from the engine spans
-        "dma": tl["dma"],
-        "link": tl["link"],
-    }
 
 
 def _us(ps: int) -> float:
@@ -135,7 +120,7 @@ def _process_events(pid: int, run: dict) -> list[dict]:
 
 
 def build_trace(runs: list[dict], other: dict | None = None) -> dict:
-    """The trace-event JSON object for several policy runs (`policy_timeline` data), one process each."""
+    """The trace-event JSON object for several policy runs (`RecordedTimeline.run_data`), one process each."""
     events = []
     for pid, run in enumerate(runs, start=1):
         events.extend(_process_events(pid, run))
@@ -167,22 +152,7 @@ def check_path(path: str) -> None:
         raise InputError(f"--timeline {path}: directory {parent} is not writable")
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write through a temporary file in the same directory, then rename: never a half-written file."""
+def write(path: str, trace: dict) -> None:
+    """Write the trace-event file, whole or not at all (checked with `check_path` first)."""
     check_path(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; the timeline is an ordinary output
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise InputError(f"--timeline {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, dumps(trace), what="--timeline")

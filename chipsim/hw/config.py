@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 import yaml
 
 from chipsim.errors import InputError
+from chipsim.values import Bounds, check_value
 
 
 def spec(doc: str, *, minimum: float | None = None, positive: bool = False, choices: tuple | None = None):
-    """Field metadata: what the key means and which values are allowed."""
-    return {"doc": doc, "minimum": minimum, "positive": positive, "choices": choices}
+    """Field metadata: what the key means and which values are allowed (checked by chipsim.values)."""
+    bounds = Bounds(minimum=0, min_exclusive=True) if positive else Bounds(minimum=minimum)
+    return {"doc": doc, "bounds": Bounds(bounds.minimum, min_exclusive=bounds.min_exclusive, choices=choices)}
 
 
 def _f(doc: str, **kw):
@@ -182,9 +185,6 @@ class HardwareConfig:
     run: RunConfig = _f("run defaults")
 
 
-TOP_LEVEL_EXTRA = ("base", "policies", "name", "description")
-
-
 @dataclass
 class Config:
     """A validated configuration: typed hardware/workload sections plus raw policy parameters."""
@@ -271,6 +271,17 @@ def parse_set(assignment: str) -> tuple[list[str], object]:
     return parts, value
 
 
+def yaml_text(key: str, value) -> str:
+    """The `--set key=TEXT` text that `parse_set` reads back as exactly `value` (a sweep's grid values are
+    passed to each point this way; PyYAML keeps 1e-05 a float only when written 1.0e-05, as safe_dump does)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True)
+    text = text.removesuffix("\n").removesuffix("\n...").strip()
+    back = parse_set(f"{key}={text}")[1]
+    if back != value or type(back) is not type(value):
+        raise InputError(f"--grid {key}={value!r}: not expressible as a YAML value")
+    return text
+
+
 def apply_set(data: dict, parts: list[str], value) -> None:
     node = data
     for i, part in enumerate(parts[:-1]):
@@ -285,49 +296,6 @@ def apply_set(data: dict, parts: list[str], value) -> None:
 
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
-
-
-def _check_value(value, tp, meta: dict, key: str):
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"{key}: expected a number, got {value!r}")
-        value = float(value)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise InputError(f"{key}: must be finite, got {value!r}")
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise InputError(f"{key}: expected an integer, got {value!r}")
-    elif tp is bool:
-        if not isinstance(value, bool):
-            raise InputError(f"{key}: expected true or false, got {value!r}")
-    elif tp is str:
-        if not isinstance(value, str) or not value:
-            raise InputError(f"{key}: expected a non-empty string, got {value!r}")
-    elif tp is dict:
-        if not isinstance(value, dict):
-            raise InputError(f"{key}: expected a section of name: number entries, got {value!r}")
-        out = {}
-        for name, v in value.items():
-            if not isinstance(name, str) or not name:
-                raise InputError(f"{key}: entry names must be non-empty strings, got {name!r}")
-            v = _check_value(v, float, {"positive": True}, f"{key}.{name}")
-            out[name] = v
-        return out
-    elif tp is list:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise InputError(f"{key}: expected a non-empty list of names, got {value!r}")
-    if meta.get("positive") and value <= 0:
-        raise InputError(f"{key}: must be positive, got {value!r}")
-    if meta.get("minimum") is not None and value < meta["minimum"]:
-        raise InputError(f"{key}: must be at least {meta['minimum']}, got {value!r}")
-    if meta.get("choices") and value not in meta["choices"]:
-        raise InputError(f"{key}: must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
-    return value
 
 
 def build_dataclass(cls, data, key_prefix: str = ""):
@@ -351,7 +319,7 @@ def build_dataclass(cls, data, key_prefix: str = ""):
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = build_dataclass(tp, data[f.name], key + ".")
         else:
-            kwargs[f.name] = _check_value(data[f.name], tp, f.metadata, key)
+            kwargs[f.name] = check_value(key, data[f.name], tp, f.metadata["bounds"])
     return cls(**kwargs)
 
 

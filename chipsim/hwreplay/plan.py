@@ -170,5 +170,5 @@ def build_plan(prep: Prepared, policy) -> Plan:
         raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
     actions = assign_slots(sim.actions, sim.slots)
     return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
-                actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.latency_ps],
-                sim_fetch_bytes=int(result.bytes["pcie"].sum()))
+                actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps],
+                sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()))

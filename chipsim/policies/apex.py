@@ -13,7 +13,7 @@ per-layer buffer (loaded, used, evicted at the layer's end).
   layer can still wait for a prefetch that is on its way, never for a miss.
 
 Both read only predictor outputs the trace recorded before routing (and, for apex-sf, the original
-router's ranking at routing time). δ* (`oracle_delta_star`) is read only for reporting coverage.
+router's ranking at routing time). δ* (`predictor_arrays.delta_star`) is read only for reporting coverage.
 
 apex-sf changes what the model computes; its results carry the held-out perplexity cost measured on the
 trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.trace.quality: `quality_cost`,
@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
-from chipsim.trace import format as trace_format
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.trace import predictor_arrays as pa
 
 
 @register
@@ -36,17 +35,16 @@ class Apex(Policy):
                "missing routed experts are fetched on demand (correctness-preserving)")
     params = {
         "tau": Param(float, 0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
-                     minimum=0.0, maximum=1.0),
+                     minimum=0.0, maximum=1.0, min_exclusive=True, max_exclusive=True),
         "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1),
         "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
                                                "bytes (the APEX paper's accounting); false: they stop at routing"),
     }
     stall_free = False
+    trace_arrays = (pa.APEX_RANK, pa.APEX_SCORE, pa.APEX_THETA)
 
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
-        if not 0.0 < self.tau < 1.0:
-            raise InputError(f"policies.{self.name}.tau: must lie strictly between 0 and 1, got {self.tau!r}")
         self._reset()
 
     def _reset(self):
@@ -61,19 +59,18 @@ class Apex(Policy):
         self._layer_dropped = None
 
     # ------------------------------------------------------------------ hooks
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         T = ctx.num_tokens
-        trace = ctx.trace
-        delta = trace_format.apex_delta_hat(trace, self.tau)[:T]
+        delta = pa.delta_hat(ctx.trace_array("apex_score"), ctx.trace_array("apex_theta"), self.tau)[:T]
         self._capped = bool(self.max_extra >= 0 and (delta > self.max_extra).any())
         if self.max_extra >= 0:
             delta = np.minimum(delta, self.max_extra)
         self._delta_hat = delta
         self._budget = (delta + ctx.top_k).tolist()
         self._rank = ctx.trace_array("apex_rank")[:T].tolist()
-        self._delta_star = trace_format.oracle_delta_star(trace)[:T]
+        self._delta_star = pa.delta_star(ctx.trace_array("apex_rank")[:T], ctx.trace_array("routed_ids")[:T])
         self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
-        self._meta = trace.meta
+        self._meta = ctx.trace_meta
         if self.stall_free:
             self._router_rank = ctx.trace_array("router_rank")[:T].tolist()
             L = ctx.num_moe_layers
@@ -81,7 +78,7 @@ class Apex(Policy):
             self._layer_dropped = np.zeros((T, L), dtype=np.int64)
         self._routed_count = ctx.top_k
 
-    def on_layer_start(self, ctx, t, layer):
+    def on_layer_start(self, ctx: SimContext, t, layer):
         for expert in self._rank[t][layer][:self._budget[t][layer]]:
             if not ctx.prefetch(layer, expert):
                 break  # buffer full: the rest of the ranking cannot be staged
@@ -116,7 +113,7 @@ class ApexStallFree(Apex):
     params = dict(Apex.params)
     stall_free = True
 
-    def on_route(self, ctx, t, layer, routed):
+    def on_route(self, ctx: SimContext, t, layer, routed):
         kept = [e for e in routed if ctx.present(layer, e)]
         missing = len(routed) - len(kept)
         substitutes = []

@@ -1,8 +1,8 @@
-"""The policy plug-in interface and its registry.
+"""The policy plug-in interface, its registry and the contract between policies and the engine.
 
 A policy decides what to prefetch and when, which experts a layer executes, and what to evict. The
-engine calls its hooks at fixed points of the decode step and gives it a `PolicyContext` (see
-chipsim.sim.engine) through which it reads the trace and acts on the expert buffer:
+engine (chipsim.sim.engine.Simulation) calls its hooks at fixed points of the decode step and passes
+itself as `ctx`, a `SimContext`: the members listed there are all a policy may use.
 
     on_run_start(ctx)                   once, before the first token
     on_token_start(ctx, t)
@@ -12,30 +12,161 @@ chipsim.sim.engine) through which it reads the trace and acts on the expert buff
     choose_victims(ctx, l, needed, n) -> list of (layer, expert) to evict to make room for demand fetches
     extra_metrics() -> dict             policy-specific results for the output
 
+A policy reads the trace's core arrays (chipsim.trace.format.CORE_ARRAYS: routing, weights, the router's
+ranking) and the predictor outputs it declares in `trace_arrays` (specs from chipsim.trace.predictor_arrays);
+`runner.prepare` checks a trace carries them, naming the policy and the array, before anything runs.
+
 A policy that changes what the model computes (substitutes, drops or approximates routed experts) reports
 the quality cost measured for it on the trace's model (meta['quality'], chipsim.trace.quality) through
 `quality_fields`: extra metrics `quality_mode`, `quality_cost` and `quality_source`.
 
 Policies are registered by name with `@register`; parameters are declared as `Param`s and come from
-`policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`).
+`policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`), checked by
+the same value checker as config keys (chipsim.values).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
+
+import numpy as np
 
 from chipsim.errors import InputError
+from chipsim.hw.config import HardwareConfig
+from chipsim.hw.paths import FetchPathTiming
+from chipsim.trace.format import ArraySpec
+from chipsim.values import Bounds, check_value
+from chipsim.workload.decode import DecodeWorkload, ExpertFormat
+from chipsim.workload.host import HostTiming
+
+Key = tuple[int, int]  # (MoE layer, expert)
+
+
+class SimContext(Protocol):
+    """What the engine offers a policy: read the run's set-up and the trace, act on the expert buffer.
+
+    Times are integer picoseconds of simulated time; a (layer, expert) key names one routed expert of one
+    MoE layer (layers count MoE layers only, from 0). Every member may be called from any hook, from
+    `on_run_start` on, unless its docstring says otherwise."""
+
+    # ---- the run's set-up (constant for the whole run)
+    @property
+    def hw(self) -> HardwareConfig:
+        """The validated hardware and workload config of the run."""
+
+    @property
+    def workload(self) -> DecodeWorkload:
+        """The decode step as costed operations (model shape, expert bytes, HBM budget)."""
+
+    @property
+    def expert_format(self) -> ExpertFormat:
+        """How this policy's experts are moved, stored and computed (bytes per part, slot bytes, arrays ps)."""
+
+    @property
+    def path_timing(self) -> FetchPathTiming:
+        """The expert-fetch path: bottleneck bandwidth (GB/s per direction) and summed latency (ns)."""
+
+    @property
+    def host_timing(self) -> HostTiming:
+        """One expert on the host CPU: dispatch + PCIe transit + compute, in ps."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this run replays (the trace's, capped by workload.max_tokens)."""
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layers per token (dense first layers excluded)."""
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer."""
+
+    @property
+    def top_k(self) -> int:
+        """Routed experts the router picks per token and MoE layer."""
+
+    @property
+    def slots(self) -> int:
+        """Expert slots the buffer holds in this policy's expert format."""
+
+    # ---- the trace
+    @property
+    def trace_meta(self) -> dict:
+        """The trace's meta record (model counts, provenance, predictor metrics, quality records)."""
+
+    def trace_array(self, key: str) -> np.ndarray:
+        """A read-only trace array: a core array or one the policy declares in `trace_arrays`; (T, L, ...)
+        arrays are indexed [token, MoE layer]. Only `oracle` may read future routing."""
+
+    def trace_routed(self, t: int, layer: int) -> list[int]:
+        """The experts the router picks at token t, MoE layer `layer` (future routing: oracle only)."""
+
+    # ---- the expert buffer (a key is present from its prefetch or demand until evicted)
+    def present(self, layer: int, expert: int) -> bool:
+        """In the buffer: arrived or on its way."""
+
+    def resident(self, layer: int, expert: int) -> bool:
+        """Arrived: all its bytes have landed."""
+
+    def resident_keys(self) -> list[Key]:
+        """Every arrived expert."""
+
+    def keys_of_layer(self, layer: int) -> list[Key]:
+        """Every present expert of one MoE layer (arrived or on its way)."""
+
+    def last_use(self, key: Key) -> int:
+        """When a present expert was last computed, as token × MoE layers + layer; -1 if never."""
+
+    def free_slots(self) -> int:
+        """Slots neither held nor still draining an evicted transfer."""
+
+    # ---- estimates (for policies that choose between a fetch and the host CPU)
+    def fetch_estimate_ps(self) -> int:
+        """How long an expert fetched now would take to land, queued behind every byte on the link (ps)."""
+
+    def host_estimate_ps(self) -> int:
+        """How long an expert handed to the host CPU now would take, counting the host's queue (ps)."""
+
+    # ---- actions (from on_token_start, on_layer_start, on_route, on_layer_end and choose_victims' caller)
+    def prefetch(self, layer: int, expert: int) -> bool:
+        """Stage an expert ahead of need; True if present afterwards, False if the buffer has no free slot
+        (nothing is evicted for a prefetch)."""
+
+    def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
+        """Free an expert's slot; one on its way stops at its next chunk boundary (stop_transfer=False: it
+        moves all its bytes first, and its slot frees when they land)."""
+
+    def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
+        """Evict every present expert of one MoE layer."""
+
+    def cancel_unneeded(self, layer: int, needed) -> None:
+        """Evict this layer's experts still on their way that are not in `needed`."""
 
 
 @dataclass(frozen=True)
 class Param:
+    """A policy parameter: its type, default and meaning, and the values it allows (bounds inclusive unless
+    marked exclusive, or a list of choices)."""
+
     type: type
     default: object
     doc: str
     minimum: float | None = None
     maximum: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    choices: tuple | None = None
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.minimum, self.maximum, self.min_exclusive, self.max_exclusive, self.choices)
+
+    def check(self, key: str, value):
+        """`value` read and bounded as this parameter (InputError naming `key` otherwise)."""
+        return check_value(key, value, self.type, self.bounds)
 
 
 @dataclass
@@ -77,13 +208,15 @@ class Policy:
     # a variant reads its family's `policies.<family>` section first (apex-sf reads policies.apex, then
     # policies.apex-sf), so one τ in the config reaches both modes
     param_family: str = ""
+    # the predictor outputs this policy reads beyond the trace's core arrays (chipsim.trace.predictor_arrays)
+    trace_arrays: tuple[ArraySpec, ...] = ()
 
     def __init__(self, label: str, **params):
         self.label = label
         for key, value in params.items():
             setattr(self, key, value)
 
-    def expert_format(self, workload, hw):
+    def expert_format(self, workload: DecodeWorkload, hw: HardwareConfig) -> ExpertFormat:
         """How experts are moved, stored and computed under this policy (default: as published)."""
         return workload.expert_format(per_matrix=self.transfer_per_matrix)
 
@@ -91,27 +224,27 @@ class Policy:
         """Leading tokens whose results are reported separately (caches filling up)."""
         return 0
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         pass
 
-    def on_token_start(self, ctx, t: int) -> None:
+    def on_token_start(self, ctx: SimContext, t: int) -> None:
         pass
 
-    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+    def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         pass
 
-    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+    def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
         """Default: execute the routed set; per-layer staging abandons this layer's prefetches that the
         router did not pick (a queued one never starts, a moving one stops at its next chunk boundary)."""
         if not self.caches_across_tokens and not self.complete_unpicked:
             ctx.cancel_unneeded(layer, routed)
         return LayerPlan(execute=list(routed))
 
-    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+    def on_layer_end(self, ctx: SimContext, t: int, layer: int) -> None:
         """Default per-layer staging: drop this layer's experts once it has run."""
         ctx.evict_layer(layer, stop_transfers=not self.complete_unpicked)
 
-    def choose_victims(self, ctx, layer: int, needed: set[int], count: int) -> list[tuple[int, int]]:
+    def choose_victims(self, ctx: SimContext, layer: int, needed: set[int], count: int) -> list[Key]:
         """Default: resident experts not needed now, other layers' first, then least recently used."""
         candidates = [
             key for key in ctx.resident_keys()
@@ -192,26 +325,6 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def _coerce(policy: str, key: str, p: Param, value):
-    where = f"policies.{policy}.{key}"
-    if p.type is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"{where}: expected a number, got {value!r}")
-        value = float(value)
-    elif p.type is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(f"{where}: expected an integer, got {value!r}")
-    elif p.type is str and not isinstance(value, str):
-        raise InputError(f"{where}: expected a string, got {value!r}")
-    elif p.type is bool and not isinstance(value, bool):
-        raise InputError(f"{where}: expected true or false, got {value!r}")
-    if p.minimum is not None and value < p.minimum:
-        raise InputError(f"{where}: must be at least {p.minimum}, got {value!r}")
-    if p.maximum is not None and value > p.maximum:
-        raise InputError(f"{where}: must be at most {p.maximum}, got {value!r}")
-    return value
-
-
 def _parse_inline(text: str) -> dict:
     import yaml
 
@@ -233,8 +346,6 @@ def make_policy(spec: str, config_params: dict) -> Policy:
     Parameters come, in increasing precedence, from the declared defaults, `policies.<name>` in the
     config, the shorthand, and the inline assignments.
     """
-    import chipsim.policies  # noqa: F401  (registers the built-in policies)
-
     spec = spec.strip()
     head, _, inline = spec.partition(":")
     name, shorthand = head, {}
@@ -256,18 +367,16 @@ def make_policy(spec: str, config_params: dict) -> Policy:
             if key not in cls.params:
                 known = ", ".join(cls.params) or "none"
                 raise InputError(f"policies.{name}.{key}: unknown parameter (known: {known})")
-            values[key] = _coerce(name, key, cls.params[key], value)
+            values[key] = cls.params[key].check(f"policies.{name}.{key}", value)
     return cls(label=spec, **values)
 
 
 def check_policy_config(config_params: dict) -> None:
     """Reject a `policies:` section naming an unknown policy or parameter, before anything runs."""
-    import chipsim.policies  # noqa: F401
-
     for name, params in config_params.items():
         if name not in REGISTRY:
             raise InputError(f"policies.{name}: unknown policy (known: {', '.join(sorted(REGISTRY))})")
         for key, value in (params or {}).items():
             if key not in REGISTRY[name].params:
                 raise InputError(f"policies.{name}.{key}: unknown parameter")
-            _coerce(name, key, REGISTRY[name].params[key], value)
+            REGISTRY[name].params[key].check(f"policies.{name}.{key}", value)

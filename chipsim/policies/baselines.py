@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from chipsim.policies.base import SHORTHANDS, Param, Policy, register
+from chipsim.policies.base import SHORTHANDS, Param, Policy, SimContext, register
+from chipsim.trace import predictor_arrays as pa
 
 
 @register
@@ -25,18 +26,18 @@ class Oracle(Policy):
                            minimum=0, maximum=1),
     }
 
-    def on_layer_start(self, ctx, t, layer):
+    def on_layer_start(self, ctx: SimContext, t, layer):
         for expert in ctx.trace_routed(t, layer):
             ctx.prefetch(layer, expert)
 
-    def on_route(self, ctx, t, layer, routed):
+    def on_route(self, ctx: SimContext, t, layer, routed):
         plan = super().on_route(ctx, t, layer, routed)
         if self.lookahead and layer + 1 < ctx.num_moe_layers:
             for expert in ctx.trace_routed(t, layer + 1):
                 ctx.prefetch(layer + 1, expert)
         return plan
 
-    def on_layer_end(self, ctx, t, layer):
+    def on_layer_end(self, ctx: SimContext, t, layer):
         ctx.evict_layer(layer)  # only this layer: the next layer's prefetches stay staged
 
 
@@ -44,13 +45,14 @@ class Oracle(Policy):
 class StaticTopKPlusN(Policy):
     name = "static"
     summary = "before attention, prefetch the top-(k+N) of the APEX prefetch router's ranking (fixed N)"
+    trace_arrays = (pa.APEX_RANK,)
     params = {
         "extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0),
         "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
                                                "bytes (the APEX paper's accounting); false: they stop at routing"),
     }
 
-    def on_layer_start(self, ctx, t, layer):
+    def on_layer_start(self, ctx: SimContext, t, layer):
         budget = ctx.top_k + self.extra
         for expert in ctx.trace_array("apex_rank")[t, layer, :budget]:
             if not ctx.prefetch(layer, int(expert)):

@@ -21,7 +21,8 @@ import heapq
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 
 SLOTS_DOC = "experts the cache holds (0 = the whole expert buffer; never more than the buffer holds)"
@@ -67,14 +68,14 @@ class ExpertCache(Policy):
     def warmup_tokens(self) -> int:
         return self.warmup
 
-    def _resolve_capacity(self, ctx) -> int:
+    def _resolve_capacity(self, ctx: SimContext) -> int:
         if self.slots == 0:
             return ctx.slots
         if self.slots < ctx.top_k:
             raise InputError(f"policies.{self.name}.slots: {self.slots} cannot hold one layer's top-{ctx.top_k} experts")
         return min(self.slots, ctx.slots)
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self.capacity = self._resolve_capacity(ctx)
         self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
@@ -86,16 +87,16 @@ class ExpertCache(Policy):
         self._running = (-1, frozenset())  # the routed layer and the experts it executes, until its end
 
     # ---------------------------------------------------------------- occupancy and victims
-    def _room(self, ctx) -> int:
+    def _room(self, ctx: SimContext) -> int:
         """Slots this cache may still fill (experts on their way and stopping ones count as held, and so do
         the running layer's misses that the engine fetches once `on_route` returns)."""
         return self.capacity - (ctx.slots - ctx.free_slots()) - self._reserved
 
-    def _order(self, ctx, key):
+    def _order(self, ctx: SimContext, key):
         """Sort key of a candidate victim: lowest goes first. LRU: oldest use (never used = -1), then id."""
         return (ctx.last_use(key), key)
 
-    def _victims(self, ctx, layer, needed, count: int) -> list[tuple[int, int]]:
+    def _victims(self, ctx: SimContext, layer, needed, count: int) -> list[tuple[int, int]]:
         if count <= 0:
             return []
         pending = self._pending
@@ -111,10 +112,10 @@ class ExpertCache(Policy):
             return [] if best is None else [best]
         return heapq.nsmallest(count, candidates, key=lambda key: order(ctx, key))
 
-    def choose_victims(self, ctx, layer, needed, count):
+    def choose_victims(self, ctx: SimContext, layer, needed, count):
         return self._victims(ctx, layer, needed, count)
 
-    def _make_room(self, ctx, layer, needed, count: int) -> bool:
+    def _make_room(self, ctx: SimContext, layer, needed, count: int) -> bool:
         """Evict victims until `count` more experts fit; False if the protected experts leave too little."""
         short = count - self._room(ctx)
         if short > 0:
@@ -122,7 +123,7 @@ class ExpertCache(Policy):
                 ctx.evict(*key)
         return self._room(ctx) >= count
 
-    def _prefetch(self, ctx, layer: int, expert: int) -> bool:
+    def _prefetch(self, ctx: SimContext, layer: int, expert: int) -> bool:
         if ctx.present(layer, expert):
             return True
         room = self._make_room(ctx, -1, (), 1) if self.prefetch_evicts else self._room(ctx) >= 1
@@ -132,18 +133,18 @@ class ExpertCache(Policy):
         return True
 
     # ---------------------------------------------------------------- hooks
-    def _select(self, ctx, t, layer, routed) -> tuple[list[int], int]:
+    def _select(self, ctx: SimContext, t, layer, routed) -> tuple[list[int], int]:
         """Experts the layer executes and how many routed ones it drops (default: all routed, none)."""
         return list(routed), 0
 
-    def _note_use(self, ctx, layer, execute) -> None:
+    def _note_use(self, ctx: SimContext, layer, execute) -> None:
         pass
 
     def _next_layer_prediction(self, t, layer) -> list[int]:
         """Experts to prefetch for MoE layer `layer` + 1, known at layer `layer`'s routing (default: none)."""
         return []
 
-    def _prefetch_next(self, ctx, t, layer) -> set[int]:
+    def _prefetch_next(self, ctx: SimContext, t, layer) -> set[int]:
         """Prefetch the next layer's predicted experts (protected until it routes); returns those issued."""
         nxt = layer + 1
         issued = set()
@@ -165,7 +166,7 @@ class ExpertCache(Policy):
             issued.add(expert)
         return issued
 
-    def on_route(self, ctx, t, layer, routed):
+    def on_route(self, ctx: SimContext, t, layer, routed):
         self._pending.pop(layer, None)
         execute, dropped = self._select(ctx, t, layer, routed)
         self._hits[t, layer] = sum(1 for e in execute if ctx.resident(layer, e))
@@ -182,7 +183,7 @@ class ExpertCache(Policy):
             self._reserved = 0
         return LayerPlan(execute=execute, dropped=dropped)
 
-    def on_layer_end(self, ctx, t, layer) -> None:
+    def on_layer_end(self, ctx: SimContext, t, layer) -> None:
         self._running = (-1, frozenset())  # experts stay cached across tokens
 
     # ---------------------------------------------------------------- results
@@ -215,16 +216,16 @@ class LFU(ExpertCache):
 
     # Use counts are kept for every (layer, expert) over the whole run, also while it is not cached
     # (MoE-Infinity's activation-frequency view): an expert that comes back is judged on its history.
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         super().on_run_start(ctx)
         self._uses: dict[tuple[int, int], int] = {}
 
-    def _note_use(self, ctx, layer, execute) -> None:
+    def _note_use(self, ctx: SimContext, layer, execute) -> None:
         uses = self._uses
         for e in execute:
             uses[(layer, e)] = uses.get((layer, e), 0) + 1
 
-    def _order(self, ctx, key):
+    def _order(self, ctx: SimContext, key):
         return (self._uses.get(key, 0), ctx.last_use(key), key)
 
 
@@ -258,13 +259,14 @@ class AdapMoE(ExpertCache):
     name = "adapmoe"
     summary = ("AdapMoE: adaptive gating drops trailing experts past a cumulative router-weight threshold (top-k > 2), "
                "next-layer gate prefetch, LRU cache with per-layer sizes")
+    trace_arrays = (pa.PREGATE_RANK, pa.TRAIN_EXPERT_COUNTS)
     params = {
         **ExpertCache.params,
         "gate_threshold": Param(float, 0.9, "keep routed experts until their normalised cumulative weight reaches this",
                                 minimum=0.0, maximum=1.0),
     }
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         super().on_run_start(ctx)
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k = k
@@ -276,7 +278,7 @@ class AdapMoE(ExpertCache):
         self._pred_hits = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|
         # adaptive gating changes the computation only above top-2 (see the class docstring)
         self._quality = quality_fields(f"gate threshold {self.gate_threshold:g}" if k > 2 else None,
-                                       ctx.trace.meta, ("adapmoe", self.gate_threshold))
+                                       ctx.trace_meta, ("adapmoe", self.gate_threshold))
         self._pred_exec = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ executed|
         self._predicted = np.zeros((T, L), dtype=bool)
         self._over_quota: set = set()
@@ -309,7 +311,7 @@ class AdapMoE(ExpertCache):
         keep = int(reached[0]) + 1 if reached.size else k
         return max(1, keep)
 
-    def _select(self, ctx, t, layer, routed):
+    def _select(self, ctx: SimContext, t, layer, routed):
         weights = self._weights[t, layer]
         keep = self._keep_count(weights)
         order = sorted(range(len(routed)), key=lambda i: (-weights[i], i))  # stable: descending weight
@@ -327,10 +329,10 @@ class AdapMoE(ExpertCache):
     def _next_layer_prediction(self, t, layer):
         return self._pred[t][layer + 1]
 
-    def _order(self, ctx, key):
+    def _order(self, ctx: SimContext, key):
         return (0 if key in self._over_quota else 1, ctx.last_use(key), key)
 
-    def _victims(self, ctx, layer, needed, count):
+    def _victims(self, ctx: SimContext, layer, needed, count):
         if count <= 0:
             return []
         # experts beyond their layer's quota (by recency within the layer) are evicted first
@@ -345,7 +347,7 @@ class AdapMoE(ExpertCache):
         self._over_quota = over
         return super()._victims(ctx, layer, needed, count)
 
-    def on_layer_end(self, ctx, t, layer) -> None:
+    def on_layer_end(self, ctx: SimContext, t, layer) -> None:
         super().on_layer_end(ctx, t, layer)
         keys = [key for key in ctx.keys_of_layer(layer) if ctx.resident(*key)]
         q = self.quota[layer]

@@ -33,7 +33,8 @@ reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, e
 from __future__ import annotations
 
 from chipsim.hw.compute import ArrayModel, ceil_div
-from chipsim.policies.base import Param, Policy, quality_fields, register
+from chipsim.policies.base import Param, Policy, SimContext, quality_fields, register
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import BF16_BYTES, ExpertFormat
 
@@ -69,6 +70,7 @@ class FloE(Policy):
     name = "floe"
     summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
                "prefetch, per-layer staging")
+    trace_arrays = (pa.FLOE_RANK,)
     params = {
         "compression": Param(float, 9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0),
         "sparsity": Param(float, 0.9, "share of gate/down channels skipped (FloE: up to 90 %); sets the compute "
@@ -78,12 +80,12 @@ class FloE(Policy):
     def expert_format(self, workload, hw):
         return floe_expert_format(workload.model, hw, self.compression, self.sparsity)
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         self._rank = ctx.trace_array("floe_rank")
         self._ctx = ctx
-        self._quality = quality_fields(f"compression {self.compression:g}", ctx.trace.meta, ("floe",))
+        self._quality = quality_fields(f"compression {self.compression:g}", ctx.trace_meta, ("floe",))
 
-    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+    def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         if layer + 1 >= ctx.num_moe_layers:
             return
         for e in self._rank[t, layer + 1, :ctx.top_k].tolist():

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, register
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, register
+from chipsim.trace import predictor_arrays as pa
 
 
 @register
@@ -31,6 +32,7 @@ class Fiddler(Policy):
     name = "fiddler"
     summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"
     caches_across_tokens = True
+    trace_arrays = (pa.TRAIN_EXPERT_COUNTS,)
     params = {
         "slots": Param(int, 0, "experts placed on the accelerator (0 = the whole expert buffer; never more than it "
                        "holds)", minimum=0),
@@ -40,7 +42,7 @@ class Fiddler(Policy):
     def warmup_tokens(self) -> int:
         return self.warmup
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         L, N = ctx.num_moe_layers, ctx.num_experts
         capacity = min(self.slots, ctx.slots) if self.slots else ctx.slots
         counts = np.asarray(ctx.trace_array("train_expert_counts"), dtype=np.int64)
@@ -52,13 +54,13 @@ class Fiddler(Policy):
                 break
             self.placed.add((layer, e))
 
-    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+    def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
         placed = self.placed
         execute = [e for e in routed if (layer, e) in placed]
         on_host = [e for e in routed if (layer, e) not in placed]
         return LayerPlan(execute=execute, on_host=on_host)
 
-    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+    def on_layer_end(self, ctx: SimContext, t: int, layer: int) -> None:
         pass  # the placement is static
 
     def extra_metrics(self) -> dict:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, register
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 
 
@@ -35,6 +36,7 @@ class PreGated(Policy):
     name = "pregated"
     summary = ("Pre-gated MoE: layer l−1's pre-gate picks layer l's top-k, which are prefetched and executed "
                "instead of the router's choice (routing deviations counted)")
+    trace_arrays = (pa.PREGATE_RANK,)
     params = {
         "lookahead": Param(int, 1, "1: fetch layer l+1's pre-gated set at layer l's routing, when the pre-gate has "
                                    "chosen it; 0: only at layer l+1's start", minimum=0, maximum=1),
@@ -45,9 +47,9 @@ class PreGated(Policy):
         self._pred = None
         self._meta = {}
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
-        self._meta = ctx.trace.meta
+        self._meta = ctx.trace_meta
         head = ctx.trace_array("pregate_rank")[:T, :, :k]
         pred = head.tolist()
         for t in range(T):
@@ -63,7 +65,7 @@ class PreGated(Policy):
         self._L = L
         self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
 
-    def _prefetch(self, ctx, t, layer):
+    def _prefetch(self, ctx: SimContext, t, layer):
         experts = self._pred[t][layer]
         if experts is None:
             return
@@ -71,10 +73,10 @@ class PreGated(Policy):
             if not ctx.prefetch(layer, expert):
                 break  # buffer full: the rest are fetched on demand
 
-    def on_layer_start(self, ctx, t, layer):
+    def on_layer_start(self, ctx: SimContext, t, layer):
         self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
 
-    def on_route(self, ctx, t, layer, routed):
+    def on_route(self, ctx: SimContext, t, layer, routed):
         predicted = self._pred[t][layer]
         if predicted is None:
             execute = list(routed)
@@ -91,7 +93,7 @@ class PreGated(Policy):
             self._prefetch(ctx, t, layer + 1)
         return LayerPlan(execute=execute, substituted=deviations)
 
-    def on_layer_end(self, ctx, t, layer):
+    def on_layer_end(self, ctx: SimContext, t, layer):
         ctx.evict_layer(layer)  # only this layer: layer+1's prefetches stay staged
 
     def extra_metrics(self) -> dict:

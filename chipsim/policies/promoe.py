@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.errors import InputError
-from chipsim.policies.base import Param, register
+from chipsim.policies.base import Param, SimContext, register
+from chipsim.trace import predictor_arrays as pa
 from chipsim.policies.caching import WARMUP_DOC, ExpertCache, _mean_or_none, _per_layer
 from chipsim.trace.format import NO_EXPERT
 
@@ -36,6 +36,7 @@ class ProMoE(ExpertCache):
     name = "promoe"
     summary = ("ProMoE: previous-layer predictor, top-k prefetched one layer ahead in gate/up/down chunks, "
                "LRU expert cache (cache=false: per-layer staging)")
+    trace_arrays = (pa.PROMOE_RANK,)
     params = {
         "slots": Param(int, 0, "experts the LRU cache holds (0 = the whole expert buffer, -1 = no cache)", minimum=-1),
         "cache": Param(bool, True, "false: no cache across tokens, experts staged per layer (as slots=-1)"),
@@ -45,8 +46,6 @@ class ProMoE(ExpertCache):
 
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
-        if not isinstance(self.cache, bool):
-            raise InputError(f"policies.promoe.cache: expected true or false, got {self.cache!r}")
         self.cached = self.cache and self.slots != -1
         # instance attributes: anyone reading them sees the per-layer staging
         self.caches_across_tokens = self.cached
@@ -55,10 +54,10 @@ class ProMoE(ExpertCache):
     def warmup_tokens(self) -> int:
         return self.warmup if self.cached else 0
 
-    def _resolve_capacity(self, ctx) -> int:
+    def _resolve_capacity(self, ctx: SimContext) -> int:
         return super()._resolve_capacity(ctx) if self.cached else ctx.slots
 
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         super().on_run_start(ctx)
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k, self._L = k, L
@@ -71,7 +70,7 @@ class ProMoE(ExpertCache):
     def _next_layer_prediction(self, t, layer):
         return self._pred[t][layer + 1]
 
-    def on_route(self, ctx, t, layer, routed):
+    def on_route(self, ctx: SimContext, t, layer, routed):
         pred = self._pred[t][layer]
         if NO_EXPERT not in pred:
             self._has_pred[t, layer] = True
@@ -82,7 +81,7 @@ class ProMoE(ExpertCache):
         self._issued[layer + 1] = self._issued_next
         return plan
 
-    def on_layer_end(self, ctx, t, layer) -> None:
+    def on_layer_end(self, ctx: SimContext, t, layer) -> None:
         super().on_layer_end(ctx, t, layer)
         if not self.cached:
             ctx.evict_layer(layer)

@@ -80,17 +80,13 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
-from chipsim.policies.base import LayerPlan, Param, Policy, quality_fields, quality_record, register
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, quality_record, register
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
 from chipsim.workload.decode import BF16_BYTES
 
 LORE_FORMS = ("residual", "factored")
-
-
-def check_bool(policy: str, key: str, value) -> None:
-    if not isinstance(value, bool):
-        raise InputError(f"policies.{policy}.{key}: expected true or false, got {value!r}")
 
 
 def lore_weights_per_expert(d: int, inter: int, rank: int, form: str) -> int:
@@ -120,6 +116,7 @@ class Spice(Policy):
     summary = ("draft predictions several layers deep (depth grows with confidence, ≥ D_min), expert cache; "
                "misses: LoRE surrogate (low confidence) or the cheaper of fetch / host CPU")
     caches_across_tokens = True
+    trace_arrays = (pa.DRAFT_IDS, pa.DRAFT_CONF)
     params = {
         "confidence": Param(float, 0.7, "draft confidence (probability mass on its top-k) needed to look one layer "
                             "deeper, and below which a miss is low-confidence", minimum=0.0, maximum=1.0),
@@ -129,7 +126,7 @@ class Spice(Policy):
                        minimum=0),
         "lore_rank": Param(int, 16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1),
         "lore_form": Param(str, "residual", "LoRE shape: 'residual' (paper: y_shared + B·A·h, d→r→d) or 'factored' "
-                           "(rank-r factors of gate, up and down)"),
+                           "(rank-r factors of gate, up and down)", choices=LORE_FORMS),
         "deep": Param(bool, True, "true: confidence-adaptive depth (≥ D_min); false: next layer only (depth 1)"),
         "cpu_fallback": Param(bool, True, "true: high-confidence misses go to the cheaper of fetch and host CPU; "
                               "false: always fetched"),
@@ -142,18 +139,13 @@ class Spice(Policy):
 
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
-        for key in ("deep", "cpu_fallback", "surrogate", "schedule"):
-            check_bool(self.name, key, getattr(self, key))
-        if self.lore_form not in LORE_FORMS:
-            raise InputError(f"policies.spice.lore_form: must be one of {', '.join(LORE_FORMS)}, "
-                             f"got {self.lore_form!r}")
         self.surrogate_op = None
 
     def warmup_tokens(self) -> int:
         return self.warmup
 
     # ------------------------------------------------------------------------------ set-up
-    def on_run_start(self, ctx) -> None:
+    def on_run_start(self, ctx: SimContext) -> None:
         m = ctx.workload.model
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self._L = L
@@ -193,7 +185,7 @@ class Spice(Policy):
                     f"the expert buffer")
             self.surrogate_op = lore_op(ArrayModel(ctx.hw), m.hidden_size, m.expert_ffn, self.lore_rank,
                                         self.lore_form)
-        self._quality = self._quality_fields(ctx.trace.meta)
+        self._quality = self._quality_fields(ctx.trace_meta)
         if self._use_surrogate:
             cost = self._quality["quality_source"]
             if self._quality["quality_cost"] is not None:
@@ -242,7 +234,7 @@ class Spice(Policy):
         return quality_fields(mode, meta, ("spice_lore", "variants", str(self.lore_rank)), reason)
 
     # ------------------------------------------------------------------------------ cache
-    def _room(self, ctx) -> int:
+    def _room(self, ctx: SimContext) -> int:
         return self.capacity - (ctx.slots - ctx.free_slots())
 
     def _victim_order(self, keys):
@@ -251,7 +243,7 @@ class Spice(Policy):
         stamp = self._stamp
         return sorted(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))
 
-    def _make_room(self, ctx, count: int, protect=(), past_only: bool = False) -> bool:
+    def _make_room(self, ctx: SimContext, count: int, protect=(), past_only: bool = False) -> bool:
         short = count - self._room(ctx)
         if short <= 0:
             return True
@@ -269,14 +261,14 @@ class Spice(Policy):
             ctx.evict(*key)
         return self._room(ctx) >= count
 
-    def choose_victims(self, ctx, layer, needed, count):
+    def choose_victims(self, ctx: SimContext, layer, needed, count):
         keys = [k for k in self._stamp if not (k[0] == layer and k[1] in needed)]
         victims = self._victim_order(keys)[:count]
         for key in victims:
             del self._stamp[key]
         return victims
 
-    def _prefetch(self, ctx, layer: int, expert: int, stamp: int) -> bool:
+    def _prefetch(self, ctx: SimContext, layer: int, expert: int, stamp: int) -> bool:
         key = (layer, expert)
         if key in self._stamp:
             if stamp > self._stamp[key]:
@@ -289,11 +281,11 @@ class Spice(Policy):
         return True
 
     # ------------------------------------------------------------------------------ hooks
-    def on_token_start(self, ctx, t: int) -> None:
+    def on_token_start(self, ctx: SimContext, t: int) -> None:
         self._token_ids = self._ids[t].tolist()  # (L, D, k)
         self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
 
-    def on_layer_start(self, ctx, t: int, layer: int) -> None:
+    def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         L = self._L
         self._pos = t * L + layer
         remaining = L - 1 - layer
@@ -321,7 +313,7 @@ class Spice(Policy):
                 break
         self.depth[t, layer] = reached
 
-    def on_route(self, ctx, t: int, layer: int, routed: list[int]) -> LayerPlan:
+    def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
         pos = t * self._L + layer
         self._pos = pos
         stamp = self._stamp
@@ -374,7 +366,7 @@ class Spice(Policy):
         self.fetched[t, layer] = len(to_fetch)
         return plan
 
-    def on_layer_end(self, ctx, t: int, layer: int) -> None:
+    def on_layer_end(self, ctx: SimContext, t: int, layer: int) -> None:
         """Nothing is staged out per layer; only the slot budget is honoured (after cancelled transfers)."""
         over = len(self._stamp) - self.capacity
         if over > 0:

@@ -145,7 +145,6 @@ class DmaPath:
         self._next_tid = 0
         # statistics
         self.bytes_moved = 0
-        self.busy_ps = 0  # time with at least one transfer moving data
         self.transfers_done = 0
         self.descriptors_submitted = 0
         self.recorder: DmaRecorder | None = None  # set only while a timeline is recorded
@@ -249,7 +248,6 @@ class DmaPath:
             share = dt * self.rate // len(self.flowing)
             for tr in self.flowing:
                 tr.remaining -= share
-            self.busy_ps += dt
         self.last_update = now
 
     def _start_data(self, tr: Transfer) -> None:

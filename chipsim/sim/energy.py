@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chipsim.hw.config import HardwareConfig
-from chipsim.units import PS_PER_S
 
 MOVE_COMPONENTS = ("lpddr5x", "pcie", "ucie", "hbm")
 CATEGORY_OF = {
@@ -57,22 +56,3 @@ class Ledger:
     busy_ps: int = 0
     idle_ps: int = 0
     host_busy_ps: int = 0
-
-    def move(self, path: tuple[str, ...], nbytes: int) -> None:
-        for component in path:
-            self.bytes[component] += nbytes
-
-    def energy_pj(self, table: EnergyTable) -> dict[str, float]:
-        """Energy per component, pJ."""
-        out = {c: self.bytes[c] * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
-        out["arrays_active"] = table.active_w * self.busy_ps / PS_PER_S * 1e12
-        out["arrays_leakage"] = table.leakage_w * self.idle_ps / PS_PER_S * 1e12
-        out["host_cpu"] = table.host_active_w * self.host_busy_ps / PS_PER_S * 1e12
-        return out
-
-
-def by_category(per_component_pj: dict[str, float]) -> dict[str, float]:
-    out = {c: 0.0 for c in CATEGORIES}
-    for component, value in per_component_pj.items():
-        out[CATEGORY_OF[component]] += value
-    return out

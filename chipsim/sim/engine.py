@@ -4,15 +4,21 @@ One SimPy process runs the decode step token by token and layer by layer on the 
 sequential: each uses all arrays). Expert weights reach the on-package buffer through `DmaPath`
 transfers that run concurrently with compute. The process stalls only when the next expert it must
 compute has not arrived; that waiting is the `stall`. Every byte moved and every picosecond of array
-time goes into a per-token `Ledger`; energy is computed from it afterwards (chipsim.sim.energy).
+time goes into the token's `Ledger` and every per-layer outcome into the `RunRecorder`
+(chipsim.sim.record); energy is computed from the ledgers afterwards (chipsim.sim.metrics).
 
-The `Simulation` object is also the context handed to policies: its public methods below are the
-policy API (read the trace, prefetch, evict, query the buffer and the link).
+The `Simulation` object is also the context handed to policies: the members of
+chipsim.policies.base.SimContext are its policy API (read the trace, prefetch, evict, query the buffer
+and the link).
+
+A decode step, as the methods below run it: `_token` runs the dense layers, each MoE layer
+(`_moe_layer`: the policy's layer start, attention and router, `_route`, `_run_experts`, the policy's
+layer end) and the LM head; `_layer_costs` prices each layer's operations once per run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -20,63 +26,27 @@ import simpy
 from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.dram import dram_timing
-from chipsim.policies.base import Policy
+from chipsim.hw.paths import fetch_path_timing
+from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
-from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
-from chipsim.trace.format import Trace
-from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
+from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
+from chipsim.trace.format import CORE_ARRAYS, Trace
+from chipsim.units import gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
-
-# Where bytes go: an expert fetch reads LPDDR5X, crosses PCIe and the I/O→HBM UCIe link and is written
-# into HBM; an operation's operands are read from HBM and cross the HBM→compute UCIe link.
-FETCH_PATH = ("lpddr5x", "pcie", "ucie", "hbm")
-OPERAND_PATH = ("hbm", "ucie")
+from chipsim.workload.host import host_timing
 
 
-@dataclass(frozen=True)
-class FetchPathTiming:
-    bandwidth_gbps: float  # bottleneck of the path, per direction
-    latency_ns: float  # summed latency of the path
-    bottleneck: str
-    per_component_gbps: dict
+class _LayerCost(NamedTuple):
+    """One layer's operations, priced once per run: (arrays ps, HBM operand bytes) of each part."""
 
-
-def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
-    lp, hbm = dram_timing(hw.memory.lpddr5x), dram_timing(hw.memory.hbm)
-    bws = {
-        "lpddr5x": lp.effective_gbps,
-        "pcie": hw.links.pcie.bandwidth_gbps,
-        "ucie": hw.links.ucie.bandwidth_gbps,
-        "hbm": hbm.effective_gbps,
-    }
-    bottleneck = min(bws, key=lambda k: (bws[k], k))
-    latency = lp.access_latency_ns + hw.links.pcie.latency_ns + hw.links.ucie.latency_ns + hbm.access_latency_ns
-    return FetchPathTiming(bws[bottleneck], latency, bottleneck, bws)
-
-
-@dataclass(frozen=True)
-class HostTiming:
-    """One expert computed on the host CPU from its own copy (weights read from LPDDR5X)."""
-
-    compute_ps: int  # max(FLOPs / peak, weight bytes / memory bandwidth)
-    transit_ps: int  # activations to the host and results back over PCIe
-    total_ps: int  # dispatch overhead + transit + compute
-    activation_bytes: int  # bytes crossing PCIe per expert (both ways)
-
-
-def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
-    cpu = hw.host_cpu
-    m = workload.model
-    flops = 2 * m.expert_params
-    peak = cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core
-    compute_ps = max(-(-flops * PS_PER_S // int(peak)),
-                     transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
-    act = m.hidden_size * 2  # BF16 hidden vector
-    pcie = gbps_to_bytes_per_s(hw.links.pcie.bandwidth_gbps)
-    transit_ps = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + transfer_ps(act, pcie))
-    total = ns_to_ps(cpu.dispatch_overhead_ns) + transit_ps + compute_ps
-    return HostTiming(compute_ps, transit_ps, total, 2 * act)
+    pre_ps: int  # attention + router
+    pre_b: int
+    dense_ps: int  # shared experts (MoE layer) or the dense FFN (dense layer)
+    dense_b: int
+    expert_ps: int  # one routed expert in the policy's format
+    expert_b: int
+    combine_ps: int  # weighted sum of the experts' outputs
+    combine_b: int
 
 
 class _Entry:
@@ -95,37 +65,6 @@ class _Entry:
         self.prefetched = prefetched
         self.used = False
         self.last_use = -1
-
-
-@dataclass
-class SimResult:
-    policy: str
-    tokens: int
-    moe_layers: int
-    latency_ps: np.ndarray  # (T,)
-    stall_ps: np.ndarray  # (T,)
-    busy_ps: np.ndarray  # (T,)
-    idle_ps: np.ndarray  # (T,)
-    bytes: dict  # component -> (T,) bytes
-    layer_overlap: np.ndarray  # (T, L) bool: whole routed set in the buffer when routing decided
-    layer_hits: np.ndarray  # (T, L) routed experts already in the buffer
-    layer_stall_ps: np.ndarray  # (T, L)
-    layer_demand_fetches: np.ndarray  # (T, L)
-    prefetches_issued: int
-    prefetches_dropped: int  # refused for lack of buffer space
-    prefetches_unused: int  # staged but evicted without being computed
-    fetches_total: int
-    peak_buffer_slots: int  # most expert slots held at once (arrived, on their way, or stopping)
-    expert_computes: int
-    host_wait_ps: np.ndarray  # (T,) arrays waiting for host-CPU results
-    host_busy_ps: np.ndarray  # (T,)
-    layer_host: np.ndarray  # (T, L) experts computed on the host CPU
-    layer_surrogate: np.ndarray  # (T, L) experts replaced by a surrogate
-    layer_substituted: np.ndarray  # (T, L)
-    layer_dropped: np.ndarray  # (T, L)
-    extra: dict = field(default_factory=dict)
-    events: list | None = None  # (lane, name, start_ps, end_ps) when recording
-    timeline: dict | None = None  # when recording: DMA engine spans and link samples (chipsim.analysis.timeline)
 
 
 class Simulation:
@@ -169,6 +108,8 @@ class Simulation:
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
                              f"format, fewer than top-{self.top_k}")
+        # the trace arrays this policy may read: the core schema and what it declares
+        self._readable = set(CORE_ARRAYS) | {spec.name for spec in policy.trace_arrays}
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
@@ -176,28 +117,9 @@ class Simulation:
         self._waiting_layer = -1
         self._arrival_event = None
         self._routed = trace["routed_ids"][:n_tokens].tolist()  # nested lists: fast per-layer reads
-        self._ledger = Ledger()
-        self._token_ledgers: list[Ledger] = []
-        L = self.num_moe_layers
-        self._overlap = np.zeros((n_tokens, L), dtype=bool)
-        self._hits = np.zeros((n_tokens, L), dtype=np.int16)
-        self._layer_stall = np.zeros((n_tokens, L), dtype=np.int64)
-        self._layer_demand = np.zeros((n_tokens, L), dtype=np.int16)
-        self._host_n = np.zeros((n_tokens, L), dtype=np.int16)
-        self._surrogate_n = np.zeros((n_tokens, L), dtype=np.int16)
-        self._substituted_n = np.zeros((n_tokens, L), dtype=np.int16)
-        self._dropped_n = np.zeros((n_tokens, L), dtype=np.int16)
-        self._host_wait = np.zeros(n_tokens, dtype=np.int64)
+        self.rec = RunRecorder(n_tokens, self.num_moe_layers)
         self.host = simpy.Resource(self.env, capacity=1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
-        self._latency = np.zeros(n_tokens, dtype=np.int64)
-        self._stall = np.zeros(n_tokens, dtype=np.int64)
-        self.prefetches_issued = 0
-        self.prefetches_dropped = 0
-        self.prefetches_unused = 0
-        self.fetches_total = 0
-        self.peak_buffer_slots = 0
-        self.expert_computes = 0
         self.events = [] if record_events else None
         self._recorded_events = self.events
         self._record_until = record_tokens if record_events and record_tokens else -1
@@ -213,8 +135,16 @@ class Simulation:
     def trace_routed(self, t: int, layer: int) -> list[int]:
         return list(self._routed[t][layer])
 
+    @property
+    def trace_meta(self) -> dict:
+        return self.trace.meta
+
     def trace_array(self, key: str) -> np.ndarray:
-        """Any trace array (see chipsim.trace.format); only `oracle` may read future routing."""
+        """A core trace array or one the policy declares in `trace_arrays`; only `oracle` may read future
+        routing."""
+        if key not in self._readable:
+            raise RuntimeError(f"policy {self.policy.label} reads trace array '{key}', which it does not declare "
+                               "in its trace_arrays")
         return self.trace[key]
 
     def present(self, layer: int, expert: int) -> bool:
@@ -258,10 +188,10 @@ class Simulation:
         if key in self._entries:
             return True
         if self.free_slots() <= 0:
-            self.prefetches_dropped += 1
+            self.rec.counts.prefetches_dropped += 1
             return False
         self._issue(key, PREFETCH)
-        self.prefetches_issued += 1
+        self.rec.counts.prefetches_issued += 1
         return True
 
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
@@ -273,7 +203,7 @@ class Simulation:
             return
         entry.evicted = True
         if entry.prefetched and not entry.used:
-            self.prefetches_unused += 1
+            self.rec.counts.prefetches_unused += 1
         if not entry.resident:
             self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
             if stop_transfer and self._cancel_in_flight:
@@ -302,16 +232,17 @@ class Simulation:
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
                                                descriptors=len(self._part_bytes)))
         entry.parts_left = 1
-        self.fetches_total += 1
+        counts = self.rec.counts
+        counts.fetches_total += 1
         held = len(self._entries) + self._zombies
-        if held > self.peak_buffer_slots:
-            self.peak_buffer_slots = held
+        if held > counts.peak_buffer_slots:
+            counts.peak_buffer_slots = held
         return entry
 
     def _on_fetch_done(self, tr: Transfer) -> None:
         entry = tr.tag
         key = entry.key
-        ledger = self._ledger.bytes  # FETCH_PATH
+        ledger = self.rec.ledger.bytes  # every component of the fetch path (chipsim.hw.paths.FETCH_PATH)
         ledger["lpddr5x"] += tr.moved_bytes
         ledger["pcie"] += tr.moved_bytes
         ledger["ucie"] += tr.moved_bytes
@@ -379,7 +310,7 @@ class Simulation:
             yield req
             start = self.env.now
             yield self.env.timeout(timing.total_ps)
-        ledger = self._ledger
+        ledger = self.rec.ledger
         ledger.host_busy_ps += timing.total_ps - timing.transit_ps
         ledger.bytes["lpddr5x"] += self.workload.expert_bytes  # the CPU reads its own copy
         ledger.bytes["pcie"] += timing.activation_bytes
@@ -389,9 +320,9 @@ class Simulation:
 
     def _compute(self, op_ps: int, hbm_bytes: int, label: str, *label_args):
         """Run an operation on the arrays; `label % label_args` names it on the timeline (built only then)."""
-        ledger = self._ledger
+        ledger = self.rec.ledger
         ledger.busy_ps += op_ps
-        ledger.bytes["hbm"] += hbm_bytes  # OPERAND_PATH
+        ledger.bytes["hbm"] += hbm_bytes  # operands are read from HBM and cross the HBM->compute UCIe link
         ledger.bytes["ucie"] += hbm_bytes
         start = self.env.now
         yield self.env.timeout(op_ps)
@@ -404,119 +335,140 @@ class Simulation:
             return 0, 0
         return op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes
 
+    def _layer_costs(self) -> list[_LayerCost]:
+        costs = []
+        fmt = self.expert_format
+        for layer in self.workload.layers:
+            attn_ps, attn_b = self._cost(layer.attention)
+            router_ps, router_b = self._cost(layer.router)
+            dense_ps, dense_b = self._cost(layer.dense)
+            expert_ps, expert_b = (fmt.compute_ps, fmt.hbm_bytes) if layer.expert else (0, 0)
+            combine_ps, combine_b = self._cost(layer.combine)
+            costs.append(_LayerCost(attn_ps + router_ps, attn_b + router_b, dense_ps, dense_b,
+                                    expert_ps, expert_b, combine_ps, combine_b))
+        return costs
+
     def _decode(self):
-        wl = self.workload
-        dense = self.model.first_dense_layers
-        head_ps, head_bytes = self._cost(wl.token_head)
-        layer_costs = []
-        for costs in wl.layers:
-            attn_ps, attn_b = self._cost(costs.attention)
-            router_ps, router_b = self._cost(costs.router)
-            dense_ps, dense_b = self._cost(costs.dense)
-            expert_ps, expert_b = (self.expert_format.compute_ps, self.expert_format.hbm_bytes) if costs.expert else (0, 0)
-            combine_ps, combine_b = self._cost(costs.combine)
-            layer_costs.append((attn_ps + router_ps, attn_b + router_b, dense_ps, dense_b,
-                                expert_ps, expert_b, combine_ps, combine_b))
+        costs = self._layer_costs()
+        head = self._cost(self.workload.token_head)
         self.policy.on_run_start(self)
         for t in range(self.num_tokens):
-            if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
-                self.events = None
-                self._dma_recorder.stopping = True
-            token_start = self.env.now
-            self._ledger = Ledger()
-            stall_total = 0
-            with self.dma.batch():
-                self.policy.on_token_start(self, t)
-            for li, costs in enumerate(layer_costs):
-                pre_ps, pre_b, dense_ps, dense_b, expert_ps, expert_b, combine_ps, combine_b = costs
-                if li < dense:
-                    yield from self._compute(pre_ps + dense_ps, pre_b + dense_b, "dense layer %d", li)
-                    continue
-                layer = li - dense
-                with self.dma.batch():
-                    self.policy.on_layer_start(self, t, layer)
-                yield from self._compute(pre_ps, pre_b, "L%d attention+router", layer)
-                routed = self.trace_routed(t, layer)
-                hits = sum(1 for e in routed if (layer, e) in self._entries)
-                self._hits[t, layer] = hits
-                self._overlap[t, layer] = hits == len(routed)
-                with self.dma.batch():
-                    plan = self.policy.on_route(self, t, layer, routed)
-                    remaining = list(plan.execute)
-                    needed = set(remaining)
-                    demands = 0
-                    for expert in remaining:
-                        if (layer, expert) not in self._entries:
-                            demands += 1
-                        self._demand(layer, expert, needed)
-                self._layer_demand[t, layer] = demands
-                extra_ps, extra_b = dense_ps, dense_b  # shared experts run first, while fetches proceed
-                host_jobs = [self.env.process(self._host_job(layer, e)) for e in plan.on_host]
-                if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
-                    self._host_n[t, layer] = len(plan.on_host)
-                    self._surrogate_n[t, layer] = len(plan.surrogate)
-                    self._substituted_n[t, layer] = plan.substituted
-                    self._dropped_n[t, layer] = plan.dropped
-                    if plan.surrogate:
-                        op = self.policy.surrogate_op
-                        extra_ps += len(plan.surrogate) * op.duration_ps
-                        extra_b += len(plan.surrogate) * (op.hbm_read_bytes + op.hbm_write_bytes)
-                    if host_jobs:
-                        combine_later = (combine_ps, combine_b)
-                        combine_ps = combine_b = 0
-                layer_stall = 0
-                entries = self._entries
-                while remaining:
-                    ready = [e for e in remaining if (layer, e) in entries and entries[(layer, e)].resident]
-                    if ready:
-                        last = len(ready) == len(remaining)
-                        ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
-                        nbytes = extra_b + len(ready) * expert_b + (combine_b if last else 0)
-                        extra_ps = extra_b = 0
-                        for e in ready:
-                            entry = self._entries[(layer, e)]
-                            entry.used = True
-                            entry.last_use = t * self.num_moe_layers + layer
-                        yield from self._compute(ps, nbytes, "L%d experts %s", layer, ready)
-                        self.expert_computes += len(ready)
-                        ready_set = set(ready)
-                        remaining = [e for e in remaining if e not in ready_set]
-                    else:
-                        if extra_ps:  # shared experts do not wait for routed ones
-                            yield from self._compute(extra_ps, extra_b, "L%d shared", layer)
-                            extra_ps = extra_b = 0
-                            continue
-                        self._waiting_layer = layer
-                        self._arrival_event = self.env.event()
-                        wait_start = self.env.now
-                        yield self._arrival_event
-                        waited = self.env.now - wait_start
-                        layer_stall += waited
-                        if self.events is not None:
-                            self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
-                if host_jobs:
-                    wait_start = self.env.now
-                    yield self.env.all_of(host_jobs)
-                    self._host_wait[t] += self.env.now - wait_start
-                    if self.events is not None:
-                        self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
-                    combine_ps, combine_b = combine_later
-                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
-                elif not plan.execute:
-                    yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
-                self._layer_stall[t, layer] = layer_stall
-                stall_total += layer_stall
-                with self.dma.batch():
-                    self.policy.on_layer_end(self, t, layer)
-            yield from self._compute(head_ps, head_bytes, "lm head")
-            latency = self.env.now - token_start
-            if self.events is not None:
-                self.events.append(("tokens", f"token {t}", token_start, self.env.now))
-            self._ledger.idle_ps = latency - self._ledger.busy_ps
-            self._latency[t] = latency
-            self._stall[t] = stall_total
-            self._token_ledgers.append(self._ledger)
+            yield from self._token(t, costs, head)
         # transfers still in flight land after this, charged to the last token's ledger
+
+    def _token(self, t: int, costs: list[_LayerCost], head: tuple[int, int]):
+        """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
+        if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
+            self.events = None
+            self._dma_recorder.stopping = True
+        token_start = self.env.now
+        self.rec.start_token()
+        stall = 0
+        with self.dma.batch():
+            self.policy.on_token_start(self, t)
+        dense = self.model.first_dense_layers
+        for li, cost in enumerate(costs):
+            if li < dense:
+                yield from self._compute(cost.pre_ps + cost.dense_ps, cost.pre_b + cost.dense_b, "dense layer %d", li)
+            else:
+                stall += yield from self._moe_layer(t, li - dense, cost)
+        yield from self._compute(head[0], head[1], "lm head")
+        if self.events is not None:
+            self.events.append(("tokens", f"token {t}", token_start, self.env.now))
+        self.rec.end_token(t, self.env.now - token_start, stall)
+
+    def _moe_layer(self, t: int, layer: int, cost: _LayerCost):
+        """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
+        run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
+        with self.dma.batch():
+            self.policy.on_layer_start(self, t, layer)
+        yield from self._compute(cost.pre_ps, cost.pre_b, "L%d attention+router", layer)
+        plan = self._route(t, layer)
+        stall = yield from self._run_experts(t, layer, plan, cost)
+        self.rec.layers.stall_ps[t, layer] = stall
+        with self.dma.batch():
+            self.policy.on_layer_end(self, t, layer)
+        return stall
+
+    def _route(self, t: int, layer: int) -> LayerPlan:
+        """Routing is known: record what the buffer held, ask the policy what runs, demand-fetch what is
+        missing of it."""
+        routed = self.trace_routed(t, layer)
+        layers = self.rec.layers
+        hits = sum(1 for e in routed if (layer, e) in self._entries)
+        layers.hits[t, layer] = hits
+        layers.overlap[t, layer] = hits == len(routed)
+        with self.dma.batch():
+            plan = self.policy.on_route(self, t, layer, routed)
+            needed = set(plan.execute)
+            demands = 0
+            for expert in plan.execute:
+                if (layer, expert) not in self._entries:
+                    demands += 1
+                self._demand(layer, expert, needed)
+        layers.demand_fetches[t, layer] = demands
+        return plan
+
+    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost):
+        """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
+        while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
+        expert_ps, expert_b = cost.expert_ps, cost.expert_b
+        combine_ps, combine_b = cost.combine_ps, cost.combine_b
+        extra_ps, extra_b = cost.dense_ps, cost.dense_b  # shared experts run first, while fetches proceed
+        host_jobs = [self.env.process(self._host_job(layer, e)) for e in plan.on_host]
+        if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
+            layers = self.rec.layers
+            layers.host[t, layer] = len(plan.on_host)
+            layers.surrogate[t, layer] = len(plan.surrogate)
+            layers.substituted[t, layer] = plan.substituted
+            layers.dropped[t, layer] = plan.dropped
+            if plan.surrogate:
+                op = self.policy.surrogate_op
+                extra_ps += len(plan.surrogate) * op.duration_ps
+                extra_b += len(plan.surrogate) * (op.hbm_read_bytes + op.hbm_write_bytes)
+            if host_jobs:  # the weighted sum waits for the host's results
+                combine_later = (combine_ps, combine_b)
+                combine_ps = combine_b = 0
+        stall = 0
+        remaining = list(plan.execute)
+        entries = self._entries
+        while remaining:
+            ready = [e for e in remaining if (layer, e) in entries and entries[(layer, e)].resident]
+            if ready:
+                last = len(ready) == len(remaining)
+                ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
+                nbytes = extra_b + len(ready) * expert_b + (combine_b if last else 0)
+                extra_ps = extra_b = 0
+                for e in ready:
+                    entry = entries[(layer, e)]
+                    entry.used = True
+                    entry.last_use = t * self.num_moe_layers + layer
+                yield from self._compute(ps, nbytes, "L%d experts %s", layer, ready)
+                self.rec.counts.expert_computes += len(ready)
+                ready_set = set(ready)
+                remaining = [e for e in remaining if e not in ready_set]
+            elif extra_ps:  # shared experts do not wait for routed ones
+                yield from self._compute(extra_ps, extra_b, "L%d shared", layer)
+                extra_ps = extra_b = 0
+            else:
+                self._waiting_layer = layer
+                self._arrival_event = self.env.event()
+                wait_start = self.env.now
+                yield self._arrival_event
+                stall += self.env.now - wait_start
+                if self.events is not None:
+                    self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
+        if host_jobs:
+            wait_start = self.env.now
+            yield self.env.all_of(host_jobs)
+            self.rec.host_wait_ps[t] += self.env.now - wait_start
+            if self.events is not None:
+                self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
+            combine_ps, combine_b = combine_later
+            yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
+        elif not plan.execute:
+            yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
+        return stall
 
     def run(self) -> SimResult:
         process = self.env.process(self._decode())
@@ -527,45 +479,18 @@ class Simulation:
                 f"that can never arrive (buffer of {self.slots} slots full: {len(self._entries)} entries, "
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )
-        T = self.num_tokens
-        return SimResult(
-            policy=self.policy.label,
-            tokens=T,
-            moe_layers=self.num_moe_layers,
-            latency_ps=self._latency,
-            stall_ps=self._stall,
-            busy_ps=np.array([lg.busy_ps for lg in self._token_ledgers], dtype=np.int64),
-            idle_ps=np.array([lg.idle_ps for lg in self._token_ledgers], dtype=np.int64),
-            bytes={c: np.array([lg.bytes[c] for lg in self._token_ledgers], dtype=np.int64) for c in MOVE_COMPONENTS},
-            layer_overlap=self._overlap,
-            layer_hits=self._hits,
-            layer_stall_ps=self._layer_stall,
-            layer_demand_fetches=self._layer_demand,
-            prefetches_issued=self.prefetches_issued,
-            prefetches_dropped=self.prefetches_dropped,
-            prefetches_unused=self.prefetches_unused,
-            fetches_total=self.fetches_total,
-            peak_buffer_slots=self.peak_buffer_slots,
-            expert_computes=self.expert_computes,
-            host_wait_ps=self._host_wait,
-            host_busy_ps=np.array([lg.host_busy_ps for lg in self._token_ledgers], dtype=np.int64),
-            layer_host=self._host_n,
-            layer_surrogate=self._surrogate_n,
-            layer_substituted=self._substituted_n,
-            layer_dropped=self._dropped_n,
-            extra=self.policy.extra_metrics(),
-            events=self._recorded_events,
-            timeline=self._timeline_data() if self._dma_recorder is not None else None,
-        )
+        timeline = self._recorded_timeline() if self._dma_recorder is not None else None
+        return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
 
-    def _timeline_data(self) -> dict:
+    def _recorded_timeline(self) -> RecordedTimeline:
         """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
-        "demand"/"prefetch" at the span's start, cancelled, promoted to demand) and its link samples."""
+        "demand"/"prefetch" at the span's start, cancelled, promoted to demand), its link samples and the
+        recorded events."""
         dma = []
         for engine, phase, tr, start, end, priority in self._dma_recorder.spans:
             layer, expert = tr.tag.key
             dma.append((engine, phase, start, end, layer, expert, tr.nbytes,
                         "demand" if priority == DEMAND else "prefetch", tr.cancelled,
                         priority == PREFETCH and tr.priority == DEMAND and not tr.cancelled))
-        return {"arrays": self.hw.compute.arrays, "engines": self.dma.engines, "dma": dma,
-                "link": list(self._dma_recorder.link)}
+        return RecordedTimeline(arrays=self.hw.compute.arrays, engines=self.dma.engines,
+                                events=self._recorded_events, dma=dma, link=list(self._dma_recorder.link))

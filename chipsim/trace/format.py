@@ -1,12 +1,13 @@
 """The routing-trace file format (schema version 1): one compressed NumPy `.npz` per trace.
 
 A trace holds, per decoded token t and MoE layer l (l counts MoE layers only; dense first layers are
-excluded and listed in `moe_layers`), what the model's router chose and what every policy's predictor
-would have seen before that choice. Every prediction array is *target-indexed*: row [t, l] is a
-prediction *for* MoE layer l, whichever earlier point it was made at. Entries a predictor could not
-make (e.g. a prediction for layer 0 from the layer before it) hold the id NO_EXPERT.
+excluded and listed in `moe_layers`), what the model's router chose, and whatever predictor outputs its
+recorder wrote for the policies that read them. Every prediction array is *target-indexed*: row [t, l] is a
+prediction *for* MoE layer l, whichever earlier point it was made at. Entries a predictor could not make
+(e.g. a prediction for layer 0 from the layer before it) hold the id NO_EXPERT.
 
-Arrays (T tokens, L MoE layers, N routed experts, k = top-k, M = min(N, 2k), D = DRAFT_DEPTH):
+This module is the core schema, which every trace carries and every policy may read (T tokens, L MoE
+layers, N routed experts, k = top-k, M = min(N, 2k)):
 
 | key | dtype, shape | meaning |
 | --- | --- | --- |
@@ -14,18 +15,14 @@ Arrays (T tokens, L MoE layers, N routed experts, k = top-k, M = min(N, 2k), D =
 | routed_weights | float16 (T, L, k) | their combine weights as the model applied them |
 | router_rank | uint8 (T, L, N) | all experts by descending original-router probability |
 | router_rank_prob | float16 (T, L, M) | the original router's softmax probability of router_rank[..., :M] |
-| apex_rank | uint8 (T, L, N) | APEX prefetch router ranking (from the pre-attention hidden state of layer l) |
-| apex_score | float32 (T, L) | APEX CDF score wᵀx for the same hidden state |
-| apex_theta | float32 (L, N-k+1) | APEX ordered thresholds θ_0 ≤ … ≤ θ_{N-k}; p_δ = σ(θ_δ − wᵀx) |
-| promoe_rank | uint8 (T, L, M) | ProMoE predictor for layer l from layer l-1's activations |
-| pregate_rank | uint8 (T, L, M) | layer l's router applied to layer l-1's hidden state (Pre-gated MoE) |
-| floe_rank | uint8 (T, L, M) | FloE inter-expert predictor for layer l from layer l-1 |
-| draft_ids | uint8 (T, L, D, k) | SPICE draft prediction for layer l made d+1 layers earlier, at [.., d, :] |
-| draft_conf | float16 (T, L, D) | its confidence: draft probability mass on those k experts |
-| train_expert_counts | int64 (L, N) | how often each expert was routed over the training split |
 | moe_layers | int16 (L,) | absolute layer index of each MoE layer |
 | token_ids | int32 (T,) | the decoded tokens' ids (informational) |
 | meta | str (JSON) | schema_version, model counts, synthetic flag, provenance, predictor metrics, quality |
+
+and the `ArraySpec` by which any other array is described and checked. Predictor outputs (APEX's ranking
+and CDF, ProMoE / pre-gate / FloE rankings, SPICE drafts, training-split counts) are specified in
+chipsim.trace.predictor_arrays; a policy names the ones it reads in `Policy.trace_arrays`, and
+`runner.prepare` checks them against the trace. A trace may carry arrays no installed policy reads.
 """
 
 from __future__ import annotations
@@ -38,39 +35,74 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from chipsim.errors import InputError
+from chipsim.files import write_atomic
 
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
 NO_EXPERT = 255
 MAX_TRACE_BYTES = 16 * (1 << 20)
 
-# key -> (dtype, shape spec); shape symbols: T tokens, L MoE layers, N experts, K top-k, M min(N, 2k),
-# D draft depth, C = N - k + 1 CDF thresholds.
-ARRAY_SPECS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "routed_ids": ("uint8", ("T", "L", "K")),
-    "routed_weights": ("float16", ("T", "L", "K")),
-    "router_rank": ("uint8", ("T", "L", "N")),
-    "router_rank_prob": ("float16", ("T", "L", "M")),
-    "apex_rank": ("uint8", ("T", "L", "N")),
-    "apex_score": ("float32", ("T", "L")),
-    "apex_theta": ("float32", ("L", "C")),
-    "promoe_rank": ("uint8", ("T", "L", "M")),
-    "pregate_rank": ("uint8", ("T", "L", "M")),
-    "floe_rank": ("uint8", ("T", "L", "M")),
-    "draft_ids": ("uint8", ("T", "L", "D", "K")),
-    "draft_conf": ("float16", ("T", "L", "D")),
-    "train_expert_counts": ("int64", ("L", "N")),
-    "moe_layers": ("int16", ("L",)),
-    "token_ids": ("int32", ("T",)),
-}
 
-# Arrays whose entries are expert ids (NO_EXPERT allowed where a prediction could not be made).
-ID_ARRAYS = ("routed_ids", "router_rank", "apex_rank", "promoe_rank", "pregate_rank", "floe_rank", "draft_ids")
-RANK_ARRAYS = ("router_rank", "apex_rank")  # full permutations of 0..N-1
+@dataclass(frozen=True)
+class ArraySpec:
+    """One trace array: its name, dtype and shape (symbols: T tokens, L MoE layers, N experts, K top-k,
+    M min(N, 2k), D draft depth, C = N - k + 1 CDF thresholds), what it means and what its values must be.
+
+    ids: "" (not expert ids), "ids" (expert ids 0..N-1, NO_EXPERT where no prediction was made) or
+    "permutation" (every row a permutation of 0..N-1). finite: a float array may hold no NaN or inf.
+    rule: an extra check, returning the problem in words or None."""
+
+    name: str
+    dtype: str
+    shape: tuple[str, ...]
+    meaning: str
+    ids: str = ""
+    finite: bool = False
+    rule: Callable[[np.ndarray], str | None] | None = field(default=None, compare=False)
+
+    @property
+    def per_token(self) -> bool:
+        return self.shape[:1] == ("T",)
+
+    def check(self, arr: np.ndarray, dims: dict[str, int], where: str) -> None:
+        """Raise InputError naming `where` and this array if `arr` breaks the spec."""
+        want_shape = tuple(dims[s] for s in self.shape)
+        if arr.dtype != np.dtype(self.dtype):
+            raise InputError(f"{where}: array {self.name} has dtype {arr.dtype}, expected {self.dtype}")
+        if arr.shape != want_shape:
+            raise InputError(f"{where}: array {self.name} has shape {arr.shape}, expected {want_shape} for the "
+                             "model in meta")
+        n = dims["N"]
+        if self.ids:
+            bad = (arr >= n) & (arr != NO_EXPERT)
+            if bad.any():
+                raise InputError(f"{where}: array {self.name} holds expert id {int(arr[bad][0])} out of range "
+                                 f"0..{n - 1}")
+        if self.ids == "permutation" and not (np.sort(arr, axis=-1) == np.arange(n, dtype=arr.dtype)).all():
+            raise InputError(f"{where}: every row of {self.name} must be a permutation of 0..{n - 1}")
+        if self.finite and not np.isfinite(arr).all():
+            raise InputError(f"{where}: {self.name} holds a non-finite value")
+        problem = self.rule(arr) if self.rule else None
+        if problem:
+            raise InputError(f"{where}: {self.name} {problem}")
+
+
+CORE_ARRAYS: dict[str, ArraySpec] = {s.name: s for s in (
+    ArraySpec("routed_ids", "uint8", ("T", "L", "K"), "experts the router selected, by descending combine weight",
+              ids="ids"),
+    ArraySpec("routed_weights", "float16", ("T", "L", "K"), "their combine weights as the model applied them"),
+    ArraySpec("router_rank", "uint8", ("T", "L", "N"), "all experts by descending original-router probability",
+              ids="permutation"),
+    ArraySpec("router_rank_prob", "float16", ("T", "L", "M"),
+              "the original router's softmax probability of router_rank[..., :M]"),
+    ArraySpec("moe_layers", "int16", ("L",), "absolute layer index of each MoE layer"),
+    ArraySpec("token_ids", "int32", ("T",), "the decoded tokens' ids (informational)"),
+)}
 
 META_MODEL_KEYS = ("num_layers", "first_dense_layers", "num_experts", "top_k", "num_shared_experts")
 
@@ -137,7 +169,8 @@ class Trace:
                 )
 
 
-def _dims(meta_model: dict, n_tokens: int) -> dict[str, int]:
+def dims_of(meta_model: dict, n_tokens: int) -> dict[str, int]:
+    """The values of the shape symbols of `ArraySpec` for a trace of this model and length."""
     n, k = int(meta_model["num_experts"]), int(meta_model["top_k"])
     return {
         "T": n_tokens,
@@ -150,8 +183,10 @@ def _dims(meta_model: dict, n_tokens: int) -> dict[str, int]:
     }
 
 
-def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace") -> None:
-    """Check schema version, keys, dtypes, shapes and id ranges; raise InputError naming the first problem."""
+def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", specs=()) -> None:
+    """Check schema version, the core arrays (keys, dtypes, shapes, id ranges) and every array of `specs`
+    (ArraySpecs, e.g. the predictor outputs a recorder writes); any other array must merely be numeric.
+    Raise InputError naming the first problem."""
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{where}: schema_version {meta.get('schema_version')!r} is not supported (this chipsim reads {SCHEMA_VERSION})")
     model = meta.get("model")
@@ -163,68 +198,60 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace") ->
         raise InputError(f"{where}: meta.model {', '.join(META_MODEL_KEYS)} must be integers") from None
     if int(model["num_experts"]) > NO_EXPERT:
         raise InputError(f"{where}: {model['num_experts']} experts do not fit uint8 ids")
-    missing = [k for k in ARRAY_SPECS if k not in arrays]
+    specs = list(specs)
+    missing = [k for k in list(CORE_ARRAYS) + [s.name for s in specs] if k not in arrays]
     if missing:
         raise InputError(f"{where}: missing array(s) {', '.join(missing)}")
-    unknown = [k for k in arrays if k not in ARRAY_SPECS]
-    if unknown:
-        raise InputError(f"{where}: unknown array(s) {', '.join(unknown)}")
-    dims = _dims(model, int(arrays["routed_ids"].shape[0]) if arrays["routed_ids"].ndim else 0)
+    for key, arr in arrays.items():
+        if arr.dtype.kind not in "biuf":
+            raise InputError(f"{where}: array {key} has dtype {arr.dtype}, not a numeric array")
+    dims = dims_of(model, int(arrays["routed_ids"].shape[0]) if arrays["routed_ids"].ndim else 0)
     if dims["T"] < 1:
         raise InputError(f"{where}: holds no tokens")
-    for key, (dtype, spec) in ARRAY_SPECS.items():
-        arr = arrays[key]
-        want_shape = tuple(dims[s] for s in spec)
-        if arr.dtype != np.dtype(dtype):
-            raise InputError(f"{where}: array {key} has dtype {arr.dtype}, expected {dtype}")
-        if arr.shape != want_shape:
-            raise InputError(f"{where}: array {key} has shape {arr.shape}, expected {want_shape} for the model in meta")
-    n = dims["N"]
-    for key in ID_ARRAYS:
-        arr = arrays[key]
-        bad = (arr >= n) & (arr != NO_EXPERT)
-        if bad.any():
-            raise InputError(f"{where}: array {key} holds expert id {int(arr[bad][0])} out of range 0..{n - 1}")
+    for spec in list(CORE_ARRAYS.values()) + specs:
+        spec.check(arrays[spec.name], dims, where)
     if (arrays["routed_ids"] == NO_EXPERT).any():
         raise InputError(f"{where}: routed_ids must name an expert for every token and layer")
     routed_sorted = np.sort(arrays["routed_ids"], axis=-1)
     if (routed_sorted[..., 1:] == routed_sorted[..., :-1]).any():
         raise InputError(f"{where}: routed_ids repeats an expert within one token-layer")
-    for key in RANK_ARRAYS:
-        if not (np.sort(arrays[key], axis=-1) == np.arange(n, dtype=np.uint8)).all():
-            raise InputError(f"{where}: every row of {key} must be a permutation of 0..{n - 1}")
-    theta = arrays["apex_theta"]
-    if not np.isfinite(theta).all() or (np.diff(theta, axis=-1) < 0).any():
-        raise InputError(f"{where}: apex_theta must be finite and non-decreasing along δ")
-    if not np.isfinite(arrays["apex_score"]).all():
-        raise InputError(f"{where}: apex_score holds a non-finite value")
     expected_layers = np.arange(int(model["first_dense_layers"]), int(model["num_layers"]), dtype=np.int16)
     if not (arrays["moe_layers"] == expected_layers).all():
         raise InputError(f"{where}: moe_layers must list layers {expected_layers[0]}..{expected_layers[-1]}")
 
 
-def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Validate and write a trace; written to a temporary name first so a failure leaves nothing behind."""
+def check_arrays(trace: "Trace", specs, reader: str) -> None:
+    """Check that `trace` carries every array of `specs` as specified; `reader` names who reads them (e.g.
+    "policy apex") in the one-line error."""
+    dims = dims_of(trace.meta["model"], trace.num_tokens)
+    for spec in specs:
+        if spec.name not in trace.arrays:
+            raise InputError(f"trace {trace.path}: {reader} reads array '{spec.name}' ({spec.meaning}), which the "
+                             "trace does not carry")
+        spec.check(trace.arrays[spec.name], dims, f"trace {trace.path}")
+
+
+def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, specs=()) -> None:
+    """Validate (core arrays, and `specs` for the others the caller vouches for) and write a trace, whole or
+    not at all. Every array given is written; the same arrays and meta always give the same bytes."""
     meta = dict(meta, schema_version=SCHEMA_VERSION)
-    validate(arrays, meta, where=str(path))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    payload = {k: arrays[k] for k in ARRAY_SPECS}
+    validate(arrays, meta, where=str(path), specs=specs)
+    payload = dict(arrays)
     payload["meta"] = np.array(json.dumps(meta, sort_keys=True))
     # np.savez_compressed stamps the current time into each zip entry; write entries ourselves with a fixed
     # timestamp so the same trace always gives the same bytes.
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    blob = io.BytesIO()
+    with zipfile.ZipFile(blob, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for key in sorted(payload):
             buf = io.BytesIO()
             np.lib.format.write_array(buf, np.require(payload[key], requirements="C"), allow_pickle=False)
             info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, buf.getvalue())
-    size = tmp.stat().st_size
+    size = blob.tell()
     if size > MAX_TRACE_BYTES:
-        tmp.unlink()
         raise InputError(f"{path}: trace would be {size / (1 << 20):.1f} MiB, over the 16 MiB limit")
-    os.replace(tmp, path)
+    write_atomic(str(path), blob.getvalue())
 
 
 _LOADED: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
@@ -282,24 +309,3 @@ def _load(path: str) -> Trace:
     for array in arrays.values():
         array.flags.writeable = False
     return Trace(arrays=arrays, meta=meta, path=path, sha256=hashlib.sha256(raw).hexdigest())
-
-
-def apex_delta_hat(trace: Trace, tau: float) -> np.ndarray:
-    """δ̂(x) = min{δ : σ(θ_δ − wᵀx) ≥ τ}, per token and MoE layer (int, 0..N-k); exact for any τ in (0, 1)."""
-    logit_tau = np.log(tau / (1.0 - tau))
-    theta = trace["apex_theta"].astype(np.float64)  # (L, C)
-    score = trace["apex_score"].astype(np.float64)  # (T, L)
-    ok = theta[None, :, :] - score[:, :, None] >= logit_tau  # (T, L, C), monotone in δ
-    n_thresholds = theta.shape[1]
-    first = np.where(ok.any(axis=-1), ok.argmax(axis=-1), n_thresholds - 1)
-    return first.astype(np.int64)
-
-
-def oracle_delta_star(trace: Trace) -> np.ndarray:
-    """δ* = the smallest δ with every routed expert inside the top-(k+δ) of the APEX ranking."""
-    rank = trace["apex_rank"]  # (T, L, N)
-    n = rank.shape[-1]
-    position = np.empty_like(rank, dtype=np.int64)
-    np.put_along_axis(position, rank.astype(np.int64), np.arange(n)[None, None, :].repeat(rank.shape[0], 0).repeat(rank.shape[1], 1), axis=-1)
-    routed_pos = np.take_along_axis(position, trace["routed_ids"].astype(np.int64), axis=-1)
-    return routed_pos.max(axis=-1) + 1 - trace.top_k

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
+from chipsim.trace.predictor_arrays import delta_hat, delta_star
 from chipsim.trace.recorder import Recording
 
 TAUS = (0.6, 0.75, 0.9, 0.97)
@@ -148,13 +149,6 @@ class OrdinalCDF(torch.nn.Module):
         return F.binary_cross_entropy_with_logits(theta[:, None, :] - self.score(x)[:, :, None], y)
 
 
-def delta_hat(score: np.ndarray, theta: np.ndarray, tau: float) -> np.ndarray:
-    """δ̂ = min{δ : σ(θ_δ − s) ≥ τ}; score (T, G), theta (G, C); as chipsim.trace.format.apex_delta_hat."""
-    logit_tau = math.log(tau / (1.0 - tau))
-    ok = theta[None, :, :].astype(np.float64) - score[:, :, None].astype(np.float64) >= logit_tau
-    return np.where(ok.any(-1), ok.argmax(-1), theta.shape[1] - 1)
-
-
 def fit_cdf(x: torch.Tensor, dstar: torch.Tensor, c: int, steps: int = 400, lr: float = 2e-2, batch_tokens: int = 8192,
             seed: int = 0) -> tuple[OrdinalCDF, dict]:
     """x (G, T, d), dstar (G, T) integer δ* in 0..c-1."""
@@ -192,14 +186,6 @@ def rank_desc(probs: torch.Tensor, m: int | None = None) -> torch.Tensor:
     """(…, N) → expert ids by descending probability (stable: ties by lower id), first m."""
     order = torch.sort(probs, dim=-1, descending=True, stable=True).indices
     return order if m is None else order[..., :m]
-
-
-def delta_star(rank: np.ndarray, routed: np.ndarray) -> np.ndarray:
-    """δ* (T, L): smallest δ with every routed expert inside rank[..., :k+δ]."""
-    n, k = rank.shape[-1], routed.shape[-1]
-    pos = np.empty(rank.shape, dtype=np.int64)
-    np.put_along_axis(pos, rank.astype(np.int64), np.broadcast_to(np.arange(n), rank.shape), axis=-1)
-    return np.take_along_axis(pos, routed.astype(np.int64), -1).max(-1) + 1 - k
 
 
 def hits(pred: np.ndarray, routed: np.ndarray) -> np.ndarray:
@@ -262,7 +248,8 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     """Fit every predictor on `train`, run it on `test`, and return (trace arrays, predictor_metrics).
 
     router_weights: absolute layer -> the frozen router's (N, d) weight (for the pre-gate).
-    The arrays are exactly chipsim.trace.format's ARRAY_SPECS keys, for test's tokens.
+    The arrays are chipsim.trace.format's core arrays and every predictor output of
+    chipsim.trace.predictor_arrays.RECORDED, for test's tokens.
     """
     if train.layer_inputs is None or test.layer_inputs is None:
         raise ValueError("predictor training needs recordings with hidden states (record(..., hidden=True))")

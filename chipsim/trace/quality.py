@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from chipsim.trace.format import NO_EXPERT
-from chipsim.trace.predictors import delta_hat
+from chipsim.trace.predictor_arrays import delta_hat
 from chipsim.trace.recorder import decoder_layers, find_ffn, find_routers, parse_router_output
 
 APEX_TAUS = (0.6, 0.75, 0.9)

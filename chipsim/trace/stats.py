@@ -26,10 +26,10 @@ routed set is predicted, APEX's strict measure):
   NO_EXPERT inside a row counts as a miss); plus the naive baseline "same experts as the previous layer"
   (routed(l−1) as the prediction for routed(l), l ≥ 1) and the random baseline k/N. Overall values pool
   all counted token-layers.
-- **δ\\***: `format.oracle_delta_star` — the smallest δ with every routed expert inside the APEX ranking's
+- **δ\\***: `predictor_arrays.delta_star` — the smallest δ with every routed expert inside the APEX ranking's
   top-(k+δ). Mean, median / p90 / p99 (an actual δ* value: numpy's inverted-CDF percentile), max, and
   shares of δ* = 0, 1, 2, 3–4, 5–7, ≥ 8.
-- **APEX CDF**: at τ = 0.6 / 0.75 / 0.9 / 0.97, δ̂ = `format.apex_delta_hat`; coverage = share of
+- **APEX CDF**: at τ = 0.6 / 0.75 / 0.9 / 0.97, δ̂ = `predictor_arrays.delta_hat`; coverage = share of
   token-layers with δ* ≤ δ̂ (every routed expert prefetched), and mean δ̂.
 - **quality**: the trace's meta['quality'] (chipsim.trace.quality: held-out perplexity of the trained model
   under each approximate mode against the unmodified model), one row per measured mode and setting with the
@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from chipsim.trace import format as tf
+from chipsim.trace import predictor_arrays
 
 TAUS = (0.6, 0.75, 0.9, 0.97)
 DELTA_BINS = (("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3-4", 3, 4), ("5-7", 5, 7), ("8+", 8, None))
@@ -177,12 +178,15 @@ def predictability(trace: tf.Trace) -> dict:
     routed = trace["routed_ids"]
     member = membership(routed, n)
     out: dict = {"random_baseline": _r(k / n)}
-    for key in RANK_PREDICTORS:
+    for key in RANK_PREDICTORS:  # a predictor the trace does not carry: None
+        if key not in trace.arrays:
+            out[key.removesuffix("_rank")] = None
+            continue
         per_layer, pooled, strict = recall(trace[key][..., :k], member, k)
         out[key.removesuffix("_rank")] = {"recall_per_layer": per_layer, "recall": pooled, "overlap": strict}
-    draft = trace["draft_ids"]  # (T, L, D, k)
+    draft = trace.arrays.get("draft_ids")  # (T, L, D, k)
     depths = []
-    for d in range(draft.shape[2]):
+    for d in range(draft.shape[2] if draft is not None else 0):
         per_layer, pooled, strict = recall(draft[:, :, d, :], member, k)
         depths.append({"depth": d + 1, "recall_per_layer": per_layer, "recall": pooled, "overlap": strict})
     out["draft"] = depths
@@ -219,7 +223,7 @@ def apex_cdf(trace: tf.Trace, dstar: np.ndarray, taus=TAUS) -> list[dict]:
     """Coverage (δ* ≤ δ̂) and mean δ̂ of the stored APEX CDF at each τ, overall and per layer."""
     out = []
     for tau in taus:
-        dhat = tf.apex_delta_hat(trace, tau)
+        dhat = predictor_arrays.delta_hat(trace["apex_score"], trace["apex_theta"], tau)
         covered = dstar <= dhat
         out.append({
             "tau": tau,
@@ -309,7 +313,9 @@ def trace_stats(trace: tf.Trace) -> dict:
     """All of the above for one trace, as a JSON-serialisable dict."""
     n = trace.num_experts
     routed = trace["routed_ids"]
-    dstar = tf.oracle_delta_star(trace)
+    has_apex = all(k in trace.arrays for k in ("apex_rank", "apex_score", "apex_theta"))
+    dstar = predictor_arrays.delta_star(trace["apex_rank"], trace["routed_ids"]) if has_apex else None
+    counts = trace.arrays.get("train_expert_counts")
     return {
         "trace": {
             "path": trace.path,
@@ -324,11 +330,11 @@ def trace_stats(trace: tf.Trace) -> dict:
         },
         "provenance": provenance_summary(trace),
         "popularity": popularity(expert_counts(routed, n)),
-        "popularity_train_counts": popularity(trace["train_expert_counts"]),
+        "popularity_train_counts": popularity(counts) if counts is not None else None,
         "reuse": reuse(routed, n),
         "predictability": predictability(trace),
-        "delta_star": delta_star_summary(dstar),
-        "apex_cdf": apex_cdf(trace, dstar),
+        "delta_star": delta_star_summary(dstar) if has_apex else None,
+        "apex_cdf": apex_cdf(trace, dstar) if has_apex else [],
         "quality": quality_summary(trace),
     }
 
@@ -385,7 +391,12 @@ def format_report(stats: dict) -> str:
     lines.append(f"  sha256: {tr['sha256']}")
 
     k = tr["top_k"]
-    pop, ru, pr, ds = stats["popularity"], stats["reuse"], stats["predictability"], stats["delta_star"]
+    pop, ru, pr = stats["popularity"], stats["reuse"], stats["predictability"]
+    none_per_layer = {"recall_per_layer": [None] * len(tr["moe_layers"]), "recall": None, "overlap": None}
+    pr = {name: (v if v is not None else none_per_layer) for name, v in pr.items()}  # not carried: '-'
+    if not pr["draft"]:
+        pr["draft"] = [none_per_layer]
+    ds = stats["delta_star"] or {"mean_per_layer": [None] * len(tr["moe_layers"])}
     lines += ["", f"Per MoE layer (recall = mean |predicted top-{k} ∩ routed| / {k}; '-' = no prediction):"]
     header = (f"{'layer':>5} {'zipf':>6} {'gini':>6} {'reuse':>6} {'apex':>6} {'pregate':>7} {'promoe':>6} "
               f"{'floe':>6} {'draft1':>6} {'draft8':>6} {'prev-l':>6} {'mean δ*':>7}")
@@ -399,15 +410,16 @@ def format_report(stats: dict) -> str:
             f"{_f(pr['draft'][-1]['recall_per_layer'][i]):>6} {_f(pr['previous_layer']['recall_per_layer'][i]):>6} "
             f"{_f(ds['mean_per_layer'][i], 2):>7}"
         )
-    pt = stats["popularity_train_counts"]
+    pt = stats["popularity_train_counts"] or {}
     lines += [
         "",
         "Summary:",
         f"  popularity (trace tokens): Zipf exponent per layer mean {_f(pop['zipf_mean'], 2)} "
         f"({_f(pop['zipf_min'], 2)}–{_f(pop['zipf_max'], 2)}), overall {_f(pop['zipf_overall'], 2)}; "
         f"Gini mean {_f(pop['gini_mean'])}, pooled {_f(pop['gini_pooled'])}; top expert's share {_f(pop['top1_share_mean'])}",
-        f"  popularity (training-split counts): Zipf mean {_f(pt['zipf_mean'], 2)} "
-        f"({_f(pt['zipf_min'], 2)}–{_f(pt['zipf_max'], 2)}), overall {_f(pt['zipf_overall'], 2)}; Gini mean {_f(pt['gini_mean'])}",
+        f"  popularity (training-split counts): Zipf mean {_f(pt.get('zipf_mean'), 2)} "
+        f"({_f(pt.get('zipf_min'), 2)}–{_f(pt.get('zipf_max'), 2)}), overall {_f(pt.get('zipf_overall'), 2)}; "
+        f"Gini mean {_f(pt.get('gini_mean'))}",
         f"  reuse |routed(t) ∩ routed(t-1)|/k: mean {_f(ru['mean'])} ({_f(ru['min'])}–{_f(ru['max'])}); "
         f"random k/N {_f(ru['random_baseline'])}, popularity alone {_f(ru['popularity_baseline'])}",
     ]
@@ -417,11 +429,15 @@ def format_report(stats: dict) -> str:
     lines.append("  strict overlap (whole routed set predicted): "
                  + ", ".join(f"{name} {_f(pr[name]['overlap'])}" for name in ("apex", "pregate", "promoe", "floe")))
     lines.append("  draft recall by depth 1..8: " + " ".join(_f(d["recall"]) for d in pr["draft"]))
-    shares = " ".join(f"{label}: {_f(v)}" for label, v in ds["shares"].items())
-    lines.append(f"  δ* (oracle): mean {_f(ds['mean'], 2)}, median {ds['median']}, p90 {ds['p90']}, p99 {ds['p99']}, "
-                 f"max {ds['max']}; shares {shares}")
-    lines.append("  APEX CDF: " + "; ".join(
-        f"τ {a['tau']}: coverage {_f(a['coverage'])}, mean δ̂ {_f(a['mean_delta_hat'], 2)}" for a in stats["apex_cdf"]))
+    if stats["delta_star"] is None:
+        lines.append("  δ* and the APEX CDF: the trace carries no APEX predictor arrays")
+    else:
+        shares = " ".join(f"{label}: {_f(v)}" for label, v in ds["shares"].items())
+        lines.append(f"  δ* (oracle): mean {_f(ds['mean'], 2)}, median {ds['median']}, p90 {ds['p90']}, "
+                     f"p99 {ds['p99']}, max {ds['max']}; shares {shares}")
+        lines.append("  APEX CDF: " + "; ".join(
+            f"τ {a['tau']}: coverage {_f(a['coverage'])}, mean δ̂ {_f(a['mean_delta_hat'], 2)}"
+            for a in stats["apex_cdf"]))
     lines += [""] + format_quality(stats.get("quality"))
     if tr["synthetic"]:
         lines += ["", "SYNTHETIC trace: routing and predictions come from a generator, not a model."]

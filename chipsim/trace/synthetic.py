@@ -61,6 +61,7 @@ import numpy as np
 import chipsim
 from chipsim.errors import InputError
 from chipsim.trace import format as fmt
+from chipsim.trace import predictor_arrays
 from chipsim.workload.models import MODELS, ModelShape, get_model
 
 GENERATOR = "chipsim.trace.synthetic"
@@ -524,7 +525,7 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     trace = fmt.Trace(arrays=arrays, meta={"model": model_meta, "synthetic": True})
 
     # --- APEX CDF: latent score from the token-layer's difficulty, fitted to the oracle δ*
-    dstar = fmt.oracle_delta_star(trace)
+    dstar = predictor_arrays.delta_star(trace["apex_rank"], trace["routed_ids"])
     rng = streams["apex"]
     x = log_h + p.apex_score_noise * rng.standard_normal((n_tokens, n_layers))
     _, w = _fit_cdf(x, dstar, n - k + 1, fit_slope=True)
@@ -562,7 +563,7 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     final_trace = fmt.Trace(arrays=arrays, meta={"model": model_meta, "synthetic": True})
     cdf = {"tau": list(REPORT_TAUS), "mean_delta_hat": [], "coverage": []}
     for tau in REPORT_TAUS:
-        dhat = fmt.apex_delta_hat(final_trace, tau)
+        dhat = predictor_arrays.delta_hat(final_trace["apex_score"], final_trace["apex_theta"], tau)
         cdf["mean_delta_hat"].append(_r(dhat.mean()))
         cdf["coverage"].append(_r((dstar <= dhat).mean()))
     measured["apex_cdf"] = cdf
@@ -609,7 +610,7 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
 def write(path: str | os.PathLike, model: ModelShape | str, params: SyntheticParams | None = None) -> dict:
     """Generate and save a synthetic trace; returns its meta (as saved, with schema_version)."""
     arrays, meta = generate(model, params)
-    fmt.save(path, arrays, meta)
+    fmt.save(path, arrays, meta, specs=predictor_arrays.RECORDED)
     return dict(meta, schema_version=fmt.SCHEMA_VERSION)
 
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from chipsim.errors import InputError
 from chipsim.trace import format as tformat
+from chipsim.trace import predictor_arrays
 from chipsim.trace.predictors import build_trace_arrays
 from chipsim.trace.quality import heldout_nll, measure_quality
 from chipsim.trace.recorder import RoutingRecorder, find_routers, model_counts, record
@@ -229,6 +230,12 @@ def lr_at(frac: float, step: int, lr: float, warmup_steps: int) -> float:
 
 
 
+def _per_token(key: str) -> bool:
+    """Whether a trace array has one row per token (its first axis is T), so trimming tokens trims it."""
+    spec = tformat.CORE_ARRAYS.get(key) or predictor_arrays.BY_NAME.get(key)
+    return spec is not None and spec.per_token
+
+
 def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> int:
     """Save a trace keeping the most leading tokens (a multiple of `unit`, one recorded window) that fit 16 MiB.
 
@@ -237,18 +244,18 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> 
     t_all = int(arrays["routed_ids"].shape[0])
 
     def head(t):
-        return {k: (v[:t] if tformat.ARRAY_SPECS[k][1][:1] == ("T",) else v) for k, v in arrays.items()}
+        return {k: (v[:t] if _per_token(k) else v) for k, v in arrays.items()}
 
     unit = max(1, min(unit, t_all))
     trial = path.with_name(path.stem + ".trial.npz")
-    tformat.save(trial, head(unit), meta)
+    tformat.save(trial, head(unit), meta, specs=predictor_arrays.RECORDED)
     per_token = trial.stat().st_size / unit
     trial.unlink()
     t_keep = max(unit, min(t_all, int(15.0 * (1 << 20) / per_token) // unit * unit))
     while True:
         meta.setdefault("provenance", {})["trace_tokens"] = int(t_keep)
         try:
-            tformat.save(path, head(t_keep), meta)
+            tformat.save(path, head(t_keep), meta, specs=predictor_arrays.RECORDED)
             return t_keep
         except InputError as exc:
             if "16 MiB" not in str(exc) or t_keep <= unit:

@@ -1,4 +1,5 @@
-"""Per-policy metrics from a simulation result (definitions as in DESIGN §7).
+"""Per-policy metrics from a simulation result: the row of the results table, its per-layer breakdowns and the
+warm-up summary.
 
 - latency: wall time of one token's decode step; stall: array time spent waiting only for expert bytes
 - energy: the ledger's per-component energy, summed into the three categories; EDP = mean energy ×
@@ -16,22 +17,24 @@ from __future__ import annotations
 import numpy as np
 
 from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, MOVE_COMPONENTS, EnergyTable
-from chipsim.sim.engine import SimResult
+from chipsim.sim.record import SimResult
 from chipsim.units import PS_PER_MS, PS_PER_S
 
 PJ_PER_MJ = 1e9
 
 
 def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.ndarray]:
-    out = {c: result.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
-    out["arrays_active"] = result.busy_ps.astype(np.float64) * table.active_w / PS_PER_S * 1e12
-    out["arrays_leakage"] = result.idle_ps.astype(np.float64) * table.leakage_w / PS_PER_S * 1e12
-    out["host_cpu"] = result.host_busy_ps.astype(np.float64) * table.host_active_w / PS_PER_S * 1e12
+    tok = result.per_token
+    out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
+    out["arrays_active"] = tok.busy_ps.astype(np.float64) * table.active_w / PS_PER_S * 1e12
+    out["arrays_leakage"] = tok.idle_ps.astype(np.float64) * table.leakage_w / PS_PER_S * 1e12
+    out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w / PS_PER_S * 1e12
     return out
 
 
 def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
-    latency_ms = result.latency_ps[sl] / PS_PER_MS
+    tok = result.per_token
+    latency_ms = tok.latency_ps[sl] / PS_PER_MS
     comp = {c: v[sl] for c, v in per_token_energy_pj(result, table).items()}
     comp_mj = {c: float(v.mean() / PJ_PER_MJ) for c, v in comp.items()}
     cat_mj = {cat: 0.0 for cat in CATEGORIES}
@@ -39,12 +42,12 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
         cat_mj[CATEGORY_OF[c]] += v
     total_mj = float(sum(cat_mj.values()))
     mean_latency = float(latency_ms.mean())
-    hits = result.layer_hits[sl]
+    hits = result.per_layer.hits[sl]
     return {
         "tokens": int(latency_ms.size),
         "latency_ms_per_token": mean_latency,
         "latency_p99_ms": float(np.percentile(latency_ms, 99)),
-        "stall_ms_per_token": float((result.stall_ps[sl] / PS_PER_MS).mean()),
+        "stall_ms_per_token": float((tok.stall_ps[sl] / PS_PER_MS).mean()),
         "energy_mj_per_token": total_mj,
         "energy_onchip_active_mj": cat_mj["onchip_active"],
         "energy_offchip_io_mj": cat_mj["offchip_io"],
@@ -53,8 +56,8 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
         "energy_pcie_mj": comp_mj["pcie"],
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
-        "offchip_bytes_per_token": float(result.bytes["pcie"][sl].mean()),
-        "overlap": float(result.layer_overlap[sl].mean()),
+        "offchip_bytes_per_token": float(tok.bytes["pcie"][sl].mean()),
+        "overlap": float(result.per_layer.overlap[sl].mean()),
         "hits_per_layer": float(hits.mean()),
     }
 
@@ -70,29 +73,30 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["pcie_utilization"] = (row["offchip_bytes_per_token"] / (row["latency_ms_per_token"] * 1e-3
                                                                   * pcie_bandwidth_gbps * 1e9)
                                if pcie_bandwidth_gbps else float("nan"))
-    row["demand_fetches_per_token"] = float(result.layer_demand_fetches[sl].sum(axis=1).mean())
-    row["host_wait_ms_per_token"] = float((result.host_wait_ps[sl] / PS_PER_MS).mean())
-    row["host_experts_per_token"] = float(result.layer_host[sl].sum(axis=1).mean())
-    row["surrogate_experts_per_token"] = float(result.layer_surrogate[sl].sum(axis=1).mean())
-    row["substitutions_per_token"] = float(result.layer_substituted[sl].sum(axis=1).mean())
-    row["dropped_experts_per_token"] = float(result.layer_dropped[sl].sum(axis=1).mean())
-    routed = top_k * result.layer_hits.shape[1]
-    row["fallback_rate"] = float((routed - result.layer_hits[sl].sum(axis=1)).mean() / routed)
-    row["prefetches_issued"] = result.prefetches_issued
-    row["prefetches_dropped"] = result.prefetches_dropped
-    row["prefetches_unused"] = result.prefetches_unused
-    row["fetches_total"] = result.fetches_total
-    row["peak_buffer_slots"] = result.peak_buffer_slots
+    layers, counts = result.per_layer, result.counts
+    row["demand_fetches_per_token"] = float(layers.demand_fetches[sl].sum(axis=1).mean())
+    row["host_wait_ms_per_token"] = float((result.per_token.host_wait_ps[sl] / PS_PER_MS).mean())
+    row["host_experts_per_token"] = float(layers.host[sl].sum(axis=1).mean())
+    row["surrogate_experts_per_token"] = float(layers.surrogate[sl].sum(axis=1).mean())
+    row["substitutions_per_token"] = float(layers.substituted[sl].sum(axis=1).mean())
+    row["dropped_experts_per_token"] = float(layers.dropped[sl].sum(axis=1).mean())
+    routed = top_k * layers.hits.shape[1]
+    row["fallback_rate"] = float((routed - layers.hits[sl].sum(axis=1)).mean() / routed)
+    row["prefetches_issued"] = counts.prefetches_issued
+    row["prefetches_dropped"] = counts.prefetches_dropped
+    row["prefetches_unused"] = counts.prefetches_unused
+    row["fetches_total"] = counts.fetches_total
+    row["peak_buffer_slots"] = counts.peak_buffer_slots
     row["warmup_tokens"] = warmup
     if warmup:
         w = _span_summary(result, table, slice(0, warmup))
         w["recall"] = w.pop("hits_per_layer") / top_k
         row["warmup"] = {k: v for k, v in w.items() if k != "energy_by_component_mj"}
     row["per_layer"] = {
-        "overlap": [float(x) for x in result.layer_overlap[sl].mean(axis=0)],
-        "recall": [float(x) for x in result.layer_hits[sl].mean(axis=0) / top_k],
-        "stall_ms": [float(x) for x in result.layer_stall_ps[sl].mean(axis=0) / PS_PER_MS],
-        "demand_fetches": [float(x) for x in result.layer_demand_fetches[sl].mean(axis=0)],
+        "overlap": [float(x) for x in layers.overlap[sl].mean(axis=0)],
+        "recall": [float(x) for x in layers.hits[sl].mean(axis=0) / top_k],
+        "stall_ms": [float(x) for x in layers.stall_ps[sl].mean(axis=0) / PS_PER_MS],
+        "demand_fetches": [float(x) for x in layers.demand_fetches[sl].mean(axis=0)],
     }
     row.update(result.extra)
     return row

@@ -1,0 +1,142 @@
+"""What one simulated run records, and the `SimResult` it hands to the metrics (chipsim.sim.metrics).
+
+`RunRecorder` is filled by the engine as it goes: per token an energy `Ledger` (action counts) and its
+latency and stall, per (token, MoE layer) what routing found and what the layer did, and the run's
+counters. `result()` turns it into a `SimResult` of a few sub-records:
+
+- `per_token` (`TokenRecord`, arrays of shape (T,)): latency, stall, array busy/idle time, host-CPU wait and
+  busy time, bytes per component;
+- `per_layer` (`LayerRecord`, arrays of shape (T, L)): overlap, hits, stall, demand fetches and the
+  experts run on the host, replaced by a surrogate, substituted or dropped;
+- `counts` (`RunCounts`): prefetches issued / dropped / unused, fetches, peak buffer slots, expert computes;
+- `timeline` (`RecordedTimeline`, only when recording): spans for chipsim.analysis.timeline.
+
+A new per-token or per-layer quantity is a field here and the line in the engine that counts it; the
+metric that summarises it goes in chipsim.sim.metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
+
+
+@dataclass
+class TokenRecord:
+    """Per token (arrays of shape (T,), integer ps or bytes)."""
+
+    latency_ps: np.ndarray  # decode-step wall time
+    stall_ps: np.ndarray  # arrays waiting only for expert bytes
+    busy_ps: np.ndarray  # arrays running an operation
+    idle_ps: np.ndarray  # latency - busy
+    host_wait_ps: np.ndarray  # arrays waiting for host-CPU results
+    host_busy_ps: np.ndarray  # host CPU computing offloaded experts
+    bytes: dict  # memory or link -> (T,) bytes that crossed it
+
+
+@dataclass
+class LayerRecord:
+    """Per token and MoE layer (arrays of shape (T, L))."""
+
+    overlap: np.ndarray  # bool: the whole routed set was in the buffer when routing decided
+    hits: np.ndarray  # routed experts in the buffer (arrived or on their way) then
+    stall_ps: np.ndarray  # the layer's stall
+    demand_fetches: np.ndarray  # experts fetched on demand
+    host: np.ndarray  # experts computed on the host CPU
+    surrogate: np.ndarray  # experts replaced by a surrogate
+    substituted: np.ndarray  # routed experts replaced by another expert
+    dropped: np.ndarray  # routed experts not computed
+
+    @classmethod
+    def zeros(cls, tokens: int, layers: int) -> "LayerRecord":
+        shape = (tokens, layers)
+        return cls(overlap=np.zeros(shape, dtype=bool), hits=np.zeros(shape, dtype=np.int16),
+                   stall_ps=np.zeros(shape, dtype=np.int64),
+                   **{f.name: np.zeros(shape, dtype=np.int16) for f in fields(cls)
+                      if f.name not in ("overlap", "hits", "stall_ps")})
+
+
+@dataclass
+class RunCounts:
+    """Counters of the whole run."""
+
+    prefetches_issued: int = 0
+    prefetches_dropped: int = 0  # refused for lack of buffer space
+    prefetches_unused: int = 0  # staged but evicted without being computed
+    fetches_total: int = 0
+    peak_buffer_slots: int = 0  # most expert slots held at once (arrived, on their way, or stopping)
+    expert_computes: int = 0
+
+
+@dataclass
+class RecordedTimeline:
+    """The spans of a recorded run (`record_events=True`), as plain tuples that pickle cheaply.
+
+    events: (lane, name, start_ps, end_ps) of the arrays, tokens, host CPU and landed transfers;
+    dma: (engine, phase, start_ps, end_ps, layer, expert, bytes, "demand"/"prefetch" at the span's start,
+    cancelled, promoted to demand) per DMA engine span; link: the DMA recorder's link samples."""
+
+    arrays: int
+    engines: int
+    events: list
+    dma: list
+    link: list
+
+    def run_data(self, label: str) -> dict:
+        """The data chipsim.analysis.timeline draws for one policy run (DMA drawn from the engine spans)."""
+        return {"label": label, "arrays": self.arrays, "engines": self.engines,
+                "events": [ev for ev in self.events if not ev[0].startswith("dma")],
+                "dma": self.dma, "link": self.link}
+
+
+@dataclass
+class SimResult:
+    policy: str
+    tokens: int
+    moe_layers: int
+    per_token: TokenRecord
+    per_layer: LayerRecord
+    counts: RunCounts
+    extra: dict = field(default_factory=dict)  # the policy's own metrics (Policy.extra_metrics)
+    timeline: RecordedTimeline | None = None
+
+
+class RunRecorder:
+    """The engine's bookkeeping of one run: a Ledger per token, per-token and per-layer arrays, counters."""
+
+    def __init__(self, tokens: int, layers: int):
+        self.layers = LayerRecord.zeros(tokens, layers)
+        self.latency_ps = np.zeros(tokens, dtype=np.int64)
+        self.stall_ps = np.zeros(tokens, dtype=np.int64)
+        self.host_wait_ps = np.zeros(tokens, dtype=np.int64)
+        self.counts = RunCounts()
+        self.ledgers: list[Ledger] = []
+        self.ledger = Ledger()  # the token being decoded (transfers landing after the last token: its ledger)
+
+    def start_token(self) -> Ledger:
+        self.ledger = Ledger()
+        return self.ledger
+
+    def end_token(self, t: int, latency_ps: int, stall_ps: int) -> None:
+        self.ledger.idle_ps = latency_ps - self.ledger.busy_ps
+        self.latency_ps[t] = latency_ps
+        self.stall_ps[t] = stall_ps
+        self.ledgers.append(self.ledger)
+
+    def result(self, policy: str, moe_layers: int, extra: dict,
+               timeline: RecordedTimeline | None = None) -> SimResult:
+        ledgers = self.ledgers
+        per_token = TokenRecord(
+            latency_ps=self.latency_ps,
+            stall_ps=self.stall_ps,
+            busy_ps=np.array([lg.busy_ps for lg in ledgers], dtype=np.int64),
+            idle_ps=np.array([lg.idle_ps for lg in ledgers], dtype=np.int64),
+            host_wait_ps=self.host_wait_ps,
+            host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),
+            bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in MOVE_COMPONENTS},
+        )
+        return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,
+                         per_layer=self.layers, counts=self.counts, extra=extra, timeline=timeline)

@@ -1,0 +1,103 @@
+"""The one value checker: config keys (chipsim.hw.config) and policy parameters (chipsim.policies.base.Param)
+are read and bounded by the same rules, and a bad value is one `InputError` naming the dotted key."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chipsim.errors import InputError
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Which values a key allows. A bound is inclusive unless its `_exclusive` flag is set; `choices` lists
+    every allowed value (then the bounds are usually left out)."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    choices: tuple | None = None
+
+    def describe(self) -> str:
+        """The allowed values in words, e.g. '0 < x < 1', 'x >= 1' or 'one of a, b'; '' when any value goes."""
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        lo = None if self.minimum is None else (self.minimum, "<" if self.min_exclusive else "<=")
+        hi = None if self.maximum is None else (self.maximum, "<" if self.max_exclusive else "<=")
+        if lo and hi:
+            return f"{lo[0]:g} {lo[1]} x {hi[1]} {hi[0]:g}"
+        if lo:
+            return f"x {'>' if self.min_exclusive else '>='} {lo[0]:g}"
+        if hi:
+            return f"x {hi[1]} {hi[0]:g}"
+        return ""
+
+
+POSITIVE = Bounds(minimum=0, min_exclusive=True)
+NON_NEGATIVE = Bounds(minimum=0)
+
+
+def _number_bounds(key: str, value, b: Bounds) -> None:
+    if b.minimum is not None and b.maximum is not None and (
+            value < b.minimum or value > b.maximum or (b.min_exclusive and value == b.minimum)
+            or (b.max_exclusive and value == b.maximum)):
+        lo, hi = ("(" if b.min_exclusive else "["), (")" if b.max_exclusive else "]")
+        raise InputError(f"{key}: must lie in {lo}{b.minimum:g}, {b.maximum:g}{hi}, got {value!r}")
+    if b.minimum is not None:
+        if b.min_exclusive and value <= b.minimum:
+            what = "positive" if b.minimum == 0 else f"greater than {b.minimum:g}"
+            raise InputError(f"{key}: must be {what}, got {value!r}")
+        if value < b.minimum:
+            raise InputError(f"{key}: must be at least {b.minimum:g}, got {value!r}")
+    if b.maximum is not None:
+        if b.max_exclusive and value >= b.maximum:
+            raise InputError(f"{key}: must be less than {b.maximum:g}, got {value!r}")
+        if value > b.maximum:
+            raise InputError(f"{key}: must be at most {b.maximum:g}, got {value!r}")
+
+
+def check_value(key: str, value, tp: type, bounds: Bounds = Bounds()):
+    """`value` read as type `tp` (float, int, bool, str, dict of name -> positive number, list of names) and
+    checked against `bounds`; returns it converted (an int for a float key becomes a float, 2.0 for an int key
+    becomes 2). Raises InputError naming `key`."""
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{key}: expected a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise InputError(f"{key}: must be finite, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise InputError(f"{key}: expected an integer, got {value!r}")
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"{key}: expected true or false, got {value!r}")
+    elif tp is str:
+        if not isinstance(value, str) or not value:
+            raise InputError(f"{key}: expected a non-empty string, got {value!r}")
+    elif tp is dict:
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a section of name: number entries, got {value!r}")
+        out = {}
+        for name, v in value.items():
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{key}: entry names must be non-empty strings, got {name!r}")
+            out[name] = check_value(f"{key}.{name}", v, float, POSITIVE)
+        return out
+    elif tp is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise InputError(f"{key}: expected a non-empty list of names, got {value!r}")
+    else:
+        raise TypeError(f"{key}: no checker for type {tp!r}")
+    if tp in (int, float):
+        _number_bounds(key, value, bounds)
+    if bounds.choices and value not in bounds.choices:
+        raise InputError(f"{key}: must be one of {', '.join(map(str, bounds.choices))}, got {value!r}")
+    return value
