@@ -7,10 +7,10 @@ import pytest
 from conftest import THOR
 from helpers import random_routing, write_hand_trace
 
-from chipsim.analysis.metrics import per_token_energy_pj, summarize
+from chipsim.sim.metrics import per_token_energy_pj, summarize
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, EnergyTable
-from chipsim.sim.engine import fetch_path_timing
+from chipsim.hw.paths import fetch_path_timing
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.models import MODELS, ModelShape
 
@@ -50,9 +50,9 @@ def test_no_prefetch_token_latency_equals_the_hand_sum(tiny):
                          + 2 * costs.expert.duration_ps + costs.combine.duration_ps)
     expected = sum(per_layer) + wl.token_head.duration_ps
     result = simulate(prep, prep.policies[0])
-    assert (result.latency_ps == expected).all()
-    assert (result.stall_ps == 3 * fetch_ps).all()
-    assert (result.idle_ps == result.stall_ps).all()  # compute is sequential: the arrays idle only when stalled
+    assert (result.per_token.latency_ps == expected).all()
+    assert (result.per_token.stall_ps == 3 * fetch_ps).all()
+    assert (result.per_token.idle_ps == result.per_token.stall_ps).all()  # compute is sequential: the arrays idle only when stalled
 
 
 def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
@@ -62,9 +62,9 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
     for policy in prep.policies:
         result = simulate(prep, policy)
         # every fetch crosses LPDDR5X, PCIe and UCIe once and is written into HBM
-        moved = result.bytes["pcie"].sum()
-        assert result.bytes["lpddr5x"].sum() == moved
-        fetch_landed = prep.workload.expert_bytes * result.fetches_total
+        moved = result.per_token.bytes["pcie"].sum()
+        assert result.per_token.bytes["lpddr5x"].sum() == moved
+        fetch_landed = prep.workload.expert_bytes * result.counts.fetches_total
         assert moved <= fetch_landed
         if policy.label == "no-prefetch":
             assert moved == prep.workload.expert_bytes * routed.size
@@ -79,7 +79,7 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
         parts = (row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
                  + row["energy_host_cpu_mj"])
         assert math.isclose(parts, row["energy_mj_per_token"], rel_tol=1e-12)
-        assert (result.busy_ps + result.idle_ps == result.latency_ps).all()
+        assert (result.per_token.busy_ps + result.per_token.idle_ps == result.per_token.latency_ps).all()
 
 
 def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
@@ -90,8 +90,8 @@ def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
         for policy in prep.policies:
             result = simulate(prep, policy)
             row = summarize_result(prep, result, policy)
-            seconds = result.latency_ps.sum() / 1e12
-            by_hand = result.bytes["pcie"].sum() / (seconds * bw * 1e9)
+            seconds = result.per_token.latency_ps.sum() / 1e12
+            by_hand = result.per_token.bytes["pcie"].sum() / (seconds * bw * 1e9)
             assert row["pcie_utilization"] == pytest.approx(by_hand, rel=1e-12)
             assert 0 < row["pcie_utilization"] <= 1.0
             if bw == 8 and policy.label == "oracle":  # link-bound and always fetching ahead: near its peak
@@ -105,12 +105,12 @@ def test_no_expert_is_computed_before_its_bytes_arrive_and_the_buffer_never_over
 
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0], record_events=True)
     result = sim.run()
-    assert result.peak_buffer_slots <= sim.slots
+    assert result.counts.peak_buffer_slots <= sim.slots
     landed = {}
-    for lane, name, start, end in result.events:
+    for lane, name, start, end in result.timeline.events:
         if lane.startswith("dma"):
             landed.setdefault(name, []).append(end)
-    for lane, name, start, end in result.events:
+    for lane, name, start, end in result.timeline.events:
         if lane == "arrays" and " experts " in name:
             layer = name.split()[0]
             for e in name.split("[")[1].rstrip("]").split(","):
@@ -136,7 +136,7 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
     latencies = []
     for gbps in (8, 16, 32, 64, 118, 256, 512):
         prep = prepare(cfg, [f"links.pcie.bandwidth_gbps={gbps}"], ["no-prefetch"])
-        latencies.append(simulate(prep, prep.policies[0]).latency_ps.mean())
+        latencies.append(simulate(prep, prep.policies[0]).per_token.latency_ps.mean())
     assert all(a >= b for a, b in zip(latencies, latencies[1:]))
     assert latencies[0] > latencies[-1]
 
@@ -144,7 +144,7 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
 def test_oracle_is_never_slower_than_no_prefetch_or_static(tiny):
     cfg, _ = tiny
     prep = prepare(cfg, policy_specs=["no-prefetch", "oracle", "oracle:lookahead=0", "static-0", "static-2"])
-    lat = {p.label: simulate(prep, p).latency_ps for p in prep.policies}
+    lat = {p.label: simulate(prep, p).per_token.latency_ps for p in prep.policies}
     for other in ("no-prefetch", "static-0", "static-2", "oracle:lookahead=0"):
         assert (lat["oracle"] <= lat[other]).all()
     for other in ("no-prefetch", "static-0", "static-2"):
@@ -156,8 +156,8 @@ def test_static_zero_with_a_perfect_ranking_is_exactly_the_apex_timed_oracle(tin
     cfg, _ = tiny  # the hand trace's APEX ranking puts the routed experts first
     prep = prepare(cfg, policy_specs=["oracle:lookahead=0", "static-0"])
     a, b = (simulate(prep, p) for p in prep.policies)
-    assert (a.latency_ps == b.latency_ps).all()
-    assert (a.bytes["pcie"] == b.bytes["pcie"]).all()
+    assert (a.per_token.latency_ps == b.per_token.latency_ps).all()
+    assert (a.per_token.bytes["pcie"] == b.per_token.bytes["pcie"]).all()
 
 
 def test_a_wrong_ranking_makes_static_fetch_on_demand(tmp_path, monkeypatch):
@@ -203,8 +203,8 @@ def test_a_buffer_of_exactly_top_k_slots_still_completes_with_prefetches_for_oth
             ctx.evict_layer(layer)
 
     result = Simulation(prep.config.hw, prep.workload, prep.trace, NextLayerGreedy("greedy")).run()
-    assert result.expert_computes == routed.size
-    assert (result.latency_ps > 0).all()
+    assert result.counts.expert_computes == routed.size
+    assert (result.per_token.latency_ps > 0).all()
 
 
 def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_energy(tiny):
@@ -231,10 +231,10 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
     expected = sum(c.attention.duration_ps + c.router.duration_ps + 2 * per_expert + c.combine.duration_ps
                    for c in wl.layers) + wl.token_head.duration_ps
     result = Simulation(hw, wl, prep.trace, AllOnHost("host")).run()
-    assert (result.latency_ps == expected).all()
-    assert (result.bytes["pcie"] == 3 * 2 * 2 * act).all()  # activations only: no expert crossed PCIe
-    assert (result.bytes["lpddr5x"] == 3 * 2 * wl.expert_bytes).all()  # the CPU read its own copies
-    assert (result.host_busy_ps == 3 * 2 * (per_expert - transit)).all()
+    assert (result.per_token.latency_ps == expected).all()
+    assert (result.per_token.bytes["pcie"] == 3 * 2 * 2 * act).all()  # activations only: no expert crossed PCIe
+    assert (result.per_token.bytes["lpddr5x"] == 3 * 2 * wl.expert_bytes).all()  # the CPU read its own copies
+    assert (result.per_token.host_busy_ps == 3 * 2 * (per_expert - transit)).all()
     row = summarize(result, EnergyTable.from_config(hw), TINY.top_k)
     assert math.isclose(row["energy_host_cpu_mj"], 3 * 2 * (per_expert - transit) * 1e-12 * cpu.active_power_w * 1e3)
     assert row["host_experts_per_token"] == 6
@@ -246,5 +246,5 @@ def test_static_with_complete_unpicked_moves_every_prefetched_byte(tiny):
     prep = prepare(cfg, policy_specs=["static-3", "static-3:complete_unpicked=true"])
     stopped, completed = (simulate(prep, p) for p in prep.policies)
     T, L, k = routed.shape
-    assert completed.bytes["pcie"].sum() == T * L * (k + 3) * prep.workload.expert_bytes
-    assert stopped.bytes["pcie"].sum() < completed.bytes["pcie"].sum()
+    assert completed.per_token.bytes["pcie"].sum() == T * L * (k + 3) * prep.workload.expert_bytes
+    assert stopped.per_token.bytes["pcie"].sum() < completed.per_token.bytes["pcie"].sum()

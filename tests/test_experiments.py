@@ -7,6 +7,7 @@ import pytest
 
 from chipsim import cli
 from chipsim.analysis import experiments as ex
+from chipsim.analysis import reproduction
 from chipsim.analysis import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,7 @@ def test_compare_rows_fill_from_results_and_ranges():
         {"config": "c", "b": 1, "policy": "apex", "lat": 8.0}, {"config": "c", "b": 1, "policy": "none", "lat": 10.0},
         {"config": "c", "b": 2, "policy": "apex", "lat": 5.0}, {"config": "c", "b": 2, "policy": "none", "lat": 10.0},
     ])
-    one, rng = ex.compare_rows(exp, df)
+    one, rng = reproduction.compare_rows(exp, df)
     assert one["ours"] == (8.0, 8.0) and one["ratio"] == pytest.approx(0.8) and one["difference"] == pytest.approx(-2)
     assert rng["ours"] == (pytest.approx(-50.0), pytest.approx(-20.0))
     assert rng["ratio"] == pytest.approx(35 / 30)

@@ -15,6 +15,7 @@ from helpers import hand_trace_arrays, random_routing, write_hand_trace
 
 from chipsim.cli import main
 from chipsim.trace import format as tf
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace import stats
 from chipsim.workload.models import ModelShape
 
@@ -152,7 +153,7 @@ def test_delta_star_histogram_bins_by_hand():
     model = shape(n=12, k=1, layers=1)
     positions = [0, 1, 2, 4, 8, 11]  # where expert 0 sits in the APEX ranking: δ* = position
     rank = np.array([[[*range(1, p + 1), 0, *range(p + 1, 12)]] for p in positions], dtype=np.uint8)
-    ds = stats.delta_star_summary(tf.oracle_delta_star(trace_of(model, np.zeros((6, 1, 1)), apex_rank=rank)))
+    ds = stats.delta_star_summary(pa.delta_star(rank, trace_of(model, np.zeros((6, 1, 1)), apex_rank=rank)["routed_ids"]))
     assert ds["shares"] == {"0": round(1 / 6, 6), "1": round(1 / 6, 6), "2": round(1 / 6, 6), "3-4": round(1 / 6, 6),
                             "5-7": 0.0, "8+": round(2 / 6, 6)}
     assert (ds["mean"], ds["median"], ds["p90"], ds["max"]) == (round(26 / 6, 6), 2, 11, 11)

@@ -14,7 +14,7 @@ from matplotlib.colors import to_hex
 
 from chipsim.analysis import experiments as ex
 from chipsim.analysis import plots
-from chipsim.analysis import report
+from chipsim.analysis import reproduction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -237,7 +237,7 @@ def test_sensitivity_table_has_one_row_per_grid_value_with_the_csvs_numbers(tmp_
     (key_name, values), = exp["grid"].items()
     policies = exp["policies"]
     base = "no-prefetch"
-    header, rows = table_rows(report.sweep_table_lines(exp, str(tmp_path)))
+    header, rows = table_rows(reproduction.sweep_table_lines(exp, str(tmp_path)))
     assert header[0] == exp["plot"]["xlabel"]
     assert len(rows) == len(values)
     for value, row in zip(values, rows):
@@ -256,7 +256,7 @@ def test_sensitivity_table_has_one_row_per_grid_value_with_the_csvs_numbers(tmp_
 def test_gap_sentence_names_the_first_and_last_value_and_the_range(tmp_path):
     exp = load("sensitivity_leakage")
     df = fake_sweep(exp, str(tmp_path), seed=3)
-    lines = report.sweep_table_lines(exp, str(tmp_path))
+    lines = reproduction.sweep_table_lines(exp, str(tmp_path))
     sentence = [line for line in lines if line.startswith("apex vs no-prefetch:")]
     assert len(sentence) == 1
     key_name = "compute.leakage_power_w_per_array"
@@ -268,15 +268,15 @@ def test_gap_sentence_names_the_first_and_last_value_and_the_range(tmp_path):
 
 
 def test_baseline_and_focus_policies():
-    assert report.baseline_and_focus(["no-prefetch", "promoe", "apex", "oracle"]) == ("no-prefetch", "apex")
-    assert report.baseline_and_focus(["no-prefetch", "spice", "fiddler", "oracle"]) == ("no-prefetch", "spice")
-    assert report.baseline_and_focus(["lru", "oracle"]) == ("lru", None)
+    assert reproduction.baseline_and_focus(["no-prefetch", "promoe", "apex", "oracle"]) == ("no-prefetch", "apex")
+    assert reproduction.baseline_and_focus(["no-prefetch", "spice", "fiddler", "oracle"]) == ("no-prefetch", "spice")
+    assert reproduction.baseline_and_focus(["lru", "oracle"]) == ("lru", None)
 
 
 def test_report_prints_the_sweep_table_for_an_experiment_without_paper_numbers(tmp_path):
     exp = load("sensitivity_dma_engines")
     fake_sweep(exp, str(tmp_path))
-    text = ex.report_markdown([exp], str(tmp_path), str(tmp_path / "REPRODUCTION.md"))
+    text = reproduction.report_markdown([exp], str(tmp_path), str(tmp_path / "REPRODUCTION.md"))
     assert "figure only" not in text
     header, rows = table_rows(text.splitlines())
     assert header[0] == "DMA engines" and [r[0] for r in rows] == ["1", "2", "4", "8"]

@@ -13,6 +13,7 @@ from chipsim.errors import InputError
 from chipsim.policies.base import LayerPlan, make_policy
 from chipsim.runner import prepare, simulate
 from chipsim.trace import format as tf
+from chipsim.trace import predictor_arrays as pa
 from chipsim.workload.models import MODELS, ModelShape
 
 TINY = ModelShape(
@@ -53,12 +54,12 @@ def test_apex_whose_cdf_always_answers_zero_is_exactly_static_0(tiny):
     res = run(cfg, ["apex", "static-0"])
     apex, static = res["apex"], res["static-0"]
     assert apex.extra["mean_delta_hat"] == 0.0
-    assert (apex.layer_demand_fetches > 0).any()  # the shuffled ranking misses: a non-trivial comparison
-    assert (apex.latency_ps == static.latency_ps).all()
-    for comp in static.bytes:
-        assert (apex.bytes[comp] == static.bytes[comp]).all(), comp
-    assert (apex.layer_overlap == static.layer_overlap).all()
-    assert apex.prefetches_issued == static.prefetches_issued == 6 * L * K
+    assert (apex.per_layer.demand_fetches > 0).any()  # the shuffled ranking misses: a non-trivial comparison
+    assert (apex.per_token.latency_ps == static.per_token.latency_ps).all()
+    for comp in static.per_token.bytes:
+        assert (apex.per_token.bytes[comp] == static.per_token.bytes[comp]).all(), comp
+    assert (apex.per_layer.overlap == static.per_layer.overlap).all()
+    assert apex.counts.prefetches_issued == static.counts.prefetches_issued == 6 * L * K
 
 
 def test_delta_hat_grows_with_tau_and_sets_the_prefetch_budget(tiny):
@@ -70,11 +71,11 @@ def test_delta_hat_grows_with_tau_and_sets_the_prefetch_budget(tiny):
         r = res[label]
         assert r.extra["mean_delta_hat"] == delta
         assert r.extra["delta_hat_per_layer"] == [delta] * L
-        assert r.prefetches_issued == 5 * L * (K + delta)  # top-(k+δ̂) of the ranking, every token-layer
+        assert r.counts.prefetches_issued == 5 * L * (K + delta)  # top-(k+δ̂) of the ranking, every token-layer
         # with no prefetch refused, the engine's overlap is exactly the share of token-layers with δ* ≤ δ̂
-        assert r.prefetches_dropped == 0
-        assert r.extra["coverage"] == pytest.approx(r.layer_overlap.mean())
-    overlaps = [res[label].layer_overlap.mean() for label in ("apex:tau=0.6", "apex:tau=0.9", "apex:tau=0.97")]
+        assert r.counts.prefetches_dropped == 0
+        assert r.extra["coverage"] == pytest.approx(r.per_layer.overlap.mean())
+    overlaps = [res[label].per_layer.overlap.mean() for label in ("apex:tau=0.6", "apex:tau=0.9", "apex:tau=0.97")]
     assert overlaps == sorted(overlaps)
 
 
@@ -108,16 +109,16 @@ def test_apex_sf_never_fetches_on_demand_and_waits_only_for_prefetches_in_flight
     cfg = tiny(routed, apex_rank=shuffled_ranks(8, 7), apex_theta=RAMP)
     res = run(cfg, ["apex:tau=0.75", "apex-sf:tau=0.75"], record_plans=True)
     (apex, _), (sf, plans) = res["apex:tau=0.75"], res["apex-sf:tau=0.75"]
-    assert (apex.layer_demand_fetches > 0).any()
-    assert (sf.layer_demand_fetches == 0).all()
-    assert sf.layer_substituted.sum() > 0 and sf.layer_dropped.sum() == 0
-    assert sf.fetches_total == sf.prefetches_issued  # every transfer was issued as a prefetch
+    assert (apex.per_layer.demand_fetches > 0).any()
+    assert (sf.per_layer.demand_fetches == 0).all()
+    assert sf.per_layer.substituted.sum() > 0 and sf.per_layer.dropped.sum() == 0
+    assert sf.counts.fetches_total == sf.counts.prefetches_issued  # every transfer was issued as a prefetch
     # every stall ends when a prefetch that was already on its way lands (the engine promotes an in-flight
     # prefetch the layer waits for to demand priority, so it may land on the "dma-demand" lane)
-    prefetch_landings = {end for lane, _, _, end in sf.events if lane.startswith("dma")}
-    stalls = [(start, end) for lane, name, start, end in sf.events if lane == "arrays" and name.endswith("stall")]
+    prefetch_landings = {end for lane, _, _, end in sf.timeline.events if lane.startswith("dma")}
+    stalls = [(start, end) for lane, name, start, end in sf.timeline.events if lane == "arrays" and name.endswith("stall")]
     assert stalls and all(end in prefetch_landings for _, end in stalls)
-    assert sf.latency_ps.mean() <= apex.latency_ps.mean()
+    assert sf.per_token.latency_ps.mean() <= apex.per_token.latency_ps.mean()
     # substitutions cost routing quality, not bytes: each layer executes exactly k experts
     assert all(len(execute) == K for _, _, execute, _, _ in plans)
 
@@ -129,9 +130,9 @@ def test_apex_sf_does_not_stall_at_all_when_prefetches_land_during_attention(tin
     cfg = tiny(routed, apex_rank=shuffled_ranks(6, 9), apex_theta=RAMP)
     res = run(cfg, ["apex", "apex-sf"], ["workload.context_length=65536"])
     apex, sf = res["apex"], res["apex-sf"]
-    assert (apex.layer_demand_fetches > 0).any() and apex.stall_ps.sum() > 0
-    assert (sf.stall_ps == 0).all() and (sf.layer_demand_fetches == 0).all()
-    assert (sf.latency_ps <= apex.latency_ps).all()
+    assert (apex.per_layer.demand_fetches > 0).any() and apex.per_token.stall_ps.sum() > 0
+    assert (sf.per_token.stall_ps == 0).all() and (sf.per_layer.demand_fetches == 0).all()
+    assert (sf.per_token.latency_ps <= apex.per_token.latency_ps).all()
 
 
 def test_substitutes_are_the_prefetched_experts_the_router_ranks_highest(tiny):
@@ -152,10 +153,10 @@ def test_substitutes_are_the_prefetched_experts_the_router_ranks_highest(tiny):
     assert len(plans) == T * L
     for t, layer, execute, substituted, dropped in plans:
         assert (execute, substituted, dropped) == (*want[layer], 0)
-    assert (result.layer_substituted == np.array([1, 1, 2])).all()
+    assert (result.per_layer.substituted == np.array([1, 1, 2])).all()
     assert result.extra["substitution_rate"] == pytest.approx(4 / 6)
     # the layers ran exactly those experts (timeline labels)
-    ran = [name for lane, name, *_ in result.events if lane == "arrays" and " experts " in name]
+    ran = [name for lane, name, *_ in result.timeline.events if lane == "arrays" and " experts " in name]
     assert all(name.startswith(("L0 experts", "L1 experts", "L2 experts")) for name in ran)
     executed = {}
     for name in ran:
@@ -216,7 +217,7 @@ def test_apex_sf_quality_cost_is_read_from_the_trace_or_reported_missing(tiny):
 def test_on_the_bundled_traces_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex(trace_name):
     path = os.path.join(ROOT, "traces", trace_name)
     res = run(THOR, ["no-prefetch", "apex", "apex-sf", "oracle"], ["workload.max_tokens=48", f"workload.trace={path}"])
-    lat = {label: r.latency_ps.mean() for label, r in res.items()}
+    lat = {label: r.per_token.latency_ps.mean() for label, r in res.items()}
     assert lat["oracle"] <= lat["apex"] <= lat["no-prefetch"]
     assert lat["apex"] < lat["no-prefetch"]
     # stall-free never waits for a demand fetch, but it may wait for a substitute still on its way; sharing
@@ -224,10 +225,11 @@ def test_on_the_bundled_traces_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex
     # 48, < 1 us each), so the two agree to 1e-5 rather than exactly
     assert lat["apex-sf"] <= lat["apex"] * (1 + 1e-5)
     apex, sf = res["apex"], res["apex-sf"]
-    assert (sf.layer_demand_fetches == 0).all()
-    assert apex.prefetches_dropped == 0
-    assert apex.extra["coverage"] == pytest.approx(apex.layer_overlap.mean())
-    delta_star = tf.oracle_delta_star(tf.load(path))[:48]
+    assert (sf.per_layer.demand_fetches == 0).all()
+    assert apex.counts.prefetches_dropped == 0
+    assert apex.extra["coverage"] == pytest.approx(apex.per_layer.overlap.mean())
+    trace = tf.load(path)
+    delta_star = pa.delta_star(trace["apex_rank"], trace["routed_ids"])[:48]
     assert apex.extra["mean_delta_star"] == pytest.approx(delta_star.mean())
     assert len(apex.extra["delta_hat_per_layer"]) == len(apex.extra["delta_star_per_layer"]) == 32
 

@@ -45,7 +45,7 @@ def _run(cfg, spec, record_events=False):
 
 def _demand_fetched(result):
     """Experts fetched on demand, in landing order, as 'L<layer>E<expert>'."""
-    return [name for lane, name, _, _ in result.events if lane == "dma-demand"]
+    return [name for lane, name, _, _ in result.timeline.events if lane == "dma-demand"]
 
 
 # ----------------------------------------------------------------------------- LRU and LFU
@@ -71,7 +71,7 @@ def test_lru_and_lfu_evict_exactly_the_expected_victims(tmp_path, name, how):
         cfg, spec = _config(tmp_path, ONE_LAYER, trace, capacity_mib=4), f"{name}:warmup=0,slots=2"
     prep, policy, result, row = _run(cfg, spec, record_events=True)
     demands, fetched = EXPECTED[name]
-    assert result.layer_demand_fetches[:, 0].tolist() == demands
+    assert result.per_layer.demand_fetches[:, 0].tolist() == demands
     assert _demand_fetched(result) == fetched
     assert row["cache_slots"] == 2
     assert row["hit_rate"] == pytest.approx(demands.count(0) / len(demands))
@@ -90,7 +90,7 @@ def test_lru_thrashes_on_a_cycle_longer_than_the_cache_and_lfu_keeps_the_frequen
     trace = write_hand_trace(tmp_path / "cyc2.npz", ONE_LAYER, routed)
     cfg = _config(tmp_path, ONE_LAYER, trace, capacity_mib=0.4, name="c2")
     _, _, result, _ = _run(cfg, "lfu:warmup=0")
-    assert result.layer_demand_fetches[:, 0].tolist() == [1, 0, 0] + [0, 1, 1] * 3
+    assert result.per_layer.demand_fetches[:, 0].tolist() == [1, 0, 0] + [0, 1, 1] * 3
 
 
 @pytest.mark.parametrize("spec,slots", [("lru:slots=3", 3), ("lfu:slots=5", 5), ("adapmoe:slots=6", 6),
@@ -110,10 +110,10 @@ def test_a_cache_of_s_slots_never_holds_more_than_s(tmp_path, spec, slots):
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
     assert sim.slots == 21 > slots
     result = sim.run()
-    assert result.peak_buffer_slots <= slots
+    assert result.counts.peak_buffer_slots <= slots
     if not spec.startswith("adapmoe"):
-        assert result.peak_buffer_slots == slots  # filled, never over
-    assert result.expert_computes == result.layer_hits.size * model.top_k - result.layer_dropped.sum()
+        assert result.counts.peak_buffer_slots == slots  # filled, never over
+    assert result.counts.expert_computes == result.per_layer.hits.size * model.top_k - result.per_layer.dropped.sum()
 
 
 def test_slots_beyond_the_buffer_are_capped_and_below_top_k_are_rejected(tmp_path):
@@ -137,8 +137,8 @@ def test_a_repeated_routing_pattern_hits_every_time_after_warm_up(tmp_path, name
     assert row["warmup_tokens"] == 1 and row["warmup_hit_rate"] == 0.0
     assert row["warmup"]["tokens"] == 1 and row["tokens"] == 5
     assert row["demand_fetches_per_token"] == 0 and row["stall_ms_per_token"] == 0
-    assert result.layer_demand_fetches[0].tolist() == [2, 2, 2]
-    assert result.fetches_total == 6  # each expert crossed the link once
+    assert result.per_layer.demand_fetches[0].tolist() == [2, 2, 2]
+    assert result.counts.fetches_total == 6  # each expert crossed the link once
 
 
 # ----------------------------------------------------------------------------- AdapMoE
@@ -179,17 +179,17 @@ def test_adapmoe_drops_exactly_the_trailing_experts_past_the_threshold(tmp_path)
     result = simulate(prep, policy)
     row = summarize_result(prep, result, policy)
     kept = [[3, 2], [4, 2], [1, 3]]
-    assert result.layer_dropped.tolist() == [[4 - a, 4 - b] for a, b in kept]
+    assert result.per_layer.dropped.tolist() == [[4 - a, 4 - b] for a, b in kept]
     # the leading experts (descending weight) run, the trailing ones are dropped
     assert plans == [routed[t, layer, :kept[t][layer]].tolist() for t in range(3) for layer in range(2)]
-    assert result.expert_computes == sum(map(sum, kept))
-    assert row["deviation_rate"] == pytest.approx(result.layer_dropped.sum() / routed.size)
-    assert row["dropped_experts_per_token"] == pytest.approx(result.layer_dropped.sum() / 3)
+    assert result.counts.expert_computes == sum(map(sum, kept))
+    assert row["deviation_rate"] == pytest.approx(result.per_layer.dropped.sum() / routed.size)
+    assert row["dropped_experts_per_token"] == pytest.approx(result.per_layer.dropped.sum() / 3)
     *_, row1 = _run(cfg, "adapmoe:warmup=0,gate_threshold=1.0")
     assert row1["deviation_rate"] == 0.0
     # reaching the threshold exactly is enough: .5 + .375 = .875 (exact in float16)
     _, _, result, _ = _run(cfg, "adapmoe:warmup=0,gate_threshold=0.875")
-    assert result.layer_dropped[2, 1] == 2
+    assert result.per_layer.dropped[2, 1] == 2
 
 
 def test_adapmoe_never_drops_on_a_top_2_model(tmp_path):
@@ -199,8 +199,8 @@ def test_adapmoe_never_drops_on_a_top_2_model(tmp_path):
     tf.save(tmp_path / "t2.npz", arrays, meta)
     cfg = _config(tmp_path, THREE_LAYERS, str(tmp_path / "t2.npz"))
     _, _, result, row = _run(cfg, "adapmoe:gate_threshold=0.1,warmup=0")
-    assert result.layer_dropped.sum() == 0 and row["deviation_rate"] == 0.0
-    assert result.expert_computes == routed.size
+    assert result.per_layer.dropped.sum() == 0 and row["deviation_rate"] == 0.0
+    assert result.counts.expert_computes == routed.size
 
 
 def test_adapmoe_prefetches_the_next_layers_gate_prediction_at_routing(tmp_path):
@@ -212,8 +212,8 @@ def test_adapmoe_prefetches_the_next_layers_gate_prediction_at_routing(tmp_path)
     cfg = _config(tmp_path, TOP4, _adapmoe_trace(tmp_path, weights, routed, pregate), capacity_mib=4)
     _, _, result, row = _run(cfg, "adapmoe:warmup=0,slots=8")  # 2k staging, no per-layer cache
     assert row["cache_quota_per_layer"] == [0, 0]
-    assert result.layer_demand_fetches[:, 0].tolist() == [4] * 5  # layer 0 cannot be predicted
-    assert result.layer_demand_fetches[:, 1].tolist() == [0] * 5
+    assert result.per_layer.demand_fetches[:, 0].tolist() == [4] * 5  # layer 0 cannot be predicted
+    assert result.per_layer.demand_fetches[:, 1].tolist() == [0] * 5
     assert row["prefetch_accuracy"] == 1.0 and row["prefetch_accuracy_per_layer"] == [None, 1.0]
     assert row["prefetches_issued"] == 5 * 4
 
@@ -236,7 +236,7 @@ def test_every_caching_policy_completes_on_the_default_trace_and_reports_its_war
     for policy in prep.policies:
         result = simulate(prep, policy)
         row = summarize_result(prep, result, policy)
-        assert result.tokens == 48 and (result.latency_ps > 0).all()
+        assert result.tokens == 48 and (result.per_token.latency_ps > 0).all()
         assert row["warmup_tokens"] == 16 and row["warmup"]["tokens"] == 16 and row["tokens"] == 32
         assert row["cache_slots"] == prep.workload.buffer_slots
         assert 0.0 <= row["hit_rate"] <= 1.0 and len(row["hit_rate_per_layer"]) == 32
@@ -257,4 +257,4 @@ def test_a_buffer_of_exactly_top_k_slots_still_completes(tmp_path, spec):
     prep = prepare(cfg, policy_specs=[spec])
     assert prep.workload.buffer_slots == 4
     result = simulate(prep, prep.policies[0])
-    assert result.expert_computes == routed.size - result.layer_dropped.sum()
+    assert result.counts.expert_computes == routed.size - result.per_layer.dropped.sum()

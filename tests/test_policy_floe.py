@@ -68,11 +68,11 @@ def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_byte
     assert fmt.compute_ps < prep.workload.moe_layer(0).expert.duration_ps
     res, base = simulate(prep, floe), simulate(prep, none)
     # a perfect predictor: layer 0 is fetched on demand, layers 1.. prefetched; k experts per layer either way
-    assert (res.bytes["pcie"] == L * K * COMPRESSED).all()
-    assert (res.bytes["lpddr5x"] == L * K * COMPRESSED).all()
-    assert (base.bytes["pcie"] == L * K * EXPERT_BYTES).all()
-    assert (res.layer_demand_fetches[:, 0] == K).all() and (res.layer_demand_fetches[:, 1:] == 0).all()
-    assert res.layer_overlap[:, 1:].all()
+    assert (res.per_token.bytes["pcie"] == L * K * COMPRESSED).all()
+    assert (res.per_token.bytes["lpddr5x"] == L * K * COMPRESSED).all()
+    assert (base.per_token.bytes["pcie"] == L * K * EXPERT_BYTES).all()
+    assert (res.per_layer.demand_fetches[:, 0] == K).all() and (res.per_layer.demand_fetches[:, 1:] == 0).all()
+    assert res.per_layer.overlap[:, 1:].all()
     assert res.extra["floe_expert_bytes"] == COMPRESSED
     # the buffer holds ~9.3x as many experts
     from chipsim.sim.engine import Simulation
@@ -86,12 +86,12 @@ def test_floe_beats_no_prefetch_even_with_a_wrong_predictor(tiny):
         cfg = tiny(routed, predictor(routed, correct=correct), name=f"p{correct}")
         prep = prepare(cfg, [], ["floe", "no-prefetch", "floe:compression=1"])
         floe, none, uncompressed = (simulate(prep, p) for p in prep.policies)
-        assert floe.latency_ps.mean() < none.latency_ps.mean()
+        assert floe.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
         if correct:  # the predictor alone (no compression) already hides layers 1..
-            assert uncompressed.latency_ps.mean() < none.latency_ps.mean()
+            assert uncompressed.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
         else:  # wrong predictions: every routed expert fetched on demand, the wrong prefetches abandoned
-            assert (floe.layer_demand_fetches == K).all()
-            assert floe.prefetches_unused == floe.prefetches_issued
+            assert (floe.per_layer.demand_fetches == K).all()
+            assert floe.counts.prefetches_unused == floe.counts.prefetches_issued
 
 
 def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
@@ -134,8 +134,8 @@ def test_floe_completes_and_beats_no_prefetch_on_the_bundled_traces(tmp_path):
     for cfg, tokens in ((thor, 48), (str(ds), 24)):
         prep = prepare(cfg, [f"workload.max_tokens={tokens}"], ["floe", "no-prefetch"])
         floe, none = (simulate(prep, p) for p in prep.policies)
-        assert floe.tokens == tokens and (floe.latency_ps > 0).all()
-        assert floe.latency_ps.mean() < none.latency_ps.mean()
+        assert floe.tokens == tokens and (floe.per_token.latency_ps > 0).all()
+        assert floe.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
         compressed = -(-prep.workload.model.expert_params * 2 * 10 // 93)
         assert floe.extra["floe_expert_bytes"] == compressed
-        assert floe.bytes["pcie"].sum() <= floe.fetches_total * compressed
+        assert floe.per_token.bytes["pcie"].sum() <= floe.counts.fetches_total * compressed

@@ -50,7 +50,7 @@ def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
     result = sim.run()
     assert policy.placed == {(2, 5), (3, 7), (0, 0), (0, 1), (0, 2)}
     assert set(sim.resident_keys()) == policy.placed and not evicted
-    assert result.fetches_total == 5 and result.prefetches_issued == 5
+    assert result.counts.fetches_total == 5 and result.counts.prefetches_issued == 5
     # the whole buffer by default
     prep = prepare(cfg, [], ["fiddler"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
@@ -66,17 +66,17 @@ def test_misses_all_run_on_the_host_and_after_warmup_only_activations_cross_pcie
     placed = policy.placed
     in_placed = np.array([[sum((l, e) in placed for e in routed[t, l]) for l in range(L)]
                           for t in range(routed.shape[0])])
-    assert (result.layer_host == K - in_placed).all()  # every routed expert not placed ran on the host
-    assert result.layer_demand_fetches.sum() == 0
-    assert result.layer_surrogate.sum() == 0
+    assert (result.per_layer.host == K - in_placed).all()  # every routed expert not placed ran on the host
+    assert result.per_layer.demand_fetches.sum() == 0
+    assert result.per_layer.surrogate.sum() == 0
     act = prep.workload.model.hidden_size * 2 * 2  # BF16 hidden vector out and back
-    host = result.layer_host.sum(axis=1)
+    host = result.per_layer.host.sum(axis=1)
     w = 2
     # tokens after the warm-up: PCIe carries activations only, the CPU reads its own LPDDR5X copies
-    assert (result.bytes["pcie"][w:] == host[w:] * act).all()
-    assert (result.bytes["lpddr5x"][w:] == host[w:] * EXPERT_BYTES).all()
+    assert (result.per_token.bytes["pcie"][w:] == host[w:] * act).all()
+    assert (result.per_token.bytes["lpddr5x"][w:] == host[w:] * EXPERT_BYTES).all()
     # the placement itself crossed PCIe once, during the warm-up
-    assert result.bytes["pcie"][:w].sum() == 5 * EXPERT_BYTES + host[:w].sum() * act
+    assert result.per_token.bytes["pcie"][:w].sum() == 5 * EXPERT_BYTES + host[:w].sum() * act
     row = summarize_result(prep, result, policy)
     assert row["warmup_tokens"] == 2
     assert row["offchip_bytes_per_token"] == pytest.approx(host[w:].mean() * act)
@@ -88,9 +88,9 @@ def test_fiddler_completes_on_the_default_trace():
     prep = prepare(os.path.join(ROOT, "hwconfigs", "thor.yaml"), ["workload.max_tokens=48"], ["fiddler"])
     policy = prep.policies[0]
     result = simulate(prep, policy)
-    assert result.tokens == 48 and (result.latency_ps > 0).all()
+    assert result.tokens == 48 and (result.per_token.latency_ps > 0).all()
     w = policy.warmup_tokens()
     act = prep.workload.model.hidden_size * 2 * 2
-    assert (result.bytes["pcie"][w:] == result.layer_host[w:].sum(axis=1) * act).all()
-    assert result.fetches_total == len(policy.placed) == prep.workload.buffer_slots
-    assert 0 < result.layer_hits.sum() < result.layer_hits.size * prep.workload.model.top_k  # some routed experts were placed
+    assert (result.per_token.bytes["pcie"][w:] == result.per_layer.host[w:].sum(axis=1) * act).all()
+    assert result.counts.fetches_total == len(policy.placed) == prep.workload.buffer_slots
+    assert 0 < result.per_layer.hits.sum() < result.per_layer.hits.size * prep.workload.model.top_k  # some routed experts were placed

@@ -57,21 +57,21 @@ def test_pregated_executes_the_pregate_set_and_counts_deviations_exactly(tiny):
     assert len(plans) == T * L
     for t, layer, execute, substituted, dropped in plans:
         assert (execute, substituted, dropped) == (*want[layer], 0)
-    assert (result.layer_substituted == np.array([0, 1, 2])).all()
+    assert (result.per_layer.substituted == np.array([0, 1, 2])).all()
     assert result.extra["deviation_rate"] == pytest.approx(3 / (L * K))
     assert result.extra["deviation_rate_per_layer"] == pytest.approx([0.0, 0.5, 1.0])
     assert result.extra["layers_without_pregate_per_token"] == 1
     # the arrays computed exactly the pre-gated experts
     executed = {}
-    for lane, name, *_ in result.events:
+    for lane, name, *_ in result.timeline.events:
         if lane == "arrays" and " experts " in name:
             layer = int(name.split()[0][1:])
             executed.setdefault(layer, []).extend(int(e) for e in name.split("[")[1].rstrip("]").split(","))
     for layer, (experts, _) in want.items():
         assert sorted(executed[layer]) == sorted(experts * T)
     # layer 0 has no prediction: fetched on demand after routing; layers 1, 2 were staged ahead
-    assert (result.layer_demand_fetches[:, 0] == K).all()
-    assert (result.layer_demand_fetches[:, 1:] == 0).all()
+    assert (result.per_layer.demand_fetches[:, 0] == K).all()
+    assert (result.per_layer.demand_fetches[:, 1:] == 0).all()
 
 
 def test_lookahead_stages_the_next_layer_during_this_one_and_keeps_it_past_this_layers_end(tiny):
@@ -85,17 +85,17 @@ def test_lookahead_stages_the_next_layer_during_this_one_and_keeps_it_past_this_
     (ahead, _), (late, _) = res["pregated"], res["pregated:lookahead=0"]
     for r in (ahead, late):
         # each executed expert crossed the link exactly once: nothing was evicted before its layer ran
-        assert r.fetches_total == T * L * K
-        assert r.prefetches_unused == 0
-        assert r.prefetches_issued == T * (L - 1) * K
-    assert (ahead.layer_substituted == late.layer_substituted).all()
+        assert r.counts.fetches_total == T * L * K
+        assert r.counts.prefetches_unused == 0
+        assert r.counts.prefetches_issued == T * (L - 1) * K
+    assert (ahead.per_layer.substituted == late.per_layer.substituted).all()
     # staged at layer l−1's routing, the fetch also hides behind layer l−1's experts
-    assert (ahead.latency_ps <= late.latency_ps).all()
-    assert ahead.latency_ps.mean() < late.latency_ps.mean()
+    assert (ahead.per_token.latency_ps <= late.per_token.latency_ps).all()
+    assert ahead.per_token.latency_ps.mean() < late.per_token.latency_ps.mean()
     # the deviations are the pre-gated experts outside the routed set
     want = np.array([[0] + [len(set(pregate[t, layer, :K]) - set(routed[t, layer])) for layer in range(1, L)]
                      for t in range(T)])
-    assert (ahead.layer_substituted == want).all()
+    assert (ahead.per_layer.substituted == want).all()
 
 
 @pytest.mark.parametrize("spec", ["pregated:lookahead=2", "pregated:lookahead=-1"])
@@ -118,7 +118,7 @@ def test_on_the_default_trace_deviations_match_the_trace():
         for layer in range(1, trace.num_moe_layers):
             want[t, layer] = len(set(gate[t, layer].tolist()) - set(routed[t, layer].tolist()))
     assert (gate[:, 0] == tf.NO_EXPERT).all()
-    assert (pre.layer_substituted == want).all()
+    assert (pre.per_layer.substituted == want).all()
     assert pre.extra["deviation_rate"] == pytest.approx(want.sum() / (T * trace.num_moe_layers * k))
-    assert pre.latency_ps.mean() < none.latency_ps.mean()
-    assert (pre.layer_demand_fetches[:, 1:] == 0).all()
+    assert pre.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
+    assert (pre.per_layer.demand_fetches[:, 1:] == 0).all()

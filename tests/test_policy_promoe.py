@@ -69,11 +69,11 @@ def test_every_expert_moves_as_a_chain_of_three_descriptors_gate_up_down(tmp_pat
     for policy, parts in ((promoe, 3), (plain, 1)):
         sim = Simulation(prep.config.hw, wl, prep.trace, policy, record_events=True)
         result = sim.run()
-        assert result.fetches_total == routed.size  # experts
+        assert result.counts.fetches_total == routed.size  # experts
         assert sim.dma.descriptors_submitted == parts * routed.size  # DMA descriptors
         assert sim.dma.transfers_done == routed.size  # one chain per expert, on one engine
-        assert result.bytes["pcie"].sum() == routed.size * wl.expert_bytes  # same bytes either way
-        names = [name for lane, name, _, _ in result.events if lane.startswith("dma")]
+        assert result.per_token.bytes["pcie"].sum() == routed.size * wl.expert_bytes  # same bytes either way
+        names = [name for lane, name, _, _ in result.timeline.events if lane.startswith("dma")]
         assert len(names) == routed.size
 
 
@@ -83,17 +83,17 @@ def test_the_next_layer_is_prefetched_at_routing_from_the_previous_layers_predic
     _, runs = _runs(cfg, ["promoe:cache=false"], record_events=True)
     result, row = runs["promoe:cache=false"]
     # layer 0 has no prediction: demand-fetched; layers 1 and 2 were staged from the layer before
-    assert result.layer_demand_fetches.tolist() == [[2, 0, 0]] * T
+    assert result.per_layer.demand_fetches.tolist() == [[2, 0, 0]] * T
     assert row["prefetches_issued"] == T * 2 * 2 and row["prefetches_unused"] == 0
     assert row["prediction_recall"] == 1.0 and row["prediction_recall_per_layer"] == [None, 1.0, 1.0]
     # causality: the prediction for layer 1 comes from layer 0's FFN input, so its prefetch is issued when
     # layer 0 routes (attention done), never at layer 0's start
     attention_end = {}
-    for lane, name, start, end in result.events:
+    for lane, name, start, end in result.timeline.events:
         if lane == "arrays" and name == "L0 attention+router":
             attention_end.setdefault(len(attention_end), end)
     first_issue = {}
-    for lane, name, issue, _ in result.events:
+    for lane, name, issue, _ in result.timeline.events:
         if lane.startswith("dma") and name.startswith("L1E"):  # a prefetch, promoted if still moving at routing
             token = sum(1 for end in attention_end.values() if end <= issue) - 1
             first_issue.setdefault(token, issue)
@@ -109,11 +109,11 @@ def test_oracle_is_never_slower_than_promoe_without_cache_on_hand_traces(tmp_pat
     routed = random_routing(TINY, T, seed=3)
     cfg = _config(tmp_path, routed, quality)
     _, runs = _runs(cfg, ["oracle", "promoe:cache=false", "no-prefetch"])
-    oracle = runs["oracle"][0].latency_ps
-    promoe = runs["promoe:cache=false"][0].latency_ps
+    oracle = runs["oracle"][0].per_token.latency_ps
+    promoe = runs["promoe:cache=false"][0].per_token.latency_ps
     assert (oracle <= promoe).all()
     if quality == "wrong":  # mispredictions are cancelled at routing: their traffic only delays demand fetches
-        assert (runs["no-prefetch"][0].latency_ps <= promoe).all()
+        assert (runs["no-prefetch"][0].per_token.latency_ps <= promoe).all()
         assert runs["promoe:cache=false"][1]["prediction_recall"] == 0.0
 
 
@@ -124,10 +124,10 @@ def test_a_better_predictor_is_never_slower_and_misses_are_fetched_on_demand(tmp
         cfg = _config(tmp_path, routed, quality, name=quality)
         _, runs = _runs(cfg, ["promoe:cache=false"])
         result, row = runs["promoe:cache=false"]
-        means[quality] = result.latency_ps.mean()
+        means[quality] = result.per_token.latency_ps.mean()
         # each layer ≥ 1 demand-fetches exactly the routed experts the prediction missed
         missed = {"perfect": 0, "half": 1, "wrong": 2}[quality]
-        assert (result.layer_demand_fetches[:, 1:] == missed).all()
+        assert (result.per_layer.demand_fetches[:, 1:] == missed).all()
         assert row["prediction_recall"] == 1 - missed / 2
     assert means["perfect"] <= means["half"] <= means["wrong"]
 
@@ -137,7 +137,7 @@ def test_no_cache_by_slots_minus_one_or_cache_false_is_the_same_per_layer_stagin
     cfg = _config(tmp_path, routed, "half")
     _, runs = _runs(cfg, ["promoe:cache=false", "promoe:slots=-1", "promoe"])
     a, b = runs["promoe:cache=false"], runs["promoe:slots=-1"]
-    assert (a[0].latency_ps == b[0].latency_ps).all() and a[0].fetches_total == b[0].fetches_total
+    assert (a[0].per_token.latency_ps == b[0].per_token.latency_ps).all() and a[0].counts.fetches_total == b[0].counts.fetches_total
     for res, row in (a, b):
         assert row["warmup_tokens"] == 0 and "warmup" not in row and row["cache_slots"] == 0
         assert row["hit_rate_from_cache"] == 0.0  # nothing survives a layer
@@ -152,13 +152,13 @@ def test_the_lru_cache_serves_a_repeated_pattern_without_any_fetch_after_warm_up
     cfg = _config(tmp_path, routed, "perfect")
     _, runs = _runs(cfg, ["promoe:warmup=1", "promoe:cache=false"])
     result, row = runs["promoe:warmup=1"]
-    assert result.fetches_total == 6  # token 0 only: layer 0 on demand, layers 1-2 prefetched
-    assert result.layer_demand_fetches[0].tolist() == [2, 0, 0] and result.layer_demand_fetches[1:].sum() == 0
+    assert result.counts.fetches_total == 6  # token 0 only: layer 0 on demand, layers 1-2 prefetched
+    assert result.per_layer.demand_fetches[0].tolist() == [2, 0, 0] and result.per_layer.demand_fetches[1:].sum() == 0
     assert row["cache_hit_rate"] == 1.0 and row["hit_rate_from_cache"] == 1.0
     assert row["warmup_tokens"] == 1 and row["warmup"]["tokens"] == 1
     staged = runs["promoe:cache=false"][0]
-    assert staged.fetches_total == 6 * T
-    assert (result.latency_ps[1:] < staged.latency_ps[1:]).all()
+    assert staged.counts.fetches_total == 6 * T
+    assert (result.per_token.latency_ps[1:] < staged.per_token.latency_ps[1:]).all()
 
 
 def test_the_cache_never_holds_more_than_its_slots_and_keeps_predicted_experts(tmp_path):
@@ -167,10 +167,10 @@ def test_the_cache_never_holds_more_than_its_slots_and_keeps_predicted_experts(t
     prep = prepare(cfg, policy_specs=["promoe:slots=4,warmup=0"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
     result = sim.run()
-    assert result.peak_buffer_slots <= 4
-    assert result.expert_computes == routed.size
+    assert result.counts.peak_buffer_slots <= 4
+    assert result.counts.expert_computes == routed.size
     # half-right predictions with room for them: one routed expert per layer ≥ 1 was staged ahead
-    assert (result.layer_hits[:, 1:] >= 1).all()
+    assert (result.per_layer.hits[:, 1:] >= 1).all()
 
 
 def test_promoe_completes_on_the_default_trace_and_reports_its_warm_up_apart():
@@ -179,7 +179,7 @@ def test_promoe_completes_on_the_default_trace_and_reports_its_warm_up_apart():
     for policy in prep.policies:
         result = simulate(prep, policy)
         rows[policy.label] = row = summarize_result(prep, result, policy)
-        assert result.tokens == 48 and (result.latency_ps > 0).all()
+        assert result.tokens == 48 and (result.per_token.latency_ps > 0).all()
         assert 0.5 < row["prediction_recall"] < 1.0 and row["prediction_recall_per_layer"][0] is None
         assert len(row["cache_hit_rate_per_layer"]) == 32
     assert rows["promoe"]["warmup_tokens"] == 16 and rows["promoe"]["warmup"]["tokens"] == 16
@@ -194,5 +194,5 @@ def test_a_buffer_of_exactly_top_k_slots_completes_and_never_evicts_the_running_
     prep = prepare(cfg, policy_specs=[spec])
     assert prep.workload.buffer_slots == 2
     result = simulate(prep, prep.policies[0])
-    assert result.expert_computes == routed.size
-    assert result.fetches_total >= routed.size - result.layer_hits.sum()
+    assert result.counts.expert_computes == routed.size
+    assert result.counts.fetches_total >= routed.size - result.per_layer.hits.sum()

@@ -13,7 +13,8 @@ from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel
 from chipsim.policies.base import make_policy
 from chipsim.runner import prepare, simulate
-from chipsim.sim.engine import Simulation, fetch_path_timing
+from chipsim.hw.paths import fetch_path_timing
+from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.models import MODELS, ModelShape
@@ -106,10 +107,10 @@ def test_an_idle_link_gets_fetches_with_the_hand_computed_estimate(make):
     prep, policy, sim = sim_of(cfg, "spice")
     result = sim.run()
     hw, wl = prep.config.hw, prep.workload
-    misses = K - result.layer_hits
+    misses = K - result.per_layer.hits
     assert misses.sum() > 0
-    assert result.layer_host.sum() == 0 and result.layer_surrogate.sum() == 0
-    assert (result.layer_demand_fetches == misses).all()  # every miss fetched on demand
+    assert result.per_layer.host.sum() == 0 and result.per_layer.surrogate.sum() == 0
+    assert (result.per_layer.demand_fetches == misses).all()  # every miss fetched on demand
     assert all(choice == "fetch" and f < h for *_, f, h, choice in policy.miss_log)
     # first miss of the run: nothing on the link, so fetch = setup + path latency + W/B + arrays time
     path = fetch_path_timing(hw)
@@ -137,28 +138,28 @@ def test_a_saturated_link_sends_high_confidence_misses_to_the_host_cpu(make):
 
     policy.on_route = on_route
     result = sim.run()
-    assert result.layer_hits.sum() == 0  # every routed expert misses
+    assert result.per_layer.hits.sum() == 0  # every routed expert misses
     assert queued_at_route[0] >= 8 * EXPERT_BYTES  # several experts' worth of bytes ahead of any fetch
     layer0 = [entry for entry in policy.miss_log if entry[1] == 0]
     assert [c for *_, c in layer0] == ["cpu", "cpu"]
     assert all(f > h for _, _, _, f, h, _ in layer0)
-    assert result.layer_host[0, 0] == K and result.layer_demand_fetches[0, 0] == 0
+    assert result.per_layer.host[0, 0] == K and result.per_layer.demand_fetches[0, 0] == 0
     # the cost model is applied consistently: CPU exactly where it was estimated cheaper
     for *_, f, h, choice in policy.miss_log:
         assert choice == ("cpu" if h < f else "fetch")
-    assert result.layer_host.sum() + result.layer_demand_fetches.sum() == routed.size
+    assert result.per_layer.host.sum() + result.per_layer.demand_fetches.sum() == routed.size
     # fewer layers lie ahead as the token proceeds, so the deep prefetches thin out and the link drains:
     # misses go to the CPU while the queue is long and are fetched once it is short
     for layer, queued in enumerate(queued_at_route):
         if queued >= 8 * EXPERT_BYTES:
-            assert result.layer_host[0, layer] >= 1, layer
+            assert result.per_layer.host[0, layer] >= 1, layer
         if queued <= 2 * EXPERT_BYTES:
-            assert result.layer_demand_fetches[0, layer] == K, layer
-    assert queued_at_route[-1] <= 2 * EXPERT_BYTES and result.layer_demand_fetches[0, -1] == K
+            assert result.per_layer.demand_fetches[0, layer] == K, layer
+    assert queued_at_route[-1] <= 2 * EXPERT_BYTES and result.per_layer.demand_fetches[0, -1] == K
     # and with the CPU fallback off the same misses are all fetched
     _, policy_b, sim_b = sim_of(cfg, "spice:cpu_fallback=false")
     res_b = sim_b.run()
-    assert res_b.layer_host.sum() == 0 and res_b.layer_demand_fetches.sum() == routed.size
+    assert res_b.per_layer.host.sum() == 0 and res_b.per_layer.demand_fetches.sum() == routed.size
     # (no latency claim here: these prefetches are all useless, and a demand fetch pre-empts them, so
     # fetching would have been faster; the cost model counts the whole queue, as SPICE's does)
 
@@ -173,13 +174,13 @@ def test_low_confidence_misses_become_surrogates_on_a_shared_expert_model(make):
     routed, cfg = low_confidence_case(make, SHARED)
     prep, policy, sim = sim_of(cfg, "spice")
     result = sim.run()
-    misses = K - result.layer_hits
+    misses = K - result.per_layer.hits
     assert misses[:, 1:].sum() > 0
-    assert (result.layer_surrogate[:, 1:] == misses[:, 1:]).all()
-    assert result.layer_host[:, 1:].sum() == 0 and result.layer_demand_fetches[:, 1:].sum() == 0
+    assert (result.per_layer.surrogate[:, 1:] == misses[:, 1:]).all()
+    assert result.per_layer.host[:, 1:].sum() == 0 and result.per_layer.demand_fetches[:, 1:].sum() == 0
     # MoE layer 0 has no draft, hence no confidence: its misses are computed exactly
-    assert result.layer_surrogate[:, 0].sum() == 0
-    assert (result.layer_host[:, 0] + result.layer_demand_fetches[:, 0] == misses[:, 0]).all()
+    assert result.per_layer.surrogate[:, 0].sum() == 0
+    assert (result.per_layer.host[:, 0] + result.per_layer.demand_fetches[:, 0] == misses[:, 0]).all()
     # LoRE (paper form y_shared + B·A·h): 2·d·r BF16 weights per expert, all resident in HBM
     r, d = 16, SHARED.hidden_size
     assert result.extra["spice_lore_hbm_bytes"] == L * N * 2 * d * r * 2
@@ -200,19 +201,19 @@ def test_high_confidence_misses_are_never_surrogates(make):
     cfg = make(SHARED, routed, draft=wrong_draft(routed, 2), conf=conf_array(4, lambda d: 0.95))
     _, _, sim = sim_of(cfg, "spice")
     result = sim.run()
-    misses = K - result.layer_hits
-    assert misses.sum() > 0 and result.layer_surrogate.sum() == 0
-    assert (result.layer_host + result.layer_demand_fetches == misses).all()
+    misses = K - result.per_layer.hits
+    assert misses.sum() > 0 and result.per_layer.surrogate.sum() == 0
+    assert (result.per_layer.host + result.per_layer.demand_fetches == misses).all()
 
 
 def test_a_model_without_shared_experts_never_uses_surrogates_and_says_so(make):
     routed, cfg = low_confidence_case(make, PLAIN)
     _, policy, sim = sim_of(cfg, "spice")
     result = sim.run()
-    misses = K - result.layer_hits
+    misses = K - result.per_layer.hits
     assert misses.sum() > 0
-    assert result.layer_surrogate.sum() == 0 and policy.surrogate_op is None
-    assert (result.layer_host + result.layer_demand_fetches == misses).all()  # fetch / CPU instead
+    assert result.per_layer.surrogate.sum() == 0 and policy.surrogate_op is None
+    assert (result.per_layer.host + result.per_layer.demand_fetches == misses).all()  # fetch / CPU instead
     assert result.extra["spice_low_confidence_misses_per_token"] > 0
     assert "no shared experts" in result.extra["spice_surrogate"]
     assert result.extra["spice_lore_hbm_bytes"] == 0
@@ -312,9 +313,9 @@ def test_a_perfect_deep_draft_hides_every_fetch_after_the_first_layer(make):
     cfg = make(PLAIN, routed, draft=perfect_draft(routed), conf=conf_array(4, lambda d: 0.95))
     prep = prepare(cfg, [], ["spice", "no-prefetch"])
     spice, none = (simulate(prep, p) for p in prep.policies)
-    assert spice.layer_overlap[:, 1:].all()
-    assert spice.layer_host[:, 1:].sum() == 0 and spice.layer_demand_fetches[:, 1:].sum() == 0
-    assert spice.latency_ps.mean() < none.latency_ps.mean()
+    assert spice.per_layer.overlap[:, 1:].all()
+    assert spice.per_layer.host[:, 1:].sum() == 0 and spice.per_layer.demand_fetches[:, 1:].sum() == 0
+    assert spice.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
 
 
 # ------------------------------------------------------------------------------------------- cache
@@ -347,9 +348,9 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
         assert policy.capacity == capacity and result.extra["spice_cache_slots"] == capacity
         assert max(occupancy) <= capacity
         if expect_all_hits:  # token 0's experts are never evicted from a buffer that holds them all
-            assert result.layer_overlap[1:].all()
+            assert result.per_layer.overlap[1:].all()
         else:
-            assert not result.layer_overlap[1:].all()
+            assert not result.per_layer.overlap[1:].all()
     with pytest.raises(InputError, match="policies.spice.slots"):
         sim_of(cfg, "spice:slots=1")[2].run()
 
@@ -382,16 +383,16 @@ def test_spice_and_its_ablation_variants_complete_on_the_default_trace():
         prep = prepare(thor, [f"workload.max_tokens={tokens}"], specs)
         for policy in prep.policies:
             result = simulate(prep, policy)
-            assert result.tokens == tokens and (result.latency_ps > 0).all()
+            assert result.tokens == tokens and (result.per_token.latency_ps > 0).all()
             rows[policy.label] = (policy, result)
     for label, want in ABLATION.items():
         policy, result = rows[label]
         for key, value in want.items():
             assert getattr(policy, key) == value
         extra = result.extra
-        assert result.layer_surrogate.sum() == 0  # Granite has no shared experts
+        assert result.per_layer.surrogate.sum() == 0  # Granite has no shared experts
         if not policy.cpu_fallback:
-            assert result.layer_host.sum() == 0
+            assert result.per_layer.host.sum() == 0
         if not policy.deep:
             assert policy.depth.max() == 1
         else:
@@ -399,9 +400,9 @@ def test_spice_and_its_ablation_variants_complete_on_the_default_trace():
         w = policy.warmup_tokens()
         routed = K_GRANITE * result.moe_layers  # SPICE's own misses are the engine's fallback_rate
         assert policy.misses[w:].sum(axis=1).mean() / routed == pytest.approx(
-            1 - result.layer_hits[w:].sum(axis=1).mean() / routed)
+            1 - result.per_layer.hits[w:].sum(axis=1).mean() / routed)
     full = rows["spice"][1]
-    assert full.layer_host.sum() > 0  # on the link-bound default platform the CPU takes misses
+    assert full.per_layer.host.sum() > 0  # on the link-bound default platform the CPU takes misses
 
 
 K_GRANITE = 8
@@ -413,6 +414,6 @@ def test_spice_completes_on_the_deepseek_trace_with_surrogates(tmp_path):
                    f"model:\n  name: deepseek-v2-lite\nworkload:\n  trace: {ROOT}/traces/synthetic-deepseek-v2-lite.npz\n")
     prep = prepare(str(cfg), ["workload.max_tokens=24"], ["spice", "spice:surrogate=false", "no-prefetch"])
     spice, exact, none = (simulate(prep, p) for p in prep.policies)
-    assert spice.layer_surrogate.sum() > 0 and exact.layer_surrogate.sum() == 0
+    assert spice.per_layer.surrogate.sum() > 0 and exact.per_layer.surrogate.sum() == 0
     assert "LoRE" in spice.extra["spice_surrogate"]
-    assert spice.latency_ps[4:].mean() < none.latency_ps[4:].mean()
+    assert spice.per_token.latency_ps[4:].mean() < none.per_token.latency_ps[4:].mean()

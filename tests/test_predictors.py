@@ -124,10 +124,6 @@ def test_trace_round_trip(tiny_trace):
             assert made == (1 + li - d >= 0), (li, d)
             if not made:
                 assert (t["draft_conf"][:, li, d - 1] == 0).all()
-    # δ̂ stored as score + θ gives the same answer through the format's reader
-    for tau in TAUS:
-        assert np.array_equal(tformat.apex_delta_hat(t, tau), delta_hat(t["apex_score"], t["apex_theta"], tau))
-    assert np.array_equal(tformat.oracle_delta_star(t), delta_star(t["apex_rank"], t["routed_ids"]))
     json.dumps(metrics)
     assert set(metrics["apex"]["tau"]) == {str(x) for x in TAUS}
     assert metrics["router_topk_is_routed"] == 1.0

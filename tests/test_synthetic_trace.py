@@ -18,6 +18,7 @@ import pytest
 
 from chipsim.errors import InputError
 from chipsim.trace import format as fmt
+from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.synthetic import SyntheticParams, generate, write
 from chipsim.workload.models import MODELS
 
@@ -94,7 +95,7 @@ def dsv2():
 def test_every_model_gives_a_valid_trace(name):
     model = MODELS[name]
     arrays, meta = generate(model, SyntheticParams(num_tokens=24, seed=5))
-    assert set(arrays) == set(fmt.ARRAY_SPECS)
+    assert set(arrays) == set(fmt.CORE_ARRAYS) | set(pa.BY_NAME)
     fmt.validate(arrays, dict(meta, schema_version=fmt.SCHEMA_VERSION))
     assert arrays["routed_ids"].shape == (24, model.num_moe_layers, model.top_k)
     assert meta["synthetic"] is True
@@ -116,7 +117,7 @@ def test_meta_marks_the_trace_synthetic_and_agrees_with_arrays(g1b):
     assert meta["measured"]["apex_topk_recall"] == pytest.approx(
         topk_recall(arrays["apex_rank"][..., : G1B.top_k], arrays["routed_ids"], G1B.num_experts), abs=1e-5
     )
-    dstar = fmt.oracle_delta_star(as_trace(arrays, meta))
+    dstar = pa.delta_star(arrays["apex_rank"], arrays["routed_ids"])
     assert meta["measured"]["mean_delta_star"] == pytest.approx(dstar.mean(), abs=1e-5)
 
 
@@ -220,10 +221,15 @@ def test_out_of_range_expert_id_gives_input_error(g1b, tmp_path, key):
     broken[key].reshape(-1)[-1] = G1B.num_experts  # one past the last expert, and not NO_EXPERT
     path = tmp_path / "bad.npz"
     write_unvalidated(path, broken, meta)
-    with pytest.raises(InputError, match=f"{key} holds expert id {G1B.num_experts} out of range"):
-        fmt.load(path)
-    with pytest.raises(InputError):
-        fmt.save(tmp_path / "bad2.npz", broken, meta)
+    message = f"{key} holds expert id {G1B.num_experts} out of range"
+    if key in fmt.CORE_ARRAYS:  # the core schema: the loader refuses the file
+        with pytest.raises(InputError, match=message):
+            fmt.load(path)
+    else:  # a predictor output: refused once a policy that reads it is prepared (runner.prepare checks this)
+        with pytest.raises(InputError, match=message):
+            fmt.check_arrays(fmt.load(path), [pa.BY_NAME[key]], "policy reading it")
+    with pytest.raises(InputError, match=message):  # the recorder's save checks every output it writes
+        fmt.save(tmp_path / "bad2.npz", broken, meta, specs=pa.RECORDED)
     assert not (tmp_path / "bad2.npz").exists()
 
 
@@ -327,10 +333,10 @@ def test_apex_cdf_is_calibrated_and_delta_hat_grows_with_tau(g3b):
     theta = trace["apex_theta"]
     assert theta.shape == (G3B.num_moe_layers, G3B.num_experts - G3B.top_k + 1)
     assert np.isfinite(theta).all() and (np.diff(theta, axis=1) >= 0).all()
-    dstar = fmt.oracle_delta_star(trace)
+    dstar = pa.delta_star(trace["apex_rank"], trace["routed_ids"])
     means = []
     for tau in (0.6, 0.75, 0.9):
-        dhat = fmt.apex_delta_hat(trace, tau)
+        dhat = pa.delta_hat(trace["apex_score"], trace["apex_theta"], tau)
         coverage = (dstar <= dhat).mean()
         assert coverage >= tau - 0.03, (tau, coverage)
         means.append(dhat.mean())
@@ -344,13 +350,13 @@ def test_apex_cdf_is_calibrated_and_delta_hat_grows_with_tau(g3b):
 
 def test_apex_score_ranks_difficulty_and_delta_star_has_a_long_tail(g3b):
     trace = as_trace(*g3b)
-    dstar = fmt.oracle_delta_star(trace)
+    dstar = pa.delta_star(trace["apex_rank"], trace["routed_ids"])
     score = trace["apex_score"]
     # a higher score means a harder token-layer: larger δ*, so a larger δ̂
     hard = dstar >= 4
     assert score[hard].mean() > score[~hard].mean()
     assert np.corrcoef(score.ravel(), dstar.ravel())[0, 1] > 0.2
-    dhat = fmt.apex_delta_hat(trace, 0.9)
+    dhat = pa.delta_hat(trace["apex_score"], trace["apex_theta"], 0.9)
     assert np.corrcoef(dhat.ravel(), dstar.ravel())[0, 1] > 0.2
     # most token-layers need few extra experts, a few need many
     assert (dstar <= 4).mean() >= 0.75

@@ -9,10 +9,11 @@ import pytest
 from conftest import THOR
 from helpers import random_routing, write_hand_trace
 
-from chipsim.analysis.timeline import ARRAYS, DMA0, LANE_STRIDE, build_trace, dumps, policy_timeline
+from chipsim.analysis.timeline import ARRAYS, DMA0, LANE_STRIDE, build_trace, dumps
 from chipsim.cli import main
 from chipsim.runner import prepare, simulate
-from chipsim.sim.engine import Simulation, fetch_path_timing
+from chipsim.hw.paths import fetch_path_timing
+from chipsim.sim.engine import Simulation
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.models import MODELS, ModelShape
 
@@ -120,14 +121,14 @@ def test_the_first_fetches_match_the_hand_arithmetic(tiny, tmp_path):
     # two engines after attention + router, then share the bottleneck: data ends at pre + setup + 2N/B
     data_end = pre + setup + -(-2 * wl.expert_bytes * 10**12 // bandwidth)
     result = simulate(prep, prep.policies[0], record_events=True, record_tokens=1)
-    first = [s for s in result.timeline["dma"] if s[2] < data_end]
+    first = [s for s in result.timeline.dma if s[2] < data_end]
     assert sorted((engine, phase, start, end) for engine, phase, start, end, *_ in first) == [
         (0, "data", pre + setup, data_end), (0, "setup", pre, pre + setup),
         (1, "data", pre + setup, data_end), (1, "setup", pre, pre + setup)]
     routed0 = sorted(int(e) for e in prep.trace["routed_ids"][0][0])
     assert sorted(s[5] for s in first if s[1] == "data") == routed0
     # in the file: on DMA engine 0 and 1 lanes, named, in µs rounded to the ns
-    doc = json.loads(dumps(build_trace([policy_timeline("no-prefetch", result)])))
+    doc = json.loads(dumps(build_trace([result.timeline.run_data("no-prefetch")])))
     for engine in (0, 1):
         lane = x_events(doc, tid=LANE_STRIDE + DMA0 + engine)
         setup_span, data_span = lane[0], lane[1]
@@ -156,7 +157,7 @@ def test_dma_engine_spans_never_overlap_and_account_for_every_landing(tiny):
     engines = prep.config.hw.dma.engines
     for policy, result in runs:
         per_engine = defaultdict(list)
-        for engine, phase, start, end, *_ in result.timeline["dma"]:
+        for engine, phase, start, end, *_ in result.timeline.dma:
             assert 0 <= engine < engines and 0 <= start <= end
             per_engine[engine].append((start, end))
         for spans in per_engine.values():
@@ -165,42 +166,42 @@ def test_dma_engine_spans_never_overlap_and_account_for_every_landing(tiny):
         # every landing the engine recorded is the end of a data span plus the path latency, or the end of
         # the setup of a transfer cancelled during it, or a transfer cancelled before it had an engine
         ends, starts = defaultdict(set), defaultdict(list)
-        for engine, phase, start, end, layer, expert, nbytes, kind, cancelled, promoted in result.timeline["dma"]:
+        for engine, phase, start, end, layer, expert, nbytes, kind, cancelled, promoted in result.timeline.dma:
             key = f"L{layer}E{expert}"
             ends[key].add(end + latency if phase == "data" else end)
             starts[key].append(start)
         landings = 0
-        for lane, name, issue, landed in result.events:
+        for lane, name, issue, landed in result.timeline.events:
             if lane.startswith("dma"):
                 landings += 1
                 assert landed in ends[name] or not any(issue <= s <= landed for s in starts[name]), (policy.label, name)
-        assert landings == result.fetches_total, policy.label
+        assert landings == result.counts.fetches_total, policy.label
         # the link counter never shows more moving transfers than engines
-        assert all(0 <= moving <= engines for _, moving, _ in result.timeline["link"])
-        assert [t for t, *_ in result.timeline["link"]] == sorted({t for t, *_ in result.timeline["link"]})
+        assert all(0 <= moving <= engines for _, moving, _ in result.timeline.link)
+        assert [t for t, *_ in result.timeline.link] == sorted({t for t, *_ in result.timeline.link})
 
 
 def test_stall_spans_sum_to_the_engines_stall_per_token(tiny):
     prep, runs = _tiny_runs(tiny)
-    trace = build_trace([policy_timeline(p.label, r) for p, r in runs])
+    trace = build_trace([r.timeline.run_data(p.label) for p, r in runs])
     for pid, (policy, result) in enumerate(runs, start=1):
         # exactly, in picoseconds, from the recorded spans
-        tokens = sorted((s, e) for lane, name, s, e in result.events if lane == "tokens")
+        tokens = sorted((s, e) for lane, name, s, e in result.timeline.events if lane == "tokens")
         assert len(tokens) == TOKENS
         per_token = [0] * TOKENS
-        for lane, name, start, end in result.events:
+        for lane, name, start, end in result.timeline.events:
             if lane == "arrays" and name.endswith(" stall"):
                 t = max(i for i, (s, _) in enumerate(tokens) if s <= start)
                 assert end <= tokens[t][1]
                 per_token[t] += end - start
-        assert per_token == result.stall_ps.tolist(), policy.label
+        assert per_token == result.per_token.stall_ps.tolist(), policy.label
         # in the file: to the nanosecond each span was rounded to
         stalls = [e for e in x_events(trace, pid=pid, cat="stall")]
         assert all(e["tid"] == pid * LANE_STRIDE + ARRAYS for e in stalls)
         for t in range(TOKENS):
             mine = [e for e in stalls if e["args"]["token"] == t]
             total_ns = sum(ns(e["ts"] + e["dur"]) - ns(e["ts"]) for e in mine)
-            assert abs(total_ns * 1000 - result.stall_ps[t]) <= 1000 * len(mine)
+            assert abs(total_ns * 1000 - result.per_token.stall_ps[t]) <= 1000 * len(mine)
 
 
 def test_host_cpu_experts_and_the_arrays_wait_for_them_are_on_their_lanes(tiny):
@@ -214,15 +215,15 @@ def test_host_cpu_experts_and_the_arrays_wait_for_them_are_on_their_lanes(tiny):
 
     prep = prepare(tiny, policy_specs=["no-prefetch"])
     result = Simulation(prep.config.hw, prep.workload, prep.trace, AllOnHost("host"), record_events=True).run()
-    doc = build_trace([policy_timeline("host", result)])
+    doc = build_trace([result.timeline.run_data("host")])
     host = x_events(doc, cat="host-cpu")
     assert len(host) == TOKENS * TINY.num_moe_layers * TINY.top_k
     assert all(e["name"].startswith("host L") and {"layer", "expert"} <= set(e["args"]) for e in host)
     waits = defaultdict(int)
     for e in x_events(doc, cat="host-wait"):
         waits[e["args"]["token"]] += ns(e["ts"] + e["dur"]) - ns(e["ts"])
-    assert all(abs(waits[t] * 1000 - result.host_wait_ps[t]) <= 1000 * TINY.num_moe_layers for t in range(TOKENS))
-    assert result.host_wait_ps.min() > 0
+    assert all(abs(waits[t] * 1000 - result.per_token.host_wait_ps[t]) <= 1000 * TINY.num_moe_layers for t in range(TOKENS))
+    assert result.per_token.host_wait_ps.min() > 0
     assert not x_events(doc, cat="prefetch") and not x_events(doc, cat="demand")
 
 

@@ -311,6 +311,7 @@ def quality_summary(trace: tf.Trace) -> dict | None:
 
 def trace_stats(trace: tf.Trace) -> dict:
     """All of the above for one trace, as a JSON-serialisable dict."""
+    tf.check_arrays(trace, [spec for spec in predictor_arrays.RECORDED if spec.name in trace.arrays], "chipsim inspect")
     n = trace.num_experts
     routed = trace["routed_ids"]
     has_apex = all(k in trace.arrays for k in ("apex_rank", "apex_score", "apex_theta"))
