@@ -5,6 +5,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from chipsim.workload.models import MODELS, ModelShape  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 
@@ -12,3 +14,57 @@ THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 @pytest.fixture
 def thor_path():
     return THOR
+
+
+def tiny_shape(num_layers: int = 3, *, num_experts: int = 8, top_k: int = 2, num_shared_experts: int = 0,
+               ) -> ModelShape:
+    """The tiny MoE the engine and policy tests run on: by default 8 experts top-2 per layer, d 256, expert FFN
+    128 (one expert = 3 × 256 × 128 BF16 weights = 196,608 bytes), GQA attention, no dense layers; with
+    shared experts a Qwen2-MoE-style block of the same width."""
+    shared = {"num_shared_experts": num_shared_experts, "shared_expert_ffn": 128} if num_shared_experts else {}
+    name = f"tiny-{num_layers}l-{num_experts}e-top{top_k}" + (f"-{num_shared_experts}s" if shared else "") + "-test"
+    return ModelShape(
+        name=name, hf_architecture="Qwen2MoeForCausalLM" if shared else "GraniteMoeForCausalLM",
+        num_layers=num_layers, hidden_size=256, num_experts=num_experts, top_k=top_k, expert_ffn=128,
+        vocab_size=1000, tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64, **shared,
+    )
+
+
+class Tiny:
+    """A registered tiny model and a writer of hand-made traces (helpers.hand_trace_arrays: perfect
+    predictions unless told otherwise) with configs that start from hwconfigs/thor.yaml."""
+
+    def __init__(self, shape: ModelShape, tmp_path):
+        self.shape = shape
+        self.tmp_path = tmp_path
+
+    def routing(self, tokens: int = 6, seed: int = 3):
+        from helpers import random_routing
+
+        return random_routing(self.shape, tokens, seed=seed)
+
+    def config(self, routed=None, *, name: str = "t", arrays: dict | None = None, meta: dict | None = None,
+               edit=None, extra_yaml: str = "expert_buffer:\n  capacity_mib: 4\n", **trace_kw) -> str:
+        """Write a trace whose routing is `routed` (default: `routing()`) and its config; returns the config.
+        `trace_kw` go to hand_trace_arrays; `arrays` replace trace arrays (e.g. a predictor's ranking), `meta`
+        entries are added to its meta (e.g. a quality record), and `edit(arrays, meta)` may change anything
+        else before the trace is saved."""
+        from helpers import hand_trace_arrays, write_trace_and_config
+
+        routed = self.routing() if routed is None else routed
+        trace_arrays, trace_meta = hand_trace_arrays(self.shape, routed, **trace_kw)
+        trace_arrays.update(arrays or {})
+        trace_meta.update(meta or {})
+        if edit is not None:
+            edit(trace_arrays, trace_meta)
+        arrays, meta = trace_arrays, trace_meta
+        return write_trace_and_config(self.tmp_path, self.shape, arrays, meta, name, extra_yaml)
+
+
+@pytest.fixture
+def tiny(request, tmp_path, monkeypatch) -> Tiny:
+    """The tiny model (`tiny_shape`, with the test module's TINY_LAYERS layers, default 3), registered for the
+    test, and its trace and config writer."""
+    shape = tiny_shape(getattr(request.module, "TINY_LAYERS", 3))
+    monkeypatch.setitem(MODELS, shape.name, shape)
+    return Tiny(shape, tmp_path)

@@ -4,38 +4,20 @@ import math
 
 import numpy as np
 import pytest
-from conftest import THOR
-from helpers import random_routing, write_hand_trace
+from conftest import tiny_shape
 
 from chipsim.sim.metrics import per_token_energy_pj, summarize
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, EnergyTable
 from chipsim.hw.paths import fetch_path_timing
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-moe-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-    routed = random_routing(TINY, 6, seed=3)
-    trace = write_hand_trace(tmp_path / "tiny.npz", TINY, routed)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(
-        f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-        "expert_buffer:\n  capacity_mib: 4\n"
-    )
-    return str(cfg), routed
+TINY = tiny_shape()
 
 
 def test_no_prefetch_token_latency_equals_the_hand_sum(tiny):
-    cfg, routed = tiny
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
     prep = prepare(cfg, policy_specs=["no-prefetch"])
     wl, hw = prep.workload, prep.config.hw
     path = fetch_path_timing(hw)
@@ -56,7 +38,8 @@ def test_no_prefetch_token_latency_equals_the_hand_sum(tiny):
 
 
 def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
-    cfg, routed = tiny
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
     prep = prepare(cfg, policy_specs=["no-prefetch", "static-3"])
     table = EnergyTable.from_config(prep.config.hw)
     for policy in prep.policies:
@@ -83,7 +66,7 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
 
 
 def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
-    cfg, _ = tiny
+    cfg = tiny.config()
     for bw in (8, 118):  # a slow link (the link binds) and thor's
         prep = prepare(cfg, overrides=[f"links.pcie.bandwidth_gbps={bw}"],
                        policy_specs=["no-prefetch", "static-3", "oracle"])
@@ -99,7 +82,7 @@ def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
 
 
 def test_no_expert_is_computed_before_its_bytes_arrive_and_the_buffer_never_overflows(tiny):
-    cfg, _ = tiny
+    cfg = tiny.config()
     prep = prepare(cfg, policy_specs=["static-4"])
     from chipsim.sim.engine import Simulation
 
@@ -121,7 +104,7 @@ def test_no_expert_is_computed_before_its_bytes_arrive_and_the_buffer_never_over
 def test_same_run_twice_gives_byte_identical_json(tmp_path, thor_path, tiny):
     from chipsim.cli import main
 
-    cfg, _ = tiny
+    cfg = tiny.config()
     outs = []
     for i in range(2):
         out = tmp_path / f"out{i}"
@@ -132,7 +115,7 @@ def test_same_run_twice_gives_byte_identical_json(tmp_path, thor_path, tiny):
 
 
 def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
-    cfg, _ = tiny
+    cfg = tiny.config()
     latencies = []
     for gbps in (8, 16, 32, 64, 118, 256, 512):
         prep = prepare(cfg, [f"links.pcie.bandwidth_gbps={gbps}"], ["no-prefetch"])
@@ -142,7 +125,7 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
 
 
 def test_oracle_is_never_slower_than_no_prefetch_or_static(tiny):
-    cfg, _ = tiny
+    cfg = tiny.config()
     prep = prepare(cfg, policy_specs=["no-prefetch", "oracle", "oracle:lookahead=0", "static-0", "static-2"])
     lat = {p.label: simulate(prep, p).per_token.latency_ps for p in prep.policies}
     for other in ("no-prefetch", "static-0", "static-2", "oracle:lookahead=0"):
@@ -153,21 +136,18 @@ def test_oracle_is_never_slower_than_no_prefetch_or_static(tiny):
 
 
 def test_static_zero_with_a_perfect_ranking_is_exactly_the_apex_timed_oracle(tiny):
-    cfg, _ = tiny  # the hand trace's APEX ranking puts the routed experts first
+    cfg = tiny.config()  # the hand trace's APEX ranking puts the routed experts first
     prep = prepare(cfg, policy_specs=["oracle:lookahead=0", "static-0"])
     a, b = (simulate(prep, p) for p in prep.policies)
     assert (a.per_token.latency_ps == b.per_token.latency_ps).all()
     assert (a.per_token.bytes["pcie"] == b.per_token.bytes["pcie"]).all()
 
 
-def test_a_wrong_ranking_makes_static_fetch_on_demand(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
+def test_a_wrong_ranking_makes_static_fetch_on_demand(tiny):
     routed = np.array([[[0, 1]] * 3] * 4, dtype=np.uint8)
     wrong = np.array([[[7, 6, 5, 4, 3, 2, 1, 0]] * 3] * 4, dtype=np.uint8)  # routed experts ranked last
-    trace = write_hand_trace(tmp_path / "w.npz", TINY, routed, apex_rank=wrong)
-    cfg = tmp_path / "w.yaml"
-    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n")
-    prep = prepare(str(cfg), policy_specs=["static-2", "no-prefetch"])
+    cfg = tiny.config(routed, apex_rank=wrong, extra_yaml="")
+    prep = prepare(cfg, policy_specs=["static-2", "no-prefetch"])
     table = EnergyTable.from_config(prep.config.hw)
     static, none = (summarize(simulate(prep, p), table, 2) for p in prep.policies)
     assert static["overlap"] == 0.0 and static["demand_fetches_per_token"] == 2 * 3
@@ -175,19 +155,15 @@ def test_a_wrong_ranking_makes_static_fetch_on_demand(tmp_path, monkeypatch):
     assert static["latency_ms_per_token"] >= none["latency_ms_per_token"]
 
 
-def test_a_buffer_of_exactly_top_k_slots_still_completes_with_prefetches_for_other_layers(tmp_path, monkeypatch):
+def test_a_buffer_of_exactly_top_k_slots_still_completes_with_prefetches_for_other_layers(tiny):
     """Prefetches for the next layer fill the buffer; demand fetches must evict or wait, never deadlock."""
     from chipsim.policies.base import Policy
     from chipsim.sim.engine import Simulation
 
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-    routed = random_routing(TINY, 5, seed=9)
-    trace = write_hand_trace(tmp_path / "t.npz", TINY, routed)
-    cfg = tmp_path / "t.yaml"
+    routed = tiny.routing(5, seed=9)
     # two experts of 196,608 bytes each: 0.4 MiB holds exactly top-k = 2
-    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                   "expert_buffer:\n  capacity_mib: 0.4\n")
-    prep = prepare(str(cfg), policy_specs=["no-prefetch"])
+    cfg = tiny.config(routed, extra_yaml="expert_buffer:\n  capacity_mib: 0.4\n")
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
     assert prep.workload.buffer_slots == 2
 
     class NextLayerGreedy(Policy):
@@ -219,7 +195,8 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
         def on_route(self, ctx, t, layer, routed):
             return LayerPlan(execute=[], on_host=list(routed))
 
-    cfg, routed = tiny
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
     prep = prepare(cfg, policy_specs=["no-prefetch"])
     hw, wl = prep.config.hw, prep.workload
     cpu = hw.host_cpu
@@ -242,7 +219,8 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
 
 def test_static_with_complete_unpicked_moves_every_prefetched_byte(tiny):
     """The APEX paper's accounting of static k+N: all k+N experts cross PCIe, picked or not."""
-    cfg, routed = tiny
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
     prep = prepare(cfg, policy_specs=["static-3", "static-3:complete_unpicked=true"])
     stopped, completed = (simulate(prep, p) for p in prep.policies)
     T, L, k = routed.shape

@@ -6,37 +6,19 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing, run_policies_recording_plans, write_trace_and_config
+from conftest import ROOT, THOR, tiny_shape
+from helpers import random_routing, run_policies_recording_plans
 
 from chipsim.errors import InputError
 from chipsim.policies.base import LayerPlan, make_policy
 from chipsim.runner import prepare, simulate
 from chipsim.trace import format as tf
 from chipsim.trace import predictor_arrays as pa
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-apex-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY = tiny_shape()
 N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
 # θ_δ = 0, 5/6, …, 5 for δ = 0..6 with wᵀx = 0: δ̂(τ) = min{δ : θ_δ ≥ logit τ}
 RAMP = np.tile(np.linspace(0.0, 5.0, N - K + 1, dtype=np.float32), (L, 1))
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-
-    def make(routed, name="t", edit=None, **kw):
-        arrays, meta = hand_trace_arrays(TINY, routed, **kw)
-        if edit:
-            edit(arrays, meta)
-        return write_trace_and_config(tmp_path, TINY, arrays, meta, name)
-
-    return make
 
 
 def shuffled_ranks(tokens, seed):
@@ -50,7 +32,7 @@ def run(cfg, specs, overrides=(), record_plans=False):
 
 def test_apex_whose_cdf_always_answers_zero_is_exactly_static_0(tiny):
     routed = random_routing(TINY, 6, seed=3)
-    cfg = tiny(routed, apex_rank=shuffled_ranks(6, 1), apex_theta=np.full((L, N - K + 1), 50.0, np.float32))
+    cfg = tiny.config(routed, apex_rank=shuffled_ranks(6, 1), apex_theta=np.full((L, N - K + 1), 50.0, np.float32))
     res = run(cfg, ["apex", "static-0"])
     apex, static = res["apex"], res["static-0"]
     assert apex.extra["mean_delta_hat"] == 0.0
@@ -64,7 +46,7 @@ def test_apex_whose_cdf_always_answers_zero_is_exactly_static_0(tiny):
 
 def test_delta_hat_grows_with_tau_and_sets_the_prefetch_budget(tiny):
     routed = random_routing(TINY, 5, seed=4)
-    cfg = tiny(routed, apex_rank=shuffled_ranks(5, 2), apex_theta=RAMP)
+    cfg = tiny.config(routed, apex_rank=shuffled_ranks(5, 2), apex_theta=RAMP)
     res = run(cfg, ["apex:tau=0.6", "apex:tau=0.9", "apex:tau=0.97", "apex:tau=0.97,max_extra=2"])
     expected = {"apex:tau=0.6": 1, "apex:tau=0.9": 3, "apex:tau=0.97": 5, "apex:tau=0.97,max_extra=2": 2}
     for label, delta in expected.items():
@@ -87,7 +69,7 @@ def test_delta_hat_matches_the_cdf_per_token(tiny):
     def edit(arrays, meta):
         arrays["apex_score"] = scores
 
-    cfg = tiny(routed, edit=edit, apex_theta=RAMP)
+    cfg = tiny.config(routed, edit=edit, apex_theta=RAMP)
     prep = prepare(cfg, [], ["apex:tau=0.8"])
     policy = prep.policies[0]
     simulate(prep, policy)
@@ -106,7 +88,7 @@ def test_tau_outside_the_open_unit_interval_is_rejected(spec):
 
 def test_apex_sf_never_fetches_on_demand_and_waits_only_for_prefetches_in_flight(tiny):
     routed = random_routing(TINY, 8, seed=6)
-    cfg = tiny(routed, apex_rank=shuffled_ranks(8, 7), apex_theta=RAMP)
+    cfg = tiny.config(routed, apex_rank=shuffled_ranks(8, 7), apex_theta=RAMP)
     res = run(cfg, ["apex:tau=0.75", "apex-sf:tau=0.75"], record_plans=True)
     (apex, _), (sf, plans) = res["apex:tau=0.75"], res["apex-sf:tau=0.75"]
     assert (apex.per_layer.demand_fetches > 0).any()
@@ -127,7 +109,7 @@ def test_apex_sf_does_not_stall_at_all_when_prefetches_land_during_attention(tin
     """A long context makes attention longer than fetching the whole top-(k+δ̂): apex still waits for its
     demand-fetched misses, apex-sf never waits."""
     routed = random_routing(TINY, 6, seed=8)
-    cfg = tiny(routed, apex_rank=shuffled_ranks(6, 9), apex_theta=RAMP)
+    cfg = tiny.config(routed, apex_rank=shuffled_ranks(6, 9), apex_theta=RAMP)
     res = run(cfg, ["apex", "apex-sf"], ["workload.context_length=65536"])
     apex, sf = res["apex"], res["apex-sf"]
     assert (apex.per_layer.demand_fetches > 0).any() and apex.per_token.stall_ps.sum() > 0
@@ -146,7 +128,7 @@ def test_substitutes_are_the_prefetched_experts_the_router_ranks_highest(tiny):
         # original router: 1, 0, then 6 above 5 above 2
         arrays["router_rank"][:] = np.array([1, 0, 6, 3, 5, 2, 4, 7], dtype=np.uint8)
 
-    cfg = tiny(routed, edit=edit, apex_rank=apex_rank, apex_theta=RAMP)
+    cfg = tiny.config(routed, edit=edit, apex_rank=apex_rank, apex_theta=RAMP)
     res = run(cfg, ["apex-sf:tau=0.6"], record_plans=True)  # δ̂ = 1 everywhere
     result, plans = res["apex-sf:tau=0.6"]
     want = {0: ([0, 6], 1), 1: ([0, 6], 1), 2: ([6, 5], 2)}
@@ -198,12 +180,12 @@ def test_apex_sf_drops_a_routed_expert_when_the_prefetched_pool_runs_out():
 
 def test_apex_sf_quality_cost_is_read_from_the_trace_or_reported_missing(tiny):
     routed = random_routing(TINY, 2, seed=1)
-    plain = tiny(routed, name="plain")
+    plain = tiny.config(routed, name="plain")
 
     def with_quality(arrays, meta):  # a hand-made record (test fixture, not a measurement)
         meta["quality"] = {"apex_sf": {"0.9": {"ppl_base": 7.0, "ppl": 7.1}}}
 
-    measured = tiny(routed, name="measured", edit=with_quality)
+    measured = tiny.config(routed, name="measured", edit=with_quality)
     r = run(plain, ["apex-sf"])["apex-sf"].extra
     assert r["quality_cost"] is None and "no meta['quality']" in r["quality_source"]
     r = run(measured, ["apex-sf", "apex-sf:tau=0.75"])

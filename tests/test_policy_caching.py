@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, THOR
+from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing, write_hand_trace
 
 from chipsim.errors import InputError
@@ -13,14 +13,12 @@ from chipsim.policies.caching import AdapMoE
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
-from chipsim.workload.models import MODELS, ModelShape
+from chipsim.workload.models import MODELS
 
-_SHAPE = dict(hf_architecture="GraniteMoeForCausalLM", hidden_size=256, expert_ffn=128, vocab_size=1000,
-              tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64)
 # one expert = 3 × 256 × 128 × 2 B = 196,608 B = 0.1875 MiB: 0.4 MiB holds 2 experts, 4 MiB holds 21
-ONE_LAYER = ModelShape(name="tiny-cache-1l", num_layers=1, num_experts=8, top_k=1, **_SHAPE)
-THREE_LAYERS = ModelShape(name="tiny-cache-3l", num_layers=3, num_experts=8, top_k=2, **_SHAPE)
-TOP4 = ModelShape(name="tiny-cache-top4", num_layers=2, num_experts=8, top_k=4, **_SHAPE)
+ONE_LAYER = tiny_shape(1, top_k=1)
+THREE_LAYERS = tiny_shape(3)
+TOP4 = tiny_shape(2, top_k=4)
 
 
 @pytest.fixture(autouse=True)

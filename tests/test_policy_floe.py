@@ -4,39 +4,19 @@ inter-expert predictor prefetching one layer ahead, per-layer staging; beats no-
 import os
 
 import numpy as np
-import pytest
-from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing, write_trace_and_config
+from conftest import ROOT, THOR, tiny_shape
+from helpers import random_routing
 
 from chipsim.runner import prepare, simulate
 from chipsim.trace import format as tf
 from chipsim.units import transfer_ps, gbps_to_bytes_per_s
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-floe-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=4, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY_LAYERS = 4
+TINY = tiny_shape(TINY_LAYERS)
 N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
 M = min(N, 2 * K)
 EXPERT_BYTES = 3 * 256 * 128 * 2  # 196,608 BF16 bytes
 COMPRESSED = -(-EXPERT_BYTES * 10 // 93)  # ⌈196,608 / 9.3⌉ = 21,141
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-
-    def make(routed, floe_rank=None, quality=None, name="t"):
-        arrays, meta = hand_trace_arrays(TINY, routed)
-        if floe_rank is not None:
-            arrays["floe_rank"] = floe_rank.astype(np.uint8)
-        if quality is not None:
-            meta["quality"] = quality
-        return write_trace_and_config(tmp_path, TINY, arrays, meta, name)
-
-    return make
 
 
 def predictor(routed, correct=True, seed=0):
@@ -55,7 +35,7 @@ def predictor(routed, correct=True, seed=0):
 
 def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_bytes(tiny):
     routed = random_routing(TINY, 5, seed=1)
-    cfg = tiny(routed, predictor(routed))
+    cfg = tiny.config(routed, arrays={"floe_rank": predictor(routed)})
     prep = prepare(cfg, [], ["floe", "no-prefetch"])
     floe, none = prep.policies
     fmt = floe.expert_format(prep.workload, prep.config.hw)
@@ -83,7 +63,7 @@ def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_byte
 def test_floe_beats_no_prefetch_even_with_a_wrong_predictor(tiny):
     routed = random_routing(TINY, 6, seed=2)
     for correct in (True, False):
-        cfg = tiny(routed, predictor(routed, correct=correct), name=f"p{correct}")
+        cfg = tiny.config(routed, arrays={"floe_rank": predictor(routed, correct=correct)}, name=f"p{correct}")
         prep = prepare(cfg, [], ["floe", "no-prefetch", "floe:compression=1"])
         floe, none, uncompressed = (simulate(prep, p) for p in prep.policies)
         assert floe.per_token.latency_ps.mean() < none.per_token.latency_ps.mean()
@@ -96,7 +76,7 @@ def test_floe_beats_no_prefetch_even_with_a_wrong_predictor(tiny):
 
 def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
     routed = random_routing(TINY, 4, seed=3)
-    cfg = tiny(routed, predictor(routed))
+    cfg = tiny.config(routed, arrays={"floe_rank": predictor(routed)})
     prep = prepare(cfg, [], ["floe"])
     from chipsim.sim.engine import Simulation
 
@@ -118,11 +98,11 @@ def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
 
 def test_quality_is_reported_from_the_trace_or_said_to_be_unmeasured(tiny):
     routed = random_routing(TINY, 2, seed=4)
-    prep = prepare(tiny(routed, name="a"), [], ["floe"])
+    prep = prepare(tiny.config(routed, name="a"), [], ["floe"])
     extra = simulate(prep, prep.policies[0]).extra
     assert extra["quality_cost"] is None and extra["quality_source"].startswith("not measured")
     quality = {"floe": {"ppl_base": 6.0, "ppl": 6.4}}
-    prep = prepare(tiny(routed, quality=quality, name="b"), [], ["floe"])
+    prep = prepare(tiny.config(routed, meta={"quality": quality}, name="b"), [], ["floe"])
     assert simulate(prep, prep.policies[0]).extra["quality_cost"] == quality["floe"]
 
 

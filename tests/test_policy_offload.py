@@ -5,42 +5,28 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing
+from conftest import ROOT, tiny_shape
 
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.engine import Simulation
-from chipsim.trace import format as tf
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-fiddler-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=4, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY_LAYERS = 4
+TINY = tiny_shape(TINY_LAYERS)
 N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
 EXPERT_BYTES = 3 * 256 * 128 * 2
 
 
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-    routed = random_routing(TINY, 12, seed=7)
-    arrays, meta = hand_trace_arrays(TINY, routed)
-    counts = np.arange(L * N, dtype=np.int64)[::-1].reshape(L, N).copy()  # layer 0 expert 0 most used ...
-    counts[2, 5] = 10_000  # ... except this one, the most used of all
-    counts[3, 7] = 10_000  # a tie with it: broken by layer, then expert id
-    arrays["train_expert_counts"] = counts
-    trace = tmp_path / "t.npz"
-    tf.save(trace, arrays, meta)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                   "expert_buffer:\n  capacity_mib: 4\n")
-    return str(cfg), routed
+def placement_counts() -> np.ndarray:
+    """Training-split counts: layer 0 expert 0 most used, then down the ids, except two tied favourites."""
+    counts = np.arange(L * N, dtype=np.int64)[::-1].reshape(L, N).copy()
+    counts[2, 5] = 10_000  # the most used of all ...
+    counts[3, 7] = 10_000  # ... tied with this one: broken by layer, then expert id
+    return counts
 
 
 def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
-    cfg, routed = tiny
+    routed = tiny.routing(12, seed=7)
+    cfg = tiny.config(routed, arrays={"train_expert_counts": placement_counts()})
     prep = prepare(cfg, [], ["fiddler:slots=5"])
     policy = prep.policies[0]
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy)
@@ -59,7 +45,8 @@ def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
 
 
 def test_misses_all_run_on_the_host_and_after_warmup_only_activations_cross_pcie(tiny):
-    cfg, routed = tiny
+    routed = tiny.routing(12, seed=7)
+    cfg = tiny.config(routed, arrays={"train_expert_counts": placement_counts()})
     prep = prepare(cfg, [], ["fiddler:slots=5,warmup=2"])
     policy = prep.policies[0]
     result = simulate(prep, policy)

@@ -5,38 +5,16 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, THOR
-from helpers import hand_trace_arrays, random_routing, run_policies_recording_plans
+from conftest import ROOT, THOR, tiny_shape
+from helpers import random_routing, run_policies_recording_plans
 
 from chipsim.errors import InputError
 from chipsim.policies.base import make_policy
 from chipsim.trace import format as tf
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-pregated-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY = tiny_shape()
 N, K, L = TINY.num_experts, TINY.top_k, TINY.num_moe_layers
 M = min(N, 2 * K)
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-
-    def make(routed, pregate):
-        arrays, meta = hand_trace_arrays(TINY, routed)
-        arrays["pregate_rank"] = pregate.astype(np.uint8)
-        trace = tmp_path / "p.npz"
-        tf.save(trace, arrays, meta)
-        cfg = tmp_path / "p.yaml"
-        cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                       "expert_buffer:\n  capacity_mib: 4\n")
-        return str(cfg)
-
-    return make
 
 
 def run(cfg, specs, overrides=()):
@@ -51,7 +29,8 @@ def hand_case(T=4):
 
 def test_pregated_executes_the_pregate_set_and_counts_deviations_exactly(tiny):
     T = 4
-    cfg = tiny(*hand_case(T))
+    routed, pregate = hand_case(T)
+    cfg = tiny.config(routed, arrays={"pregate_rank": pregate})
     result, plans = run(cfg, ["pregated"])["pregated"]
     want = {0: ([0, 1], 0), 1: ([0, 2], 1), 2: ([3, 4], 2)}  # layer 0 runs its router's choice
     assert len(plans) == T * L
@@ -80,7 +59,7 @@ def test_lookahead_stages_the_next_layer_during_this_one_and_keeps_it_past_this_
     rng = np.random.default_rng(12)
     pregate = np.array([[rng.permutation(N)[:M] for _ in range(L)] for _ in range(T)], dtype=np.uint8)
     pregate[:, 0] = 255
-    cfg = tiny(routed, pregate)
+    cfg = tiny.config(routed, arrays={"pregate_rank": pregate})
     res = run(cfg, ["pregated", "pregated:lookahead=0"])
     (ahead, _), (late, _) = res["pregated"], res["pregated:lookahead=0"]
     for r in (ahead, late):

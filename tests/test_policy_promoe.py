@@ -3,26 +3,16 @@ or per-layer staging; defining behaviours on hand-made traces, then the bundled 
 
 import numpy as np
 import pytest
-from conftest import THOR
-from helpers import hand_trace_arrays, random_routing, write_trace_and_config
+from conftest import THOR, tiny_shape
+from helpers import random_routing
 
 from chipsim.errors import InputError
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-promoe-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY = tiny_shape()
 T = 8
-
-
-@pytest.fixture(autouse=True)
-def _model(monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
 
 
 def _prediction(routed, quality):
@@ -39,12 +29,9 @@ def _prediction(routed, quality):
     return rank
 
 
-def _config(tmp_path, routed, quality=None, name="p", capacity_mib=4):
-    arrays, meta = hand_trace_arrays(TINY, routed)
-    if quality:
-        arrays["promoe_rank"] = _prediction(routed, quality)
-    return write_trace_and_config(tmp_path, TINY, arrays, meta, name=name,
-                                  extra_yaml=f"expert_buffer:\n  capacity_mib: {capacity_mib}\n")
+def _config(tiny, routed, quality=None, name="p", capacity_mib=4):
+    return tiny.config(routed, name=name, arrays={"promoe_rank": _prediction(routed, quality)} if quality else None,
+                       extra_yaml=f"expert_buffer:\n  capacity_mib: {capacity_mib}\n")
 
 
 def _runs(cfg, specs, record_events=False):
@@ -56,9 +43,9 @@ def _runs(cfg, specs, record_events=False):
     return prep, out
 
 
-def test_every_expert_moves_as_a_chain_of_three_descriptors_gate_up_down(tmp_path):
+def test_every_expert_moves_as_a_chain_of_three_descriptors_gate_up_down(tiny):
     routed = random_routing(TINY, T, seed=3)
-    cfg = _config(tmp_path, routed)  # no predictions: every expert is a demand fetch
+    cfg = _config(tiny, routed)  # no predictions: every expert is a demand fetch
     prep = prepare(cfg, policy_specs=["promoe:cache=false", "no-prefetch"])
     wl = prep.workload
     promoe, plain = prep.policies
@@ -77,9 +64,9 @@ def test_every_expert_moves_as_a_chain_of_three_descriptors_gate_up_down(tmp_pat
         assert len(names) == routed.size
 
 
-def test_the_next_layer_is_prefetched_at_routing_from_the_previous_layers_prediction(tmp_path):
+def test_the_next_layer_is_prefetched_at_routing_from_the_previous_layers_prediction(tiny):
     routed = random_routing(TINY, T, seed=3)
-    cfg = _config(tmp_path, routed, "perfect")
+    cfg = _config(tiny, routed, "perfect")
     _, runs = _runs(cfg, ["promoe:cache=false"], record_events=True)
     result, row = runs["promoe:cache=false"]
     # layer 0 has no prediction: demand-fetched; layers 1 and 2 were staged from the layer before
@@ -101,13 +88,13 @@ def test_the_next_layer_is_prefetched_at_routing_from_the_previous_layers_predic
 
 
 @pytest.mark.parametrize("quality", ["perfect", "half", "wrong"])
-def test_oracle_is_never_slower_than_promoe_without_cache_on_hand_traces(tmp_path, quality):
+def test_oracle_is_never_slower_than_promoe_without_cache_on_hand_traces(tiny, quality):
     """On this tiny link-bound model the oracle (layer l's routed set prefetched at layer l's start, layer 0
     included) beats ProMoE's per-layer staging whatever its predictor's quality, token by token. Not a
     theorem: ProMoE's prefetch starts a whole layer earlier (at the previous layer's routing), and with a
     good predictor on a link-bound Granite-3B config that longer lead can beat this oracle."""
     routed = random_routing(TINY, T, seed=3)
-    cfg = _config(tmp_path, routed, quality)
+    cfg = _config(tiny, routed, quality)
     _, runs = _runs(cfg, ["oracle", "promoe:cache=false", "no-prefetch"])
     oracle = runs["oracle"][0].per_token.latency_ps
     promoe = runs["promoe:cache=false"][0].per_token.latency_ps
@@ -117,11 +104,11 @@ def test_oracle_is_never_slower_than_promoe_without_cache_on_hand_traces(tmp_pat
         assert runs["promoe:cache=false"][1]["prediction_recall"] == 0.0
 
 
-def test_a_better_predictor_is_never_slower_and_misses_are_fetched_on_demand(tmp_path):
+def test_a_better_predictor_is_never_slower_and_misses_are_fetched_on_demand(tiny):
     routed = random_routing(TINY, T, seed=3)
     means = {}
     for quality in ("perfect", "half", "wrong"):
-        cfg = _config(tmp_path, routed, quality, name=quality)
+        cfg = _config(tiny, routed, quality, name=quality)
         _, runs = _runs(cfg, ["promoe:cache=false"])
         result, row = runs["promoe:cache=false"]
         means[quality] = result.per_token.latency_ps.mean()
@@ -132,9 +119,9 @@ def test_a_better_predictor_is_never_slower_and_misses_are_fetched_on_demand(tmp
     assert means["perfect"] <= means["half"] <= means["wrong"]
 
 
-def test_no_cache_by_slots_minus_one_or_cache_false_is_the_same_per_layer_staging(tmp_path):
+def test_no_cache_by_slots_minus_one_or_cache_false_is_the_same_per_layer_staging(tiny):
     routed = random_routing(TINY, T, seed=3)
-    cfg = _config(tmp_path, routed, "half")
+    cfg = _config(tiny, routed, "half")
     _, runs = _runs(cfg, ["promoe:cache=false", "promoe:slots=-1", "promoe"])
     a, b = runs["promoe:cache=false"], runs["promoe:slots=-1"]
     assert (a[0].per_token.latency_ps == b[0].per_token.latency_ps).all() and a[0].counts.fetches_total == b[0].counts.fetches_total
@@ -147,9 +134,9 @@ def test_no_cache_by_slots_minus_one_or_cache_false_is_the_same_per_layer_stagin
         prepare(cfg, policy_specs=["promoe:cache=1"])
 
 
-def test_the_lru_cache_serves_a_repeated_pattern_without_any_fetch_after_warm_up(tmp_path):
+def test_the_lru_cache_serves_a_repeated_pattern_without_any_fetch_after_warm_up(tiny):
     routed = np.array([[[0, 1], [2, 3], [4, 5]]] * T, dtype=np.uint8)
-    cfg = _config(tmp_path, routed, "perfect")
+    cfg = _config(tiny, routed, "perfect")
     _, runs = _runs(cfg, ["promoe:warmup=1", "promoe:cache=false"])
     result, row = runs["promoe:warmup=1"]
     assert result.counts.fetches_total == 6  # token 0 only: layer 0 on demand, layers 1-2 prefetched
@@ -161,9 +148,9 @@ def test_the_lru_cache_serves_a_repeated_pattern_without_any_fetch_after_warm_up
     assert (result.per_token.latency_ps[1:] < staged.per_token.latency_ps[1:]).all()
 
 
-def test_the_cache_never_holds_more_than_its_slots_and_keeps_predicted_experts(tmp_path):
+def test_the_cache_never_holds_more_than_its_slots_and_keeps_predicted_experts(tiny):
     routed = random_routing(TINY, 12, seed=8)
-    cfg = _config(tmp_path, routed, "half")
+    cfg = _config(tiny, routed, "half")
     prep = prepare(cfg, policy_specs=["promoe:slots=4,warmup=0"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
     result = sim.run()
@@ -187,10 +174,10 @@ def test_promoe_completes_on_the_default_trace_and_reports_its_warm_up_apart():
 
 
 @pytest.mark.parametrize("spec", ["promoe", "promoe:cache=false", "promoe:slots=2"])
-def test_a_buffer_of_exactly_top_k_slots_completes_and_never_evicts_the_running_layer(tmp_path, spec):
+def test_a_buffer_of_exactly_top_k_slots_completes_and_never_evicts_the_running_layer(tiny, spec):
     """With room for one layer only, next-layer prefetches must not take the running layer's experts."""
     routed = random_routing(TINY, T, seed=9)
-    cfg = _config(tmp_path, routed, "half", capacity_mib=0.4)  # two experts = top-k
+    cfg = _config(tiny, routed, "half", capacity_mib=0.4)  # two experts = top-k
     prep = prepare(cfg, policy_specs=[spec])
     assert prep.workload.buffer_slots == 2
     result = simulate(prep, prep.policies[0])

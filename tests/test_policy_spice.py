@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, THOR
+from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing, write_trace_and_config
 
 from chipsim.errors import InputError
@@ -17,19 +17,10 @@ from chipsim.hw.paths import fetch_path_timing
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
-from chipsim.workload.models import MODELS, ModelShape
+from chipsim.workload.models import MODELS
 
-PLAIN = ModelShape(
-    name="tiny-spice-plain", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=10, hidden_size=256, num_experts=16, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
-SHARED = ModelShape(
-    name="tiny-spice-shared", hf_architecture="Qwen2MoeForCausalLM",
-    num_layers=10, hidden_size=256, num_experts=16, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-    num_shared_experts=1, shared_expert_ffn=128,
-)
+PLAIN = tiny_shape(10, num_experts=16)
+SHARED = tiny_shape(10, num_experts=16, num_shared_experts=1)
 N, K, L = PLAIN.num_experts, PLAIN.top_k, PLAIN.num_moe_layers
 D = tf.DRAFT_DEPTH
 EXPERT_BYTES = 3 * 256 * 128 * 2  # BF16 gate, up, down

@@ -6,8 +6,7 @@ import os
 from collections import defaultdict
 
 import pytest
-from conftest import THOR
-from helpers import random_routing, write_hand_trace
+from conftest import tiny_shape
 
 from chipsim.analysis.timeline import ARRAYS, DMA0, LANE_STRIDE, build_trace, dumps
 from chipsim.cli import main
@@ -15,26 +14,10 @@ from chipsim.runner import prepare, simulate
 from chipsim.hw.paths import fetch_path_timing
 from chipsim.sim.engine import Simulation
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
-from chipsim.workload.models import MODELS, ModelShape
 
-TINY = ModelShape(
-    name="tiny-timeline-test", hf_architecture="GraniteMoeForCausalLM",
-    num_layers=3, hidden_size=256, num_experts=8, top_k=2, expert_ffn=128, vocab_size=1000,
-    tie_embeddings=True, attention="gqa", num_heads=4, num_kv_heads=2, head_dim=64,
-)
+TINY = tiny_shape()
 TOKENS = 6
 POLICIES = ["no-prefetch", "static-3", "oracle", "promoe", "apex"]
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    monkeypatch.setitem(MODELS, TINY.name, TINY)
-    routed = random_routing(TINY, TOKENS, seed=3)
-    trace = write_hand_trace(tmp_path / "tiny.npz", TINY, routed)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {TINY.name}\nworkload:\n  trace: {trace}\n"
-                   "expert_buffer:\n  capacity_mib: 4\n")
-    return str(cfg)
 
 
 def ns(us: float) -> int:
@@ -59,8 +42,9 @@ def x_events(doc, **match):
 
 # --------------------------------------------------------------------------------------------- the format
 def test_the_file_is_trace_event_json_with_named_processes_and_lanes(tiny, tmp_path, capsys):
+    cfg = tiny.config()
     path = tmp_path / "t.json"
-    args = [tiny, "--timeline", str(path), "--timeline-tokens", "0", "--jobs", "1"]
+    args = [cfg, "--timeline", str(path), "--timeline-tokens", "0", "--jobs", "1"]
     for p in POLICIES:
         args += ["--policy", p]
     assert run_cli(capsys, *args)[0] == 0
@@ -112,7 +96,8 @@ def test_the_file_is_trace_event_json_with_named_processes_and_lanes(tiny, tmp_p
 
 # --------------------------------------------------------------------------------------------- the numbers
 def test_the_first_fetches_match_the_hand_arithmetic(tiny, tmp_path):
-    prep = prepare(tiny, policy_specs=["no-prefetch"])
+    cfg = tiny.config()
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
     wl, hw = prep.workload, prep.config.hw
     bandwidth = gbps_to_bytes_per_s(fetch_path_timing(hw).bandwidth_gbps)
     pre = wl.layers[0].attention.duration_ps + wl.layers[0].router.duration_ps
@@ -152,7 +137,8 @@ def _tiny_runs(cfg, specs=POLICIES, record_tokens=0):
 
 
 def test_dma_engine_spans_never_overlap_and_account_for_every_landing(tiny):
-    prep, runs = _tiny_runs(tiny)
+    cfg = tiny.config()
+    prep, runs = _tiny_runs(cfg)
     latency = ns_to_ps(fetch_path_timing(prep.config.hw).latency_ns)
     engines = prep.config.hw.dma.engines
     for policy, result in runs:
@@ -182,7 +168,8 @@ def test_dma_engine_spans_never_overlap_and_account_for_every_landing(tiny):
 
 
 def test_stall_spans_sum_to_the_engines_stall_per_token(tiny):
-    prep, runs = _tiny_runs(tiny)
+    cfg = tiny.config()
+    prep, runs = _tiny_runs(cfg)
     trace = build_trace([r.timeline.run_data(p.label) for p, r in runs])
     for pid, (policy, result) in enumerate(runs, start=1):
         # exactly, in picoseconds, from the recorded spans
@@ -205,6 +192,7 @@ def test_stall_spans_sum_to_the_engines_stall_per_token(tiny):
 
 
 def test_host_cpu_experts_and_the_arrays_wait_for_them_are_on_their_lanes(tiny):
+    cfg = tiny.config()
     from chipsim.policies.base import LayerPlan, Policy
 
     class AllOnHost(Policy):
@@ -213,7 +201,7 @@ def test_host_cpu_experts_and_the_arrays_wait_for_them_are_on_their_lanes(tiny):
         def on_route(self, ctx, t, layer, routed):
             return LayerPlan(execute=[], on_host=list(routed))
 
-    prep = prepare(tiny, policy_specs=["no-prefetch"])
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
     result = Simulation(prep.config.hw, prep.workload, prep.trace, AllOnHost("host"), record_events=True).run()
     doc = build_trace([result.timeline.run_data("host")])
     host = x_events(doc, cat="host-cpu")
@@ -229,27 +217,29 @@ def test_host_cpu_experts_and_the_arrays_wait_for_them_are_on_their_lanes(tiny):
 
 # --------------------------------------------------------------------------------------------- the command
 def test_same_run_gives_identical_files_and_the_same_results_as_without_a_timeline(tiny, tmp_path, capsys):
+    cfg = tiny.config()
     specs = ["--policy", "no-prefetch", "--policy", "static-3", "--policy", "oracle"]
     outs, files = [], []
     for i, jobs in enumerate(("1", "2")):  # in this process and in worker processes
         path = tmp_path / f"t{i}.json"
-        code, out, _ = run_cli(capsys, tiny, *specs, "--json", "--jobs", jobs, "--timeline", str(path))
+        code, out, _ = run_cli(capsys, cfg, *specs, "--json", "--jobs", jobs, "--timeline", str(path))
         assert code == 0
         outs.append(out)
         files.append(path.read_bytes())
-    code, plain, _ = run_cli(capsys, tiny, *specs, "--json", "--jobs", "1")
+    code, plain, _ = run_cli(capsys, cfg, *specs, "--json", "--jobs", "1")
     assert code == 0
     assert files[0] == files[1]
     assert outs[0] == outs[1] == plain
-    code, table_with, _ = run_cli(capsys, tiny, *specs, "--jobs", "1", "--timeline", str(tmp_path / "t2.json"))
-    code, table_without, _ = run_cli(capsys, tiny, *specs, "--jobs", "1")
+    code, table_with, _ = run_cli(capsys, cfg, *specs, "--jobs", "1", "--timeline", str(tmp_path / "t2.json"))
+    code, table_without, _ = run_cli(capsys, cfg, *specs, "--jobs", "1")
     assert table_with == table_without
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
 def test_timeline_tokens_limits_what_is_recorded(tiny, tmp_path, capsys):
+    cfg = tiny.config()
     path = tmp_path / "t.json"
-    assert run_cli(capsys, tiny, "--policy", "oracle", "--policy", "static-3", "--jobs", "1",
+    assert run_cli(capsys, cfg, "--policy", "oracle", "--policy", "static-3", "--jobs", "1",
                    "--timeline", str(path), "--timeline-tokens", "2")[0] == 0
     doc = load(path)
     assert doc["otherData"]["timeline_tokens"] == 2
@@ -261,7 +251,7 @@ def test_timeline_tokens_limits_what_is_recorded(tiny, tmp_path, capsys):
         assert all(ns(e["ts"]) + ns(e["dur"]) <= end for e in spans if e["tid"] % LANE_STRIDE == ARRAYS)
         assert all(ns(e["ts"]) <= end for e in spans)  # DMA spans issued by then finish, nothing after starts
     # recording stops for good: the DMA path drops its recorder once the last recorded transfer is done
-    prep = prepare(tiny, policy_specs=["static-3"])
+    prep = prepare(cfg, policy_specs=["static-3"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0], record_events=True,
                      record_tokens=1)
     sim.run()
@@ -272,6 +262,7 @@ def test_timeline_tokens_limits_what_is_recorded(tiny, tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", ["missing-dir/t.json", "a-directory", "tokens"])
 def test_a_bad_timeline_path_is_one_line_exit_2_and_nothing_written(tiny, tmp_path, capsys, bad):
+    cfg = tiny.config()
     (tmp_path / "a-directory").mkdir()
     out_dir = tmp_path / "out"
     path = str(tmp_path / bad)
@@ -279,7 +270,7 @@ def test_a_bad_timeline_path_is_one_line_exit_2_and_nothing_written(tiny, tmp_pa
     if bad == "tokens":
         path = str(tmp_path / "t.json")
     before = sorted(os.listdir(tmp_path))
-    code, out, err = run_cli(capsys, tiny, "--policy", "no-prefetch", "--timeline", path, "--out", str(out_dir), *extra)
+    code, out, err = run_cli(capsys, cfg, "--policy", "no-prefetch", "--timeline", path, "--out", str(out_dir), *extra)
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("chipsim: error: --timeline"), err

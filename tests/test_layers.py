@@ -1,0 +1,112 @@
+"""The package's import graph, read with `ast` (every import statement, at module level or inside a function):
+no module imports itself through others, and no module imports from a layer above its own.
+
+Layers, lowest first: the base modules (errors, units, values, files, the package itself), hw, workload,
+trace, policies, sim, runner, then analysis and hwreplay (side by side: neither imports the other), then
+cli. Implicit imports of parent packages (importing chipsim.policies.base runs chipsim/policies/__init__.py)
+are not edges: only the modules an import statement names are."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "chipsim")
+LAYERS = {"base": 0, "hw": 1, "workload": 2, "trace": 3, "policies": 4, "sim": 5, "runner": 6,
+          "analysis": 7, "hwreplay": 7, "cli": 8}
+BASE = {"chipsim", "chipsim.errors", "chipsim.units", "chipsim.values", "chipsim.files"}
+
+
+def modules() -> dict[str, str]:
+    """Dotted module name -> file, for every module of the package."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = os.path.join(folder, name)
+    return out
+
+
+def imports_of(path: str, module: str, known: set[str]) -> set[str]:
+    """The package modules an import statement in `path` names (`from a.b import c` names a.b.c when that is
+    a module, else a.b)."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in known:
+                    out.add(full)
+                elif base in known:
+                    out.add(base)
+    out.discard(module)
+    return out
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(rank, layer name) of a module: chipsim.sim.engine -> (5, 'sim'), chipsim.runner -> (6, 'runner')."""
+    if module in BASE:
+        return LAYERS["base"], "base"
+    part = module.split(".")[1]
+    return LAYERS[part], part
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: imports_of(p, m, known) for m, p in mods.items()}
+
+
+def test_every_module_has_a_layer():
+    for module in modules():
+        layer_of(module)  # KeyError names a module outside every layer
+
+
+def test_no_module_imports_from_a_higher_layer_or_a_sibling_layer():
+    wrong = []
+    for module, targets in graph().items():
+        rank, name = layer_of(module)
+        for target in targets:
+            t_rank, t_name = layer_of(target)
+            if t_rank > rank or (t_rank == rank and t_name != name):
+                wrong.append(f"{module} ({name}) imports {target} ({t_name})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_import_graph_has_no_cycle():
+    g = graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(g[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_an_import_inside_a_function(tmp_path):
+    """A lazy import counts as much as one at the top (the circles this test guards against were lazy)."""
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from chipsim.analysis import sweep\n    import chipsim.runner\n")
+    known = {"chipsim.analysis", "chipsim.analysis.sweep", "chipsim.runner"}
+    assert imports_of(str(src), "chipsim.analysis.m", known) == {"chipsim.analysis.sweep", "chipsim.runner"}
