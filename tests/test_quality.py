@@ -1,7 +1,7 @@
 """Quality cost of the approximate modes (chipsim.trace.quality) on tiny random-init models (CPU, fast), and
 how `chipsim run` and `chipsim inspect` report the measured records of the bundled real traces.
 
-Random-init models are for tests only, never results (DESIGN §6).
+Random-init models are for tests only, never results.
 """
 
 import json

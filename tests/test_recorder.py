@@ -1,6 +1,6 @@
 """The routing recorder on tiny random-init models of every supported transformers MoE class (CPU, fast).
 
-Random-init models are for tests only, never results (DESIGN §6).
+Random-init models are for tests only, never results.
 """
 
 import pytest

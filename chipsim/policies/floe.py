@@ -1,6 +1,6 @@
 """FloE: compressed experts, prefetched one layer ahead by the inter-expert predictor, staged per layer.
 
-FloE (arXiv 2505.05950; DESIGN §5; REFERENCE-NUMBERS §B) shrinks every expert ~9.3× (gate and down
+FloE (arXiv 2505.05950) shrinks every expert ~9.3× (gate and down
 projections contextually sparse: only the channels the intra-expert predictor keeps are stored and moved;
 up projection INT2) and prefetches the next layer's experts with a learned inter-expert predictor.
 

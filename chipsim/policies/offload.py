@@ -1,6 +1,6 @@
 """Fiddler: hot experts placed statically on the accelerator, every other expert computed on the host CPU.
 
-Fiddler (Kamahori et al., 2024; DESIGN §5) keeps the most popular experts in accelerator memory and, at
+Fiddler (Kamahori et al., 2024) keeps the most popular experts in accelerator memory and, at
 batch-1 decode, runs every other routed expert on the CPU next to its weights: the activations cross the
 host link, the weights never do.
 

