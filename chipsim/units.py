@@ -3,12 +3,10 @@
 import math
 
 PS_PER_NS = 1_000
-PS_PER_US = 1_000_000
 PS_PER_MS = 1_000_000_000
 PS_PER_S = 1_000_000_000_000
 
 BYTES_PER_GB = 1_000_000_000  # `_gbps` always means 1e9 bytes per second, never gigabits
-BYTES_PER_MB = 1_000_000
 BYTES_PER_MIB = 1 << 20
 BYTES_PER_GIB = 1 << 30
 
@@ -16,14 +14,6 @@ BYTES_PER_GIB = 1 << 30
 def ns_to_ps(ns: float) -> int:
     """Round a duration in nanoseconds up to whole picoseconds."""
     return int(math.ceil(round(ns * PS_PER_NS, 6)))
-
-
-def ps_to_ms(ps: int) -> float:
-    return ps / PS_PER_MS
-
-
-def ps_to_s(ps: int) -> float:
-    return ps / PS_PER_S
 
 
 def gbps_to_bytes_per_s(gbps: float) -> int:
@@ -39,7 +29,3 @@ def transfer_ps(n_bytes: int, bytes_per_s: int) -> int:
 def cycles_to_ps(cycles: int, clock_mhz: float) -> int:
     """Duration of whole clock cycles, rounded up to whole picoseconds."""
     return int(math.ceil(round(cycles * 1e6 / clock_mhz, 6)))
-
-
-def pj_to_mj(pj: float) -> float:
-    return pj * 1e-9

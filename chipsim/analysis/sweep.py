@@ -35,13 +35,12 @@ import time
 
 import pandas as pd
 
-from chipsim import __version__
-from chipsim import runner
+from chipsim import __version__, runner
 from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, to_json
 from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.hw.config import load_config, parse_set, yaml_text
-from chipsim.runner import code_sha256, prepare, simulate, summarize_result
+from chipsim.runner import prepare, provenance, simulate, summarize_result
 
 BACKENDS = ("process", "dask")
 
@@ -167,13 +166,9 @@ def _run_task(task: dict) -> dict:
     prep = prepare(task["config"], task["overrides"], [task["policy_spec"]])
     policy = prep.policies[0]
     row = summarize_result(prep, simulate(prep, policy), policy)
-    return {
-        "row": _normalize(row),
-        "config_sha256": prep.config.sha256(),
-        "trace_sha256": prep.trace.sha256,
-        "code_sha256": runner.code_sha256(),
-        "label": policy.label,
-    }
+    prov = provenance(prep)
+    return {"row": _normalize(row), "label": policy.label,
+            **{k: prov[k] for k in ("config_sha256", "trace_sha256", "code_sha256")}}
 
 
 def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> str:
@@ -238,7 +233,7 @@ def _cost_hint(prep, policy) -> float:
 
 def _prepare_points(config_path, base_overrides, policies, grid):
     points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
-    code_sha = code_sha256()
+    code_sha = runner.code_sha256()  # through the module: a test may stand in another code hash
     prepared = []
     for point_id, point in enumerate(points):
         overrides = base_overrides + [_assignment(k, v) for k, v in point.items()]
@@ -255,15 +250,10 @@ def _prepare_points(config_path, base_overrides, policies, grid):
                 "key": _task_key(prep.config.raw, prep.trace.sha256, code_sha, policy.label),
                 "task": {"config": config_path, "overrides": overrides, "policy_spec": spec},
             })
-        prepared.append({
-            "point_id": point_id,
-            "values": point,
-            "config_sha256": prep.config.sha256(),
-            "trace": prep.trace.path,
-            "trace_sha256": prep.trace.sha256,
-            "trace_synthetic": prep.trace.synthetic,
-            "entries": entries,
-        })
+        prov = provenance(prep)
+        prepared.append({"point_id": point_id, "values": point,
+                         **{k: prov[k] for k in ("config_sha256", "trace", "trace_sha256", "trace_synthetic")},
+                         "entries": entries})
     return prepared, code_sha
 
 
@@ -401,7 +391,7 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
                 labels[key] = entry["label"]
                 expected[key] = (point["config_sha256"], point["trace_sha256"])
     reused = len(results)
-    local_code = runner.code_sha256()
+    local_code = code_sha
 
     def on_done(key: str, out: dict) -> None:
         config_sha, trace_sha = expected[key]

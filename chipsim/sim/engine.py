@@ -26,7 +26,7 @@ import simpy
 from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import fetch_path_timing
+from chipsim.hw.paths import FETCH_PATH, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
@@ -242,11 +242,9 @@ class Simulation:
     def _on_fetch_done(self, tr: Transfer) -> None:
         entry = tr.tag
         key = entry.key
-        ledger = self.rec.ledger.bytes  # every component of the fetch path (chipsim.hw.paths.FETCH_PATH)
-        ledger["lpddr5x"] += tr.moved_bytes
-        ledger["pcie"] += tr.moved_bytes
-        ledger["ucie"] += tr.moved_bytes
-        ledger["hbm"] += tr.moved_bytes
+        ledger = self.rec.ledger.bytes
+        for component in FETCH_PATH:  # every byte of a fetch crosses every component of the path
+            ledger[component] += tr.moved_bytes
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
             self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self.env.now))
