@@ -130,7 +130,8 @@ class SimContext(Protocol):
     def host_estimate_ps(self) -> int:
         """How long an expert handed to the host CPU now would take, counting the host's queue (ps)."""
 
-    # ---- actions (from on_token_start, on_layer_start, on_route, on_layer_end and choose_victims' caller)
+    # ---- actions (from any hook, on_run_start included: Fiddler places its experts there). The buffer
+    # queries see an action at once; the link re-plans its transfers once per hook, at the same simulated time
     def prefetch(self, layer: int, expert: int) -> bool:
         """Stage an expert ahead of need; True if present afterwards, False if the buffer has no free slot
         (nothing is evicted for a prefetch)."""
