@@ -129,9 +129,15 @@ def _cmd_models(args) -> int:
 
 def _cmd_keys(args) -> int:
     from chipsim.hw.config import iter_keys
+    from chipsim.policies import REGISTRY
 
     for key, type_name, doc in iter_keys():
         print(f"{key:40} {type_name:6} {doc}")
+    for name, cls in sorted(REGISTRY.items()):  # policy parameters: `policies.<name>.<param>` in a config
+        for param, p in cls.params.items():
+            allowed = p.bounds.describe()
+            print(f"{f'policies.{name}.{param}':40} {p.type.__name__:6} {p.doc}{f' [{allowed}]' if allowed else ''} "
+                  f"(optional; default {p.default!r})")
     return 0
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from chipsim import __version__
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, load_config
+from chipsim.hw.dram import dram_timing
+from chipsim.hw.paths import fetch_path_timing
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
@@ -22,7 +24,9 @@ from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
 from chipsim.trace.format import Trace
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload, build_workload
+from chipsim.workload.host import host_timing
 
 
 @dataclass
@@ -49,11 +53,13 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
         overrides = list(overrides) + [f"workload.trace={os.path.abspath(trace_path)}"]
     config = load_config(config_path, overrides)
     check_policy_config(config.policies)
+    _check_rates(config.hw)
     workload = build_workload(config.hw)
     trace = trace_format.load(config.trace_path)
     trace.check_matches(workload.model)
     specs = list(policy_specs) or list(config.hw.run.policies)
     policies = [make_policy(spec, config.policies) for spec in specs]
+    _check_time_fits(config, workload, trace, policies)
     for policy in policies:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
@@ -62,6 +68,41 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
     return Prepared(config, workload, trace, policies)
+
+
+# Simulated time is integer picoseconds in int64 arrays and SimPy's heap: a run must end before 2^62 ps (53 days)
+MAX_SIM_PS = 1 << 62
+
+
+def _check_rates(hw) -> None:
+    """Every rate the simulator divides by must be at least one byte per second once derived (a DRAM's
+    timing can leave almost nothing of its peak)."""
+    for name in ("hbm", "lpddr5x"):
+        timing = dram_timing(getattr(hw.memory, name))
+        if gbps_to_bytes_per_s(timing.effective_gbps) < 1:
+            raise InputError(f"memory.{name}: its timing keys leave {timing.effective_gbps:.3g} GB/s of its "
+                             f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")
+
+
+def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, policies: list[Policy]) -> None:
+    """An upper bound on the run's simulated time (every operation, expert fetch and host-CPU expert one
+    after another) must fit the simulator's integer picoseconds, whatever the keys say."""
+    hw = config.hw
+    path = fetch_path_timing(hw)
+    bandwidth = gbps_to_bytes_per_s(path.bandwidth_gbps)
+    ops = workload.token_head.duration_ps + sum(
+        op.duration_ps for layer in workload.layers for op in (layer.attention, layer.router, layer.dense,
+                                                               layer.combine) if op is not None)
+    fetch = max(fmt.compute_ps + ns_to_ps(hw.dma.setup_ns) * len(fmt.part_bytes) + ns_to_ps(path.latency_ns)
+                + transfer_ps(fmt.fetch_bytes, bandwidth)
+                for fmt in (p.expert_format(workload, hw) for p in policies))
+    m = workload.model
+    per_token = ops + m.num_moe_layers * m.top_k * (fetch + host_timing(hw, workload).total_ps)
+    tokens = min(hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
+    if per_token * tokens >= MAX_SIM_PS:
+        raise InputError(f"config: a decode step could take up to {per_token / PS_PER_S:.3g} s of simulated time, "
+                         f"so {tokens} tokens could pass the {MAX_SIM_PS / PS_PER_S / 86400:.0f} days of integer "
+                         "picoseconds the simulator keeps; check the clock, latency and bandwidth keys")
 
 
 def provenance(prep: Prepared) -> dict:

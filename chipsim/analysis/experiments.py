@@ -40,6 +40,7 @@ from chipsim.analysis.sweep import run_sweep
 from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.hw.config import load_config, parse_set, yaml_text
+from chipsim.values import yaml_load
 from chipsim.policies import REGISTRY
 
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -126,7 +127,7 @@ def load_experiment(path: str) -> dict:
     """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml_load(f.read())
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:

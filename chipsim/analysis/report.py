@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 
 from chipsim.files import write_atomic
@@ -121,8 +122,20 @@ def json_rows(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in ("per_layer", "energy_by_component_mj", "warmup")} for row in rows]
 
 
+def _json_safe(obj):
+    """NaN and infinities (a value that is undefined for a run) become null: JSON has no such numbers, and
+    a reader should never meet the non-standard `NaN` that Python writes by default."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def to_json(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    return json.dumps(_json_safe(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def csv_columns(rows: list[dict]) -> list[str]:

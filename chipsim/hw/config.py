@@ -19,13 +19,20 @@ from dataclasses import dataclass, field
 import yaml
 
 from chipsim.errors import InputError
-from chipsim.values import Bounds, check_value
+from chipsim.values import Bounds, check_value, yaml_load
 
 
-def spec(doc: str, *, minimum: float | None = None, positive: bool = False, choices: tuple | None = None):
-    """Field metadata: what the key means and which values are allowed (checked by chipsim.values)."""
-    bounds = Bounds(minimum=0, min_exclusive=True) if positive else Bounds(minimum=minimum)
-    return {"doc": doc, "bounds": Bounds(bounds.minimum, min_exclusive=bounds.min_exclusive, choices=choices)}
+def spec(doc: str, *, minimum: float | None = None, maximum: float | None = None, positive: bool = False,
+         choices: tuple | None = None):
+    """Field metadata: what the key means and which values are allowed (checked by chipsim.values). Every
+    number has a physical upper bound (and a lower one where zero or a tiny value is meaningless), far
+    beyond any real chip, so that what the simulator derives from it (integer picoseconds, bytes per
+    second) always fits."""
+    if positive and minimum is None:
+        bounds = Bounds(minimum=0, maximum=maximum, min_exclusive=True, choices=choices)
+    else:
+        bounds = Bounds(minimum=minimum, maximum=maximum, choices=choices)
+    return {"doc": doc, "bounds": bounds}
 
 
 def _f(doc: str, **kw):
@@ -46,22 +53,24 @@ def _optional(doc: str, default, **kw):
 # ---------------------------------------------------------------------------------------------- compute
 @dataclass(frozen=True)
 class ComputeConfig:
-    arrays: int = _f("number of vector processing arrays", positive=True)
-    unit_rows: int = _f("vector units per array, rows of the grid", positive=True)
-    unit_cols: int = _f("vector units per array, columns of the grid", positive=True)
-    vector_length: int = _f("MAC lanes per vector unit (elements reduced per cycle)", positive=True)
-    clock_mhz: float = _f("array clock, MHz", positive=True)
-    sfus_per_array: int = _f("special-function units per array (exp, rsqrt, SiLU, ...)", positive=True)
-    sfu_ops_per_cycle: int = _f("operations one SFU finishes per cycle", positive=True)
-    op_overhead_cycles: int = _f("fixed cycles per operation: issue, pipeline fill and drain", minimum=0)
-    sram_mib_per_array: float = _f("SRAM per array, MiB", positive=True)
-    sram_access_ns: float = _f("SRAM access latency, ns (first operand of an op)", minimum=0)
-    active_power_w_per_array: float = _f("power of one array while busy (incl. its SRAM and SFUs), W", positive=True)
-    leakage_power_w_per_array: float = _f("power of one clock-gated idle array (leakage), W", minimum=0)
-    dequant_ops_per_weight: int = _f("vector-lane operations to dequantise one sub-16-bit weight to BF16", positive=True)
+    arrays: int = _f("number of vector processing arrays", positive=True, maximum=4096)
+    unit_rows: int = _f("vector units per array, rows of the grid", positive=True, maximum=4096)
+    unit_cols: int = _f("vector units per array, columns of the grid", positive=True, maximum=4096)
+    vector_length: int = _f("MAC lanes per vector unit (elements reduced per cycle)", positive=True, maximum=65536)
+    clock_mhz: float = _f("array clock, MHz", positive=True, minimum=1.0, maximum=1e5)
+    sfus_per_array: int = _f("special-function units per array (exp, rsqrt, SiLU, ...)", positive=True, maximum=65536)
+    sfu_ops_per_cycle: int = _f("operations one SFU finishes per cycle", positive=True, maximum=65536)
+    op_overhead_cycles: int = _f("fixed cycles per operation: issue, pipeline fill and drain", minimum=0, maximum=1e9)
+    sram_mib_per_array: float = _f("SRAM per array, MiB", positive=True, maximum=1e6)
+    sram_access_ns: float = _f("SRAM access latency, ns (first operand of an op)", minimum=0, maximum=1e6)
+    active_power_w_per_array: float = _f("power of one array while busy (incl. its SRAM and SFUs), W",
+                                         positive=True, maximum=1e5)
+    leakage_power_w_per_array: float = _f("power of one clock-gated idle array (leakage), W", minimum=0, maximum=1e5)
+    dequant_ops_per_weight: int = _f("vector-lane operations to dequantise one sub-16-bit weight to BF16",
+                                     positive=True, maximum=1e4)
     op_group_launch_ns: float = _optional(
         "fixed time to start one op group (attention, router, one expert, ...): a CUDA-graph launch on a GPU; "
-        "0 for an accelerator that sequences its own groups", 0.0, minimum=0)
+        "0 for an accelerator that sequences its own groups", 0.0, minimum=0, maximum=1e9)
     op_times_ns: dict = _optional(
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
@@ -71,21 +80,21 @@ class ComputeConfig:
 # ---------------------------------------------------------------------------------------------- memory
 @dataclass(frozen=True)
 class DramConfig:
-    capacity_gib: float = _f("capacity, GiB (1 GiB = 2^30 B)", positive=True)
-    channels: int = _f("independent channels", positive=True)
-    channel_width_bits: int = _f("data bits per channel", positive=True)
-    data_rate_mtps: float = _f("data rate per pin, MT/s", positive=True)
-    banks_per_channel: int = _f("banks per channel that can be interleaved", positive=True)
-    page_bytes: int = _f("row (page) size per channel, bytes", positive=True)
-    burst_length: int = _f("burst length, beats", positive=True)
-    tcl_ns: float = _f("read latency CL / RL, ns", positive=True)
-    trcd_ns: float = _f("activate-to-read delay tRCD, ns", positive=True)
-    trp_ns: float = _f("precharge time tRP, ns", positive=True)
-    tras_ns: float = _f("minimum row-open time tRAS, ns", positive=True)
-    tfaw_ns: float = _f("four-activate window tFAW, ns", positive=True)
-    trfc_ns: float = _f("refresh cycle time tRFC (all-bank), ns", positive=True)
-    trefi_ns: float = _f("refresh interval tREFI, ns", positive=True)
-    energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0)
+    capacity_gib: float = _f("capacity, GiB (1 GiB = 2^30 B)", positive=True, maximum=1e6)
+    channels: int = _f("independent channels", positive=True, maximum=4096)
+    channel_width_bits: int = _f("data bits per channel", positive=True, maximum=65536)
+    data_rate_mtps: float = _f("data rate per pin, MT/s", positive=True, minimum=1.0, maximum=1e6)
+    banks_per_channel: int = _f("banks per channel that can be interleaved", positive=True, maximum=65536)
+    page_bytes: int = _f("row (page) size per channel, bytes", positive=True, maximum=1 << 30)
+    burst_length: int = _f("burst length, beats", positive=True, maximum=4096)
+    tcl_ns: float = _f("read latency CL / RL, ns", positive=True, maximum=1e6)
+    trcd_ns: float = _f("activate-to-read delay tRCD, ns", positive=True, maximum=1e6)
+    trp_ns: float = _f("precharge time tRP, ns", positive=True, maximum=1e6)
+    tras_ns: float = _f("minimum row-open time tRAS, ns", positive=True, maximum=1e6)
+    tfaw_ns: float = _f("four-activate window tFAW, ns", positive=True, maximum=1e6)
+    trfc_ns: float = _f("refresh cycle time tRFC (all-bank), ns", positive=True, maximum=1e6)
+    trefi_ns: float = _f("refresh interval tREFI, ns", positive=True, maximum=1e9)
+    energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
 
 
 @dataclass(frozen=True)
@@ -97,18 +106,19 @@ class MemoryConfig:
 # ---------------------------------------------------------------------------------------------- links
 @dataclass(frozen=True)
 class PcieConfig:
-    bandwidth_gbps: float = _f("usable bandwidth per direction, GB/s (1e9 B/s); both directions = 2x", positive=True)
-    latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0)
-    energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0)
+    bandwidth_gbps: float = _f("usable bandwidth per direction, GB/s (1e9 B/s); both directions = 2x",
+                               positive=True, minimum=1e-3, maximum=1e6)
+    latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0, maximum=1e9)
+    energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0, maximum=1e6)
 
 
 @dataclass(frozen=True)
 class UcieConfig:
-    modules: int = _f("UCIe modules between the chiplets on each path", positive=True)
-    lanes_per_module: int = _f("data lanes per module", positive=True)
-    gtps: float = _f("transfer rate per lane, GT/s", positive=True)
-    latency_ns: float = _f("crossing latency, ns", minimum=0)
-    energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0)
+    modules: int = _f("UCIe modules between the chiplets on each path", positive=True, maximum=4096)
+    lanes_per_module: int = _f("data lanes per module", positive=True, maximum=4096)
+    gtps: float = _f("transfer rate per lane, GT/s", positive=True, minimum=1e-3, maximum=1e4)
+    latency_ns: float = _f("crossing latency, ns", minimum=0, maximum=1e9)
+    energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0, maximum=1e6)
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -124,9 +134,10 @@ class LinksConfig:
 
 @dataclass(frozen=True)
 class DmaConfig:
-    engines: int = _f("DMA engines (transfers in flight at once)", positive=True)
-    setup_ns: float = _f("fixed per-descriptor cost (driver, IOMMU) before data moves, ns", minimum=0)
-    chunk_kib: float = _f("transfer chunk: an in-flight prefetch yields to a demand fetch at chunk boundaries, KiB", positive=True)
+    engines: int = _f("DMA engines (transfers in flight at once)", positive=True, maximum=64)
+    setup_ns: float = _f("fixed per-descriptor cost (driver, IOMMU) before data moves, ns", minimum=0, maximum=1e9)
+    chunk_kib: float = _f("transfer chunk: an in-flight prefetch yields to a demand fetch at chunk boundaries, KiB",
+                          positive=True, minimum=1 / 1024, maximum=1 << 20)
     demand_preempts_prefetch: bool = _f("true: moving prefetches pause at their next chunk boundary while a demand "
                                         "fetch waits or moves; false: demand only goes ahead of queued prefetches")
     demand_first: bool = _f("true: a demand fetch goes ahead of queued prefetches; false: one FIFO queue in issue "
@@ -137,17 +148,19 @@ class DmaConfig:
 
 @dataclass(frozen=True)
 class HostCpuConfig:
-    cores: int = _f("host CPU cores that run offloaded experts together", positive=True)
-    clock_ghz: float = _f("core clock, GHz", positive=True)
-    flops_per_cycle_per_core: int = _f("peak FP32 FLOP per cycle per core (FMA = 2)", positive=True)
-    memory_bandwidth_gbps: float = _f("bandwidth the CPU cluster reaches reading expert weights from LPDDR5X, GB/s", positive=True)
-    dispatch_overhead_ns: float = _f("fixed cost to hand one expert to the CPU and collect its result, ns", minimum=0)
-    active_power_w: float = _f("CPU cluster power while computing an expert, W", minimum=0)
+    cores: int = _f("host CPU cores that run offloaded experts together", positive=True, maximum=1e5)
+    clock_ghz: float = _f("core clock, GHz", positive=True, minimum=1e-3, maximum=100.0)
+    flops_per_cycle_per_core: int = _f("peak FP32 FLOP per cycle per core (FMA = 2)", positive=True, maximum=1e5)
+    memory_bandwidth_gbps: float = _f("bandwidth the CPU cluster reaches reading expert weights from LPDDR5X, GB/s",
+                                      positive=True, minimum=1e-3, maximum=1e6)
+    dispatch_overhead_ns: float = _f("fixed cost to hand one expert to the CPU and collect its result, ns",
+                                     minimum=0, maximum=1e9)
+    active_power_w: float = _f("CPU cluster power while computing an expert, W", minimum=0, maximum=1e5)
 
 
 @dataclass(frozen=True)
 class ExpertBufferConfig:
-    capacity_mib: float = _f("on-package (HBM) space for staged expert weights, MiB", positive=True)
+    capacity_mib: float = _f("on-package (HBM) space for staged expert weights, MiB", positive=True, maximum=1e9)
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -155,16 +168,17 @@ class ExpertBufferConfig:
 class ModelConfig:
     name: str = _f("published model shape used for timing (see `chipsim models`)")
     expert_bits: int = _f("expert weight precision, bits", choices=(4, 8, 16, 32))
-    quant_group_size: int = _f("weights sharing one scale below 16 bit", positive=True)
-    quant_scale_bits: int = _f("bits per quantisation scale (and zero point) below 16 bit", positive=True)
+    quant_group_size: int = _f("weights sharing one scale below 16 bit", positive=True, maximum=1 << 30)
+    quant_scale_bits: int = _f("bits per quantisation scale (and zero point) below 16 bit", positive=True, maximum=64)
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
     trace: str = _f("routing trace file (.npz), relative to this config file")
-    context_length: int = _f("KV-cache length at every decode step, tokens", positive=True)
-    max_tokens: int = _f("replay at most this many trace tokens (0 = all)", minimum=0)
-    warmup_tokens: int = _f("leading tokens simulated but reported separately, not in the means", minimum=0)
+    context_length: int = _f("KV-cache length at every decode step, tokens", positive=True, maximum=1 << 24)
+    max_tokens: int = _f("replay at most this many trace tokens (0 = all)", minimum=0, maximum=1 << 31)
+    warmup_tokens: int = _f("leading tokens simulated but reported separately, not in the means",
+                            minimum=0, maximum=1 << 31)
 
 
 @dataclass(frozen=True)
@@ -218,7 +232,7 @@ def _read_yaml(path: str) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"config {path}: cannot read ({exc})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -265,7 +279,7 @@ def parse_set(assignment: str) -> tuple[list[str], object]:
     if not all(parts):
         raise InputError(f"--set {assignment}: empty part in key '{key}'")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = yaml_load(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
     return parts, value
@@ -332,6 +346,9 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
         else:
             doc = f.metadata.get("doc", "")
+            allowed = f.metadata["bounds"].describe()
+            if allowed:
+                doc += f" [{allowed}]"
             if _has_default(f):
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 doc += f" (optional; default {default!r})"

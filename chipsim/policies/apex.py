@@ -36,7 +36,8 @@ class Apex(Policy):
     params = {
         "tau": Param(float, 0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
                      minimum=0.0, maximum=1.0, min_exclusive=True, max_exclusive=True),
-        "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1),
+        "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1,
+                           maximum=255),
         "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
                                                "bytes (the APEX paper's accounting); false: they stop at routing"),
     }

@@ -37,7 +37,7 @@ from chipsim.errors import InputError
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import FetchPathTiming
 from chipsim.trace.format import ArraySpec
-from chipsim.values import Bounds, check_value
+from chipsim.values import Bounds, check_value, yaml_load
 from chipsim.workload.decode import DecodeWorkload, ExpertFormat
 from chipsim.workload.host import HostTiming
 
@@ -335,7 +335,7 @@ def _parse_inline(text: str) -> dict:
             raise InputError(f"--policy: expected name:param=value, got '{item}'")
         key, _, value = item.partition("=")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = yaml_load(value)
         except yaml.YAMLError:
             out[key.strip()] = value
     return out

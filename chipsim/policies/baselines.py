@@ -47,7 +47,7 @@ class StaticTopKPlusN(Policy):
     summary = "before attention, prefetch the top-(k+N) of the APEX prefetch router's ranking (fixed N)"
     trace_arrays = (pa.APEX_RANK,)
     params = {
-        "extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0),
+        "extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0, maximum=255),
         "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
                                                "bytes (the APEX paper's accounting); false: they stop at routing"),
     }

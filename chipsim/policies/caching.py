@@ -50,8 +50,8 @@ class ExpertCache(Policy):
 
     caches_across_tokens = True
     params = {
-        "slots": Param(int, 0, SLOTS_DOC, minimum=0),
-        "warmup": Param(int, 16, WARMUP_DOC, minimum=0),
+        "slots": Param(int, 0, SLOTS_DOC, minimum=0, maximum=1 << 24),
+        "warmup": Param(int, 16, WARMUP_DOC, minimum=0, maximum=1 << 31),
     }
 
     def __init__(self, label: str, **params):

@@ -72,7 +72,8 @@ class FloE(Policy):
                "prefetch, per-layer staging")
     trace_arrays = (pa.FLOE_RANK,)
     params = {
-        "compression": Param(float, 9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0),
+        "compression": Param(float, 9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0,
+                             maximum=1e4),
         "sparsity": Param(float, 0.9, "share of gate/down channels skipped (FloE: up to 90 %); sets the compute "
                           "shape and the byte split", minimum=0.0, maximum=0.99),
     }

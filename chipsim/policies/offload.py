@@ -35,8 +35,9 @@ class Fiddler(Policy):
     trace_arrays = (pa.TRAIN_EXPERT_COUNTS,)
     params = {
         "slots": Param(int, 0, "experts placed on the accelerator (0 = the whole expert buffer; never more than it "
-                       "holds)", minimum=0),
-        "warmup": Param(int, 4, "leading tokens reported separately while the static placement lands", minimum=0),
+                       "holds)", minimum=0, maximum=1 << 24),
+        "warmup": Param(int, 4, "leading tokens reported separately while the static placement lands", minimum=0,
+                        maximum=1 << 31),
     }
 
     def warmup_tokens(self) -> int:

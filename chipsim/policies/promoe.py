@@ -38,9 +38,10 @@ class ProMoE(ExpertCache):
                "LRU expert cache (cache=false: per-layer staging)")
     trace_arrays = (pa.PROMOE_RANK,)
     params = {
-        "slots": Param(int, 0, "experts the LRU cache holds (0 = the whole expert buffer, -1 = no cache)", minimum=-1),
+        "slots": Param(int, 0, "experts the LRU cache holds (0 = the whole expert buffer, -1 = no cache)", minimum=-1,
+                       maximum=1 << 24),
         "cache": Param(bool, True, "false: no cache across tokens, experts staged per layer (as slots=-1)"),
-        "warmup": Param(int, 16, WARMUP_DOC + " (no cache: none)", minimum=0),
+        "warmup": Param(int, 16, WARMUP_DOC + " (no cache: none)", minimum=0, maximum=1 << 31),
     }
     transfer_per_matrix = True
 

@@ -123,8 +123,9 @@ class Spice(Policy):
         "max_depth": Param(int, 8, "deepest prefetch, in layers ahead (the trace's draft depth is 8)",
                            minimum=1, maximum=DRAFT_DEPTH),
         "slots": Param(int, 0, "experts the cache holds (0 = the whole expert buffer; never more than it holds)",
-                       minimum=0),
-        "lore_rank": Param(int, 16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1),
+                       minimum=0, maximum=1 << 24),
+        "lore_rank": Param(int, 16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1,
+                           maximum=1 << 16),
         "lore_form": Param(str, "residual", "LoRE shape: 'residual' (paper: y_shared + B·A·h, d→r→d) or 'factored' "
                            "(rank-r factors of gate, up and down)", choices=LORE_FORMS),
         "deep": Param(bool, True, "true: confidence-adaptive depth (≥ D_min); false: next layer only (depth 1)"),
@@ -134,7 +135,8 @@ class Spice(Policy):
                            "experts only); false: exact (cost model)"),
         "schedule": Param(bool, True, "true: cancel this layer's unrouted prefetches still on the link when "
                           "routing decides"),
-        "warmup": Param(int, 4, "leading tokens reported separately while the cache fills", minimum=0),
+        "warmup": Param(int, 4, "leading tokens reported separately while the cache fills", minimum=0,
+                        maximum=1 << 31),
     }
 
     def __init__(self, label: str, **params):

@@ -1,0 +1,307 @@
+"""A hostile user's run: hundreds of bad inputs against `chipsim`, each classified by what came back.
+
+    python tests/hostile_inputs.py [--list] [--only SUBSTRING]
+
+Every case runs `chipsim.cli.main` in this process (with a time limit) in a fresh temporary directory and is
+counted as
+
+    ok         exit 0; with --json, valid JSON with no NaN or infinity (for an input that is wrong by
+               construction, a corrupt trace or an unwritable output, exit 0 counts as bad: silently accepted)
+    clean      exit 2 with exactly one stderr line `chipsim: error: ...`, and nothing written
+    traceback  an exception escaped, or a traceback was printed
+    bad        anything else: exit 0 with non-finite JSON, a several-line error, a file left behind, a hang
+
+and the counts are printed (the README's robustness figures come from here). The fuzz tests in
+tests/test_fuzz.py assert the same classification on generated inputs in CI; this script is the wider,
+slower sweep a person runs by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import signal
+import stat
+import sys
+import tempfile
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from chipsim.cli import main  # noqa: E402
+from chipsim.hw.config import iter_keys  # noqa: E402
+from chipsim.policies import REGISTRY  # noqa: E402
+
+THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
+TRACE = os.path.join(ROOT, "traces", "real-granite-3b.npz")
+R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1"]
+VALUES = ["0", "-1", "1.0e-300", "1.0e-10", "0.0005", "1.0e+18", "1.0e+308", ".nan", ".inf", "-.inf", "abc",
+          "true", "1e9", "[1, 2]", "''"]
+TIME_LIMIT_S = 30
+
+
+def _finite(obj) -> bool:
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_finite(v) for v in obj)
+    return True
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_case(argv: list[str], setup=None, json_out: bool = False, must_reject: bool = False) -> tuple[str, str]:
+    """(class, detail) of one invocation, run in a fresh temporary directory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            if setup is not None:
+                argv = setup(tmp, list(argv))
+            before = set(_walk(tmp))
+            out, err = io.StringIO(), io.StringIO()
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.alarm(TIME_LIMIT_S)
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    code = main(argv)
+            except _Timeout:
+                return "bad", "hang"
+            except SystemExit as exc:  # argparse's own exit on a usage error
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException as exc:  # noqa: BLE001 - this is what we count
+                return "traceback", f"{type(exc).__name__}: {exc}".splitlines()[0][:160] + " | " + \
+                    traceback.extract_tb(exc.__traceback__)[-1].filename.replace(ROOT, "")
+            finally:
+                signal.alarm(0)
+            text = err.getvalue()
+            if "Traceback" in text:
+                return "traceback", text.strip().splitlines()[-1][:160]
+            if code == 0:
+                if must_reject:
+                    return "bad", "exit 0: a wrong input was accepted"
+                if json_out:
+                    try:
+                        rows = json.loads(out.getvalue())
+                    except ValueError:
+                        return "bad", "exit 0, stdout not JSON"
+                    if not _finite(rows):
+                        return "bad", "exit 0 with NaN or infinity in the JSON"
+                return "ok", ""
+            lines = text.strip().splitlines()
+            left = set(_walk(tmp)) - before
+            if code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: ") and not left:
+                return "clean", lines[0][:160]
+            return "bad", f"exit {code}, {len(lines)} stderr lines, left {sorted(left)[:3]}: {text.strip()[:160]}"
+        finally:
+            os.chdir(cwd)
+
+
+def _walk(root: str):
+    for folder, _, files in os.walk(root):
+        for name in files:
+            yield os.path.relpath(os.path.join(folder, name), root)
+
+
+# ---------------------------------------------------------------------------------------------- the cases
+def _write(tmp: str, name: str, text: str) -> str:
+    path = os.path.join(tmp, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _config_case(text: str):
+    def setup(tmp, argv):
+        argv[1] = _write(tmp, "c.yaml", text)
+        return argv
+    return setup
+
+
+def _trace_case(edit):
+    """A copy of the bundled trace, edited (arrays, meta) and saved without validation."""
+    def setup(tmp, argv):
+        import numpy as np
+
+        with np.load(TRACE) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        edit(arrays, meta)
+        path = os.path.join(tmp, "t.npz")
+        np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+        return argv + ["--trace", path]
+    return setup
+
+
+def _special_trace(kind: str):
+    def setup(tmp, argv):
+        path = os.path.join(tmp, "t.npz")
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind == "truncated":
+            with open(TRACE, "rb") as f:
+                data = f.read()
+            with open(path, "wb") as f:
+                f.write(data[: len(data) // 3])
+        elif kind == "empty":
+            open(path, "wb").close()
+        elif kind == "devzero":
+            path = "/dev/zero"
+        return argv + ["--trace", path]
+    return setup
+
+
+def _output_case(kind: str):
+    def setup(tmp, argv):
+        if kind == "out-file":
+            return argv + ["--out", _write(tmp, "f", "x")]
+        if kind == "out-readonly":
+            d = os.path.join(tmp, "ro")
+            os.mkdir(d)
+            os.chmod(d, 0o500)
+            return argv + ["--out", os.path.join(d, "sub")] if os.geteuid() == 0 else argv + ["--out", d]
+        if kind == "timeline-fifo":
+            p = os.path.join(tmp, "fifo")
+            os.mkfifo(p)
+            return argv + ["--timeline", p]
+        if kind == "timeline-symlink":
+            target = _write(tmp, "precious", "keep me")
+            link = os.path.join(tmp, "link.json")
+            os.symlink(target, link)
+            return argv + ["--timeline", link]
+        if kind == "timeline-dir":
+            return argv + ["--timeline", tmp]
+        if kind == "timeline-is-out":
+            return argv + ["--out", os.path.join(tmp, "o"), "--timeline", os.path.join(tmp, "o", "results.csv")]
+        if kind == "timeline-missing-dir":
+            return argv + ["--timeline", os.path.join(tmp, "no", "t.json")]
+        if kind == "results-csv-fifo":
+            d = os.path.join(tmp, "o")
+            os.mkdir(d)
+            os.mkfifo(os.path.join(d, "results.csv"))
+            return argv + ["--out", d]
+        raise ValueError(kind)
+    return setup
+
+
+def cases() -> list[tuple[str, list[str], object, bool, bool]]:
+    """(name, argv, setup, json_out, must_reject)."""
+    out = []
+    numeric = [(k, t) for k, t, _ in iter_keys() if t in ("int", "float")]
+    for key, _ in numeric:
+        for v in VALUES:
+            out.append((f"--set {key}={v}", R + ["--json", "--set", f"{key}={v}"], None, True, False))
+    for name, cls in sorted(REGISTRY.items()):
+        for param in cls.params:
+            for v in ("-1", "1.0e+308", ".nan", "abc", "2.5", "true", "[1]"):
+                out.append((f"--policy {name}:{param}={v}", ["run", THOR, "--policy", f"{name}:{param}={v}", "--set",
+                                                              "workload.max_tokens=4", "--jobs", "1", "--json"], None, True, False))
+    for key in ("model.name", "workload.trace", "run.policies", "dma.demand_first", "compute.op_times_ns"):
+        for v in ("''", "1", "[a]", "{a: b}", "nonexistent", "true"):
+            out.append((f"--set {key}={v}", R + ["--json", "--set", f"{key}={v}"], None, True, False))
+    configs = {
+        "empty config": "", "list config": "- a\n", "malformed": "a: [\n", "unknown key": f"base: {THOR}\nfoo: 1\n",
+        "unknown nested key": f"base: {THOR}\ncompute:\n  foo: 1\n", "section not a mapping": f"base: {THOR}\ncompute: 3\n",
+        "base loop": "base: c.yaml\n", "base missing": "base: nowhere.yaml\n", "base not a string": "base: [1]\n",
+        "policies not a mapping": f"base: {THOR}\npolicies: 3\n", "policy unknown": f"base: {THOR}\npolicies:\n  zzz: {{}}\n",
+        "binary": "\x00\x01\x02", "tab indentation": f"base: {THOR}\ncompute:\n\tarrays: 2\n",
+        "warmup above max_tokens": f"base: {THOR}\nworkload:\n  warmup_tokens: 8\n  max_tokens: 4\n",
+        "hbm overflow": f"base: {THOR}\nexpert_buffer:\n  capacity_mib: 100000\n",
+        "buffer below top-k": f"base: {THOR}\nexpert_buffer:\n  capacity_mib: 1\n",
+        "trfc above trefi": f"base: {THOR}\nmemory:\n  hbm:\n    trfc_ns: 5000\n",
+        "trace for another model": f"base: {THOR}\nmodel:\n  name: deepseek-v2-lite\n",
+    }
+    for name, text in configs.items():
+        out.append((f"config: {name}", ["run", "X", "--policy", "no-prefetch", "--json", "--jobs", "1"],
+                    _config_case(text), True, True))
+    out.append(("config: missing file", ["run", "/nonexistent.yaml"], None, False, True))
+    out.append(("config: a directory", ["run", ROOT], None, False, True))
+    import numpy as np
+
+    edits = {
+        "NaN router weights": lambda a, m: a["routed_weights"].__setitem__((0, 0, 0), np.float16("nan")),
+        "negative router weights": lambda a, m: a["routed_weights"].__setitem__((0, 0, 0), -1),
+        "inf router prob": lambda a, m: a["router_rank_prob"].__setitem__((0, 0, 0), np.float16("inf")),
+        "NaN draft confidence": lambda a, m: a["draft_conf"].__setitem__((0, 0, 0), np.float16("nan")),
+        "draft confidence 2": lambda a, m: a["draft_conf"].__setitem__((0, 0, 0), 2),
+        "negative counts": lambda a, m: a["train_expert_counts"].__setitem__((0, 0), -5),
+        "provenance not a dict": lambda a, m: m.__setitem__("provenance", "x"),
+        "provenance description a list": lambda a, m: m.__setitem__("provenance", {"description": [1]}),
+        "synthetic a string": lambda a, m: m.__setitem__("synthetic", "no"),
+        "schema_version 1.0": lambda a, m: m.__setitem__("schema_version", 1.0),
+        "schema_version true": lambda a, m: m.__setitem__("schema_version", True),
+        "model counts floats": lambda a, m: m["model"].__setitem__("top_k", 8.5),
+        "model counts strings": lambda a, m: m["model"].__setitem__("top_k", "8"),
+        "quality a list": lambda a, m: m.__setitem__("quality", [1]),
+        "meta a list": lambda a, m: m.clear() or m.update({"x": 1}),
+        "routed ids float": lambda a, m: a.__setitem__("routed_ids", a["routed_ids"].astype(np.float32)),
+        "routed ids 3-d wrong": lambda a, m: a.__setitem__("routed_ids", a["routed_ids"][:, :, :4]),
+        "object array": lambda a, m: a.__setitem__("token_ids", a["token_ids"].astype("U3")),
+        "no routed ids": lambda a, m: a.pop("routed_ids"),
+    }
+    for name, edit in edits.items():
+        for policy in ("no-prefetch", "adapmoe", "spice"):
+            out.append((f"trace: {name} ({policy})", ["run", THOR, "--policy", policy, "--set", "workload.max_tokens=8",
+                                                      "--json", "--jobs", "1"], _trace_case(edit), True, True))
+    for kind in ("fifo", "dir", "truncated", "empty", "devzero"):
+        out.append((f"trace file: {kind}", R, _special_trace(kind), False, True))
+    for kind in ("out-file", "out-readonly", "timeline-fifo", "timeline-symlink", "timeline-dir", "timeline-is-out",
+                 "timeline-missing-dir", "results-csv-fifo"):
+        out.append((f"output: {kind}", R, _output_case(kind), False, True))
+    misc = {
+        "--jobs -1": R + ["--jobs", "-1"], "--jobs abc": R + ["--jobs", "abc"],
+        "--timeline-tokens -1": R + ["--timeline", "t.json", "--timeline-tokens", "-1"],
+        "policy twice": R + ["--policy", "no-prefetch"], "unknown policy": ["run", THOR, "--policy", "nope"],
+        "empty policy": ["run", THOR, "--policy", ""], "policy param no value": ["run", THOR, "--policy", "apex:tau"],
+        "--set no equals": R + ["--set", "compute.arrays"], "--set empty key": R + ["--set", "=3"],
+        "--set section as value": R + ["--set", "compute=3"], "--set into a number": R + ["--set", "compute.arrays.x=1"],
+        "sweep no grid values": ["sweep", THOR, "--grid", "dma.engines=", "--out", "s"],
+        "sweep bad key": ["sweep", THOR, "--grid", "nope.x=1", "--out", "s"],
+        "sweep jobs -1": ["sweep", THOR, "--grid", "dma.engines=1", "--out", "s", "--jobs", "-1"],
+        "reproduce unknown": ["reproduce", "nope"], "plot missing dir": ["plot", "nowhere"],
+        "inspect missing": ["inspect", "nowhere.npz"], "inspect a config": ["inspect", THOR],
+        "hwcompare missing": ["hwcompare", "nowhere.json"], "no command": [],
+    }
+    for name, argv in misc.items():
+        out.append((f"cli: {name}", argv, None, False, True))
+    return out
+
+
+def main_(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--list", action="store_true", help="print every non-ok case and its detail")
+    ap.add_argument("--only", help="run only cases whose name contains this")
+    args = ap.parse_args(argv)
+    import resource
+
+    # a runaway read (a trace from /dev/zero) ends in MemoryError here rather than in the OOM killer
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    counts = {"ok": 0, "clean": 0, "traceback": 0, "bad": 0}
+    todo = [c for c in cases() if not args.only or args.only in c[0]]
+    for name, argv_, setup, json_out, must_reject in todo:
+        kind, detail = run_case(argv_, setup, json_out, must_reject)
+        counts[kind] += 1
+        if args.list and kind in ("traceback", "bad"):
+            print(f"{kind:9} {name}: {detail}")
+    print(f"{len(todo)} inputs: {counts['ok']} ok, {counts['clean']} clean errors, "
+          f"{counts['traceback']} tracebacks, {counts['bad']} bad")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
