@@ -17,13 +17,13 @@ def _cmd_run(args) -> int:
 
     if args.timeline_tokens < 0:
         raise InputError(f"--timeline-tokens {args.timeline_tokens}: must be 0 (all tokens) or more")
+    _check_jobs(args.jobs)
+    _check_outputs(args.out, args.timeline)
     prep = prepare(args.config, args.set or (), args.policy or (), args.trace)
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise InputError(f"--out {args.out}: exists and is not a directory")
+    for note in prep.notes:
+        print(f"chipsim: note: {note}", file=sys.stderr)
     if args.timeline is not None:
         from chipsim.analysis import timeline
-
-        timeline.check_path(args.timeline)
     runs = run_policies_with_timelines(prep, jobs=args.jobs,
                                        timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
     rows = [row for row, _ in runs]
@@ -53,12 +53,35 @@ def _cmd_run(args) -> int:
     return 0
 
 
+RUN_FILES = ("results.csv", "results.json")
+
+
+def _check_outputs(out: str | None, timeline_path: str | None) -> None:
+    """Every output of `chipsim run` can be written, and no two are one file, before anything runs."""
+    from chipsim.files import check_output_dir, check_output_file, same_file
+
+    if out is not None:
+        check_output_dir(out, RUN_FILES, "--out")
+    if timeline_path is not None:
+        check_output_file(timeline_path, "--timeline")
+        if out is not None and any(same_file(timeline_path, p) for p in
+                                   [out] + [os.path.join(out, name) for name in RUN_FILES]):
+            raise InputError(f"--timeline {timeline_path}: is --out {out} or one of its files")
+
+
+def _check_jobs(jobs: int) -> None:
+    if jobs < 0:
+        raise InputError(f"--jobs {jobs}: expected a whole number >= 0 (0: one worker per core)")
+
+
 def _cmd_sweep(args) -> int:
     from chipsim.analysis.sweep import parse_grid_args, run_sweep
 
     df = run_sweep(args.config, parse_grid_args(args.grid), args.policy, args.out, overrides=args.set or (),
                    jobs=args.jobs, backend=args.backend, scheduler=args.scheduler, progress=not args.quiet)
     a = df.attrs
+    for note in a["notes"]:
+        print(f"chipsim: note: {note}", file=sys.stderr)
     print(f"{a['rows']} rows ({a['points']} points); {a['simulated']} simulated, {a['reused']} reused from "
           f"{os.path.join(args.out, 'cache')}; {a['seconds']:.1f} s")
     print(f"wrote {os.path.join(args.out, 'results.csv')} and {os.path.join(args.out, 'sweep.json')}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 
 from chipsim.errors import InputError
@@ -16,6 +17,7 @@ def write_atomic(path: str, data: str | bytes, what: str = "") -> None:
     error (e.g. "--timeline")."""
     parent = os.path.dirname(os.path.abspath(path))
     label = f"{what} {path}" if what else path
+    _refuse_special(path, label)
     tmp = None
     try:
         os.makedirs(parent, exist_ok=True)
@@ -34,3 +36,67 @@ def write_atomic(path: str, data: str | bytes, what: str = "") -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _refuse_special(path: str, label: str) -> None:
+    """Only a regular file is ever replaced: never a FIFO, a device, a socket, a symbolic link or a folder."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"{label}: cannot inspect ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{label}: is a directory")
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise InputError(f"{label}: is {kind}; refusing to replace it")
+
+
+def _probe(directory: str, label: str) -> None:
+    """Whether a file can be created in `directory` (permissions, a read-only file system, a full quota)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".chipsim-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot write in {directory} ({exc.strerror or exc})") from None
+
+
+def _existing_ancestor(path: str) -> str:
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def check_output_file(path: str, what: str) -> None:
+    """Before any work: `path` can be written as an output file (its folder exists and is writable, and it
+    is absent or a regular file)."""
+    label = f"{what} {path}"
+    if not path:
+        raise InputError(f"{what}: empty path")
+    _refuse_special(path, label)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"{label}: directory {parent} does not exist")
+    _probe(parent, label)
+
+
+def check_output_dir(path: str, names, what: str) -> None:
+    """Before any work: `path` is (or can be made) a folder in which the files `names` can be written."""
+    label = f"{what} {path}"
+    if not path:
+        raise InputError(f"{what}: empty path")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{label}: exists and is not a directory")
+    for name in names:
+        _refuse_special(os.path.join(path, name), f"{label}: {name}")
+    folder = _existing_ancestor(path)
+    if not os.path.isdir(folder):
+        raise InputError(f"{label}: {folder} is not a directory")
+    _probe(folder, label)
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

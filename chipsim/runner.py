@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from chipsim import __version__
@@ -35,10 +36,13 @@ class Prepared:
     workload: DecodeWorkload
     trace: Trace
     policies: list[Policy]
+    notes: list[str] = field(default_factory=list)  # what the user should know, e.g. a trace shorter than asked
 
 
+@functools.lru_cache(maxsize=1)
 def code_sha256() -> str:
-    """Hash of the simulator's source, so results say which code produced them."""
+    """Hash of the simulator's source, so results say which code produced them. Computed once per process:
+    the modules were loaded when it started, so the files as they were then are the code that runs."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -67,7 +71,25 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
-    return Prepared(config, workload, trace, policies)
+    return Prepared(config, workload, trace, policies, _notes(config, trace, policies))
+
+
+def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
+    """What a run does other than what was asked, in words: a trace shorter than workload.max_tokens, and
+    warm-up periods that leave few measured tokens."""
+    wl = config.hw.workload
+    tokens = min(wl.max_tokens or trace.num_tokens, trace.num_tokens)
+    notes = []
+    if wl.max_tokens > trace.num_tokens:
+        notes.append(f"workload.max_tokens {wl.max_tokens} exceeds the {trace.num_tokens} tokens of trace "
+                     f"{trace.path}: replaying {trace.num_tokens}")
+    for policy in policies:
+        warmup = max(wl.warmup_tokens, policy.warmup_tokens())
+        measured = tokens - min(warmup, tokens - 1)
+        if warmup and measured < warmup:
+            notes.append(f"policy {policy.label}: {warmup} warm-up tokens of {tokens} replayed leave {measured} "
+                         f"measured token{'s' if measured != 1 else ''} in the means (raise workload.max_tokens)")
+    return notes
 
 
 # Simulated time is integer picoseconds in int64 arrays and SimPy's heap: a run must end before 2^62 ps (53 days)

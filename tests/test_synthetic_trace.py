@@ -239,7 +239,7 @@ def test_malformed_model_counts_in_meta_give_input_error(g1b, tmp_path):
     bad["model"]["num_experts"] = "many"
     path = tmp_path / "bad.npz"
     write_unvalidated(path, arrays, bad)
-    with pytest.raises(InputError, match="integers"):
+    with pytest.raises(InputError, match="whole numbers"):
         fmt.load(path)
 
 

@@ -233,6 +233,7 @@ def _cost_hint(prep, policy) -> float:
 
 def _prepare_points(config_path, base_overrides, policies, grid):
     points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    notes: list[str] = []  # each point's prepare() notes, once each
     code_sha = runner.code_sha256()  # through the module: a test may stand in another code hash
     prepared = []
     for point_id, point in enumerate(points):
@@ -250,11 +251,12 @@ def _prepare_points(config_path, base_overrides, policies, grid):
                 "key": _task_key(prep.config.raw, prep.trace.sha256, code_sha, policy.label),
                 "task": {"config": config_path, "overrides": overrides, "policy_spec": spec},
             })
+        notes.extend(n for n in prep.notes if n not in notes)
         prov = provenance(prep)
         prepared.append({"point_id": point_id, "values": point,
                          **{k: prov[k] for k in ("config_sha256", "trace", "trace_sha256", "trace_synthetic")},
                          "entries": entries})
-    return prepared, code_sha
+    return prepared, code_sha, notes
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -363,7 +365,7 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
 
 
 def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0):
-    points, code_sha = _prepare_points(config_path, base_overrides, policies, grid)
+    points, code_sha, notes = _prepare_points(config_path, base_overrides, policies, grid)
     try:
         base_sha = load_config(config_path, base_overrides).sha256()
     except InputError:
@@ -440,6 +442,6 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
     write_atomic(os.path.join(out_dir, "results.csv"), to_csv(table_rows, columns))
 
     df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
-    df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points),
+    df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points), "notes": notes,
                      "rows": len(table_rows), "seconds": time.perf_counter() - t0})
     return df

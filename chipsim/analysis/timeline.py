@@ -26,11 +26,9 @@ keeps every span's start and end exactly where its neighbours' are.
 from __future__ import annotations
 
 import json
-import os
 import re
 from bisect import bisect_right
 
-from chipsim.errors import InputError
 from chipsim.files import write_atomic
 
 # lanes: thread id = pid * LANE_STRIDE + offset; order in the viewer by sort index
@@ -139,20 +137,6 @@ def dumps(trace: dict) -> str:
     return "{" + ",\n".join(parts) + "}\n"
 
 
-def check_path(path: str) -> None:
-    """Fail before any simulation if the timeline cannot be written to `path`."""
-    if not path:
-        raise InputError("--timeline: empty path")
-    if os.path.isdir(path):
-        raise InputError(f"--timeline {path}: is a directory")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise InputError(f"--timeline {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--timeline {path}: directory {parent} is not writable")
-
-
 def write(path: str, trace: dict) -> None:
-    """Write the trace-event file, whole or not at all (checked with `check_path` first)."""
-    check_path(path)
+    """Write the trace-event file, whole or not at all (only ever replacing a regular file)."""
     write_atomic(path, dumps(trace), what="--timeline")

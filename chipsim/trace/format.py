@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,8 @@ class ArraySpec:
 
     ids: "" (not expert ids), "ids" (expert ids 0..N-1, NO_EXPERT where no prediction was made) or
     "permutation" (every row a permutation of 0..N-1). finite: a float array may hold no NaN or inf.
-    rule: an extra check, returning the problem in words or None."""
+    minimum / maximum: bounds on every value (inclusive). rule: an extra check, returning the problem in
+    words or None."""
 
     name: str
     dtype: str
@@ -63,6 +65,8 @@ class ArraySpec:
     meaning: str
     ids: str = ""
     finite: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
     rule: Callable[[np.ndarray], str | None] | None = field(default=None, compare=False)
 
     @property
@@ -87,6 +91,12 @@ class ArraySpec:
             raise InputError(f"{where}: every row of {self.name} must be a permutation of 0..{n - 1}")
         if self.finite and not np.isfinite(arr).all():
             raise InputError(f"{where}: {self.name} holds a non-finite value")
+        if self.minimum is not None and (arr < self.minimum).any():
+            raise InputError(f"{where}: {self.name} holds {arr[arr < self.minimum].flat[0]!r}, below its minimum "
+                             f"{self.minimum:g}")
+        if self.maximum is not None and (arr > self.maximum).any():
+            raise InputError(f"{where}: {self.name} holds {arr[arr > self.maximum].flat[0]!r}, above its maximum "
+                             f"{self.maximum:g}")
         problem = self.rule(arr) if self.rule else None
         if problem:
             raise InputError(f"{where}: {self.name} {problem}")
@@ -95,11 +105,13 @@ class ArraySpec:
 CORE_ARRAYS: dict[str, ArraySpec] = {s.name: s for s in (
     ArraySpec("routed_ids", "uint8", ("T", "L", "K"), "experts the router selected, by descending combine weight",
               ids="ids"),
-    ArraySpec("routed_weights", "float16", ("T", "L", "K"), "their combine weights as the model applied them"),
+    ArraySpec("routed_weights", "float16", ("T", "L", "K"), "their combine weights as the model applied them",
+              finite=True, minimum=0.0),
     ArraySpec("router_rank", "uint8", ("T", "L", "N"), "all experts by descending original-router probability",
               ids="permutation"),
     ArraySpec("router_rank_prob", "float16", ("T", "L", "M"),
-              "the original router's softmax probability of router_rank[..., :M]"),
+              "the original router's softmax probability of router_rank[..., :M]", finite=True, minimum=0.0,
+              maximum=1.0),
     ArraySpec("moe_layers", "int16", ("L",), "absolute layer index of each MoE layer"),
     ArraySpec("token_ids", "int32", ("T",), "the decoded tokens' ids (informational)"),
 )}
@@ -187,15 +199,15 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
     """Check schema version, the core arrays (keys, dtypes, shapes, id ranges) and every array of `specs`
     (ArraySpecs, e.g. the predictor outputs a recorder writes); any other array must merely be numeric.
     Raise InputError naming the first problem."""
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"{where}: schema_version {meta.get('schema_version')!r} is not supported (this chipsim reads {SCHEMA_VERSION})")
+    version = meta.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:  # not 1.0, not true
+        raise InputError(f"{where}: schema_version {version!r} is not supported (this chipsim reads {SCHEMA_VERSION})")
     model = meta.get("model")
     if not isinstance(model, dict) or any(k not in model for k in META_MODEL_KEYS):
         raise InputError(f"{where}: meta.model must give {', '.join(META_MODEL_KEYS)}")
-    try:
-        [int(model[k]) for k in META_MODEL_KEYS]
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: meta.model {', '.join(META_MODEL_KEYS)} must be integers") from None
+    if any(type(model[k]) is not int or model[k] < 0 for k in META_MODEL_KEYS):
+        raise InputError(f"{where}: meta.model {', '.join(META_MODEL_KEYS)} must be whole numbers >= 0")
+    _check_meta_types(meta, where)
     if int(model["num_experts"]) > NO_EXPERT:
         raise InputError(f"{where}: {model['num_experts']} experts do not fit uint8 ids")
     specs = list(specs)
@@ -218,6 +230,21 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
     expected_layers = np.arange(int(model["first_dense_layers"]), int(model["num_layers"]), dtype=np.int16)
     if not (arrays["moe_layers"] == expected_layers).all():
         raise InputError(f"{where}: moe_layers must list layers {expected_layers[0]}..{expected_layers[-1]}")
+
+
+# meta fields whose type a reader relies on: key -> (type, what it must be)
+META_TYPES = {"synthetic": (bool, "true or false"), "provenance": (dict, "a mapping"),
+              "quality": (dict, "a mapping"), "predictor_metrics": (dict, "a mapping"), "measured": (dict, "a mapping")}
+
+
+def _check_meta_types(meta: dict, where: str) -> None:
+    for key, (tp, words) in META_TYPES.items():
+        if key in meta and type(meta[key]) is not tp:
+            raise InputError(f"{where}: meta.{key} must be {words}, got {type(meta[key]).__name__}")
+    prov = meta.get("provenance", {})
+    for key in ("description", "kind", "architecture", "command", "generator"):
+        if key in prov and not isinstance(prov[key], str):
+            raise InputError(f"{where}: meta.provenance.{key} must be a string, got {type(prov[key]).__name__}")
 
 
 def check_arrays(trace: "Trace", specs, reader: str) -> None:
@@ -284,6 +311,8 @@ def load(path: str | os.PathLike) -> Trace:
 def _load(path: str) -> Trace:
     if not os.path.exists(path):
         raise InputError(f"trace {path}: file not found")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, a device never end it
+        raise InputError(f"trace {path}: not a regular file")
     try:
         with open(path, "rb") as f:
             raw = f.read()

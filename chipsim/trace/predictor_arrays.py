@@ -42,8 +42,10 @@ PREGATE_RANK = ArraySpec("pregate_rank", "uint8", ("T", "L", "M"), "pre-gate ran
 FLOE_RANK = ArraySpec("floe_rank", "uint8", ("T", "L", "M"), "FloE inter-expert predictor ranking", ids="ids")
 DRAFT_IDS = ArraySpec("draft_ids", "uint8", ("T", "L", "D", "K"), "SPICE draft predictions up to D layers ahead",
                       ids="ids")
-DRAFT_CONF = ArraySpec("draft_conf", "float16", ("T", "L", "D"), "SPICE draft confidences")
-TRAIN_EXPERT_COUNTS = ArraySpec("train_expert_counts", "int64", ("L", "N"), "training-split expert routing counts")
+DRAFT_CONF = ArraySpec("draft_conf", "float16", ("T", "L", "D"), "SPICE draft confidences", finite=True, minimum=0.0,
+                       maximum=1.0)
+TRAIN_EXPERT_COUNTS = ArraySpec("train_expert_counts", "int64", ("L", "N"), "training-split expert routing counts",
+                                minimum=0)
 
 # every output the bundled recorder and synthetic generator write, by name
 RECORDED: tuple[ArraySpec, ...] = (APEX_RANK, APEX_SCORE, APEX_THETA, PROMOE_RANK, PREGATE_RANK, FLOE_RANK,

@@ -345,7 +345,16 @@ def trace_stats(trace: tf.Trace) -> dict:
 
 
 def _f(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    """A number to `digits` decimals; '-' for none; anything else (a hand-edited meta field) as it is."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def format_report(stats: dict) -> str:
@@ -360,19 +369,19 @@ def format_report(stats: dict) -> str:
         if isinstance(width, dict) and width:
             arch += " (" + ", ".join(f"{k} {v}" for k, v in width.items()) + ")"
         lines.append(f"  architecture: {arch}")
-    if "parameters" in prov:
+    if _is_number(prov.get("parameters")):
         routed = prov.get("routed_expert_parameters")
         extra = f" ({routed / 1e6:.1f} M in routed experts)" if isinstance(routed, (int, float)) else ""
         lines.append(f"  parameters: {prov['parameters'] / 1e6:.1f} M{extra}")
-    if "training" in prov and "tokens" in prov["training"]:
+    if isinstance(prov.get("training"), dict) and _is_number(prov["training"].get("tokens")):
         t = prov["training"]
         parts = [f"{t['tokens'] / 1e6:.2f} M tokens"]
         if "steps" in t:
             parts.append(f"{t['steps']} steps")
-        if "seconds" in t:
+        if _is_number(t.get("seconds")):
             parts.append(f"{t['seconds']:.0f} s")
         lines.append("  training: " + ", ".join(parts))
-    if "loss" in prov:
+    if isinstance(prov.get("loss"), dict):
         lo = prov["loss"]
         unit = lo.get("unit", "")
 
@@ -381,7 +390,7 @@ def format_report(stats: dict) -> str:
 
         lines.append(f"  final loss ({unit}): train {pair('train_before', 'train_after')}, "
                      f"held-out {pair('heldout_before', 'heldout_after')}")
-    if "text_sources" in prov:
+    if isinstance(prov.get("text_sources"), dict) and all(isinstance(v, dict) for v in prov["text_sources"].values()):
         srcs = "; ".join(f"{s.get('package', name)} ({s['licence']})" if "licence" in s else s.get("package", name)
                          for name, s in prov["text_sources"].items())
         lines.append(f"  text: {srcs}")
