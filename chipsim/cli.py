@@ -7,7 +7,7 @@ import os
 import sys
 
 from chipsim import __version__
-from chipsim.errors import InputError
+from chipsim.errors import InputError, OneLineParser
 
 
 def _cmd_run(args) -> int:
@@ -190,7 +190,7 @@ def _cmd_inspect(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
+    parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -307,8 +307,15 @@ def main(argv=None) -> int:
         print(f"chipsim: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while exiting changes nothing
         print("chipsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `chipsim keys | head -1`: the reader has gone; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would complain again
+        return 141
 
 
 if __name__ == "__main__":

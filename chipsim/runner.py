@@ -9,7 +9,6 @@ import copy
 import functools
 import hashlib
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,12 +17,14 @@ from chipsim.errors import InputError
 from chipsim.hw.config import Config, load_config
 from chipsim.hw.dram import dram_timing
 from chipsim.hw.paths import fetch_path_timing
+from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
 from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
+from chipsim.trace import predictor_arrays
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload, build_workload
@@ -61,6 +62,9 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     workload = build_workload(config.hw)
     trace = trace_format.load(config.trace_path)
     trace.check_matches(workload.model)
+    # a predictor output the trace carries is checked whether or not a policy of this run reads it: a
+    # corrupt array means a corrupt file
+    trace_format.check_arrays(trace, [s for s in predictor_arrays.RECORDED if s.name in trace.arrays], "chipsim")
     specs = list(policy_specs) or list(config.hw.run.policies)
     policies = [make_policy(spec, config.policies) for spec in specs]
     _check_time_fits(config, workload, trace, policies)
@@ -190,18 +194,15 @@ def run_policies_with_timelines(prep: Prepared, jobs: int = 0,
     they are."""
     global _WORKER_PREP
     n = len(prep.policies)
-    jobs = jobs or min(n, os.cpu_count() or 1)
-    if jobs <= 1 or n == 1:
+    jobs = min(jobs or os.cpu_count() or 1, n)  # never more workers than policies
+    if jobs <= 1:
         return [_run_one(prep, p, timeline_tokens) for p in prep.policies]
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
     try:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
         # longest first (policies moving each expert as several transfers cost the most), one at a time,
         # so the two cores finish together; results come back in the order given
         order = sorted(range(n), key=lambda i: (-len(prep.policies[i].expert_format(prep.workload, prep.config.hw).part_bytes), i))
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with worker_pool(jobs) as pool:
             rows = dict(zip(order, pool.map(_worker_run, order, [timeline_tokens] * n, chunksize=1)))
         return [rows[i] for i in range(n)]
     finally:

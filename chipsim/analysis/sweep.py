@@ -38,7 +38,8 @@ import pandas as pd
 from chipsim import __version__, runner
 from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, to_json
 from chipsim.errors import InputError
-from chipsim.files import write_atomic
+from chipsim.files import check_output_dir, write_atomic
+from chipsim.pool import worker_pool
 from chipsim.hw.config import load_config, parse_set, yaml_text
 from chipsim.runner import prepare, provenance, simulate, summarize_result
 
@@ -278,20 +279,14 @@ def _run_process(tasks: dict, jobs: int, on_done, progress: bool) -> None:
                 on_done(key, _run_task(task))
                 bar.update(1)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as pool:
+    with worker_pool(jobs) as pool:  # on an interrupt or a failed task the workers are stopped at once
         futures = {pool.submit(_run_task, task): key for key, task in tasks.items()}
-        try:
-            with _progress_bar(len(tasks), progress) as bar:
-                for fut in as_completed(futures):
-                    on_done(futures[fut], fut.result())
-                    bar.update(1)
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+        with _progress_bar(len(tasks), progress) as bar:
+            for fut in as_completed(futures):
+                on_done(futures[fut], fut.result())
+                bar.update(1)
 
 
 def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: bool) -> None:
@@ -364,8 +359,33 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
     return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0)
 
 
+@contextlib.contextmanager
+def _sweep_lock(out_dir: str):
+    """One sweep at a time writes a directory: a second (another grid, or the same one) is refused, rather
+    than the two overwriting each other's results.csv and sweep.json. The lock (an flock on
+    DIR/.sweep.lock) goes with the process, however it ends."""
+    import fcntl
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, ".sweep.lock"), "a", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"--out {out_dir}: another chipsim sweep is writing there; wait for it to end "
+                             "or choose another directory") from None
+        yield
+
+
 def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0):
     points, code_sha, notes = _prepare_points(config_path, base_overrides, policies, grid)
+    check_output_dir(out_dir, ("results.csv", "sweep.json"), "--out")
+    with _sweep_lock(out_dir):
+        return _sweep_locked(points, code_sha, notes, config_path, grid, policies, out_dir, base_overrides, jobs,
+                             backend, scheduler, progress, t0)
+
+
+def _sweep_locked(points, code_sha, notes, config_path, grid, policies, out_dir, base_overrides, jobs, backend,
+                  scheduler, progress, t0):
     try:
         base_sha = load_config(config_path, base_overrides).sha256()
     except InputError:

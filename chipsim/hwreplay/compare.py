@@ -10,15 +10,15 @@ plan fetches beside the bytes the GPU copied.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 
-from chipsim.errors import InputError
+from chipsim.errors import InputError, OneLineParser
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay.ops import profile_coverage
+from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
 
@@ -77,10 +77,8 @@ def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
     overrides = (*meas.get("overrides", []), *overrides)  # the settings the replay ran with
     work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
             for case in meas["cases"]]
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+    if jobs > 1 and len(work) > 1:
+        with worker_pool(min(jobs, len(work))) as pool:
             rows = list(pool.map(_case_row, work))
     else:
         rows = [_case_row(job) for job in work]
@@ -222,12 +220,16 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="chipsim hwcompare", description="simulated vs measured latency and bytes of hardware replays")
-    ap.add_argument("measurements", nargs="+")
-    ap.add_argument("--microbench", default=None)
-    ap.add_argument("--held-out", default="deepseek-v2-lite")
-    ap.add_argument("--notes", default=None, help="markdown file whose lines go under Findings")
-    ap.add_argument("--report", default=None)
+    ap = OneLineParser(prog="chipsim hwcompare", description="simulated vs measured latency and bytes of hardware "
+                       "replays: re-simulates every measured case and writes the comparison (VALIDATION.md)")
+    ap.add_argument("measurements", nargs="+", metavar="MEASUREMENT",
+                    help="files written by chipsim hwreplay (validation/<config>.json), in report order")
+    ap.add_argument("--microbench", default=None, metavar="FILE",
+                    help="microbenchmark file (validation/h200-microbench.json): per-kernel array-model errors")
+    ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
+                    help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
+    ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
+    ap.add_argument("--report", default=None, metavar="FILE", help="write the markdown report here (VALIDATION.md)")
     ap.add_argument("--json", default=None, help="also write every row as JSON")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes rebuilding plans (default: cores)")
     a = ap.parse_args(argv)

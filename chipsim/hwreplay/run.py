@@ -10,12 +10,12 @@ count and bytes, the copies the GPU made, every token's measured latency and the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from chipsim.errors import OneLineParser
 from chipsim.hwreplay.ops import primitive_ops
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -84,13 +84,16 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="chipsim hwreplay", description="replay policies on the GPU and measure per-token latency")
-    ap.add_argument("configs", nargs="+")
-    ap.add_argument("--contexts", default="512,2048")
-    ap.add_argument("--policy", action="append", default=None)
+    ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
+                       "per-token latency (needs torch with CUDA)")
+    ap.add_argument("configs", nargs="+", metavar="CONFIG", help="hardware configs of the machine, one per model shape")
+    ap.add_argument("--contexts", default="512,2048", metavar="N,N", help="KV-cache lengths to replay (default 512,2048)")
+    ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
+                    help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key (repeatable), e.g. workload.max_tokens=8 for a dry run")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="processes building the plans (default: cores)")
     ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
     ap.add_argument("--graphs", action="store_true",

@@ -15,7 +15,6 @@ Needs torch and transformers; the simulator never imports this module.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shlex
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from chipsim.errors import OneLineParser
 from chipsim.trace import format as tformat
 from chipsim.trace.predictors import build_trace_arrays
 from chipsim.trace.recorder import find_routers, load_local_model, model_counts, record
@@ -41,19 +41,23 @@ def matching_shape(counts: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="record a chipsim trace from a local Hugging Face MoE checkpoint")
+    ap = OneLineParser(prog="chipsim trace", description="record a chipsim trace from a local Hugging Face MoE "
+                       "checkpoint over a text file, fitting the predictors on a training split (needs torch)")
     ap.add_argument("model", help="local checkpoint folder")
     ap.add_argument("--text", required=True, help="a UTF-8 text file")
     ap.add_argument("--out", required=True, help="trace path (.npz)")
     ap.add_argument("--shape", default=None, help="chipsim model shape name for meta.model.name")
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--train-tokens", type=int, default=32768)
-    ap.add_argument("--heldout-tokens", type=int, default=4096)
-    ap.add_argument("--pred-steps", type=int, default=300)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seq", type=int, default=512, help="tokens per recorded window (default 512)")
+    ap.add_argument("--train-tokens", type=int, default=32768,
+                    help="training-split tokens the predictors are fitted on (default 32768)")
+    ap.add_argument("--heldout-tokens", type=int, default=4096,
+                    help="held-out tokens recorded into the trace (default 4096)")
+    ap.add_argument("--pred-steps", type=int, default=300, help="optimiser steps per predictor (default 300)")
+    ap.add_argument("--batch", type=int, default=8, help="windows per forward pass (default 8)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="model dtype while recording (default float32)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the predictor fits (default 0)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
 

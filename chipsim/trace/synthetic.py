@@ -49,7 +49,6 @@ the same parameters give byte-identical files on the same platform and numpy ver
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -59,7 +58,8 @@ from pathlib import Path
 import numpy as np
 
 import chipsim
-from chipsim.errors import InputError
+from chipsim.errors import InputError, OneLineParser
+from chipsim.files import check_output_file
 from chipsim.trace import format as fmt
 from chipsim.trace import predictor_arrays
 from chipsim.workload.models import MODELS, ModelShape, get_model
@@ -650,7 +650,7 @@ def _parse_set(items: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m chipsim.trace.synthetic",
         description="Write a seeded SYNTHETIC routing trace (schema v1) for a model shape.",
     )
@@ -664,11 +664,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides = _parse_set(args.set)
         params = SyntheticParams(num_tokens=args.tokens, seed=args.seed, **overrides)
         out = Path(args.out)
-        if out.parent and not out.parent.exists():
-            raise InputError(f"--out {out}: directory {out.parent} does not exist")
+        check_output_file(str(out), "--out")  # before generating: a folder, a FIFO or an unwritable place
         meta = write(out, args.model, params)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"chipsim: error: {exc}", file=sys.stderr)
         return 2
     print(summary_line(out, meta))
     return 0
