@@ -20,11 +20,21 @@ def _cmd_run(args) -> int:
     _check_jobs(args.jobs)
     _check_outputs(args.out, args.timeline)
     prep = prepare(args.config, args.set or (), args.policy or (), args.trace)
-    for note in prep.notes:
-        print(f"chipsim: note: {note}", file=sys.stderr)
+    notes = list(prep.notes)
     if args.timeline is not None:
         from chipsim.analysis import timeline
-    runs = run_policies_with_timelines(prep, jobs=args.jobs,
+
+        recorded = args.timeline_tokens or prep.config.hw.workload.max_tokens or prep.trace.num_tokens
+        recorded = min(recorded, prep.trace.num_tokens)
+        size = timeline.estimate_bytes(recorded, len(prep.policies), prep.workload.model)
+        if size > 50e6:
+            runs = f"{len(prep.policies)} polic{'y' if len(prep.policies) == 1 else 'ies'}"
+            notes.append(f"--timeline records {recorded} tokens of {runs}: about "
+                         f"{size / 1e6:.0f} MB of trace events (and several times that in memory while it is built); "
+                         "--timeline-tokens N keeps the first N")
+    for note in notes:
+        print(f"chipsim: note: {note}", file=sys.stderr)
+    runs = run_policies_with_timelines(prep, jobs=args.jobs, progress=True,
                                        timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
     rows = [row for row, _ in runs]
     prov = provenance(prep)

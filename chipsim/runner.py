@@ -9,6 +9,8 @@ import copy
 import functools
 import hashlib
 import os
+import sys
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,23 +189,41 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
     return [row for row, _ in run_policies_with_timelines(prep, jobs)]
 
 
-def run_policies_with_timelines(prep: Prepared, jobs: int = 0,
-                                timeline_tokens: int | None = None) -> list[tuple[dict, dict | None]]:
+def _progress(total: int, show: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="run", unit="policy", file=sys.stderr,
+                disable=not (show and total > 1 and sys.stderr.isatty()))
+
+
+def run_policies_with_timelines(prep: Prepared, jobs: int = 0, timeline_tokens: int | None = None,
+                                progress: bool = False) -> list[tuple[dict, dict | None]]:
     """(summary row, timeline data) per policy, in the order given; timeline data (RecordedTimeline.run_data,
-    drawn by chipsim.analysis.timeline) only when `timeline_tokens` is given: the first that many tokens, 0 for all. Recording leaves the rows as
-    they are."""
+    drawn by chipsim.analysis.timeline) only when `timeline_tokens` is given: the first that many tokens, 0
+    for all. Recording leaves the rows as they are. `progress`: a bar of finished policies on stderr when it
+    is a terminal."""
     global _WORKER_PREP
     n = len(prep.policies)
     jobs = min(jobs or os.cpu_count() or 1, n)  # never more workers than policies
     if jobs <= 1:
-        return [_run_one(prep, p, timeline_tokens) for p in prep.policies]
+        out = []
+        with _progress(n, progress) as bar:
+            for policy in prep.policies:
+                out.append(_run_one(prep, policy, timeline_tokens))
+                bar.update(1)
+        return out
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
     try:
         # longest first (policies moving each expert as several transfers cost the most), one at a time,
         # so the two cores finish together; results come back in the order given
         order = sorted(range(n), key=lambda i: (-len(prep.policies[i].expert_format(prep.workload, prep.config.hw).part_bytes), i))
+        rows = {}
         with worker_pool(jobs) as pool:
-            rows = dict(zip(order, pool.map(_worker_run, order, [timeline_tokens] * n, chunksize=1)))
+            futures = {pool.submit(_worker_run, i, timeline_tokens): i for i in order}
+            with _progress(n, progress) as bar:  # its monitor thread starts after the workers are forked
+                for fut in as_completed(futures):
+                    rows[futures[fut]] = fut.result()
+                    bar.update(1)
         return [rows[i] for i in range(n)]
     finally:
         _WORKER_PREP = None

@@ -323,11 +323,33 @@ def saved_experiments(out_dir: str) -> list[dict]:
     for name in sorted(os.listdir(out_dir)):
         p = os.path.join(out_dir, name, "experiment.json")
         if os.path.isfile(p):
-            with open(p, encoding="utf-8") as f:
-                out.append(json.load(f))
+            out.append(_read_saved(p, name))
     if not out:
         raise InputError(f"{out_dir}: no experiment results (DIR/<name>/experiment.json); run chipsim reproduce")
     return out
+
+
+# what `run_experiment` saves, and the type each key must have when read back
+SAVED_KEYS = {"name": str, "title": str, "paper": str, "configs": list, "config_names": list, "grid": dict,
+              "policies": list, "overrides": list, "plot": dict, "compare": list, "paper_points": list, "table": list}
+
+
+def _read_saved(path: str, name: str) -> dict:
+    """A saved experiment.json, checked: a truncated, edited or foreign file is one line naming it."""
+    again = f"run chipsim reproduce {name} again"
+    try:
+        with open(path, encoding="utf-8") as f:
+            exp = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable experiment record ({type(exc).__name__}); {again}") from None
+    if not isinstance(exp, dict):
+        raise InputError(f"{path}: not an experiment record (expected a JSON object); {again}")
+    for key, tp in SAVED_KEYS.items():
+        if not isinstance(exp.get(key), tp):
+            raise InputError(f"{path}: incomplete experiment record ({key} missing or not a {tp.__name__}); {again}")
+    if len(exp["configs"]) != len(exp["config_names"]) or not all(isinstance(c, str) for c in exp["config_names"]):
+        raise InputError(f"{path}: incomplete experiment record (configs and config_names differ); {again}")
+    return exp
 
 
 def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
@@ -338,9 +360,16 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
         p = os.path.join(directory, "sweep.json")
         if not os.path.isfile(p):
             raise InputError(f"{p}: missing; run chipsim reproduce {exp['name']}")
-        with open(p, encoding="utf-8") as f:
-            info = json.load(f)
-        for r in info["results"]:
+        try:
+            with open(p, encoding="utf-8") as f:
+                info = json.load(f)
+            results = info["results"]
+            if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+                raise TypeError("results is not a list of rows")
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{p}: not a readable sweep record ({type(exc).__name__}); run chipsim reproduce "
+                             f"{exp['name']} again") from None
+        for r in results:
             rows.append({"config": stem, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
     scalars = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in rows]
     return pd.DataFrame(scalars), rows

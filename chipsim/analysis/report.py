@@ -44,7 +44,7 @@ def header_lines(prep, fetch_path) -> list[str]:
     hbm = dram_timing(hw.memory.hbm)
     lp = dram_timing(hw.memory.lpddr5x)
     return [
-        f"config: {prep.config.path}",
+        f"config: {prep.config.given_path or prep.config.path}",
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "

@@ -205,8 +205,9 @@ class Config:
 
     hw: HardwareConfig
     policies: dict  # policy name -> {param: value}; checked against each policy's declared parameters
-    path: str
+    path: str  # absolute (what results record)
     raw: dict  # the fully resolved dict (after base and --set), for hashing and output
+    given_path: str = ""  # as the user wrote it (what the run header prints)
 
     @property
     def trace_path(self) -> str:
@@ -370,7 +371,7 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     if not isinstance(policies, dict) or not all(isinstance(v, dict) for v in policies.values()):
         raise InputError("policies: expected a mapping of policy name -> {parameter: value}")
     raw = dict(data, policies=policies)
-    config = Config(hw=hw, policies=policies, path=os.path.abspath(path), raw=raw)
+    config = Config(hw=hw, policies=policies, path=os.path.abspath(path), raw=raw, given_path=str(path))
     _check_consistency(config)
     return config
 
