@@ -70,13 +70,13 @@ def _check_outputs(out: str | None, timeline_path: str | None) -> None:
     """Every output of `chipsim run` can be written, and no two are one file, before anything runs."""
     from chipsim.files import check_output_dir, check_output_file, same_file
 
+    if out is not None and timeline_path is not None and any(
+            same_file(timeline_path, p) for p in [out] + [os.path.join(out, name) for name in RUN_FILES]):
+        raise InputError(f"--timeline {timeline_path}: is --out {out} or one of its files")
     if out is not None:
         check_output_dir(out, RUN_FILES, "--out")
     if timeline_path is not None:
         check_output_file(timeline_path, "--timeline")
-        if out is not None and any(same_file(timeline_path, p) for p in
-                                   [out] + [os.path.join(out, name) for name in RUN_FILES]):
-            raise InputError(f"--timeline {timeline_path}: is --out {out} or one of its files")
 
 
 def _check_jobs(jobs: int) -> None:

@@ -8,7 +8,11 @@ class InputError(Exception):
     """A problem with a user's input (config, trace, command line), stated in one line."""
 
     def __init__(self, message: str):
-        super().__init__(message.replace("\n", " "))
+        # one line whatever the message quotes: a newline becomes a space, any other character that is not
+        # printable (a form feed, a vertical tab, U+2028, ...) its escape
+        message = message.replace("\n", " ")
+        super().__init__("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                                 for c in message))
 
 
 class OneLineParser(argparse.ArgumentParser):

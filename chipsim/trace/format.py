@@ -92,10 +92,10 @@ class ArraySpec:
         if self.finite and not np.isfinite(arr).all():
             raise InputError(f"{where}: {self.name} holds a non-finite value")
         if self.minimum is not None and (arr < self.minimum).any():
-            raise InputError(f"{where}: {self.name} holds {arr[arr < self.minimum].flat[0]!r}, below its minimum "
+            raise InputError(f"{where}: {self.name} holds {arr[arr < self.minimum].flat[0].item()!r}, below its minimum "
                              f"{self.minimum:g}")
         if self.maximum is not None and (arr > self.maximum).any():
-            raise InputError(f"{where}: {self.name} holds {arr[arr > self.maximum].flat[0]!r}, above its maximum "
+            raise InputError(f"{where}: {self.name} holds {arr[arr > self.maximum].flat[0].item()!r}, above its maximum "
                              f"{self.maximum:g}")
         problem = self.rule(arr) if self.rule else None
         if problem:
