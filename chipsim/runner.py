@@ -154,11 +154,22 @@ def _check_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy
     probe.on_run_start(Simulation(config.hw, workload, trace, probe, max_tokens=1))
 
 
-def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0) -> SimResult:
+# a run of at least this many tokens shows a per-token bar on a terminal (when policies run one after another)
+TOKEN_BAR_MIN = 4096
+
+
+def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0,
+             progress: bool = False) -> SimResult:
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy,
                      max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events,
                      record_tokens=record_tokens)
-    return sim.run()
+    if not (progress and sim.num_tokens >= TOKEN_BAR_MIN and sys.stderr.isatty()):
+        return sim.run()
+    from tqdm import tqdm
+
+    with tqdm(total=sim.num_tokens, desc=policy.label, unit="token", file=sys.stderr, leave=False) as bar:
+        sim.on_token = lambda t: bar.update(1)
+        return sim.run()
 
 
 def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
@@ -171,11 +182,12 @@ def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
 _WORKER_PREP: Prepared | None = None
 
 
-def _run_one(prep: Prepared, policy: Policy, timeline_tokens: int | None = None) -> tuple[dict, dict | None]:
+def _run_one(prep: Prepared, policy: Policy, timeline_tokens: int | None = None,
+             progress: bool = False) -> tuple[dict, dict | None]:
     """A policy's summary row and, when `timeline_tokens` is given, its timeline of that many tokens (0: all)."""
     if timeline_tokens is None:
-        return summarize_result(prep, simulate(prep, policy), policy), None
-    result = simulate(prep, policy, record_events=True, record_tokens=timeline_tokens)
+        return summarize_result(prep, simulate(prep, policy, progress=progress), policy), None
+    result = simulate(prep, policy, record_events=True, record_tokens=timeline_tokens, progress=progress)
     return summarize_result(prep, result, policy), result.timeline.run_data(policy.label)
 
 
@@ -209,7 +221,7 @@ def run_policies_with_timelines(prep: Prepared, jobs: int = 0, timeline_tokens: 
         out = []
         with _progress(n, progress) as bar:
             for policy in prep.policies:
-                out.append(_run_one(prep, policy, timeline_tokens))
+                out.append(_run_one(prep, policy, timeline_tokens, progress))
                 bar.update(1)
         return out
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index

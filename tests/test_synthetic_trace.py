@@ -183,7 +183,7 @@ def test_save_load_round_trip_is_exact(g1b, tmp_path):
         assert np.array_equal(trace[key], value), key
     assert trace.meta == dict(meta, schema_version=fmt.SCHEMA_VERSION)
     assert trace.synthetic and trace.num_tokens == 256
-    assert path.stat().st_size < fmt.MAX_TRACE_BYTES
+    assert path.stat().st_size < fmt.SHIPPED_TRACE_MAX_BYTES
 
 
 def test_same_seed_gives_identical_bytes_and_other_seed_differs(tmp_path):
@@ -402,3 +402,13 @@ def test_load_returns_the_same_read_only_trace_until_the_file_changes(tmp_path):
     os.utime(path, ns=(1, 1))  # a new mtime even on a coarse clock
     c = tf.load(path)
     assert c is not a and c.sha256 != a.sha256
+
+
+def test_every_shipped_trace_stays_below_16_mib():
+    """The limit belongs to what this repository carries, not to the format (a user's trace may be longer)."""
+    import glob
+
+    shipped = glob.glob(str(Path(__file__).resolve().parent.parent / "traces" / "*.npz"))
+    assert len(shipped) == 8
+    for path in shipped:
+        assert Path(path).stat().st_size <= fmt.SHIPPED_TRACE_MAX_BYTES, path

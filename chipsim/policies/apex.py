@@ -26,6 +26,7 @@ import numpy as np
 
 from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
+from chipsim.trace.format import TokenRows
 
 
 @register
@@ -68,12 +69,12 @@ class Apex(Policy):
             delta = np.minimum(delta, self.max_extra)
         self._delta_hat = delta
         self._budget = (delta + ctx.top_k).tolist()
-        self._rank = ctx.trace_array("apex_rank")[:T].tolist()
+        self._rank = TokenRows(ctx.trace_array("apex_rank")[:T])
         self._delta_star = pa.delta_star(ctx.trace_array("apex_rank")[:T], ctx.trace_array("routed_ids")[:T])
         self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
         self._meta = ctx.trace_meta
         if self.stall_free:
-            self._router_rank = ctx.trace_array("router_rank")[:T].tolist()
+            self._router_rank = TokenRows(ctx.trace_array("router_rank")[:T])
             L = ctx.num_moe_layers
             self._layer_substituted = np.zeros((T, L), dtype=np.int64)
             self._layer_dropped = np.zeros((T, L), dtype=np.int64)

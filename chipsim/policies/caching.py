@@ -23,7 +23,7 @@ import numpy as np
 from chipsim.errors import InputError
 from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
-from chipsim.trace.format import NO_EXPERT
+from chipsim.trace.format import NO_EXPERT, TokenRows
 
 SLOTS_DOC = "experts the cache holds (0 = the whole expert buffer; never more than the buffer holds)"
 WARMUP_DOC = "leading tokens reported separately while the cache fills"
@@ -272,7 +272,7 @@ class AdapMoE(ExpertCache):
         self._k = k
         self._L = L
         self._weights = ctx.trace_array("routed_weights")[:T].astype(np.float64)
-        self._pred = ctx.trace_array("pregate_rank")[:T, :, :k].tolist()
+        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k])
         self.quota = self.layer_quotas(ctx.trace_array("train_expert_counts"), k, max(0, self.capacity - 2 * k))
         self._dropped = np.zeros((T, L), dtype=np.int64)
         self._pred_hits = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|

@@ -28,7 +28,7 @@ import numpy as np
 
 from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
-from chipsim.trace.format import NO_EXPERT
+from chipsim.trace.format import NO_EXPERT, TokenRows
 
 
 @register
@@ -50,15 +50,11 @@ class PreGated(Policy):
     def on_run_start(self, ctx: SimContext) -> None:
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._meta = ctx.trace_meta
-        head = ctx.trace_array("pregate_rank")[:T, :, :k]
-        pred = head.tolist()
-        for t in range(T):
-            for layer in range(L):
-                ids = pred[t][layer]
-                # a usable prediction names k distinct experts; anything else (NO_EXPERT at MoE layer 0) has none
-                if NO_EXPERT in ids or len(set(ids)) != k:
-                    pred[t][layer] = None
-        self._pred = pred
+        def usable(rows: list) -> list:
+            # a usable prediction names k distinct experts; anything else (NO_EXPERT at MoE layer 0) has none
+            return [None if NO_EXPERT in ids or len(set(ids)) != k else ids for ids in rows]
+
+        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k], convert=usable)
         self._deviations = np.zeros((T, L), dtype=np.int64)
         self._no_pregate = np.zeros((T, L), dtype=bool)
         self._k = k

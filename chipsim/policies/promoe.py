@@ -28,7 +28,7 @@ import numpy as np
 from chipsim.policies.base import Param, SimContext, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.policies.caching import WARMUP_DOC, ExpertCache, _mean_or_none, _per_layer
-from chipsim.trace.format import NO_EXPERT
+from chipsim.trace.format import NO_EXPERT, TokenRows
 
 
 @register
@@ -62,7 +62,7 @@ class ProMoE(ExpertCache):
         super().on_run_start(ctx)
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k, self._L = k, L
-        self._pred = ctx.trace_array("promoe_rank")[:T, :, :k].tolist()
+        self._pred = TokenRows(ctx.trace_array("promoe_rank")[:T, :, :k])
         self._recall_hits = np.zeros((T, L), dtype=np.int64)
         self._has_pred = np.zeros((T, L), dtype=bool)
         self._cache_hits = np.zeros((T, L), dtype=np.int64)  # landed, and no prefetch of this token brought it

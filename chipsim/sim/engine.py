@@ -30,7 +30,7 @@ from chipsim.hw.paths import FETCH_PATH, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
-from chipsim.trace.format import CORE_ARRAYS, Trace
+from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
@@ -116,7 +116,7 @@ class Simulation:
         self._serving = False
         self._waiting_layer = -1
         self._arrival_event = None
-        self._routed = trace["routed_ids"][:n_tokens].tolist()  # nested lists: fast per-layer reads
+        self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self.rec = RunRecorder(n_tokens, self.num_moe_layers)
         self.host = simpy.Resource(self.env, capacity=1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
@@ -124,6 +124,7 @@ class Simulation:
         self._recorded_events = self.events
         self._record_until = record_tokens if record_events and record_tokens else -1
         self._dma_recorder = None
+        self.on_token = None  # called with each token's index once it is decoded (a progress bar)
         if record_events:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
@@ -374,6 +375,8 @@ class Simulation:
         if self.events is not None:
             self.events.append(("tokens", f"token {t}", token_start, self.env.now))
         self.rec.end_token(t, self.env.now - token_start, stall)
+        if self.on_token is not None:
+            self.on_token(t)
 
     def _moe_layer(self, t: int, layer: int, cost: _LayerCost):
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts

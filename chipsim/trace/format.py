@@ -46,7 +46,9 @@ from chipsim.files import write_atomic
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
 NO_EXPERT = 255
-MAX_TRACE_BYTES = 16 * (1 << 20)
+# the traces this repository ships stay below this (a test checks; chipsim.trace.train trims to it); the format
+# itself has no size limit: a user may record or generate a trace of any length
+SHIPPED_TRACE_MAX_BYTES = 16 * (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,30 @@ CORE_ARRAYS: dict[str, ArraySpec] = {s.name: s for s in (
 )}
 
 META_MODEL_KEYS = ("num_layers", "first_dense_layers", "num_experts", "top_k", "num_shared_experts")
+
+
+class TokenRows:
+    """A per-token trace array read as nested Python lists one token at a time (the last few kept): what a
+    policy or the engine indexes per token and layer, fast, without turning a long trace's arrays into
+    Python lists whole (a 32k-token ranking would take gigabytes). `convert` may rewrite each token's rows."""
+
+    def __init__(self, array: np.ndarray, convert: Callable[[list], list] | None = None, keep: int = 4):
+        self._array, self._convert, self._keep = array, convert, keep
+        self._rows: dict[int, list] = {}
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, t: int) -> list:
+        rows = self._rows.get(t)
+        if rows is None:
+            rows = self._array[t].tolist()
+            if self._convert is not None:
+                rows = self._convert(rows)
+            self._rows[t] = rows
+            if len(self._rows) > self._keep:
+                del self._rows[next(iter(self._rows))]  # the oldest converted token
+        return rows
 
 
 @dataclass
@@ -258,7 +284,8 @@ def check_arrays(trace: "Trace", specs, reader: str) -> None:
         spec.check(trace.arrays[spec.name], dims, f"trace {trace.path}")
 
 
-def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, specs=()) -> None:
+def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, specs=(),
+         max_bytes: int | None = None) -> None:
     """Validate (core arrays, and `specs` for the others the caller vouches for) and write a trace, whole or
     not at all. Every array given is written; the same arrays and meta always give the same bytes."""
     meta = dict(meta, schema_version=SCHEMA_VERSION)
@@ -276,8 +303,9 @@ def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, spe
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, buf.getvalue())
     size = blob.tell()
-    if size > MAX_TRACE_BYTES:
-        raise InputError(f"{path}: trace would be {size / (1 << 20):.1f} MiB, over the 16 MiB limit")
+    if max_bytes is not None and size > max_bytes:
+        raise InputError(f"{path}: trace would be {size / (1 << 20):.1f} MiB, over the {max_bytes / (1 << 20):g} MiB "
+                         "asked for")
     write_atomic(str(path), blob.getvalue())
 
 
@@ -313,13 +341,15 @@ def _load(path: str) -> Trace:
         raise InputError(f"trace {path}: file not found")
     if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, a device never end it
         raise InputError(f"trace {path}: not a regular file")
+    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        with open(path, "rb") as f:  # hashed in blocks: the file is never held in memory beside its arrays
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
     except OSError as exc:
         raise InputError(f"trace {path}: cannot read ({exc.strerror})") from None
     try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+        with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
         raise InputError(f"trace {path}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
@@ -337,4 +367,4 @@ def _load(path: str) -> Trace:
     validate(arrays, meta, where=f"trace {path}")
     for array in arrays.values():
         array.flags.writeable = False
-    return Trace(arrays=arrays, meta=meta, path=path, sha256=hashlib.sha256(raw).hexdigest())
+    return Trace(arrays=arrays, meta=meta, path=path, sha256=digest.hexdigest())

@@ -54,21 +54,32 @@ BY_NAME: dict[str, ArraySpec] = {s.name: s for s in RECORDED}
 
 
 # ---------------------------------------------------------------------------------------------- APEX CDF
+# δ̂ and δ* are computed this many tokens at a time: their (T, L, N) intermediates stay small on long traces
+_CHUNK_TOKENS = 2048
+
+
 def delta_hat(score: np.ndarray, theta: np.ndarray, tau: float) -> np.ndarray:
     """δ̂(x) = min{δ : σ(θ_δ − wᵀx) ≥ τ} per token and MoE layer (int64, 0..C-1), exact for any τ in (0, 1):
     score (T, L) = wᵀx, theta (L, C) non-decreasing in δ. Where no δ reaches τ, the last (N − k)."""
     logit_tau = np.log(tau / (1.0 - tau))
     theta = np.asarray(theta, dtype=np.float64)
-    score = np.asarray(score, dtype=np.float64)
-    ok = theta[None, :, :] - score[:, :, None] >= logit_tau  # (T, L, C), monotone in δ
-    first = np.where(ok.any(axis=-1), ok.argmax(axis=-1), theta.shape[1] - 1)
-    return first.astype(np.int64)
+    out = np.empty(np.shape(score), dtype=np.int64)
+    for start in range(0, len(out), _CHUNK_TOKENS):
+        part = np.asarray(score[start:start + _CHUNK_TOKENS], dtype=np.float64)
+        ok = theta[None, :, :] - part[:, :, None] >= logit_tau  # (t, L, C), monotone in δ
+        out[start:start + _CHUNK_TOKENS] = np.where(ok.any(axis=-1), ok.argmax(axis=-1), theta.shape[1] - 1)
+    return out
 
 
 def delta_star(rank: np.ndarray, routed: np.ndarray) -> np.ndarray:
     """δ* (T, L) = the smallest δ with every routed expert inside rank[..., :k+δ] (rank (T, L, N) a full
     ranking, routed (T, L, k))."""
     n, k = rank.shape[-1], routed.shape[-1]
-    position = np.empty(rank.shape, dtype=np.int64)
-    np.put_along_axis(position, rank.astype(np.int64), np.broadcast_to(np.arange(n), rank.shape), axis=-1)
-    return np.take_along_axis(position, routed.astype(np.int64), axis=-1).max(axis=-1) + 1 - k
+    out = np.empty(rank.shape[:-1], dtype=np.int64)
+    for start in range(0, len(out), _CHUNK_TOKENS):
+        part = rank[start:start + _CHUNK_TOKENS]
+        position = np.empty(part.shape, dtype=np.int64)
+        np.put_along_axis(position, part.astype(np.int64), np.broadcast_to(np.arange(n), part.shape), axis=-1)
+        out[start:start + _CHUNK_TOKENS] = np.take_along_axis(
+            position, routed[start:start + _CHUNK_TOKENS].astype(np.int64), axis=-1).max(axis=-1) + 1 - k
+    return out

@@ -251,14 +251,15 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> 
     tformat.save(trial, head(unit), meta, specs=predictor_arrays.RECORDED)
     per_token = trial.stat().st_size / unit
     trial.unlink()
-    t_keep = max(unit, min(t_all, int(15.0 * (1 << 20) / per_token) // unit * unit))
+    t_keep = max(unit, min(t_all, int(tformat.SHIPPED_TRACE_MAX_BYTES * 15 / 16 / per_token) // unit * unit))
     while True:
         meta.setdefault("provenance", {})["trace_tokens"] = int(t_keep)
         try:
-            tformat.save(path, head(t_keep), meta, specs=predictor_arrays.RECORDED)
+            tformat.save(path, head(t_keep), meta, specs=predictor_arrays.RECORDED,
+                         max_bytes=tformat.SHIPPED_TRACE_MAX_BYTES)
             return t_keep
         except InputError as exc:
-            if "16 MiB" not in str(exc) or t_keep <= unit:
+            if "MiB asked for" not in str(exc) or t_keep <= unit:
                 raise
             t_keep -= unit
             log(f"{exc}; keeping {t_keep} tokens")
