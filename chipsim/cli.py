@@ -113,8 +113,7 @@ def _cmd_reproduce(args) -> int:
     from chipsim.analysis import plots
     from chipsim.files import write_atomic
 
-    if args.jobs < 0:
-        raise InputError(f"--jobs {args.jobs}: expected a whole number >= 0 (0: one worker per core)")
+    _check_jobs(args.jobs)
     names = args.names or ex.list_experiments(args.experiments)
     if not names:
         raise InputError(f"{args.experiments or ex.EXPERIMENTS_DIR}: no experiments/*.yaml")
@@ -163,14 +162,14 @@ def _cmd_models(args) -> int:
 def _cmd_keys(args) -> int:
     from chipsim.hw.config import iter_keys
     from chipsim.policies import REGISTRY
+    from chipsim.values import key_doc
 
     for key, type_name, doc in iter_keys():
         print(f"{key:40} {type_name:6} {doc}")
     for name, cls in sorted(REGISTRY.items()):  # policy parameters: `policies.<name>.<param>` in a config
         for param, p in cls.params.items():
-            allowed = p.bounds.describe()
-            print(f"{f'policies.{name}.{param}':40} {p.type.__name__:6} {p.doc}{f' [{allowed}]' if allowed else ''} "
-                  f"(optional; default {p.default!r})")
+            print(f"{f'policies.{name}.{param}':40} {p.type.__name__:6} "
+                  f"{key_doc(p.doc, p.bounds, p.default, optional=True)}")
     return 0
 
 

@@ -52,6 +52,12 @@ class Bounds:
         return ""
 
 
+def key_doc(doc: str, bounds: Bounds, default=None, optional: bool = False) -> str:
+    """A key's line in `chipsim keys`: its meaning, the values it allows, and its default when optional."""
+    allowed = bounds.describe()
+    return doc + (f" [{allowed}]" if allowed else "") + (f" (optional; default {default!r})" if optional else "")
+
+
 POSITIVE = Bounds(minimum=0, min_exclusive=True)
 NON_NEGATIVE = Bounds(minimum=0)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from chipsim.errors import InputError
-from chipsim.values import Bounds, check_value, yaml_load
+from chipsim.values import Bounds, check_value, key_doc, yaml_load
 
 
 def spec(doc: str, *, minimum: float | None = None, maximum: float | None = None, positive: bool = False,
@@ -346,14 +346,11 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
         if dataclasses.is_dataclass(tp):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
         else:
-            doc = f.metadata.get("doc", "")
-            allowed = f.metadata["bounds"].describe()
-            if allowed:
-                doc += f" [{allowed}]"
+            default = None
             if _has_default(f):
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                doc += f" (optional; default {default!r})"
-            yield f"{prefix}{f.name}", _type_name(tp), doc
+            yield (f"{prefix}{f.name}", _type_name(tp),
+                   key_doc(f.metadata.get("doc", ""), f.metadata["bounds"], default, optional=_has_default(f)))
 
 
 def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:

@@ -153,7 +153,9 @@ class Trace:
     meta: dict
     path: str = ""
     sha256: str = ""
-    _cache: dict = field(default_factory=dict, repr=False)
+    # the ArraySpecs this trace has passed (its arrays are read-only once loaded): a sweep prepares the same
+    # cached Trace at every point, and checks each spec once
+    _checked: set = field(default_factory=set, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -281,7 +283,9 @@ def check_arrays(trace: "Trace", specs, reader: str) -> None:
         if spec.name not in trace.arrays:
             raise InputError(f"trace {trace.path}: {reader} reads array '{spec.name}' ({spec.meaning}), which the "
                              "trace does not carry")
-        spec.check(trace.arrays[spec.name], dims, f"trace {trace.path}")
+        if spec not in trace._checked:
+            spec.check(trace.arrays[spec.name], dims, f"trace {trace.path}")
+            trace._checked.add(spec)
 
 
 def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, specs=(),
