@@ -380,88 +380,83 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
     points, code_sha, notes = _prepare_points(config_path, base_overrides, policies, grid)
     check_output_dir(out_dir, ("results.csv", "sweep.json"), "--out")
     with _sweep_lock(out_dir):
-        return _sweep_locked(points, code_sha, notes, config_path, grid, policies, out_dir, base_overrides, jobs,
-                             backend, scheduler, progress, t0)
+        try:
+            base_sha = load_config(config_path, base_overrides).sha256()
+        except InputError:
+            base_sha = None  # only the grid makes it valid (e.g. it sweeps the trace)
 
+        # everything checked: from here on files are written
+        cache_dir = os.path.join(out_dir, "cache")
+        os.makedirs(cache_dir, exist_ok=True)
+        results: dict[str, dict] = {}
+        to_run: dict[str, dict] = {}
+        labels: dict[str, str] = {}
+        expected: dict[str, tuple] = {}
+        costs: dict[str, float] = {}
+        for point in points:
+            for entry in point["entries"]:
+                key = entry["key"]
+                if key in results or key in to_run:
+                    continue
+                cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
+                if cached is not None:
+                    results[key] = cached
+                else:
+                    to_run[key] = entry["task"]
+                    costs[key] = entry["cost"]
+                    labels[key] = entry["label"]
+                    expected[key] = (point["config_sha256"], point["trace_sha256"])
+        reused = len(results)
+        local_code = code_sha
 
-def _sweep_locked(points, code_sha, notes, config_path, grid, policies, out_dir, base_overrides, jobs, backend,
-                  scheduler, progress, t0):
-    try:
-        base_sha = load_config(config_path, base_overrides).sha256()
-    except InputError:
-        base_sha = None  # only the grid makes it valid (e.g. it sweeps the trace)
+        def on_done(key: str, out: dict) -> None:
+            config_sha, trace_sha = expected[key]
+            if out["code_sha256"] != local_code:
+                raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
+                                 f"{out['code_sha256'][:12]}, here {local_code[:12]}): install the same version "
+                                 "everywhere")
+            if out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha or out["label"] != labels[key]:
+                raise InputError(f"{to_run[key]['config']}: config or trace changed (or differs on a worker) "
+                                 "while the sweep ran; run it again")
+            row = out["row"]
+            entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
+                                "policy": labels[key]}, "row": row}
+            write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
+            results[key] = row
 
-    # everything checked: from here on files are written
-    cache_dir = os.path.join(out_dir, "cache")
-    os.makedirs(cache_dir, exist_ok=True)
-    results: dict[str, dict] = {}
-    to_run: dict[str, dict] = {}
-    labels: dict[str, str] = {}
-    expected: dict[str, tuple] = {}
-    costs: dict[str, float] = {}
-    for point in points:
-        for entry in point["entries"]:
-            key = entry["key"]
-            if key in results or key in to_run:
-                continue
-            cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
-            if cached is not None:
-                results[key] = cached
+        if to_run:
+            workers = min(jobs or os.cpu_count() or 1, len(to_run))
+            # longest first, so the workers finish together (the order of the outputs is fixed below, not by this)
+            to_run = dict(sorted(to_run.items(), key=lambda kv: -costs[kv[0]]))
+            if backend == "dask":
+                _run_dask(to_run, workers, scheduler, on_done, progress)
             else:
-                to_run[key] = entry["task"]
-                costs[key] = entry["cost"]
-                labels[key] = entry["label"]
-                expected[key] = (point["config_sha256"], point["trace_sha256"])
-    reused = len(results)
-    local_code = code_sha
+                _run_process(to_run, workers, on_done, progress)
 
-    def on_done(key: str, out: dict) -> None:
-        config_sha, trace_sha = expected[key]
-        if out["code_sha256"] != local_code:
-            raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
-                             f"{out['code_sha256'][:12]}, here {local_code[:12]}): install the same version everywhere")
-        if out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha or out["label"] != labels[key]:
-            raise InputError(f"{to_run[key]['config']}: config or trace changed (or differs on a worker) "
-                             "while the sweep ran; run it again")
-        row = out["row"]
-        entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
-                            "policy": labels[key]}, "row": row}
-        write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
-        results[key] = row
+        ordered = [(point, entry, results[entry["key"]]) for point in points for entry in point["entries"]]
+        columns = list(grid) + ["point_id"] + csv_columns([row for _, _, row in ordered])
+        table_rows, json_rows = [], []
+        for point, entry, row in ordered:
+            table_rows.append({**point["values"], "point_id": point["point_id"], **row})
+            json_rows.append({"point_id": point["point_id"], "values": point["values"], "cache_key": entry["key"],
+                              **row})
+        info = {
+            "config": config_path,
+            "config_sha256": base_sha,
+            "overrides": base_overrides,
+            "grid": grid,
+            "policies": list(policies) if policies else None,
+            "code_sha256": code_sha,
+            "chipsim_version": __version__,
+            "columns": columns,
+            "points": [{k: v for k, v in p.items() if k != "entries"} | {"policies": [e["label"] for e in p["entries"]]}
+                       for p in points],
+            "results": json_rows,
+        }
+        write_atomic(os.path.join(out_dir, "sweep.json"), to_json(info))
+        write_atomic(os.path.join(out_dir, "results.csv"), to_csv(table_rows, columns))
 
-    if to_run:
-        workers = min(jobs or os.cpu_count() or 1, len(to_run))
-        # longest first, so the workers finish together (the order of the outputs is fixed below, not by this)
-        to_run = dict(sorted(to_run.items(), key=lambda kv: -costs[kv[0]]))
-        if backend == "dask":
-            _run_dask(to_run, workers, scheduler, on_done, progress)
-        else:
-            _run_process(to_run, workers, on_done, progress)
-
-    ordered = [(point, entry, results[entry["key"]]) for point in points for entry in point["entries"]]
-    columns = list(grid) + ["point_id"] + csv_columns([row for _, _, row in ordered])
-    table_rows, json_rows = [], []
-    for point, entry, row in ordered:
-        table_rows.append({**point["values"], "point_id": point["point_id"], **row})
-        json_rows.append({"point_id": point["point_id"], "values": point["values"], "cache_key": entry["key"],
-                          **row})
-    info = {
-        "config": config_path,
-        "config_sha256": base_sha,
-        "overrides": base_overrides,
-        "grid": grid,
-        "policies": list(policies) if policies else None,
-        "code_sha256": code_sha,
-        "chipsim_version": __version__,
-        "columns": columns,
-        "points": [{k: v for k, v in p.items() if k != "entries"} | {"policies": [e["label"] for e in p["entries"]]}
-                   for p in points],
-        "results": json_rows,
-    }
-    write_atomic(os.path.join(out_dir, "sweep.json"), to_json(info))
-    write_atomic(os.path.join(out_dir, "results.csv"), to_csv(table_rows, columns))
-
-    df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
-    df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points), "notes": notes,
-                     "rows": len(table_rows), "seconds": time.perf_counter() - t0})
-    return df
+        df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
+        df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points), "notes": notes,
+                         "rows": len(table_rows), "seconds": time.perf_counter() - t0})
+        return df
