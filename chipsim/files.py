@@ -6,15 +6,17 @@ import contextlib
 import os
 import stat
 import tempfile
+from typing import BinaryIO, Callable
 
 from chipsim.errors import InputError
 
 
-def write_atomic(path: str, data: str | bytes, what: str = "") -> None:
+def write_atomic(path: str, data: str | bytes | Callable[[BinaryIO], None], what: str = "") -> None:
     """Write `data` to `path` through a temporary file in the same directory, then rename it into place, so
-    that a reader never sees a half-written file and a failure leaves nothing behind. The file gets the
-    ordinary permissions of a new file (0666 less the umask). `what` names the option or file in the one-line
-    error (e.g. "--timeline")."""
+    that a reader never sees a half-written file and a failure leaves nothing behind. `data` may also be a
+    function that writes into the open binary file (a large output streams instead of being built in memory
+    first); whatever it raises leaves nothing behind either. The file gets the ordinary permissions of a new
+    file (0666 less the umask). `what` names the option or file in the one-line error (e.g. "--timeline")."""
     parent = os.path.dirname(os.path.abspath(path))
     label = f"{what} {path}" if what else path
     _refuse_special(path, label)
@@ -22,9 +24,12 @@ def write_atomic(path: str, data: str | bytes, what: str = "") -> None:
     try:
         os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes)
-                                                                        else {"encoding": "utf-8"})) as fh:
-            fh.write(data)
+        text = isinstance(data, str)
+        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as fh:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; an output is an ordinary file

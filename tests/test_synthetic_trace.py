@@ -412,3 +412,51 @@ def test_every_shipped_trace_stays_below_16_mib():
     assert len(shipped) == 8
     for path in shipped:
         assert Path(path).stat().st_size <= fmt.SHIPPED_TRACE_MAX_BYTES, path
+
+
+@pytest.mark.parametrize("name", ["granite-3.1-1b-a400m", "deepseek-v2-lite"])
+def test_chunked_generation_gives_the_same_arrays_and_meta(name, monkeypatch):
+    """Every (T, L, N) step works through the tokens in chunks (bounded memory for long traces); with chunks
+    of a handful of tokens (calibration subsample, reductions over tokens, the random streams split at odd
+    places) the trace must be exactly the one made in a single chunk."""
+    from chipsim.trace import synthetic
+
+    params = SyntheticParams(num_tokens=300, seed=5)
+    monkeypatch.setattr(synthetic, "CHUNK_ELEMENTS", 1 << 40)  # one chunk: every array whole
+    whole_arrays, whole_meta = generate(name, params)
+    monkeypatch.setattr(synthetic, "CHUNK_ELEMENTS", 7 * MODELS[name].num_moe_layers * 33)  # 7 tokens of the CDF fit
+    chunked_arrays, chunked_meta = generate(name, params)
+    assert sorted(whole_arrays) == sorted(chunked_arrays)
+    for key, array in whole_arrays.items():
+        assert array.dtype == chunked_arrays[key].dtype and array.tobytes() == chunked_arrays[key].tobytes(), key
+    assert json.dumps(whole_meta, sort_keys=True) == json.dumps(chunked_meta, sort_keys=True)
+
+
+def test_chunked_cdf_fit_is_the_same_float64_fit(monkeypatch):
+    """The APEX CDF fit sums (T, L, C) terms over tokens chunk by chunk; the float64 θ and w must be bit-equal
+    to the fit over the whole array (rounded float32 outputs alone would hide a reordered sum)."""
+    from chipsim.trace import synthetic
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((500, 3))
+    dstar = np.minimum(rng.geometric(0.4, size=(500, 3)) - 1 + (x > 0.5), 9)
+    fits = []
+    for chunk in (1 << 40, 13 * 3 * 10):  # one chunk; chunks of 13 tokens
+        monkeypatch.setattr(synthetic, "CHUNK_ELEMENTS", chunk)
+        fits.append(synthetic._fit_cdf(x, dstar, 10, fit_slope=True))
+    (theta_whole, w_whole), (theta_chunked, w_chunked) = fits
+    assert np.abs(w_whole).min() > 0.1  # a real slope was fitted
+    assert theta_whole.tobytes() == theta_chunked.tobytes() and w_whole.tobytes() == w_chunked.tobytes()
+
+
+def test_trace_over_its_size_limit_is_refused_and_leaves_nothing(g1b, tmp_path):
+    """save streams the zip into a temporary file beside the target; over max_bytes it is removed whole."""
+    arrays, meta = g1b
+    out = tmp_path / "big.npz"
+    fmt.save(out, arrays, meta, specs=pa.RECORDED)
+    size = out.stat().st_size
+    with pytest.raises(InputError, match=r"big2\.npz: trace would be .* MiB, over the .* MiB asked for"):
+        fmt.save(tmp_path / "big2.npz", arrays, meta, specs=pa.RECORDED, max_bytes=size - 1)
+    fmt.save(tmp_path / "fits.npz", arrays, meta, specs=pa.RECORDED, max_bytes=size)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.npz", "fits.npz"]
+    assert (tmp_path / "fits.npz").read_bytes() == out.read_bytes()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import json
 import os
 import stat
@@ -296,21 +295,24 @@ def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, spe
     validate(arrays, meta, where=str(path), specs=specs)
     payload = dict(arrays)
     payload["meta"] = np.array(json.dumps(meta, sort_keys=True))
-    # np.savez_compressed stamps the current time into each zip entry; write entries ourselves with a fixed
-    # timestamp so the same trace always gives the same bytes.
-    blob = io.BytesIO()
-    with zipfile.ZipFile(blob, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for key in sorted(payload):
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.require(payload[key], requirements="C"), allow_pickle=False)
-            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, buf.getvalue())
-    size = blob.tell()
-    if max_bytes is not None and size > max_bytes:
-        raise InputError(f"{path}: trace would be {size / (1 << 20):.1f} MiB, over the {max_bytes / (1 << 20):g} MiB "
-                         "asked for")
-    write_atomic(str(path), blob.getvalue())
+
+    def write_zip(fh) -> None:
+        # np.savez_compressed stamps the current time into each zip entry; write entries ourselves with a fixed
+        # timestamp so the same trace always gives the same bytes. Each array streams into the file (a 32k-token
+        # trace is 190 MB compressed: never held in memory whole).
+        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for key in sorted(payload):
+                array = np.require(payload[key], requirements="C")
+                info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with zf.open(info, "w", force_zip64=array.nbytes > zipfile.ZIP64_LIMIT // 2) as entry:
+                    np.lib.format.write_array(entry, array, allow_pickle=False)
+        size = fh.tell()
+        if max_bytes is not None and size > max_bytes:
+            raise InputError(f"{path}: trace would be {size / (1 << 20):.1f} MiB, over the "
+                             f"{max_bytes / (1 << 20):g} MiB asked for")
+
+    write_atomic(str(path), write_zip)
 
 
 _LOADED: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()

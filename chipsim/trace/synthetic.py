@@ -68,6 +68,11 @@ GENERATOR = "chipsim.trace.synthetic"
 PILOT_TOKENS = (128, 384)  # pilot run calibrating the reuse keep-probabilities: num_tokens clipped to this
 CALIBRATION_ROWS = 8192  # token-layers used to solve each predictor's noise scale
 REPORT_TAUS = (0.6, 0.75, 0.9, 0.97)
+# token-layer-expert elements per working chunk (16 MiB of float64): every (T, L, N) step works through the
+# tokens in chunks of this size, so a 32k-token trace is generated in bounded memory. Chunking changes no
+# value: each step is per row, the random streams are drawn in the same order, and sums over tokens are
+# accumulated row after row as one numpy sum over the token axis does (tests/test_synthetic_trace.py).
+CHUNK_ELEMENTS = 1 << 21
 _STREAMS = ("popularity", "route", "pilot", "router", "difficulty", "apex", "promoe", "pregate", "floe", "draft", "train")
 
 
@@ -205,6 +210,23 @@ def _solve_noise(z: np.ndarray, routed: np.ndarray, mult: np.ndarray, noise: np.
     return math.exp(0.5 * (lo + hi))
 
 
+def _chunks(n_tokens: int, per_token: int, first: int = 1) -> list[tuple[int, int]]:
+    """Token ranges [a, b) covering 0..n_tokens in order, CHUNK_ELEMENTS / per_token tokens each, the first
+    at least `first` tokens (a calibration subsample drawn before the rest)."""
+    size = max(1, CHUNK_ELEMENTS // max(per_token, 1))
+    bounds, start, stop = [], 0, min(n_tokens, max(size, first))
+    while start < n_tokens:
+        bounds.append((start, stop))
+        start, stop = stop, min(n_tokens, stop + size)
+    return bounds
+
+
+def _token_sum(total: np.ndarray | None, part: np.ndarray) -> np.ndarray:
+    """total + the rows of `part` added one after another: chunk by chunk, the same float sum as one numpy
+    sum over axis 0 of the whole array (which adds its rows in order)."""
+    return part.sum(axis=0) if total is None else np.concatenate([total[None], part]).sum(axis=0)
+
+
 def _top_ids(scores: np.ndarray, m: int) -> np.ndarray:
     """Ids of the m highest scores along the last axis, highest first."""
     if m < scores.shape[-1]:
@@ -231,8 +253,12 @@ def _popularity(rng: np.random.Generator, n_layers: int, n: int, p: SyntheticPar
 def _route(pop: np.ndarray, keep_p: np.ndarray, race: np.ndarray, keep_u: np.ndarray, k: int) -> np.ndarray:
     """Routed sets (T, L, k) (unordered): keep each of token t-1's experts with probability keep_p[l],
     fill the rest without replacement from the popularity law (exponential race: k smallest E/p)."""
-    n_tokens, n_layers, _ = race.shape
-    keys = race / pop[None].astype(np.float32)  # smaller = drawn first
+    return _route_keys(race / pop[None].astype(np.float32), keep_p, keep_u, k)
+
+
+def _route_keys(keys: np.ndarray, keep_p: np.ndarray, keep_u: np.ndarray, k: int) -> np.ndarray:
+    """`_route` on the race keys E/p (T, L, N) float32, smaller = drawn first; overwrites `keys`."""
+    n_tokens, n_layers, _ = keys.shape
     rows = np.arange(n_layers)[:, None]
     out = np.empty((n_tokens, n_layers, k), dtype=np.int64)
     cur = np.argpartition(keys[0], k - 1, axis=-1)[:, :k]
@@ -279,16 +305,42 @@ def _router_logits(
     n_tokens, n_layers, k = routed.shape
     n = pop.shape[1]
     logp = np.log(pop)[None]
-    z = scale * (logp + _gumbel(rng, (n_tokens, n_layers, n))).astype(np.float64)
-    member = _onehot(routed, n)
-    best_other = np.where(member, -np.inf, z).max(axis=-1) if k < n else np.zeros((n_tokens, n_layers))
+    z = np.empty((n_tokens, n_layers, n))
+    best_other = np.zeros((n_tokens, n_layers))
+    chunks = _chunks(n_tokens, n_layers * n)
+    for a, b in chunks:
+        z[a:b] = scale * (logp + _gumbel(rng, (b - a, n_layers, n))).astype(np.float64)
+        if k < n:
+            best_other[a:b] = np.where(_onehot(routed[a:b], n), -np.inf, z[a:b]).max(axis=-1)
     # order the routed experts by popularity + Gumbel (popular experts tend to weigh more)
-    order_key = np.take_along_axis(logp + _gumbel(rng, (n_tokens, n_layers, n)), routed, axis=-1)
-    routed = np.take_along_axis(routed, np.argsort(-order_key, axis=-1, kind="stable"), axis=-1)
+    ordered = np.empty_like(routed)
+    for a, b in chunks:
+        order_key = np.take_along_axis(logp + _gumbel(rng, (b - a, n_layers, n)), routed[a:b], axis=-1)
+        ordered[a:b] = np.take_along_axis(routed[a:b], np.argsort(-order_key, axis=-1, kind="stable"), axis=-1)
     gaps = rng.exponential(gap, size=(n_tokens, n_layers, k)) + 1e-3  # strict order
-    top_values = best_other[..., None] + np.cumsum(gaps, axis=-1)[..., ::-1]  # descending
-    np.put_along_axis(z, routed, top_values, axis=-1)
-    return z, routed
+    for a, b in chunks:
+        top_values = best_other[a:b, :, None] + np.cumsum(gaps[a:b], axis=-1)[..., ::-1]  # descending
+        np.put_along_axis(z[a:b], ordered[a:b], top_values, axis=-1)
+    return z, ordered
+
+
+def _noisy_top_ids(
+    rng: np.random.Generator, z: np.ndarray, routed: np.ndarray, mult: np.ndarray, k: int, target: float,
+    calib_tokens: int, out: np.ndarray,
+) -> float:
+    """A Plackett–Luce predictor: top ids of z + σ·mult·Gumbel (T, L', N) written into `out` (T, L', m),
+    σ solved on the first `calib_tokens` tokens so the top-k recall is `target`; returns σ. The noise is
+    drawn chunk by chunk from `rng` (the same numbers as one draw of the whole array)."""
+    n_tokens, n_layers, n = z.shape
+    sigma = None
+    for a, b in _chunks(n_tokens, n_layers * n, first=calib_tokens):
+        noise = _gumbel(rng, (b - a, n_layers, n))
+        if sigma is None:
+            c = slice(0, calib_tokens)
+            sigma = _solve_noise(z[c].reshape(-1, n), routed[c].reshape(-1, n), mult[c].reshape(-1),
+                                 noise[c].reshape(-1, n), k, target)
+        out[a:b] = _top_ids(z[a:b] + sigma * mult[a:b][..., None] * noise, out.shape[-1])
+    return sigma
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -305,25 +357,36 @@ def _fit_cdf(x: np.ndarray, dstar: np.ndarray, n_thresholds: int, fit_slope: boo
     """
     n_tokens, n_layers = x.shape
     deltas = np.arange(n_thresholds)
-    y = (dstar[:, :, None] <= deltas).astype(np.float64)  # (T, L, C)
+    chunks = _chunks(n_tokens, n_layers * n_thresholds)
+    y_sum = None
+    for a, b in chunks:
+        y_sum = _token_sum(y_sum, (dstar[a:b, :, None] <= deltas).astype(np.float64))  # (L, C)
     xbar = x.mean(axis=0)  # (L,)
-    freq = (y.sum(axis=0) + 0.5) / (n_tokens + 1.0)
+    freq = (y_sum + 0.5) / (n_tokens + 1.0)
     w = np.zeros(n_layers) if fit_slope else np.ones(n_layers)
     theta = np.log(freq / (1.0 - freq)) + w[:, None] * xbar[:, None]
-    x3 = x[:, :, None]
     for _ in range(iters):
-        s = _sigmoid(theta[None] - w[None, :, None] * x3)
-        v = s * (1.0 - s)
-        r = y - s
+        r_sum = v_sum = xr_sum = xv_sum = xxv_sum = None
+        for a, b in chunks:  # the sums over tokens of the (T, L, C) terms, one chunk of tokens at a time
+            x3 = x[a:b, :, None]
+            s = _sigmoid(theta[None] - w[None, :, None] * x3)
+            v = s * (1.0 - s)
+            r = (dstar[a:b, :, None] <= deltas).astype(np.float64) - s
+            r_sum = _token_sum(r_sum, r)
+            v_sum = _token_sum(v_sum, v)
+            if fit_slope:
+                xr_sum = _token_sum(xr_sum, (x3 * r).sum(axis=2))
+                xv_sum = _token_sum(xv_sum, x3 * v)
+                xxv_sum = _token_sum(xxv_sum, (x3 * x3 * v).sum(axis=2))
         sb = _sigmoid(theta - (w * xbar)[:, None])
         vb = sb * (1.0 - sb)
         rb = 0.5 - sb
-        g_theta = r.sum(axis=0) + rb  # (L, C)
-        a = v.sum(axis=0) + vb + 1e-12
+        g_theta = r_sum + rb  # (L, C)
+        a = v_sum + vb + 1e-12
         if fit_slope:
-            g_w = -(x3 * r).sum(axis=(0, 2)) - xbar * rb.sum(axis=1)
-            b = (x3 * v).sum(axis=0) + xbar[:, None] * vb
-            e = (x3 * x3 * v).sum(axis=(0, 2)) + xbar**2 * vb.sum(axis=1)
+            g_w = -xr_sum - xbar * rb.sum(axis=1)
+            b = xv_sum + xbar[:, None] * vb
+            e = xxv_sum + xbar**2 * vb.sum(axis=1)
             dw = (g_w + (b * g_theta / a).sum(axis=1)) / np.maximum(e - (b * b / a).sum(axis=1), 1e-12)
             dw = np.clip(dw, -2.0, 2.0)
             dtheta = (g_theta + b * dw[:, None]) / a
@@ -400,24 +463,35 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     n_pilot = min(max(n_tokens, PILOT_TOKENS[0]), PILOT_TOKENS[1])
     keep_p, reuse_base = _calibrate_keep(streams["pilot"], pop, reuse_targets, k, n_pilot)
     rng = streams["route"]
-    race = rng.standard_exponential((n_tokens, n_layers, n), dtype=np.float32)
+    keys = rng.standard_exponential((n_tokens, n_layers, n), dtype=np.float32)
     keep_u = rng.random((n_tokens, n_layers, k))
-    routed_sets = _route(pop, keep_p, race, keep_u, k)
-    del race, keep_u
+    np.divide(keys, pop[None].astype(np.float32), out=keys)  # race keys E/p, in place
+    routed_sets = _route_keys(keys, keep_p, keep_u, k)
+    del keys, keep_u
 
     # --- router logits, weights and ranking
     z, routed_ids = _router_logits(streams["router"], pop, routed_sets, p.router_gap, p.router_logit_scale)
+    del routed_sets
+    routed_ids = routed_ids.astype(np.uint8)
     routed = _onehot(routed_ids, n)
-    z_shift = z - z.max(axis=-1, keepdims=True)
-    probs = np.exp(z_shift)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    router_rank = _top_ids(z, n)
-    router_rank_prob = np.take_along_axis(probs, router_rank[..., :m], axis=-1)
-    routed_prob = router_rank_prob[..., :k]
-    if model.num_shared_experts == 0:
-        routed_weights = routed_prob / routed_prob.sum(axis=-1, keepdims=True)
-    else:
-        routed_weights = routed_prob
+    router_rank = np.empty((n_tokens, n_layers, n), dtype=np.uint8)
+    router_rank_prob = np.empty((n_tokens, n_layers, m), dtype=np.float16)
+    routed_weights = np.empty((n_tokens, n_layers, k), dtype=np.float16)
+    routed_mass = np.empty((n_tokens, n_layers))  # softmax mass of the routed experts
+    for a, b in _chunks(n_tokens, n_layers * n):
+        probs = np.exp(z[a:b] - z[a:b].max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        rank = _top_ids(z[a:b], n)
+        rank_prob = np.take_along_axis(probs, rank[..., :m], axis=-1)
+        routed_prob = rank_prob[..., :k]
+        router_rank[a:b] = rank
+        router_rank_prob[a:b] = rank_prob
+        routed_mass[a:b] = routed_prob.sum(axis=-1)
+        if model.num_shared_experts == 0:
+            routed_weights[a:b] = routed_prob / routed_prob.sum(axis=-1, keepdims=True)
+        else:
+            routed_weights[a:b] = routed_prob
+    del probs, rank, rank_prob, routed_prob
 
     # --- difficulty (noise level) per token-layer, shared by all predictors
     rng = streams["difficulty"]
@@ -433,15 +507,8 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     # --- APEX prefetch router: same-layer prediction
     rng = streams["apex"]
     apex_layer_mult = np.exp(p.layer_sigma * rng.standard_normal(n_layers))
-    apex_noise = _gumbel(rng, (n_tokens, n_layers, n))
-    apex_mult = h * apex_layer_mult[None]
-    c = slice(0, calib_tokens)
-    sigma_apex = _solve_noise(
-        z[c].reshape(-1, n), routed[c].reshape(-1, n), apex_mult[c].reshape(-1), apex_noise[c].reshape(-1, n), k, p.apex_accuracy
-    )
-    apex_scores = z + sigma_apex * apex_mult[..., None] * apex_noise
-    apex_rank = _top_ids(apex_scores, n)
-    del apex_noise, apex_scores
+    apex_rank = np.empty((n_tokens, n_layers, n), dtype=np.uint8)
+    sigma_apex = _noisy_top_ids(rng, z, routed, h * apex_layer_mult[None], k, p.apex_accuracy, calib_tokens, apex_rank)
 
     # --- next-layer predictors (ProMoE, Pre-gated, FloE): for layer l from layer l-1
     next_layer = {}
@@ -452,11 +519,8 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         layer_mult = np.exp(p.layer_sigma * rng.standard_normal(n_layers))
         sigma = None
         if n_layers > 1:
-            noise = _gumbel(rng, (n_tokens, n_layers - 1, n))
             mult = h[:, 1:] * (layer_mult * early(layer_idx - 1.0))[None, 1:]
-            zz, rr = z[:, 1:], routed[:, 1:]
-            sigma = _solve_noise(zz[c].reshape(-1, n), rr[c].reshape(-1, n), mult[c].reshape(-1), noise[c].reshape(-1, n), k, target)
-            ranks[:, 1:] = _top_ids(zz + sigma * mult[..., None] * noise, m)
+            sigma = _noisy_top_ids(rng, z[:, 1:], routed[:, 1:], mult, k, target, calib_tokens, ranks[:, 1:])
         next_layer[name] = ranks
         next_layer_sigma[name] = sigma
 
@@ -475,14 +539,12 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
             draft_conf_mean.append(None)
             draft_conf_corr.append(None)
             continue
-        noise = _gumbel(rng, (n_tokens, n_layers - d - 1, n))
         source = layer_idx[d + 1 :] - (d + 1.0)
         mult = h[:, d + 1 :] * (draft_layer_mult[d + 1 :] * early(source))[None]
-        zz, rr = z[:, d + 1 :], routed[:, d + 1 :]
-        sigma = _solve_noise(zz[c].reshape(-1, n), rr[c].reshape(-1, n), mult[c].reshape(-1), noise[c].reshape(-1, n), k, target)
-        ids = _top_ids(zz + sigma * mult[..., None] * noise, k)
-        draft_ids[:, d + 1 :, d, :] = ids
-        correct = np.take_along_axis(rr, ids, axis=-1).sum(axis=-1) / k  # (T, L-d-1)
+        rr = routed[:, d + 1 :]
+        ids = draft_ids[:, d + 1 :, d, :]
+        sigma = _noisy_top_ids(rng, z[:, d + 1 :], rr, mult, k, target, calib_tokens, ids)
+        correct = np.take_along_axis(rr, ids.astype(np.intp), axis=-1).sum(axis=-1) / k  # (T, L-d-1)
         # the draft's confidence: a calibrated function of a noisy view of its own noise level
         feature = -np.log(max(sigma, 1e-6) * mult) + p.apex_score_noise * rng.standard_normal(mult.shape)
         a, b = _fit_fractional_logit(feature.reshape(-1), correct.reshape(-1))
@@ -492,6 +554,7 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         draft_recall.append(_r(correct.mean()))
         draft_conf_mean.append(_r(conf.mean()))
         draft_conf_corr.append(_r(np.corrcoef(conf.reshape(-1), correct.reshape(-1))[0, 1]) if correct.std() > 0 and conf.std() > 0 else None)
+    del z
 
     # --- training-split expert counts: same popularity law, independent tokens
     rng = streams["train"]
@@ -505,11 +568,11 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         train_counts += _onehot(picked, n).sum(axis=0)
 
     arrays = {
-        "routed_ids": routed_ids.astype(np.uint8),
-        "routed_weights": routed_weights.astype(np.float16),
-        "router_rank": router_rank.astype(np.uint8),
-        "router_rank_prob": router_rank_prob.astype(np.float16),
-        "apex_rank": apex_rank.astype(np.uint8),
+        "routed_ids": routed_ids,
+        "routed_weights": routed_weights,
+        "router_rank": router_rank,
+        "router_rank_prob": router_rank_prob,
+        "apex_rank": apex_rank,
         "apex_score": np.zeros((n_tokens, n_layers), dtype=np.float32),  # filled below
         "apex_theta": np.zeros((n_layers, n - k + 1), dtype=np.float32),
         "promoe_rank": next_layer["promoe"],
@@ -543,7 +606,7 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         "reuse_per_layer": [_r(v) for v in reuse_layer],
         "reuse_random_baseline": _r(k / n),
         "reuse_popularity_baseline": _r(reuse_base.mean()),
-        "routed_weight_mass": _r(routed_prob.sum(axis=-1).mean()),
+        "routed_weight_mass": _r(routed_mass.mean()),
         "apex_topk_recall": _r(apex_recall_layer.mean()),
         "apex_topk_recall_per_layer": [_r(v) for v in apex_recall_layer],
         "mean_delta_star": _r(dstar.mean()),
