@@ -270,14 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_trace(argv: list[str]) -> int:
-    """`chipsim trace MODEL_DIR --text FILE --out PATH ...`: record a trace from a local HF checkpoint."""
-    try:
-        from chipsim.trace import checkpoint
-    except ImportError as exc:
-        raise InputError(f"chipsim trace needs torch and transformers ({exc.name} is missing): "
-                         "pip install torch==2.13.0 -e '.[trace]'") from None
-    if argv and argv[0] not in ("-h", "--help") and not os.path.isdir(argv[0]):
-        raise InputError(f"chipsim trace {argv[0]}: not a local checkpoint folder (config.json, weights, tokenizer)")
+    """`chipsim trace MODEL_DIR --text FILE --out PATH ...`: record a trace from a local HF checkpoint (torch
+    imported only after the options are read and checked)."""
+    from chipsim.trace import checkpoint
+
     try:
         return checkpoint.main(argv)
     except (OSError, ValueError) as exc:
@@ -285,16 +281,10 @@ def _cmd_trace(argv: list[str]) -> int:
 
 
 def _cmd_hwreplay(argv: list[str]) -> int:
-    """`chipsim hwreplay CONFIG... --contexts 512,2048 --out DIR`: real replay on a CUDA GPU."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
+    """`chipsim hwreplay CONFIG... --contexts 512,2048 --out DIR`: real replay on a CUDA GPU (torch imported
+    only after the options are read, so --help and option errors work without it)."""
     from chipsim.hwreplay import run
 
-    for path in (a for a in argv if a.endswith((".yaml", ".yml"))):
-        if not os.path.exists(path):
-            raise InputError(f"config {path}: file not found")
     return run.main(argv)
 
 

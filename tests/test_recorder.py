@@ -3,6 +3,7 @@
 Random-init models are for tests only, never results.
 """
 
+import json
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -200,3 +201,13 @@ def test_checkpoint_command_writes_a_trace(tmp_path):
     t = tformat.load(out)
     assert t.num_tokens == 32 and t.meta["model"]["hf_architecture"] == "GraniteMoeForCausalLM"
     assert t.meta["synthetic"] is False and t.meta["provenance"]["text"]["tokens"] > 0
+    assert t.meta["provenance"]["trace_tokens"] == 32 and json.loads(out.with_suffix(".json").read_text()) == {
+        k: v for k, v in t.meta.items() if k != "schema_version"}
+    # --max-mib keeps the most leading whole windows that fit: here one 16-token window of the two
+    limit = out.stat().st_size - 1
+    small = tmp_path / "small.npz"
+    assert cli_main(["trace", str(ckpt), "--text", str(tmp_path / "text.txt"), "--out", str(small), "--seq", "16",
+                     "--train-tokens", "128", "--heldout-tokens", "32", "--pred-steps", "10",
+                     "--max-mib", str(limit / (1 << 20))]) == 0
+    assert tformat.load(small).num_tokens == 16 and small.stat().st_size <= limit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "small.json", "small.npz", "t.json", "t.npz", "text.txt"]

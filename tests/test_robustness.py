@@ -201,6 +201,37 @@ def test_negative_jobs_are_refused_everywhere(capsys):
         assert "--jobs" in one_line_error(capsys, argv)
 
 
+@pytest.mark.parametrize("argv", [["trace", "--help"], ["hwreplay", "--help"], ["hwcompare", "--help"],
+                                  ["hwreplay", THOR, "--out", "x", "--contexts", "512,abc"],
+                                  ["trace", ROOT, "--text", "README.md", "--out", "t.npz", "--seq", "0"]])
+def test_gpu_subcommands_show_their_help_and_check_their_options_without_torch(argv):
+    """`chipsim trace` / `hwreplay` need torch to work, not to say how they are used: with torch unimportable
+    (sys.modules['torch'] = None) --help prints the subcommand's own usage, one help text per option, and a
+    bad option is one line, exit 2."""
+    code = f"import sys; sys.modules['torch'] = None; from chipsim.cli import main; sys.exit(main({argv!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    if "--help" in argv:
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: chipsim {argv[0]} ")
+        lines = proc.stdout.splitlines() + [""]
+        options = [i for i, line in enumerate(lines) if line.startswith("  -")]
+        # each option's help: after two spaces on its line, or on the next line when the option is long
+        undocumented = [lines[i] for i in options if "   " not in lines[i].strip() and not lines[i + 1].startswith(" " * 8)]
+        assert len(options) >= 4 and undocumented == []
+    else:
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("chipsim: error: --")
+
+
+def test_hwreplay_without_torch_says_so_after_checking_its_options(tmp_path, capsys):
+    code = (f"import sys; sys.modules['torch'] = None; from chipsim.cli import main; "
+            f"sys.exit(main(['hwreplay', {THOR!r}, '--out', {str(tmp_path / 'out')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "chipsim: error: chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)")
+    assert not (tmp_path / "out").exists()  # nothing made before it could run
+
+
 def test_keys_lists_the_policy_parameters_with_their_bounds(capsys):
     assert main(["keys"]) == 0
     out = capsys.readouterr().out

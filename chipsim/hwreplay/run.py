@@ -15,7 +15,8 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from chipsim.errors import OneLineParser
+from chipsim.errors import InputError, OneLineParser
+from chipsim.files import check_output_dir, write_atomic
 from chipsim.hwreplay.ops import primitive_ops
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -83,6 +84,17 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _contexts(text: str) -> list[int]:
+    """--contexts "512,2048" -> [512, 2048]: whole numbers >= 1, each once."""
+    try:
+        contexts = [int(x) for x in text.split(",")]
+    except ValueError:
+        contexts = []
+    if not contexts or min(contexts) < 1 or len(set(contexts)) < len(contexts):
+        raise InputError(f"--contexts {text!r}: expected distinct whole numbers >= 1 separated by commas, e.g. 512,2048")
+    return contexts
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
@@ -92,23 +104,36 @@ def main(argv=None) -> int:
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key (repeatable), e.g. workload.max_tokens=8 for a dry run")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                     help="processes building the plans (default: cores)")
     ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
     ap.add_argument("--graphs", action="store_true",
                     help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
                          "pair with a config written by h200config --kernel-launch graph")
-    a = ap.parse_args(argv)
-    contexts = [int(x) for x in a.contexts.split(",")]
-    os.makedirs(a.out, exist_ok=True)
+    a = ap.parse_args(argv)  # before torch: --help and bad options need no GPU
+    contexts = _contexts(a.contexts)
+    if a.jobs < 1:
+        raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
     for config in a.configs:
+        if not os.path.isfile(config):
+            raise InputError(f"config {config}: file not found")
+    names = [f"{os.path.splitext(os.path.basename(c))[0]}.json" for c in a.configs]
+    if len(set(names)) < len(names):
+        raise InputError(f"--out {a.out}: two configs would write the same {sorted(n for n in names if names.count(n) > 1)[0]}")
+    check_output_dir(a.out, names, "--out")  # before hours of replay, not after
+    try:
+        import torch
+    except ImportError:
+        raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
+    os.makedirs(a.out, exist_ok=True)
+    for config, name in zip(a.configs, names):
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
                             graphs=a.graphs, overrides=a.set)
-        name = os.path.splitext(os.path.basename(config))[0]
-        path = os.path.join(a.out, f"{name}.json")
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1, sort_keys=True)
+        path = os.path.join(a.out, name)
+        write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)
     return 0
 

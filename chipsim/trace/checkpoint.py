@@ -10,26 +10,29 @@ training split (predictor training and train_expert_counts), the last 10 % the h
 windows become the trace's decode tokens. The trace's meta.model.name is --shape, or the chipsim model
 shape whose counts match the checkpoint's.
 
-Needs torch and transformers; the simulator never imports this module.
+The whole held-out recording is written (a trace has no size limit; only the traces this repository ships
+stay below 16 MiB); --max-mib keeps the most leading windows that fit a size.
+
+Needs torch and transformers (imported after the options are read: --help and option errors work without
+them); the simulator never imports this module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from chipsim.errors import OneLineParser
+from chipsim.errors import InputError, OneLineParser
+from chipsim.files import check_output_file, write_atomic
 from chipsim.trace import format as tformat
-from chipsim.trace.predictors import build_trace_arrays
-from chipsim.trace.recorder import find_routers, load_local_model, model_counts, record
-from chipsim.trace.train import even_starts, save_trimmed, windows
+from chipsim.trace import predictor_arrays
 from chipsim.workload.models import MODELS
 
 
@@ -40,31 +43,63 @@ def matching_shape(counts: dict) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim trace", description="record a chipsim trace from a local Hugging Face MoE "
                        "checkpoint over a text file, fitting the predictors on a training split (needs torch)")
-    ap.add_argument("model", help="local checkpoint folder")
+    ap.add_argument("model", help="local checkpoint folder (config.json, weights, tokenizer)")
     ap.add_argument("--text", required=True, help="a UTF-8 text file")
-    ap.add_argument("--out", required=True, help="trace path (.npz)")
+    ap.add_argument("--out", required=True, help="trace path (.npz); its meta is also written beside it as .json")
     ap.add_argument("--shape", default=None, help="chipsim model shape name for meta.model.name")
     ap.add_argument("--seq", type=int, default=512, help="tokens per recorded window (default 512)")
     ap.add_argument("--train-tokens", type=int, default=32768,
                     help="training-split tokens the predictors are fitted on (default 32768)")
     ap.add_argument("--heldout-tokens", type=int, default=4096,
                     help="held-out tokens recorded into the trace (default 4096)")
+    ap.add_argument("--max-mib", type=float, default=None,
+                    help="keep the most leading windows whose trace fits this many MiB (default: no limit)")
     ap.add_argument("--pred-steps", type=int, default=300, help="optimiser steps per predictor (default 300)")
     ap.add_argument("--batch", type=int, default=8, help="windows per forward pass (default 8)")
     ap.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                     help="model dtype while recording (default float32)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the predictor fits (default 0)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _check_args(a) -> None:
+    """Every option checked before the model is loaded (minutes) or anything is written."""
+    if not os.path.isdir(a.model):
+        raise InputError(f"chipsim trace {a.model}: not a local checkpoint folder (config.json, weights, tokenizer)")
+    if not os.path.isfile(a.text):
+        raise InputError(f"--text {a.text}: file not found")
+    for name, minimum in (("seq", 1), ("train_tokens", 1), ("heldout_tokens", 1), ("pred_steps", 1), ("batch", 1),
+                          ("seed", 0)):
+        if getattr(a, name) < minimum:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(a, name)}: expected a whole number >= {minimum}")
+    if a.max_mib is not None and not a.max_mib > 0:
+        raise InputError(f"--max-mib {a.max_mib}: expected a size > 0")
+    out = Path(a.out)
+    check_output_file(str(out), "--out")
+    check_output_file(str(out.with_suffix(".json")), "--out")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    _check_args(a)
+    try:
+        import torch
+        from transformers import AutoTokenizer
+
+        from chipsim.trace.predictors import build_trace_arrays
+        from chipsim.trace.recorder import find_routers, load_local_model, model_counts, record
+        from chipsim.trace.train import even_starts, save_trimmed, windows
+    except ImportError as exc:
+        raise InputError(f"chipsim trace needs torch and transformers ({exc.name} is missing): "
+                         "pip install torch==2.13.0 -e '.[trace]'") from None
     t0 = time.perf_counter()
 
     def log(msg):
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
-
-    from transformers import AutoTokenizer
 
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_local_model(a.model, device=device.type, dtype=getattr(torch, a.dtype))
@@ -76,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     split = int(ids.size * 0.9)
     train_ids, held_ids = ids[:split], ids[split:]
     if held_ids.size < a.seq or train_ids.size < a.seq + 1:
-        raise SystemExit(f"{a.text}: {ids.size} tokens are too few for windows of {a.seq}")
+        raise InputError(f"--text {a.text}: {ids.size} tokens are too few for windows of {a.seq}")
     rng = np.random.default_rng(a.seed)
     tr = windows(train_ids, rng.integers(0, train_ids.size - a.seq, max(1, a.train_tokens // a.seq)), a.seq)
     he = windows(held_ids, even_starts(held_ids.size, max(1, -(-a.heldout_tokens // a.seq)), a.seq), a.seq)
@@ -106,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         "quality": {},
     }
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_trimmed(out, arrays, meta, a.seq, log)
+    if a.max_mib is None:
+        meta["provenance"]["trace_tokens"] = int(arrays["routed_ids"].shape[0])
+        tformat.save(out, arrays, meta, specs=predictor_arrays.RECORDED)
+    else:
+        save_trimmed(out, arrays, meta, a.seq, log, max_bytes=int(a.max_mib * (1 << 20)))
     trace = tformat.load(out)
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    write_atomic(str(out.with_suffix(".json")), json.dumps(meta, indent=1, sort_keys=True), what="--out")
     log(f"wrote {out}: {trace.provenance_line()}")
     return 0
 

@@ -236,8 +236,10 @@ def _per_token(key: str) -> bool:
     return spec is not None and spec.per_token
 
 
-def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> int:
-    """Save a trace keeping the most leading tokens (a multiple of `unit`, one recorded window) that fit 16 MiB.
+def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print,
+                 max_bytes: int = tformat.SHIPPED_TRACE_MAX_BYTES) -> int:
+    """Save a trace keeping the most leading tokens (a multiple of `unit`, one recorded window) that fit
+    `max_bytes` (default: the 16 MiB of a trace this repository ships).
 
     The compressed bytes per token are estimated from a one-window trial save; sets meta.provenance.trace_tokens.
     """
@@ -251,12 +253,11 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print) -> 
     tformat.save(trial, head(unit), meta, specs=predictor_arrays.RECORDED)
     per_token = trial.stat().st_size / unit
     trial.unlink()
-    t_keep = max(unit, min(t_all, int(tformat.SHIPPED_TRACE_MAX_BYTES * 15 / 16 / per_token) // unit * unit))
+    t_keep = max(unit, min(t_all, int(max_bytes * 15 / 16 / per_token) // unit * unit))
     while True:
         meta.setdefault("provenance", {})["trace_tokens"] = int(t_keep)
         try:
-            tformat.save(path, head(t_keep), meta, specs=predictor_arrays.RECORDED,
-                         max_bytes=tformat.SHIPPED_TRACE_MAX_BYTES)
+            tformat.save(path, head(t_keep), meta, specs=predictor_arrays.RECORDED, max_bytes=max_bytes)
             return t_keep
         except InputError as exc:
             if "MiB asked for" not in str(exc) or t_keep <= unit:
