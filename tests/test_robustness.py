@@ -271,5 +271,42 @@ def test_ctrl_c_stops_a_parallel_run_at_once_with_one_line(presses):
         os.killpg(proc.pid, 0)
 
 
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_stops_a_dask_sweep_at_once_with_one_line(tmp_path, presses):
+    """The same for `sweep --backend dask` on its own LocalCluster: the worker processes (and any the
+    cluster starts while it closes) never answer the terminal's SIGINT themselves; all are gone soon after."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("distributed")
+    proc = subprocess.Popen([sys.executable, "-m", "chipsim.cli", "sweep", THOR, "--grid", "dma.engines=1,2,3,4",
+                             "--backend", "dask", "--jobs", "2", "--out", str(tmp_path / "s"), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:  # both workers up
+            workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                       if "spawn_main" in " ".join(p.cmdline())]
+            if len(workers) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)  # they are simulating
+        assert proc.poll() is None
+        group = psutil.Process(proc.pid).children(recursive=True)
+        t0 = time.perf_counter()
+        for _ in range(presses):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=20)
+        elapsed = time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert elapsed < 1.5 + 0.05 * presses
+    assert proc.returncode == 130 and err.decode().strip() == "chipsim: interrupted"
+    _, alive = psutil.wait_procs(group, timeout=3.0)
+    assert alive == []
+    assert not (tmp_path / "s" / "results.csv").exists()
+
+
 def test_input_error_is_one_line_even_with_newlines_in_it():
     assert str(InputError("a\nb")) == "a b"

@@ -25,6 +25,7 @@ silently mislabelled cache entry.
 from __future__ import annotations
 
 import contextlib
+import signal
 import hashlib
 import itertools
 import json
@@ -289,31 +290,69 @@ def _run_process(tasks: dict, jobs: int, on_done, progress: bool) -> None:
                 bar.update(1)
 
 
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:  # psutil.Error: gone, or not ours to read
+        return []
+
+
 def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: bool) -> None:
     try:
         import logging
 
+        import psutil  # a dependency of distributed
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
         raise InputError("--backend dask needs dask.distributed: pip install -e '.[dist]'") from None
     with contextlib.ExitStack() as stack:
+        local_processes = []
         if scheduler:
             try:
                 client = stack.enter_context(Client(scheduler, timeout="20s"))
             except (OSError, TimeoutError, ValueError) as exc:
                 raise InputError(f"--scheduler {scheduler}: cannot connect ({type(exc).__name__}: {exc})") from None
         else:
-            # loopback only, no dashboard: nothing of this listens beyond this machine
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None, silence_logs=logging.ERROR))
+            # loopback only, no dashboard: nothing of this listens beyond this machine. SIGINT is blocked while the
+            # cluster starts: its threads inherit the mask, and so does every worker process they start (now or
+            # on a restart). A Ctrl-C on the terminal reaches the whole process group and only this process
+            # answers it (the workers' own handlers would print tracebacks as they die).
+            before = set(psutil.Process().children(recursive=True))
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
+                    dashboard_address=None, silence_logs=logging.CRITICAL))
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            # multiprocessing's resource tracker stays: killed, a new one would be started at exit and complain
+            local_processes = [p for p in psutil.Process().children(recursive=True)
+                               if p not in before and "resource_tracker" not in " ".join(_cmdline(p))]
             client = stack.enter_context(Client(cluster))
         futures = {client.submit(_run_task, task, key=f"chipsim-sweep-{key}", pure=False): key
                    for key, task in tasks.items()}
-        with _progress_bar(len(tasks), progress) as bar:
-            for fut in as_completed(list(futures)):
-                on_done(futures[fut], fut.result())
-                bar.update(1)
+        try:
+            with _progress_bar(len(tasks), progress) as bar:
+                for fut in as_completed(list(futures)):
+                    on_done(futures[fut], fut.result())
+                    bar.update(1)
+        except BaseException:
+            # Ctrl-C or a failed task: our local workers hold nothing to save; stop them at once (a graceful close
+            # of busy workers takes seconds), then close the cluster with SIGINT ignored, so that a second Ctrl-C
+            # cannot break the close half-way, nor reach a process it starts
+            if local_processes:
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                try:
+                    for nanny in cluster.workers.values():
+                        nanny.auto_restart = False
+                    for proc in local_processes:
+                        with contextlib.suppress(psutil.Error):
+                            proc.kill()
+                    psutil.wait_procs(local_processes, timeout=1.0)
+                    stack.close()
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+            raise
 
 
 # ---------------------------------------------------------------------------------------------- outputs
