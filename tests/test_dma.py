@@ -164,3 +164,15 @@ def test_a_paused_prefetch_promoted_then_cancelled_charges_what_it_moved():
     assert landed["p"][1].cancelled and landed["p"][1].moved_bytes == 2 * MB
     assert landed["d"][0] == 60_000_000
     assert path.bytes_moved == 6 * MB
+
+
+def test_an_empty_batch_while_a_transfer_moves_does_not_delay_it():
+    """A policy hook that changes nothing (an empty batch) at 10 us must leave a 40 us transfer's end where it
+    was (the first DmaPath re-planned from stale progress here and ended it at 50 us)."""
+    env, path, landed = make_path(engines=1, setup_ps=0, latency_ps=0)
+    path.submit(4 * MB, PREFETCH, tag="a")
+    env.run(until=10_000_000)
+    with path.batch():
+        pass
+    env.run()
+    assert landed["a"][0] == 40_000_000

@@ -1,32 +1,30 @@
-"""DMA transfers on a shared cut-through path, with fluid fair sharing and demand-over-prefetch priority.
+"""DMA engines and their queues, moving data over a shared path of resources (chipsim.sim.flows).
 
 Model (all times integer picoseconds):
 - A transfer first waits for a free DMA engine (demand fetches ahead of queued prefetches, FIFO within
-  a class), then spends the per-descriptor setup time, then moves its bytes through the path's
-  bottleneck bandwidth, then its last byte needs the path's summed latency to land. On an idle path an
-  N-byte transfer therefore finishes at setup + ΣL + N / min(B).
-- Transfers in their data phase share the bottleneck equally (processor sharing): two equal transfers
-  started together both finish at setup + ΣL + 2N/B.
+  a class), then spends the per-descriptor setup time, then moves its bytes as a flow over the path's
+  resources, then its last byte needs the path's summed latency to land. On an idle path an N-byte
+  transfer therefore finishes at setup + ΣL + N / min(B).
+- In their data phase transfers share every resource of the path with each other and with any other flow
+  crossing it (operand reads of HBM, the host CPU's reads of LPDDR5X), max-min fairly
+  (chipsim.sim.flows): two equal transfers started together on an idle path both finish at
+  setup + ΣL + 2N/B.
 - While a demand fetch is moving data or waiting for an engine, every prefetch in its data phase runs
   on to its next chunk boundary and then pauses, giving back its engine; paused prefetches resume
   (without a second setup) once no demand fetch is left.
 
 With `demand_first` off there is one FIFO queue in issue order (a CUDA copy stream): a demand fetch waits
 behind every transfer issued before it (preemption must then be off too).
-
-Progress is tracked in exact integers: one "work unit" is 1e-12 byte / S, where S = lcm(1..engines), so
-that the bandwidth divided among up to `engines` sharers is always a whole number of units per ps.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
-from functools import reduce
 
 import simpy
 
+from chipsim.sim.flows import WRITE, Flow, FlowNetwork
 from chipsim.units import PS_PER_S
 
 DEMAND = 0
@@ -40,7 +38,7 @@ class Transfer:
     __slots__ = (
         "tid", "nbytes", "priority", "tag", "state", "remaining", "boundary",
         "issue_ps", "data_start_ps", "data_end_ps", "finish_ps", "setup_done", "cancelled", "moved_bytes",
-        "descriptors",
+        "descriptors", "flow",
     )
 
     def __init__(self, tid: int, nbytes: int, priority: int, tag, now: int, descriptors: int = 1):
@@ -49,8 +47,8 @@ class Transfer:
         self.priority = priority
         self.tag = tag
         self.state = QUEUED
-        self.remaining = 0  # work units left (set when data starts)
-        self.boundary = 0  # remaining work at which a draining prefetch pauses
+        self.remaining = 0  # units (1e-12 byte) left when its flow last left the network
+        self.boundary = 0  # remaining units at which a draining prefetch pauses
         self.issue_ps = now
         self.data_start_ps = -1
         self.data_end_ps = -1
@@ -59,6 +57,7 @@ class Transfer:
         self.cancelled = False
         self.moved_bytes = 0  # set when the transfer ends: all its bytes, or what moved before a cancel
         self.descriptors = descriptors  # a chain (e.g. gate, up, down): one setup cost per descriptor
+        self.flow: Flow | None = None  # its data phase in the flow network (from its first data byte)
 
 
 class DmaRecorder:
@@ -112,30 +111,35 @@ class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
     def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int, latency_ps: int, setup_ps: int,
-                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True):
+                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True,
+                 network: FlowNetwork | None = None, path: tuple | None = None):
         """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
-        cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved)."""
+        cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved).
+
+        `network` and `path`: the shared resources the data crosses; without them the path is one resource
+        of `bandwidth_bytes_per_s` used by these transfers alone."""
         if bandwidth_bytes_per_s <= 0 or engines <= 0 or chunk_bytes <= 0:
             raise ValueError("bandwidth, engines and chunk size must be positive")
         self.env = env
+        if network is None:
+            network = FlowNetwork(env, ["dma"], [int(bandwidth_bytes_per_s)])
+            path = network.path(("dma", WRITE))
+        self.network = network
+        self.flow_path = path
         self.bandwidth = int(bandwidth_bytes_per_s)
         self.latency_ps = int(latency_ps)
         self.setup_ps = int(setup_ps)
         self.engines = int(engines)
-        self.scale = reduce(lambda a, b: a * b // math.gcd(a, b), range(1, self.engines + 1), 1)
-        self.unit_per_byte = PS_PER_S * self.scale
-        self.chunk_units = int(chunk_bytes) * self.unit_per_byte
-        self.rate = self.bandwidth * self.scale  # work units per ps, shared among data-phase transfers
+        self.unit_per_byte = PS_PER_S
+        self.chunk_units = int(chunk_bytes) * PS_PER_S
         self.free_engines = self.engines
         self.queue_demand: deque[Transfer] = deque()
         self.queue_prefetch: deque[Transfer] = deque()
-        self.flowing: list[Transfer] = []  # ACTIVE or DRAINING, sharing the bandwidth
+        self.flowing: list[Transfer] = []  # ACTIVE or DRAINING: their flows are in the network
         self.paused: list[Transfer] = []
         self.in_setup: list[tuple[int, int, Transfer]] = []  # heap of (setup end ps, tid, transfer)
         self.demands_live = 0  # demand transfers not yet through their data phase
-        self.last_update = 0
-        self._generation = 0
-        self._tick_at = -1  # time of the pending wake-up, -1 if none
+        self._setup_tick_at = -1  # time of the pending end-of-setup wake-up, -1 if none
         self._batch_depth = 0
         self._batch = _Batch(self)
         self.on_landed = on_landed or (lambda tr: None)
@@ -156,8 +160,6 @@ class DmaPath:
         `descriptors` > 1 is a descriptor chain run by one engine (e.g. an expert's gate, up and down
         matrices): it pays the per-descriptor setup once per descriptor before its data moves."""
         now = self.env.now
-        if now != self.last_update:
-            self._advance()
         tr = Transfer(self._next_tid, nbytes, priority, tag, now, descriptors)
         self.descriptors_submitted += descriptors
         self._next_tid += 1
@@ -167,16 +169,13 @@ class DmaPath:
             self.queue_demand.append(tr)
         else:
             self.queue_prefetch.append(tr)
-        if not self._batch_depth:
-            self._dispatch()
-            self._reschedule()
+        self._settle()
         return tr
 
     def promote(self, tr: Transfer) -> None:
         """Turn a not-yet-finished prefetch into a demand fetch (the data is now needed)."""
         if tr.priority == DEMAND or tr.state == DONE or tr.data_end_ps >= 0:
             return
-        self._advance()
         tr.priority = DEMAND
         self.demands_live += 1
         if tr.state == QUEUED:
@@ -189,6 +188,7 @@ class DmaPath:
             self.queue_demand.appendleft(tr)
         elif tr.state == DRAINING:
             tr.state = ACTIVE
+            self.network.set_target(tr.flow, 0)  # runs to its end now
         self._settle()
 
     def cancel(self, tr: Transfer) -> None:
@@ -199,7 +199,6 @@ class DmaPath:
         """
         if tr.state == DONE or tr.cancelled:
             return
-        self._advance()
         tr.cancelled = True
         if tr.priority == DEMAND and tr.data_end_ps < 0:
             self.demands_live -= 1
@@ -207,14 +206,14 @@ class DmaPath:
         if tr.state == QUEUED:
             (self.queue_demand if tr in self.queue_demand else self.queue_prefetch).remove(tr)
             if tr.setup_done:  # paused earlier and queued to resume: what it moved has landed
-                self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+                self._end(tr, moved_units=tr.nbytes * PS_PER_S - tr.remaining, latency=True)
             else:
                 tr.state = DONE  # never started: nothing moved, nothing to wait for
                 tr.data_end_ps = tr.finish_ps = self.env.now
                 self.on_landed(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
-            self._end(tr, moved_units=tr.nbytes * self.unit_per_byte - tr.remaining, latency=True)
+            self._end(tr, moved_units=tr.nbytes * PS_PER_S - tr.remaining, latency=True)
         elif tr.state in (ACTIVE, DRAINING):
             self._set_boundary(tr)
         # SETUP: handled when the setup time is over
@@ -226,37 +225,33 @@ class DmaPath:
 
     def _settle(self) -> None:
         if not self._batch_depth:
+            network = self.network
+            network.begin()
             self._dispatch()
-            self._reschedule()
+            network.end()
+            self._reschedule_setups()
+            if self.recorder is not None:
+                self.recorder.sample(self)
 
     def queued_bytes(self) -> int:
         """Bytes not yet moved by every transfer in the system (for policies' cost models)."""
-        self._advance()
+        self.network.advance()
         total = sum(t.nbytes for t in self.queue_demand) + sum(t.nbytes for t in self.queue_prefetch)
         total += sum(t.nbytes for _, _, t in self.in_setup if not t.cancelled)
-        total += sum(-(-t.remaining // self.unit_per_byte) for t in self.flowing + self.paused)
+        total += sum(t.flow.remaining_bytes for t in self.flowing)
+        total += sum(-(-t.remaining // PS_PER_S) for t in self.paused)
         return total
 
     # ------------------------------------------------------------------------------------ internals
-    def _advance(self) -> None:
-        """Move every flowing transfer forward to env.now."""
-        now = self.env.now
-        dt = now - self.last_update
-        if dt <= 0:
-            return
-        if self.flowing:
-            share = dt * self.rate // len(self.flowing)
-            for tr in self.flowing:
-                tr.remaining -= share
-        self.last_update = now
-
     def _start_data(self, tr: Transfer) -> None:
-        if not tr.setup_done:
-            tr.setup_done = True
-            tr.remaining = tr.nbytes * self.unit_per_byte
-            tr.data_start_ps = self.env.now
         tr.state = ACTIVE
         self.flowing.append(tr)
+        if not tr.setup_done:
+            tr.setup_done = True
+            tr.data_start_ps = self.env.now
+            tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, on_target=self._flow_reached, tag=tr)
+        else:  # a paused prefetch resumes where it stopped
+            self.network.resume(tr.flow, 0)
 
     def _setup_over(self, tr: Transfer) -> None:
         if tr.cancelled:
@@ -297,79 +292,69 @@ class DmaPath:
 
     def _set_boundary(self, tr: Transfer) -> None:
         """Let a moving transfer run on to its next chunk boundary, then stop there."""
-        done_units = tr.nbytes * self.unit_per_byte - tr.remaining
+        self.network.advance()
+        total = tr.nbytes * PS_PER_S
+        done_units = total - tr.flow.remaining
         next_boundary = -(-done_units // self.chunk_units) * self.chunk_units
-        tr.boundary = max(tr.nbytes * self.unit_per_byte - next_boundary, 0)
+        tr.boundary = max(total - next_boundary, 0)
         tr.state = DRAINING
+        self.network.set_target(tr.flow, tr.boundary)
 
-    def _reschedule(self) -> None:
-        """Keep one wake-up pending, at the next completion, chunk boundary or end of a setup."""
+    def _flow_reached(self, flow: Flow) -> None:
+        """The network let a transfer's flow go: all its bytes moved, or a draining one reached its boundary."""
+        tr = flow.tag
         now = self.env.now
+        tr.remaining = max(flow.remaining, 0)
+        self.flowing.remove(tr)
+        self.free_engines += 1
         if self.recorder is not None:
-            self.recorder.sample(self)
-        soonest = self.in_setup[0][0] - now if self.in_setup else None
-        flowing = self.flowing
-        if flowing:
-            per_ps = self.rate // len(flowing)  # exact: scale is divisible by the sharer count
-            for tr in flowing:
-                left = tr.remaining - tr.boundary if tr.state == DRAINING else tr.remaining
-                dt = -(-left // per_ps) if left > 0 else 0
-                if soonest is None or dt < soonest:
-                    soonest = dt
-        if soonest is None:
-            self._generation += 1
-            self._tick_at = -1
-            return
-        if now + soonest == self._tick_at:
-            return  # the wake-up already pending is the right one
-        self._generation += 1
-        self._tick_at = now + soonest
-        gen = self._generation
-        ev = self.env.timeout(soonest)
-        ev.callbacks.append(lambda _e, g=gen: self._on_tick(g))
+            self.recorder.release(tr, now)
+        if flow.remaining <= 0:
+            if tr.priority == DEMAND:
+                self.demands_live -= 1
+            self.transfers_done += 1
+            self._end(tr, tr.nbytes * PS_PER_S, True)
+        elif tr.cancelled:
+            self._end(tr, tr.nbytes * PS_PER_S - tr.remaining, True)
+        else:
+            tr.state = PAUSED
+            self.paused.append(tr)
+        self._settle()
 
-    def _on_tick(self, generation: int) -> None:
-        if generation != self._generation:
-            return  # superseded by a later reschedule
-        self._tick_at = -1
-        self._advance()
+    def _reschedule_setups(self) -> None:
+        """Keep one wake-up pending at the end of the earliest setup."""
+        if not self.in_setup:
+            return
+        when = self.in_setup[0][0]
+        if when == self._setup_tick_at:
+            return
+        self._setup_tick_at = when
+        ev = self.env.timeout(when - self.env.now)
+        ev.callbacks.append(lambda _e, w=when: self._on_setup_tick(w))
+
+    def _on_setup_tick(self, when: int) -> None:
+        if when != self._setup_tick_at:
+            return  # an earlier setup took the wake-up's place; that one covers this
+        self._setup_tick_at = -1
         now = self.env.now
         in_setup = self.in_setup
+        self.network.begin()
         while in_setup and in_setup[0][0] <= now:
             self._setup_over(heapq.heappop(in_setup)[2])
-        still = []
-        unit = self.unit_per_byte
-        rec = self.recorder
-        for tr in self.flowing:
-            remaining = tr.remaining
-            if remaining <= 0:
-                self.free_engines += 1
-                if rec is not None:
-                    rec.release(tr, now)
-                if tr.priority == DEMAND:
-                    self.demands_live -= 1
-                self.transfers_done += 1
-                self._end(tr, tr.nbytes * unit, True)
-            elif tr.state == DRAINING and remaining <= tr.boundary:
-                self.free_engines += 1
-                if rec is not None:
-                    rec.release(tr, now)
-                if tr.cancelled:
-                    self._end(tr, tr.nbytes * unit - remaining, True)
-                else:
-                    tr.state = PAUSED
-                    self.paused.append(tr)
-            else:
-                still.append(tr)
-        self.flowing = still
         self._dispatch()
-        self._reschedule()
+        self.network.end()
+        self._reschedule_setups()
+        self._sample()
+
+    def _sample(self) -> None:
+        if self.recorder is not None:
+            self.recorder.sample(self)
 
     def _end(self, tr: Transfer, moved_units: int, latency: bool) -> None:
         """Retire a transfer; `on_landed` runs once its last moved byte has crossed the path."""
         now = self.env.now
         tr.remaining = 0
-        moved = tr.moved_bytes = -(-moved_units // self.unit_per_byte)
+        moved = tr.moved_bytes = -(-moved_units // PS_PER_S)
         tr.data_end_ps = now
         finish = tr.finish_ps = now + self.latency_ps if latency else now
         self.bytes_moved += moved
@@ -394,10 +379,12 @@ class _Batch:
 
     def __enter__(self):
         self.path._batch_depth += 1
+        self.path.network.begin()  # one re-allocation of the shared resources at the end
         return self.path
 
     def __exit__(self, *exc):
         path = self.path
         path._batch_depth -= 1
         path._settle()
+        path.network.end()
         return False
