@@ -139,3 +139,12 @@ def test_op_group_launch_is_charged_once_per_group():
     for group in ("attention", "router", "expert", "combine"):
         assert getattr(b.moe_layer(0), group).duration_ps == getattr(a.moe_layer(0), group).duration_ps + 800_000
     assert b.token_head.duration_ps == a.token_head.duration_ps + 800_000
+
+
+def test_read_write_turnaround_is_two_switches_per_drained_batch_of_writes():
+    """thor HBM3 (Ramulator 2.1 HBM3_6400Mbps): RD->WR 12.5 ns + WR->RD 11.875 ns per batch of 19 write bursts
+    of 8 beats at 6400 MT/s (1.25 ns each): every written byte costs 24.375 / 23.75 = 1.026 more bytes of time."""
+    t = dram_timing(hw().memory.hbm)
+    assert math.isclose(t.turnaround, 24.375 / 23.75, rel_tol=1e-12)
+    lp = dram_timing(hw().memory.lpddr5x)  # LPDDR5X-8533, BL16: 1.875 ns per burst
+    assert math.isclose(lp.turnaround, 35.0 / (19 * 16 / 8533e-3), rel_tol=1e-12)

@@ -94,6 +94,12 @@ class DramConfig:
     tfaw_ns: float = _f("four-activate window tFAW, ns", positive=True, maximum=1e6)
     trfc_ns: float = _f("refresh cycle time tRFC (all-bank), ns", positive=True, maximum=1e6)
     trefi_ns: float = _f("refresh interval tREFI, ns", positive=True, maximum=1e9)
+    trtw_ns: float = _f("read-to-write turnaround on a channel (last read command to first write), ns",
+                        minimum=0, maximum=1e6)
+    twtr_ns: float = _f("write-to-read turnaround on a channel (write latency + burst + tWTR), ns",
+                        minimum=0, maximum=1e6)
+    write_drain_bursts: int = _f("writes the controller drains per switch from reads to writes "
+                                 "(its write-queue watermarks)", positive=True, maximum=1 << 20)
     energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
 
 

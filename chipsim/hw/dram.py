@@ -11,6 +11,12 @@ rotation, so one bank's row switch (tRP + tRCD) overlaps other banks' data burst
     efficiency = (t_data / t_row) × (1 − tRFC / tREFI)   # all-bank refresh blocks the channel
 
 The first byte of a fresh (closed-row) access arrives after tRCD + CL + one burst.
+
+Reads and writes at once: the controller serves reads and drains writes in batches of `write_drain_bursts`
+(its write-queue watermarks); every batch costs a read-to-write and a write-to-read turnaround on the bus.
+So while both directions are busy, every written byte costs 1 + turnaround bytes of the memory's capacity:
+
+    turnaround = (tRTW + tWTR) / (write_drain_bursts × t_burst)
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class DramTiming:
     refresh_efficiency: float
     effective_gbps: float
     access_latency_ns: float
+    turnaround: float  # extra capacity per written byte while reads run too (see the module docstring)
 
 
 def dram_timing(cfg: DramConfig) -> DramTiming:
@@ -48,4 +55,5 @@ def dram_timing(cfg: DramConfig) -> DramTiming:
         refresh_efficiency=refresh_eff,
         effective_gbps=peak_gbps * row_eff * refresh_eff,
         access_latency_ns=cfg.trcd_ns + cfg.tcl_ns + burst_ns,
+        turnaround=(cfg.trtw_ns + cfg.twtr_ns) / (cfg.write_drain_bursts * burst_ns),
     )
