@@ -65,6 +65,7 @@ class OpCost:
     hbm_write_bytes: int  # results written to HBM over UCIe (KV-cache append)
     macs: int
     sfu_ops: int
+    fixed_ps: int = 0  # the part of duration_ps that moves no operand: issue overhead, first-operand latency
 
     def __add__(self, other: "OpCost") -> "OpCost":
         return OpCost(
@@ -76,6 +77,7 @@ class OpCost:
             hbm_write_bytes=self.hbm_write_bytes + other.hbm_write_bytes,
             macs=self.macs + other.macs,
             sfu_ops=self.sfu_ops + other.sfu_ops,
+            fixed_ps=self.fixed_ps + other.fixed_ps,
         )
 
 
@@ -108,7 +110,8 @@ class ArrayModel:
             return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops)
         self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
-        return OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops)
+        return OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs,
+                      sfu_ops, fixed)
 
     def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0) -> OpCost:
         """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM."""
@@ -135,4 +138,4 @@ class ArrayModel:
 
     def group_launch(self, name: str) -> OpCost:
         """The fixed cost of starting one op group (compute.op_group_launch_ns)."""
-        return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0)
+        return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0, self.group_launch_ps)

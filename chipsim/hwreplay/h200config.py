@@ -17,7 +17,8 @@ from chipsim.hw.dram import dram_timing
 
 # H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
 HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,
-           tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900)
+           tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900,
+           trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19)
 
 
 def _op_table(mb: dict, kernel_launch: str) -> str:
@@ -122,6 +123,9 @@ memory:
     tfaw_ns: 15.0                 # as thor.yaml
     trfc_ns: 350                  # ASSUMPTION (as thor.yaml)
     trefi_ns: 3900                # JESD238 HBM3 tREFI
+    trtw_ns: 12.5                 # as thor.yaml (Ramulator 2.1 HBM3_6400Mbps nRTW)
+    twtr_ns: 11.875               # as thor.yaml (Ramulator 2.1 HBM3_6400Mbps nCWL + nBL + nWTRS)
+    write_drain_bursts: 19        # as thor.yaml (Ramulator 2.1 HBM3 controller watermarks)
     energy_pj_per_bit: 7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here
   lpddr5x:                        # stands for the host DRAM that holds the pinned experts
     capacity_gib: {m.get("host_memory_gib", 128)}           # measured: /proc/meminfo MemTotal
@@ -138,6 +142,9 @@ memory:
     tfaw_ns: 13.3                 # JESD79-5 x8, 1 KB page
     trfc_ns: 295                  # JESD79-5 16 Gb tRFC1
     trefi_ns: 3900                # JESD79-5
+    trtw_ns: 5.824                # Ramulator 2.1 DDR5_4800AN: RD->WR nCL 34 + nBL 8 + 2 - nCWL 32 + 2 = 14 x 0.416 ns
+    twtr_ns: 19.136               # Ramulator 2.1 DDR5_4800AN: WR->RD nCWL 32 + nBL 8 + nWTRS 6 = 46 x 0.416 ns
+    write_drain_bursts: 19        # Ramulator 2.1 DDR5 controller: 32-entry write buffer, watermarks 0.8 / 0.2
     energy_pj_per_bit: 3.0        # ASSUMPTION; energy is not validated here
 
 links:

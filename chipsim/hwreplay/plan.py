@@ -92,7 +92,7 @@ class PlanRecorder(Simulation):
             self.actions.append(["evict", self.t, self.layer, layer, expert])
         return super().evict(layer, expert, stop_transfer)
 
-    def _compute(self, op_ps, hbm_bytes, label, *label_args):
+    def _compute(self, work, label, *label_args):
         if label == "L%d attention+router":
             self.layer = label_args[0]
             self.actions.append(["attention", self.t, label_args[0]])
@@ -104,7 +104,7 @@ class PlanRecorder(Simulation):
             self.actions.append(["head", self.t])
         elif label not in ("L%d shared", "L%d combine"):  # those two run inside the replay's route/layer_end steps
             raise RuntimeError(f"hwreplay: the engine computes {label!r}, which the plan recorder does not know")
-        yield from super()._compute(op_ps, hbm_bytes, label, *label_args)
+        yield from super()._compute(work, label, *label_args)
 
 
 @dataclass

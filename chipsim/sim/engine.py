@@ -2,7 +2,12 @@
 
 One SimPy process runs the decode step token by token and layer by layer on the arrays (operations are
 sequential: each uses all arrays). Expert weights reach the on-package buffer through `DmaPath`
-transfers that run concurrently with compute. The process stalls only when the next expert it must
+transfers that run concurrently with compute. The chip's memories and links are shared resources
+(chipsim.sim.flows): a fetch is a flow LPDDR5X -> PCIe -> UCIe (I/O to memory die) -> HBM (write), an
+operation's operand stream a flow HBM (read) -> UCIe (memory to compute die), capped at the rate its
+arrays consume operands, and a host-CPU expert's weight read a flow on LPDDR5X; each resource's bandwidth
+is shared by all flows crossing it at that moment, so an operation overlapping a fetch streams slower and
+HBM pays its read/write turnaround. The process stalls only when the next expert it must
 compute has not arrived; that waiting is the `stall`. Every byte moved and every picosecond of array
 time goes into the token's `Ledger` and every per-layer outcome into the `RunRecorder`
 (chipsim.sim.record); energy is computed from the ledgers afterwards (chipsim.sim.metrics).
@@ -28,25 +33,41 @@ from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import FETCH_PATH, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
+from chipsim.hw.dram import dram_timing
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
+from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
-from chipsim.units import gbps_to_bytes_per_s, ns_to_ps, transfer_ps
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
 
 
-class _LayerCost(NamedTuple):
-    """One layer's operations, priced once per run: (arrays ps, HBM operand bytes) of each part."""
+class _Work(NamedTuple):
+    """Arrays work run as one step: its time alone, the HBM operand bytes it streams, and the part of the
+    time that streams nothing (issue overhead, first-operand latency)."""
 
-    pre_ps: int  # attention + router
-    pre_b: int
-    dense_ps: int  # shared experts (MoE layer) or the dense FFN (dense layer)
-    dense_b: int
-    expert_ps: int  # one routed expert in the policy's format
-    expert_b: int
-    combine_ps: int  # weighted sum of the experts' outputs
-    combine_b: int
+    ps: int
+    bytes: int
+    fixed: int
+
+    def __add__(self, other: "_Work") -> "_Work":
+        return _Work(self.ps + other.ps, self.bytes + other.bytes, self.fixed + other.fixed)
+
+    def times(self, n: int) -> "_Work":
+        return _Work(self.ps * n, self.bytes * n, self.fixed * n)
+
+
+NO_WORK = _Work(0, 0, 0)
+
+
+class _LayerCost(NamedTuple):
+    """One layer's operations, priced once per run."""
+
+    pre: _Work  # attention + router
+    dense: _Work  # shared experts (MoE layer) or the dense FFN (dense layer)
+    expert: _Work  # one routed expert in the policy's format
+    combine: _Work  # weighted sum of the experts' outputs
 
 
 class _Entry:
@@ -88,6 +109,11 @@ class Simulation:
         self.path_timing = path
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
+        self.network = self._network(self.env, hw, path)
+        net = self.network
+        self._fetch_flow_path = net.path(("lpddr5x", READ), ("pcie", WRITE), ("ucie_io", WRITE), ("hbm", WRITE))
+        self._operand_flow_path = net.path(("hbm", READ), ("ucie_compute", READ))
+        self._host_flow_path = net.path(("lpddr5x", READ))
         self.dma = DmaPath(
             self.env,
             bandwidth_bytes_per_s=gbps_to_bytes_per_s(path.bandwidth_gbps),
@@ -98,6 +124,8 @@ class Simulation:
             on_landed=self._on_fetch_done,
             preempt=hw.dma.demand_preempts_prefetch,
             demand_first=hw.dma.demand_first,
+            network=net,
+            path=self._fetch_flow_path,
         )
         self._cancel_in_flight = hw.dma.cancel_in_flight
         fmt = policy.expert_format(workload, hw)
@@ -127,6 +155,17 @@ class Simulation:
         self.on_token = None  # called with each token's index once it is decoded (a progress bar)
         if record_events:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
+
+    @staticmethod
+    def _network(env: simpy.Environment, hw: HardwareConfig, path) -> FlowNetwork:
+        """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround)
+        and each link direction a flow can cross."""
+        hbm, lp = dram_timing(hw.memory.hbm), dram_timing(hw.memory.lpddr5x)
+        bws = path.per_component_gbps
+        names = ["lpddr5x", "pcie", "ucie_io", "hbm", "ucie_compute"]
+        gbps = [bws["lpddr5x"], bws["pcie"], bws["ucie"], bws["hbm"], hw.links.ucie.bandwidth_gbps]
+        turnaround = [round(lp.turnaround * PPM), 0, 0, round(hbm.turnaround * PPM), 0]
+        return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround)
 
     # ======================================================================== policy API
     @property
@@ -303,48 +342,63 @@ class Simulation:
             self._issue(key, DEMAND)
 
     def _host_job(self, layer: int, expert: int):
-        """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X, result back."""
+        """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
+        with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back."""
         timing = self.host_timing
         with self.host.request() as req:
             yield req
             start = self.env.now
-            yield self.env.timeout(timing.total_ps)
+            nbytes = self.workload.expert_bytes
+            yield self.env.timeout(timing.total_ps - timing.compute_ps)  # dispatch + activations over PCIe
+            done = self.env.event()
+            self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
+                             on_target=lambda _f: done.succeed(), not_before=self.env.now + timing.compute_ps)
+            yield done
         ledger = self.rec.ledger
-        ledger.host_busy_ps += timing.total_ps - timing.transit_ps
-        ledger.bytes["lpddr5x"] += self.workload.expert_bytes  # the CPU reads its own copy
+        ledger.host_busy_ps += self.env.now - start - timing.transit_ps
+        ledger.bytes["lpddr5x"] += nbytes  # the CPU reads its own copy
         ledger.bytes["pcie"] += timing.activation_bytes
         ledger.bytes["ucie"] += timing.activation_bytes
         if self.events is not None:
             self.events.append(("host-cpu", f"L{layer}E{expert}", start, self.env.now))
 
-    def _compute(self, op_ps: int, hbm_bytes: int, label: str, *label_args):
-        """Run an operation on the arrays; `label % label_args` names it on the timeline (built only then)."""
+    def _compute(self, work: _Work, label: str, *label_args):
+        """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
+        takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
+        no faster than the arrays consume them alone, slower when other flows share those resources."""
         ledger = self.rec.ledger
-        ledger.busy_ps += op_ps
-        ledger.bytes["hbm"] += hbm_bytes  # operands are read from HBM and cross the HBM->compute UCIe link
-        ledger.bytes["ucie"] += hbm_bytes
+        ledger.bytes["hbm"] += work.bytes  # operands are read from HBM and cross the HBM->compute UCIe link
+        ledger.bytes["ucie"] += work.bytes
         start = self.env.now
-        yield self.env.timeout(op_ps)
+        stream_ps = work.ps - work.fixed
+        if work.bytes and stream_ps > 0:
+            if work.fixed:
+                yield self.env.timeout(work.fixed)
+            done = self.env.event()
+            # the cap (rounded up) lets it stream as fast as its arrays need and no faster; alone it ends after
+            # exactly stream_ps, with other flows on HBM or the link later
+            self.network.add(work.bytes, self._operand_flow_path, cap=-(-work.bytes * PS_PER_S // stream_ps),
+                             on_target=lambda _f: done.succeed(), not_before=self.env.now + stream_ps)
+            yield done
+        else:
+            yield self.env.timeout(work.ps)
+        ledger.busy_ps += self.env.now - start
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, self.env.now))
 
     @staticmethod
-    def _cost(op: OpCost | None) -> tuple[int, int]:
+    def _cost(op: OpCost | None) -> _Work:
         if op is None:
-            return 0, 0
-        return op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes
+            return NO_WORK
+        return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps)
 
     def _layer_costs(self) -> list[_LayerCost]:
         costs = []
         fmt = self.expert_format
         for layer in self.workload.layers:
-            attn_ps, attn_b = self._cost(layer.attention)
-            router_ps, router_b = self._cost(layer.router)
-            dense_ps, dense_b = self._cost(layer.dense)
-            expert_ps, expert_b = (fmt.compute_ps, fmt.hbm_bytes) if layer.expert else (0, 0)
-            combine_ps, combine_b = self._cost(layer.combine)
-            costs.append(_LayerCost(attn_ps + router_ps, attn_b + router_b, dense_ps, dense_b,
-                                    expert_ps, expert_b, combine_ps, combine_b))
+            expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps) if layer.expert else NO_WORK
+            costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
+                                    expert, self._cost(layer.combine)))
         return costs
 
     def _decode(self):
@@ -355,7 +409,7 @@ class Simulation:
             yield from self._token(t, costs, head)
         # transfers still in flight land after this, charged to the last token's ledger
 
-    def _token(self, t: int, costs: list[_LayerCost], head: tuple[int, int]):
+    def _token(self, t: int, costs: list[_LayerCost], head: _Work):
         """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
         if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
             self.events = None
@@ -368,10 +422,10 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, cost in enumerate(costs):
             if li < dense:
-                yield from self._compute(cost.pre_ps + cost.dense_ps, cost.pre_b + cost.dense_b, "dense layer %d", li)
+                yield from self._compute(cost.pre + cost.dense, "dense layer %d", li)
             else:
                 stall += yield from self._moe_layer(t, li - dense, cost)
-        yield from self._compute(head[0], head[1], "lm head")
+        yield from self._compute(head, "lm head")
         if self.events is not None:
             self.events.append(("tokens", f"token {t}", token_start, self.env.now))
         self.rec.end_token(t, self.env.now - token_start, stall)
@@ -383,7 +437,7 @@ class Simulation:
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         with self.dma.batch():
             self.policy.on_layer_start(self, t, layer)
-        yield from self._compute(cost.pre_ps, cost.pre_b, "L%d attention+router", layer)
+        yield from self._compute(cost.pre, "L%d attention+router", layer)
         plan = self._route(t, layer)
         stall = yield from self._run_experts(t, layer, plan, cost)
         self.rec.layers.stall_ps[t, layer] = stall
@@ -413,9 +467,8 @@ class Simulation:
     def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost):
         """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
         while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
-        expert_ps, expert_b = cost.expert_ps, cost.expert_b
-        combine_ps, combine_b = cost.combine_ps, cost.combine_b
-        extra_ps, extra_b = cost.dense_ps, cost.dense_b  # shared experts run first, while fetches proceed
+        expert, combine = cost.expert, cost.combine
+        extra = cost.dense  # shared experts run first, while fetches proceed
         host_jobs = [self.env.process(self._host_job(layer, e)) for e in plan.on_host]
         if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
             layers = self.rec.layers
@@ -424,12 +477,9 @@ class Simulation:
             layers.substituted[t, layer] = plan.substituted
             layers.dropped[t, layer] = plan.dropped
             if plan.surrogate:
-                op = self.policy.surrogate_op
-                extra_ps += len(plan.surrogate) * op.duration_ps
-                extra_b += len(plan.surrogate) * (op.hbm_read_bytes + op.hbm_write_bytes)
+                extra = extra + self._cost(self.policy.surrogate_op).times(len(plan.surrogate))
             if host_jobs:  # the weighted sum waits for the host's results
-                combine_later = (combine_ps, combine_b)
-                combine_ps = combine_b = 0
+                combine_later, combine = combine, NO_WORK
         stall = 0
         remaining = list(plan.execute)
         entries = self._entries
@@ -437,20 +487,19 @@ class Simulation:
             ready = [e for e in remaining if (layer, e) in entries and entries[(layer, e)].resident]
             if ready:
                 last = len(ready) == len(remaining)
-                ps = extra_ps + len(ready) * expert_ps + (combine_ps if last else 0)
-                nbytes = extra_b + len(ready) * expert_b + (combine_b if last else 0)
-                extra_ps = extra_b = 0
+                work = extra + expert.times(len(ready)) + (combine if last else NO_WORK)
+                extra = NO_WORK
                 for e in ready:
                     entry = entries[(layer, e)]
                     entry.used = True
                     entry.last_use = t * self.num_moe_layers + layer
-                yield from self._compute(ps, nbytes, "L%d experts %s", layer, ready)
+                yield from self._compute(work, "L%d experts %s", layer, ready)
                 self.rec.counts.expert_computes += len(ready)
                 ready_set = set(ready)
                 remaining = [e for e in remaining if e not in ready_set]
-            elif extra_ps:  # shared experts do not wait for routed ones
-                yield from self._compute(extra_ps, extra_b, "L%d shared", layer)
-                extra_ps = extra_b = 0
+            elif extra.ps:  # shared experts do not wait for routed ones
+                yield from self._compute(extra, "L%d shared", layer)
+                extra = NO_WORK
             else:
                 self._waiting_layer = layer
                 self._arrival_event = self.env.event()
@@ -465,10 +514,9 @@ class Simulation:
             self.rec.host_wait_ps[t] += self.env.now - wait_start
             if self.events is not None:
                 self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
-            combine_ps, combine_b = combine_later
-            yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
+            yield from self._compute(extra + combine_later, "L%d combine", layer)
         elif not plan.execute:
-            yield from self._compute(extra_ps + combine_ps, extra_b + combine_b, "L%d combine", layer)
+            yield from self._compute(extra + combine, "L%d combine", layer)
         return stall
 
     def run(self) -> SimResult:

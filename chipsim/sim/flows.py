@@ -39,7 +39,7 @@ class Flow:
     """N bytes over a path; `remaining` in units of 1e-12 byte. Lives in the network from `add` until it
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
-    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig")
+    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before")
 
     def __init__(self, fid: int, nbytes: int, path: tuple, level: int, cap: int,
                  on_target: Callable[["Flow"], None] | None, tag):
@@ -53,6 +53,7 @@ class Flow:
         self.on_target = on_target
         self.tag = tag
         self.sig = (path, level, cap)
+        self.not_before = 0  # ps: it does not reach its target earlier (an operation's own compute time)
 
     @property
     def remaining_bytes(self) -> int:
@@ -80,7 +81,6 @@ class FlowNetwork:
         self._dirty = False  # a change inside a batch: re-allocate when it ends
         self._batch = _Batch(self)
         self._memo: dict[tuple, tuple[int, ...]] = {}
-        self.moved_units = [0] * len(names)  # progress through each resource, for utilisation reports
         self.allocations = 0  # allocations computed (memo misses), for benchmarks
 
     # ------------------------------------------------------------------------------------ public
@@ -89,12 +89,14 @@ class FlowNetwork:
         return tuple((self.index[name], bool(write)) for name, write in hops)
 
     def add(self, nbytes: int, path: tuple, level: int = 0, cap: int = 0,
-            on_target: Callable[[Flow], None] | None = None, tag=None) -> Flow:
-        """Start a flow of `nbytes` now; `on_target(flow)` when its last byte is through."""
+            on_target: Callable[[Flow], None] | None = None, tag=None, not_before: int = 0) -> Flow:
+        """Start a flow of `nbytes` now; `on_target(flow)` when its last byte is through, and not before the
+        time `not_before` (ps): an operation whose arrays compute for that long, however fast operands come."""
         if nbytes <= 0 or not path:
             raise ValueError("a flow moves at least one byte over at least one resource")
         self._advance()
         flow = Flow(self._next_fid, int(nbytes), path, int(level), int(cap), on_target, tag)
+        flow.not_before = int(not_before)
         self._next_fid += 1
         self.flows.append(flow)
         self._changed()
@@ -146,13 +148,8 @@ class FlowNetwork:
         dt = now - self.last_update
         if dt <= 0:
             return
-        moved = self.moved_units
         for flow in self.flows:
-            step = flow.rate * dt
-            if step:
-                flow.remaining -= step
-                for r, _ in flow.path:
-                    moved[r] += step
+            flow.remaining -= flow.rate * dt
         self.last_update = now
 
     def _changed(self) -> None:
@@ -227,6 +224,7 @@ class FlowNetwork:
 
     def _reschedule(self) -> None:
         soonest = None
+        now = self.env.now
         for flow in self.flows:
             left = flow.remaining - flow.target
             if left <= 0:
@@ -235,13 +233,15 @@ class FlowNetwork:
                 dt = -(-left // flow.rate)
             else:
                 continue
+            if flow.not_before > now + dt:
+                dt = flow.not_before - now
             if soonest is None or dt < soonest:
                 soonest = dt
         if soonest is None:
             self._generation += 1
             self._tick_at = -1
             return
-        when = self.env.now + soonest
+        when = now + soonest
         if when == self._tick_at:
             return
         self._generation += 1
@@ -254,11 +254,12 @@ class FlowNetwork:
             return  # superseded by a later change
         self._tick_at = -1
         self._advance()
-        reached = [f for f in self.flows if f.remaining <= f.target]
+        now = self.env.now
+        reached = [f for f in self.flows if f.remaining <= f.target and f.not_before <= now]
         self._batch_depth += 1
         self._dirty = True  # the flows that reached their targets leave: re-allocate (and re-arm) at the end
         if reached:
-            self.flows = [f for f in self.flows if f.remaining > f.target]
+            self.flows = [f for f in self.flows if not (f.remaining <= f.target and f.not_before <= now)]
             for flow in reached:
                 flow.rate = 0
             for flow in reached:

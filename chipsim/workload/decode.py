@@ -45,6 +45,7 @@ class ExpertFormat:
     slot_bytes: int  # buffer space one expert takes
     compute_ps: int  # arrays time for one expert
     hbm_bytes: int  # operand bytes the arrays read (and write) for one expert
+    fixed_ps: int = 0  # of compute_ps, the time that moves no operand (issue overhead, first-operand latency)
 
     @property
     def fetch_bytes(self) -> int:
@@ -74,7 +75,8 @@ class DecodeWorkload:
         """The expert as published: one transfer, or one per matrix (gate, up, down)."""
         op = self.moe_layer(0).expert
         parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
-        return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes)
+        return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes,
+                            op.fixed_ps)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
