@@ -176,7 +176,7 @@ def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
     table = EnergyTable.from_config(prep.config.hw)
     warmup = max(prep.config.hw.workload.warmup_tokens, policy.warmup_tokens())
     return summarize(result, table, prep.workload.model.top_k, warmup,
-                     pcie_bandwidth_gbps=prep.config.hw.links.pcie.bandwidth_gbps)
+                     pcie_bandwidth_gbps=prep.config.hw.links.pcie.data_gbps)
 
 
 _WORKER_PREP: Prepared | None = None

@@ -43,15 +43,21 @@ def header_lines(prep, fetch_path) -> list[str]:
     wl = prep.workload
     hbm = dram_timing(hw.memory.hbm)
     lp = dram_timing(hw.memory.lpddr5x)
+    pcie = hw.links.pcie
     return [
         f"config: {prep.config.given_path or prep.config.path}",
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "
         f"buffer {wl.buffer_slots} experts",
-        f"path:   expert fetch LPDDR5X {lp.effective_gbps:.0f} -> PCIe {hw.links.pcie.bandwidth_gbps:g} per direction "
-        f"({2 * hw.links.pcie.bandwidth_gbps:g} both) -> UCIe {hw.links.ucie.bandwidth_gbps:g} -> HBM {hbm.effective_gbps:.0f} GB/s; "
-        f"bottleneck {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
+        f"path:   expert fetch LPDDR5X {lp.effective_gbps:.0f} -> PCIe {pcie.data_gbps:.1f} of data per direction "
+        f"({pcie.bandwidth_gbps:g} x {pcie.max_payload_bytes}/{pcie.max_payload_bytes + pcie.tlp_overhead_bytes} TLP "
+        f"payload; {2 * pcie.bandwidth_gbps:g} both ways) -> UCIe {hw.links.ucie.bandwidth_gbps:g} -> HBM "
+        f"{hbm.effective_gbps:.0f} GB/s; bottleneck {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, "
+        f"latency {fetch_path.latency_ns:.0f} ns",
+        f"shared: HBM {hbm.effective_gbps:.0f} GB/s between operand reads and fetch writes (a written byte costs "
+        f"{1 + hbm.turnaround:.2f} while reads run: read/write turnaround), LPDDR5X {lp.effective_gbps:.0f} GB/s "
+        f"between fetches and host-CPU reads",
     ]
 
 

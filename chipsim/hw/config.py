@@ -112,10 +112,19 @@ class MemoryConfig:
 # ---------------------------------------------------------------------------------------------- links
 @dataclass(frozen=True)
 class PcieConfig:
-    bandwidth_gbps: float = _f("usable bandwidth per direction, GB/s (1e9 B/s); both directions = 2x",
-                               positive=True, minimum=1e-3, maximum=1e6)
+    bandwidth_gbps: float = _f("link bandwidth per direction after encoding / FLIT overhead, GB/s (1e9 B/s); "
+                               "both directions = 2x", positive=True, minimum=1e-3, maximum=1e6)
+    max_payload_bytes: int = _f("data bytes per TLP (max payload / read completion size)", positive=True,
+                                maximum=4096)
+    tlp_overhead_bytes: int = _f("bytes each TLP adds to its payload on the link (header, digest, framing)",
+                                 minimum=0, maximum=4096)
     latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0, maximum=1e9)
     energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0, maximum=1e6)
+
+    @property
+    def data_gbps(self) -> float:
+        """Data bandwidth per direction: bandwidth_gbps × payload / (payload + TLP overhead)."""
+        return self.bandwidth_gbps * self.max_payload_bytes / (self.max_payload_bytes + self.tlp_overhead_bytes)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
     lp, hbm = dram_timing(hw.memory.lpddr5x), dram_timing(hw.memory.hbm)
     bws = {
         "lpddr5x": lp.effective_gbps,
-        "pcie": hw.links.pcie.bandwidth_gbps,
+        "pcie": hw.links.pcie.data_gbps,
         "ucie": hw.links.ucie.bandwidth_gbps,
         "hbm": hbm.effective_gbps,
     }

@@ -150,6 +150,8 @@ memory:
 links:
   pcie:
     bandwidth_gbps: {q["bandwidth_gbps"]}         # measured: pinned H2D, 16 copies back to back, fit t = a + N/B over 256 KiB-16 MiB (h2d_pinned_queued16_fit)
+    max_payload_bytes: 256        # PCIe base spec default max payload (the measured copy rate already includes its cost)
+    tlp_overhead_bytes: 0         # measured: bandwidth_gbps is the data rate of real copies, net of TLP overhead
     latency_ns: {pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
     energy_pj_per_bit: 5.0        # ASSUMPTION; energy is not validated here
   ucie:                           # not present: the SMs' HBM read path in a GEMV

@@ -27,7 +27,7 @@ def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
     compute_ps = max(-(-flops * PS_PER_S // int(peak)),
                      transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
     act = m.hidden_size * 2  # BF16 hidden vector
-    pcie = gbps_to_bytes_per_s(hw.links.pcie.bandwidth_gbps)
+    pcie = gbps_to_bytes_per_s(hw.links.pcie.data_gbps)
     transit_ps = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + transfer_ps(act, pcie))
     total = ns_to_ps(cpu.dispatch_overhead_ns) + transit_ps + compute_ps
     return HostTiming(compute_ps, transit_ps, total, 2 * act)
