@@ -74,7 +74,9 @@ def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
             result = simulate(prep, policy)
             row = summarize_result(prep, result, policy)
             seconds = result.per_token.latency_ps.sum() / 1e12
-            by_hand = result.per_token.bytes["pcie"].sum() / (seconds * bw * 1e9)
+            data_gbps = bw * 256 / (256 + 12)  # thor's TLPs: 256 B of payload, 12 B of header
+            assert prep.config.hw.links.pcie.data_gbps == pytest.approx(data_gbps, rel=1e-15)
+            by_hand = result.per_token.bytes["pcie"].sum() / (seconds * data_gbps * 1e9)
             assert row["pcie_utilization"] == pytest.approx(by_hand, rel=1e-12)
             assert 0 < row["pcie_utilization"] <= 1.0
             if bw == 8 and policy.label == "oracle":  # link-bound and always fetching ahead: near its peak
@@ -203,7 +205,8 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
     flops_ps = -(-2 * TINY.expert_params * 10**12 // int(cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core))
     bytes_ps = -(-wl.expert_bytes * 10**12 // int(cpu.memory_bandwidth_gbps * 1e9))
     act = TINY.hidden_size * 2
-    transit = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + -(-act * 10**12 // int(hw.links.pcie.bandwidth_gbps * 1e9)))
+    pcie_data = gbps_to_bytes_per_s(hw.links.pcie.bandwidth_gbps * 256 / 268)  # thor's TLPs: 256 B payload + 12 B
+    transit = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + -(-act * 10**12 // pcie_data))
     per_expert = ns_to_ps(cpu.dispatch_overhead_ns) + transit + max(flops_ps, bytes_ps)
     expected = sum(c.attention.duration_ps + c.router.duration_ps + 2 * per_expert + c.combine.duration_ps
                    for c in wl.layers) + wl.token_head.duration_ps
@@ -226,3 +229,49 @@ def test_static_with_complete_unpicked_moves_every_prefetched_byte(tiny):
     T, L, k = routed.shape
     assert completed.per_token.bytes["pcie"].sum() == T * L * (k + 3) * prep.workload.expert_bytes
     assert stopped.per_token.bytes["pcie"].sum() < completed.per_token.bytes["pcie"].sum()
+
+
+def test_energy_is_action_counts_times_the_table_plus_static_power_times_time(tiny):
+    """Accelergy style, by hand for no-prefetch on the tiny model: the MACs, SFU and lane operations of every op
+    the token runs, SRAM bits = 8 × operand bytes each way, clock power while the arrays run (gated when idle),
+    every component's static power over the whole latency, and the components sum to the total."""
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
+    hw, wl = prep.config.hw, prep.workload
+    k = TINY.top_k
+    ops = [wl.token_head]
+    for c in wl.layers:
+        ops += [c.attention, c.router, c.dense, c.combine] + ([c.expert] * k if c.expert else [])
+    ops = [op for op in ops if op is not None]
+    macs, sfu, vec = (sum(getattr(op, f) for op in ops) for f in ("macs", "sfu_ops", "vector_ops"))
+    operand_bytes = sum(op.hbm_read_bytes + op.hbm_write_bytes for op in ops)
+    result = simulate(prep, prep.policies[0])
+    tok = result.per_token
+    assert macs > 0 and (tok.actions["mac"] == macs).all() and (tok.actions["sfu_op"] == sfu).all()
+    assert (tok.actions["vector_op"] == vec).all()
+    assert (tok.actions["sram_write_bit"] == 8 * operand_bytes).all() and (tok.actions["sram_read_bit"] == 8 * operand_bytes).all()
+    c = hw.compute
+    latency_ps = int(tok.latency_ps[0])
+    by_hand_pj = {
+        "arrays_mac": macs * c.mac_energy_pj,
+        "arrays_sfu": sfu * c.sfu_op_energy_pj,
+        "arrays_vector": vec * c.vector_op_energy_pj,
+        "arrays_sram": 8 * operand_bytes * (c.sram_read_pj_per_bit + c.sram_write_pj_per_bit),
+        "arrays_clock": int(tok.busy_ps[0]) * c.clock_power_w_per_array * c.arrays,  # W × ps = pJ
+        "static_arrays": latency_ps * c.leakage_power_w_per_array * c.arrays,
+        "static_hbm": latency_ps * hw.memory.hbm.background_power_w,
+        "static_lpddr5x": latency_ps * hw.memory.lpddr5x.background_power_w,
+        "static_pcie": latency_ps * hw.links.pcie.static_power_w,
+        "static_ucie": latency_ps * hw.links.ucie.static_power_w,
+        "hbm": (operand_bytes + k * 3 * wl.expert_bytes) * 8 * hw.memory.hbm.energy_pj_per_bit,  # reads + fetch writes
+    }
+    energy = per_token_energy_pj(result, EnergyTable.from_config(hw))
+    for comp, pj in by_hand_pj.items():
+        assert energy[comp][0] == pytest.approx(pj, rel=1e-12), comp
+    row = summarize(result, EnergyTable.from_config(hw), k)
+    assert sum(row["energy_by_component_mj"].values()) == pytest.approx(row["energy_mj_per_token"], rel=1e-12)
+    # clocks that keep running while the arrays wait: clock power over the whole latency instead
+    ungated = prepare(cfg, overrides=["compute.clock_gated_when_idle=false"], policy_specs=["no-prefetch"])
+    energy = per_token_energy_pj(simulate(ungated, ungated.policies[0]), EnergyTable.from_config(ungated.config.hw))
+    assert energy["arrays_clock"][0] == pytest.approx(latency_ps * c.clock_power_w_per_array * c.arrays, rel=1e-12)

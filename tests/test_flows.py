@@ -148,3 +148,28 @@ def test_random_flow_sets_are_feasible_and_max_min_fair():
 def test_bad_resources_are_refused():
     with pytest.raises(ValueError):
         FlowNetwork(simpy.Environment(), ["hbm"], [0])
+
+
+def test_the_host_cpu_and_a_fetch_together_never_exceed_the_lpddr5x():
+    """thor's numbers: LPDDR5X 253.5 GB/s effective; a fetch limited to 112.7 GB/s by PCIe and a host-CPU weight
+    read capped at 200 GB/s (the sensitivity point): the host gets 140.8, not 200, and the sum is the memory's."""
+    env, net = network({"lpddr5x": 253_500_000_000, "pcie": 112_700_000_000})
+    fetch = net.add(10**9, net.path(("lpddr5x", READ), ("pcie", WRITE)))
+    host = net.add(10**9, net.path(("lpddr5x", READ)), cap=200 * GB)
+    assert fetch.rate == 112_700_000_000 and host.rate == 140_800_000_000
+    assert fetch.rate + host.rate == 253_500_000_000
+
+
+def test_a_flow_that_may_not_end_before_its_compute_time_ends_then_alone_and_later_when_shared():
+    """An operation's operand stream: 7 MB whose arrays need 10 us; alone on 800 GB/s it would stream in 8.75 us
+    but ends at 10 us; sharing with a 100 GB/s fetch (700 left) it still ends at 10 us; with a 400 GB/s fetch
+    (400 left) it takes 17.5 us."""
+    for fetch_gbps, end_ps in ((None, 10_000_000), (100, 10_000_000), (400, 17_500_000)):
+        env, net = network({"pcie": (fetch_gbps or 1) * GB, "hbm": 800 * GB})
+        done = []
+        if fetch_gbps:
+            net.add(10**9, net.path(("pcie", READ), ("hbm", WRITE)))
+        net.add(7 * 10**6, net.path(("hbm", READ)), cap=700 * GB, not_before=10_000_000,
+                on_target=lambda f: done.append(env.now))
+        env.run(until=100_000_000)
+        assert done == [end_ps], fetch_gbps

@@ -66,6 +66,7 @@ class OpCost:
     macs: int
     sfu_ops: int
     fixed_ps: int = 0  # the part of duration_ps that moves no operand: issue overhead, first-operand latency
+    vector_ops: int = 0  # elementwise lane operations (residual add, scaling, dequantisation)
 
     def __add__(self, other: "OpCost") -> "OpCost":
         return OpCost(
@@ -78,6 +79,7 @@ class OpCost:
             macs=self.macs + other.macs,
             sfu_ops=self.sfu_ops + other.sfu_ops,
             fixed_ps=self.fixed_ps + other.fixed_ps,
+            vector_ops=self.vector_ops + other.vector_ops,
         )
 
 
@@ -101,17 +103,18 @@ class ArrayModel:
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model
 
-    def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int) -> OpCost:
+    def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int,
+            vector_ops: int = 0) -> OpCost:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         memory_ps = transfer_ps(read_bytes + write_bytes, self.stream_bytes_per_s) if (read_bytes + write_bytes) else 0
         measured = self.op_times_ps.get(key)
         if measured is not None:
             self.profiled_ops += 1
-            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops)
+            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, 0, vector_ops)
         self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
         return OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs,
-                      sfu_ops, fixed)
+                      sfu_ops, fixed, vector_ops)
 
     def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0) -> OpCost:
         """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM."""
@@ -124,7 +127,7 @@ class ArrayModel:
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
-        return self._op(name, key, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0)
+        return self._op(name, key, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0, lane_ops)
 
     def op_for_key(self, key: str) -> OpCost:
         """The operation an op_key names, costed by this model (e.g. the array model's estimate of a shape that

@@ -63,9 +63,19 @@ class ComputeConfig:
     op_overhead_cycles: int = _f("fixed cycles per operation: issue, pipeline fill and drain", minimum=0, maximum=1e9)
     sram_mib_per_array: float = _f("SRAM per array, MiB", positive=True, maximum=1e6)
     sram_access_ns: float = _f("SRAM access latency, ns (first operand of an op)", minimum=0, maximum=1e6)
-    active_power_w_per_array: float = _f("power of one array while busy (incl. its SRAM and SFUs), W",
-                                         positive=True, maximum=1e5)
-    leakage_power_w_per_array: float = _f("power of one clock-gated idle array (leakage), W", minimum=0, maximum=1e5)
+    mac_energy_pj: float = _f("energy of one multiply-accumulate at the compute precision (BF16 x BF16 + FP32), pJ",
+                              minimum=0, maximum=1e6)
+    sram_read_pj_per_bit: float = _f("energy per bit read from an array's SRAM, pJ", minimum=0, maximum=1e6)
+    sram_write_pj_per_bit: float = _f("energy per bit written into an array's SRAM, pJ", minimum=0, maximum=1e6)
+    sfu_op_energy_pj: float = _f("energy of one special-function operation (exp, rsqrt, SiLU), pJ", minimum=0,
+                                 maximum=1e6)
+    vector_op_energy_pj: float = _f("energy of one elementwise lane operation (add, scale, dequantise), pJ",
+                                    minimum=0, maximum=1e6)
+    clock_power_w_per_array: float = _f("clock tree and control power of one array while it runs, W", minimum=0,
+                                        maximum=1e6)
+    clock_gated_when_idle: bool = _f("true: the arrays' clocks stop while they wait (no clock power then)")
+    leakage_power_w_per_array: float = _f("static (leakage) power of one array with its SRAM, drawn for the whole "
+                                          "decode time, W", minimum=0, maximum=1e5)
     dequant_ops_per_weight: int = _f("vector-lane operations to dequantise one sub-16-bit weight to BF16",
                                      positive=True, maximum=1e4)
     op_group_launch_ns: float = _optional(
@@ -101,6 +111,8 @@ class DramConfig:
     write_drain_bursts: int = _f("writes the controller drains per switch from reads to writes "
                                  "(its write-queue watermarks)", positive=True, maximum=1 << 20)
     energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
+    background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
+                                   minimum=0, maximum=1e6)
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class PcieConfig:
                                  minimum=0, maximum=4096)
     latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0, maximum=1e9)
     energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0, maximum=1e6)
+    static_power_w: float = _f("static power of the link's PHYs (both ends, link up), W", minimum=0, maximum=1e6)
 
     @property
     def data_gbps(self) -> float:
@@ -134,6 +147,7 @@ class UcieConfig:
     gtps: float = _f("transfer rate per lane, GT/s", positive=True, minimum=1e-3, maximum=1e4)
     latency_ns: float = _f("crossing latency, ns", minimum=0, maximum=1e9)
     energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0, maximum=1e6)
+    static_power_w: float = _f("static power of all the package's UCIe modules, W", minimum=0, maximum=1e6)
 
     @property
     def bandwidth_gbps(self) -> float:

@@ -18,7 +18,7 @@ from chipsim.hw.dram import dram_timing
 # H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
 HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,
            tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900,
-           trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19)
+           trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19, background_power_w=0.7)
 
 
 def _op_table(mb: dict, kernel_launch: str) -> str:
@@ -102,7 +102,13 @@ compute:
   op_overhead_cycles: {overhead_cycles}         # measured: {per_op_us} us per tiny kernel, {per_op_source}, x clock
   sram_mib_per_array: 0.25        # Hopper SM: 256 KB L1/shared memory (whitepaper)
   sram_access_ns: {sram_ns}            # measured: GEMV fixed time {g["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({hbm_access_ns:.1f} ns)
-  active_power_w_per_array: 4.5   # ASSUMPTION: 700 W TDP / 132 SMs share, less HBM; energy is not validated here
+  mac_energy_pj: 0.9              # ASSUMPTION (as thor.yaml); energy is not validated here
+  sram_read_pj_per_bit: 0.45      # ASSUMPTION (as thor.yaml)
+  sram_write_pj_per_bit: 0.45     # ASSUMPTION (as thor.yaml)
+  sfu_op_energy_pj: 4.0           # ASSUMPTION (as thor.yaml)
+  vector_op_energy_pj: 0.4        # ASSUMPTION (as thor.yaml)
+  clock_power_w_per_array: 0.5    # ASSUMPTION (as thor.yaml)
+  clock_gated_when_idle: false    # ASSUMPTION: an SM's clocks run while the GPU waits on a copy
   leakage_power_w_per_array: 0.5  # ASSUMPTION: energy is not validated here
   dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
   op_group_launch_ns: {launch_ns}   # {launch_source}
@@ -127,6 +133,7 @@ memory:
     twtr_ns: 11.875               # as thor.yaml (Ramulator 2.1 HBM3_6400Mbps nCWL + nBL + nWTRS)
     write_drain_bursts: 19        # as thor.yaml (Ramulator 2.1 HBM3 controller watermarks)
     energy_pj_per_bit: 7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here
+    background_power_w: 0.7       # ASSUMPTION (as thor.yaml)
   lpddr5x:                        # stands for the host DRAM that holds the pinned experts
     capacity_gib: {m.get("host_memory_gib", 128)}           # measured: /proc/meminfo MemTotal
     channels: 8                   # ASSUMPTION: one socket's 8 DDR5 channels (server Xeon); never the bottleneck (PCIe is)
@@ -146,6 +153,7 @@ memory:
     twtr_ns: 19.136               # Ramulator 2.1 DDR5_4800AN: WR->RD nCWL 32 + nBL 8 + nWTRS 6 = 46 x 0.416 ns
     write_drain_bursts: 19        # Ramulator 2.1 DDR5 controller: 32-entry write buffer, watermarks 0.8 / 0.2
     energy_pj_per_bit: 3.0        # ASSUMPTION; energy is not validated here
+    background_power_w: 1.0       # ASSUMPTION (as thor.yaml)
 
 links:
   pcie:
@@ -154,12 +162,14 @@ links:
     tlp_overhead_bytes: 0         # measured: bandwidth_gbps is the data rate of real copies, net of TLP overhead
     latency_ns: {pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
     energy_pj_per_bit: 5.0        # ASSUMPTION; energy is not validated here
+    static_power_w: 1.5           # ASSUMPTION (as thor.yaml)
   ucie:                           # not present: the SMs' HBM read path in a GEMV
     modules: 1
     lanes_per_module: 64
     gtps: {round(gemv_gbps * 8 / 64, 3)}                 # measured: GEMV bandwidth {gemv_gbps} GB/s (gemv_fit over 8-256 MiB) = 64 lanes x this / 8
     latency_ns: 0.0               # folded into sram_access_ns (the measured GEMV fixed time)
     energy_pj_per_bit: 0.0        # not present
+    static_power_w: 0.0           # not present
 
 dma:
   engines: 1                      # one CUDA copy stream: one copy at a time

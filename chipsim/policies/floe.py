@@ -62,7 +62,8 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     op = op + am.sfu("floe_silu", keep) + am.vector("floe_mul", keep)
     op = op + am.matvec("floe_down_sparse", keep, d, down_b)
     return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
-                        hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps)
+                        hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps,
+                        macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops)
 
 
 @register

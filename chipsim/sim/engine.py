@@ -44,18 +44,21 @@ from chipsim.workload.host import host_timing
 
 
 class _Work(NamedTuple):
-    """Arrays work run as one step: its time alone, the HBM operand bytes it streams, and the part of the
-    time that streams nothing (issue overhead, first-operand latency)."""
+    """Arrays work run as one step: its time alone, the HBM operand bytes it streams, the part of the time
+    that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger."""
 
     ps: int
     bytes: int
     fixed: int
+    macs: int = 0
+    sfu_ops: int = 0
+    vector_ops: int = 0
 
     def __add__(self, other: "_Work") -> "_Work":
-        return _Work(self.ps + other.ps, self.bytes + other.bytes, self.fixed + other.fixed)
+        return _Work(*(a + b for a, b in zip(self, other)))
 
     def times(self, n: int) -> "_Work":
-        return _Work(self.ps * n, self.bytes * n, self.fixed * n)
+        return _Work(*(a * n for a in self))
 
 
 NO_WORK = _Work(0, 0, 0)
@@ -369,6 +372,12 @@ class Simulation:
         ledger = self.rec.ledger
         ledger.bytes["hbm"] += work.bytes  # operands are read from HBM and cross the HBM->compute UCIe link
         ledger.bytes["ucie"] += work.bytes
+        actions = ledger.actions
+        actions["mac"] += work.macs
+        actions["sfu_op"] += work.sfu_ops
+        actions["vector_op"] += work.vector_ops
+        actions["sram_write_bit"] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
+        actions["sram_read_bit"] += 8 * work.bytes
         start = self.env.now
         stream_ps = work.ps - work.fixed
         if work.bytes and stream_ps > 0:
@@ -390,13 +399,15 @@ class Simulation:
     def _cost(op: OpCost | None) -> _Work:
         if op is None:
             return NO_WORK
-        return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps)
+        return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps, op.macs, op.sfu_ops,
+                     op.vector_ops)
 
     def _layer_costs(self) -> list[_LayerCost]:
         costs = []
         fmt = self.expert_format
         for layer in self.workload.layers:
-            expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps) if layer.expert else NO_WORK
+            expert = (_Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops)
+                      if layer.expert else NO_WORK)
             costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
                                     expert, self._cost(layer.combine)))
         return costs

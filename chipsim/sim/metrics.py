@@ -8,7 +8,8 @@ warm-up summary.
   routing decided; recall: mean share of routed experts in the buffer then
 - offchip_bytes_per_token: bytes that crossed the host link (PCIe) per token
 - pcie_utilization: those bytes over what the link could have moved in the same time (mean bytes per token /
-  (mean latency per token × per-direction PCIe bandwidth)); the SPICE paper's "PCIe utilisation"
+  (mean latency per token × per-direction PCIe data bandwidth, after TLP overhead)); the SPICE paper's
+  "PCIe utilisation"
 Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
 """
 
@@ -16,19 +17,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, MOVE_COMPONENTS, EnergyTable
+from chipsim.sim.energy import ACTIONS, CATEGORIES, CATEGORY_OF, MOVE_COMPONENTS, STATIC_COMPONENTS, EnergyTable
 from chipsim.sim.record import SimResult
-from chipsim.units import PS_PER_MS, PS_PER_S
+from chipsim.units import PS_PER_MS
 
 PJ_PER_MJ = 1e9
 
 
 def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.ndarray]:
+    """Energy per token of every component and action (pJ): action counts × the table, static power × time."""
     tok = result.per_token
+    act = {a: tok.actions[a].astype(np.float64) for a in ACTIONS}
+    pj = table.pj_per_action
     out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
-    out["arrays_active"] = tok.busy_ps.astype(np.float64) * table.active_w / PS_PER_S * 1e12
-    out["arrays_leakage"] = tok.idle_ps.astype(np.float64) * table.leakage_w / PS_PER_S * 1e12
-    out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w / PS_PER_S * 1e12
+    out["arrays_mac"] = act["mac"] * pj["mac"]
+    out["arrays_sfu"] = act["sfu_op"] * pj["sfu_op"]
+    out["arrays_vector"] = act["vector_op"] * pj["vector_op"]
+    out["arrays_sram"] = act["sram_read_bit"] * pj["sram_read_bit"] + act["sram_write_bit"] * pj["sram_write_bit"]
+    clocked_ps = tok.busy_ps if table.clock_gated else tok.latency_ps
+    out["arrays_clock"] = clocked_ps.astype(np.float64) * table.clock_w  # W × ps = pJ
+    seconds_ps = tok.latency_ps.astype(np.float64)
+    for comp in STATIC_COMPONENTS:
+        out[f"static_{comp}"] = seconds_ps * table.static_w[comp]
+    out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w
     return out
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from chipsim.sim.energy import MOVE_COMPONENTS, Ledger
+from chipsim.sim.energy import ACTIONS, MOVE_COMPONENTS, Ledger
 
 
 @dataclass
@@ -35,6 +35,7 @@ class TokenRecord:
     host_wait_ps: np.ndarray  # arrays waiting for host-CPU results
     host_busy_ps: np.ndarray  # host CPU computing offloaded experts
     bytes: dict  # memory or link -> (T,) bytes that crossed it
+    actions: dict = None  # arrays action (chipsim.sim.energy.ACTIONS) -> (T,) count
 
 
 @dataclass
@@ -137,6 +138,7 @@ class RunRecorder:
             host_wait_ps=self.host_wait_ps,
             host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),
             bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in MOVE_COMPONENTS},
+            actions={a: np.array([lg.actions[a] for lg in ledgers], dtype=np.int64) for a in ACTIONS},
         )
         return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,
                          per_layer=self.layers, counts=self.counts, extra=extra, timeline=timeline)

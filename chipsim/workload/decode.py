@@ -46,6 +46,9 @@ class ExpertFormat:
     compute_ps: int  # arrays time for one expert
     hbm_bytes: int  # operand bytes the arrays read (and write) for one expert
     fixed_ps: int = 0  # of compute_ps, the time that moves no operand (issue overhead, first-operand latency)
+    macs: int = 0  # actions of one expert's computation, for the energy ledger
+    sfu_ops: int = 0
+    vector_ops: int = 0
 
     @property
     def fetch_bytes(self) -> int:
@@ -76,7 +79,7 @@ class DecodeWorkload:
         op = self.moe_layer(0).expert
         parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
         return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes,
-                            op.fixed_ps)
+                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
