@@ -199,3 +199,13 @@ def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_
         row = f"| 512 | `{r['policy']}` | {r['fallback_rate']:.3f} | {r['offchip_bytes_per_token'] * 1e-6:.2f} |"
         assert row in lines
     assert df.set_index("policy").loc["no-prefetch", "fallback_rate"] == 1.0  # nothing is there before routing
+
+
+def test_fig14_axes_are_the_papers_raw_rates_and_thors_per_direction_flit_rate():
+    """APEX Fig. 14 labels links by their raw both-direction rate (32…1024 GB/s); the grid is per direction after
+    PCIe 6.0's FLIT overhead (236 of 256 bytes), and the top axis maps it back exactly; 118 GB/s is thor's link."""
+    exp = ex.load_experiment(ex.find_experiment("apex_fig14", EXPERIMENTS))
+    grid = exp["grid"]["links.pcie.bandwidth_gbps"]
+    factor = exp["plot"]["secondary_x"]["factor"]
+    assert [round(v * factor, 9) for v in grid] == [32, 64, 128, 256, 512, 1024]
+    assert factor == pytest.approx(2 * 256 / 236, rel=1e-15) and 118 in grid

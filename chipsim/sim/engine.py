@@ -239,7 +239,7 @@ class Simulation:
 
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
         """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
-        stop_transfer=False, moves all its bytes first (its slot frees when they land)."""
+        stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
         key = (layer, expert)
         entry = self._entries.pop(key, None)
         if entry is None:
@@ -253,6 +253,12 @@ class Simulation:
                 with self.dma.batch():
                     for tr in entry.transfers:
                         self.dma.cancel(tr)
+            elif not stop_transfer:
+                # it must complete: ahead of later prefetches, which would otherwise starve it for as long as the
+                # arrays keep demanding (and let it hold its slot meanwhile)
+                with self.dma.batch():
+                    for tr in entry.transfers:
+                        self.dma.promote(tr)
         if self._pending_demands:
             self._serve_pending_demands()
 
