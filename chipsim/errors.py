@@ -21,3 +21,16 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"chipsim: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def run_module_main(main) -> None:
+    """`python -m chipsim.<module>` entry point: its `main()` exit code, or an InputError as one line
+    `chipsim: error: ...` and exit 2 (as the chipsim command gives it)."""
+    import sys
+
+    try:
+        code = main()
+    except InputError as exc:
+        print(f"chipsim: error: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)

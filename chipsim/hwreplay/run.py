@@ -15,7 +15,7 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from chipsim.errors import InputError, OneLineParser
+from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import check_output_dir, write_atomic
 from chipsim.hwreplay.ops import primitive_ops
 from chipsim.hwreplay.plan import build_plan
@@ -139,4 +139,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_module_main(main)

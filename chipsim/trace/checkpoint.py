@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chipsim.errors import InputError, OneLineParser
+from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import check_output_file, write_atomic
 from chipsim.trace import format as tformat
 from chipsim.trace import predictor_arrays
@@ -153,4 +153,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_module_main(main)
