@@ -290,3 +290,28 @@ def test_energy_is_action_counts_times_the_table_plus_static_power_times_time(ti
     ungated = prepare(cfg, overrides=["compute.clock_gated_when_idle=false"], policy_specs=["no-prefetch"])
     energy = per_token_energy_pj(simulate(ungated, ungated.policies[0]), EnergyTable.from_config(ungated.config.hw))
     assert energy["arrays_clock"][0] == pytest.approx(latency_ps * c.clock_power_w_per_array * c.arrays, rel=1e-12)
+
+
+def test_experts_staged_in_sram_skip_hbm_both_ways_and_land_in_sram(tiny):
+    """expert_buffer.location: sram: a fetch crosses LPDDR5X, PCIe and UCIe and is written into the arrays'
+    SRAM; the experts are read from SRAM. Against HBM staging, HBM moves exactly 2 × the fetched bytes less (no
+    write, no read), PCIe the same, SRAM gets 8 bits per fetched byte written, and the experts' operand reads
+    come from SRAM instead of HBM."""
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
+    sram = ["expert_buffer.location=sram", "compute.sram_read_gbps_per_array=1536", "compute.sram_mib_per_array=64"]
+    in_hbm = prepare(cfg, policy_specs=["no-prefetch"])
+    in_sram = prepare(cfg, overrides=sram, policy_specs=["no-prefetch"])
+    a, b = (simulate(p, p.policies[0]).per_token for p in (in_hbm, in_sram))
+    fetched = 3 * TINY.top_k * in_hbm.workload.expert_bytes  # per token: 3 MoE layers x top-k experts
+    assert (a.bytes["pcie"] == fetched).all() and (b.bytes["pcie"] == fetched).all()
+    assert (a.bytes["hbm"] - b.bytes["hbm"] == 2 * fetched).all()
+    assert (b.actions["sram_write_bit"] - a.actions["sram_write_bit"] == 0).all()  # fetch writes replace operand writes
+    assert (b.actions["sram_read_bit"] == a.actions["sram_read_bit"]).all()
+    assert (b.latency_ps < a.latency_ps).all()  # experts read from SRAM, not streamed from HBM
+
+
+def test_experts_staged_in_sram_must_fit_it():
+    with pytest.raises(Exception) as exc:
+        prepare(THOR_CONFIG, ["expert_buffer.location=sram", "compute.sram_read_gbps_per_array=1536"], ["no-prefetch"])
+    assert "does not fit the arrays' 8 MiB" in str(exc.value) and "expert_buffer.capacity_mib" in str(exc.value)

@@ -86,7 +86,9 @@ class OpCost:
 class ArrayModel:
     """Turns operation shapes into OpCosts for one hardware config."""
 
-    def __init__(self, hw: HardwareConfig):
+    def __init__(self, hw: HardwareConfig, operands_from: str = "hbm"):
+        """operands_from: "hbm" (streamed over UCIe into SRAM) or "sram" (already in the arrays' SRAM: experts
+        staged there, expert_buffer.location: sram)."""
         c = hw.compute
         self.clock_mhz = c.clock_mhz
         self.units = c.arrays * c.unit_rows * c.unit_cols
@@ -94,9 +96,13 @@ class ArrayModel:
         self.vector_length = c.vector_length
         self.sfu_per_cycle = c.arrays * c.sfus_per_array * c.sfu_ops_per_cycle
         hbm = dram_timing(hw.memory.hbm)
-        self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.bandwidth_gbps)
+        if operands_from == "sram":
+            self.stream_gbps = c.sram_read_gbps_per_array * c.arrays
+            self.first_operand_ps = ns_to_ps(c.sram_access_ns)
+        else:
+            self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.bandwidth_gbps)
+            self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + hw.links.ucie.latency_ns + c.sram_access_ns)
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
-        self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + hw.links.ucie.latency_ns + c.sram_access_ns)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)

@@ -85,6 +85,8 @@ class ComputeConfig:
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
         "array model's estimate (profiled-operator mode, as in Vidur); empty: the array model throughout", {})
+    sram_read_gbps_per_array: float = _optional("operand bandwidth of one array's SRAM, GB/s (read by experts "
+                                                "staged in SRAM; 0: not given)", 0.0, minimum=0, maximum=1e7)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -189,7 +191,10 @@ class HostCpuConfig:
 
 @dataclass(frozen=True)
 class ExpertBufferConfig:
-    capacity_mib: float = _f("on-package (HBM) space for staged expert weights, MiB", positive=True, maximum=1e9)
+    capacity_mib: float = _f("space for staged expert weights, MiB", positive=True, maximum=1e9)
+    location: str = _optional("where fetched experts are staged: hbm (written into HBM, read by the arrays over UCIe) "
+                              "or sram (written over UCIe straight into the arrays' SRAM, read from there)", "hbm",
+                              choices=("hbm", "sram"))
 
 
 # ---------------------------------------------------------------------------------------------- workload

@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.dram import dram_timing
 
-# the components an expert fetch crosses, in order
+# the components an expert fetch crosses, in order (staged in SRAM: the last is the arrays' SRAM, whose
+# bandwidth and energy belong to the compute chiplet)
 FETCH_PATH = ("lpddr5x", "pcie", "ucie", "hbm")
+
+
+def fetch_components(hw: HardwareConfig) -> tuple[str, ...]:
+    """The memories and links one fetched byte crosses under the config's staging location."""
+    return FETCH_PATH if hw.expert_buffer.location == "hbm" else FETCH_PATH[:3]
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
         "ucie": hw.links.ucie.bandwidth_gbps,
         "hbm": hbm.effective_gbps,
     }
-    bottleneck = min(bws, key=lambda k: (bws[k], k))
-    latency = lp.access_latency_ns + hw.links.pcie.latency_ns + hw.links.ucie.latency_ns + hbm.access_latency_ns
+    crossed = fetch_components(hw)
+    bottleneck = min(crossed, key=lambda k: (bws[k], k))
+    landing_ns = hbm.access_latency_ns if "hbm" in crossed else hw.compute.sram_access_ns
+    latency = lp.access_latency_ns + hw.links.pcie.latency_ns + hw.links.ucie.latency_ns + landing_ns
     return FetchPathTiming(bws[bottleneck], latency, bottleneck, bws)

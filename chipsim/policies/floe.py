@@ -54,7 +54,8 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     gate_b = total * gate_w // share
     up_b = total * up_w // share
     down_b = total - gate_b - up_b
-    am = ArrayModel(hw)
+    in_sram = hw.expert_buffer.location == "sram"
+    am = ArrayModel(hw, operands_from="sram" if in_sram else "hbm")
     op = am.matvec("floe_up", d, inter, up_b)
     op = op + am.vector("floe_dequant_up", d * inter * hw.compute.dequant_ops_per_weight)
     op = op + am.vector("floe_channel_mask", inter)
@@ -63,7 +64,7 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     op = op + am.matvec("floe_down_sparse", keep, d, down_b)
     return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
                         hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps,
-                        macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops)
+                        macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram)
 
 
 @register

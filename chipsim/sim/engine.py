@@ -31,7 +31,7 @@ import simpy
 from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import FETCH_PATH, fetch_path_timing
+from chipsim.hw.paths import fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
 from chipsim.hw.dram import dram_timing
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
@@ -53,6 +53,7 @@ class _Work(NamedTuple):
     macs: int = 0
     sfu_ops: int = 0
     vector_ops: int = 0
+    sram_bytes: int = 0  # operands already in SRAM (experts staged there): read from it, not streamed
 
     def __add__(self, other: "_Work") -> "_Work":
         return _Work(*(a + b for a, b in zip(self, other)))
@@ -114,7 +115,10 @@ class Simulation:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         self.network = self._network(self.env, hw, path)
         net = self.network
-        self._fetch_flow_path = net.path(("lpddr5x", READ), ("pcie", WRITE), ("ucie_io", WRITE), ("hbm", WRITE))
+        self._fetch_components = fetch_components(hw)
+        self._stage_in_sram = hw.expert_buffer.location == "sram"
+        hops = [("lpddr5x", READ), ("pcie", WRITE), ("ucie_io", WRITE)] + ([] if self._stage_in_sram else [("hbm", WRITE)])
+        self._fetch_flow_path = net.path(*hops)
         self._operand_flow_path = net.path(("hbm", READ), ("ucie_compute", READ))
         self._host_flow_path = net.path(("lpddr5x", READ))
         self.dma = DmaPath(
@@ -292,8 +296,10 @@ class Simulation:
         entry = tr.tag
         key = entry.key
         ledger = self.rec.ledger.bytes
-        for component in FETCH_PATH:  # every byte of a fetch crosses every component of the path
+        for component in self._fetch_components:  # every byte of a fetch crosses every component of the path
             ledger[component] += tr.moved_bytes
+        if self._stage_in_sram:  # it lands in the arrays' SRAM
+            self.rec.ledger.actions["sram_write_bit"] += 8 * tr.moved_bytes
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
             self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self.env.now))
@@ -383,7 +389,7 @@ class Simulation:
         actions["sfu_op"] += work.sfu_ops
         actions["vector_op"] += work.vector_ops
         actions["sram_write_bit"] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
-        actions["sram_read_bit"] += 8 * work.bytes
+        actions["sram_read_bit"] += 8 * (work.bytes + work.sram_bytes)
         start = self.env.now
         stream_ps = work.ps - work.fixed
         if work.bytes and stream_ps > 0:
@@ -412,8 +418,12 @@ class Simulation:
         costs = []
         fmt = self.expert_format
         for layer in self.workload.layers:
-            expert = (_Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops)
-                      if layer.expert else NO_WORK)
+            if not layer.expert:
+                expert = NO_WORK
+            elif fmt.operands_in_sram:
+                expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes)
+            else:
+                expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops)
             costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
                                     expert, self._cost(layer.combine)))
         return costs

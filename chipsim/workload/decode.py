@@ -49,6 +49,7 @@ class ExpertFormat:
     macs: int = 0  # actions of one expert's computation, for the energy ledger
     sfu_ops: int = 0
     vector_ops: int = 0
+    operands_in_sram: bool = False  # staged in SRAM: hbm_bytes are read from SRAM, not streamed from HBM
 
     @property
     def fetch_bytes(self) -> int:
@@ -70,6 +71,7 @@ class DecodeWorkload:
     hbm_spare_bytes: int  # HBM left after weights, KV cache, activations and the expert buffer
     buffer_slots: int  # whole experts the expert buffer holds
     buffer_bytes: int
+    experts_in_sram: bool = False  # expert_buffer.location: sram
 
     def moe_layer(self, moe_index: int) -> LayerCosts:
         return self.layers[self.model.first_dense_layers + moe_index]
@@ -79,7 +81,7 @@ class DecodeWorkload:
         op = self.moe_layer(0).expert
         parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
         return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes,
-                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops)
+                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, self.experts_in_sram)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
@@ -130,7 +132,7 @@ def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, s
 OP_GROUPS = ("attention", "dense", "router", "shared", "expert", "combine", "head")
 
 
-def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig) -> dict:
+def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_am: ArrayModel | None = None) -> dict:
     """Group name -> a function building that group's OpCost on `am` (None: the model has no such group).
 
     attention: input norm … residual; dense: post-attention norm + dense FFN + residual (dense first
@@ -169,7 +171,8 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig) -> dict
         "dense": dense if m.first_dense_layers else None,
         "router": router,
         "shared": shared if m.num_shared_experts else None,
-        "expert": lambda: _ffn(am, "expert", d, m.expert_ffn, bits, group, sbits, hw.compute.dequant_ops_per_weight),
+        "expert": lambda: _ffn(expert_am or am, "expert", d, m.expert_ffn, bits, group, sbits,
+                               hw.compute.dequant_ops_per_weight),
         "combine": lambda: am.vector("combine", (m.top_k + m.num_shared_experts + 1) * d),
         "head": head,
     }
@@ -181,7 +184,12 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     ctx = hw.workload.context_length
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
     d = m.hidden_size
-    built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw).items()}
+    in_sram = hw.expert_buffer.location == "sram"
+    if in_sram and not hw.compute.sram_read_gbps_per_array:
+        raise InputError("expert_buffer.location: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
+                         "experts are read at)")
+    expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
+    built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
     if am.group_launch_ps:  # each op group starts with a launch (a CUDA graph per group on a GPU)
         built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
     attention = built["attention"]
@@ -207,11 +215,18 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB holds {slots} experts of "
             f"{m.name} at {bits} bit, fewer than the {m.top_k} one layer routes to"
         )
+    if in_sram:
+        sram_bytes = int(hw.compute.arrays * hw.compute.sram_mib_per_array * BYTES_PER_MIB)
+        if buffer_bytes > sram_bytes:
+            raise InputError(
+                f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB staged in SRAM "
+                f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
+                f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
     kv = ctx * m.num_layers * m.kv_cache_bytes_per_token_layer(BF16_BYTES)
     activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
     hbm_capacity = int(hw.memory.hbm.capacity_gib * BYTES_PER_GIB)
-    needed = non_expert + kv + activations + slots * expert_bytes
+    needed = non_expert + kv + activations + (0 if in_sram else slots * expert_bytes)
     if needed > hbm_capacity:
         raise InputError(
             f"memory.hbm.capacity_gib: {hw.memory.hbm.capacity_gib} GiB cannot hold non-expert weights "
@@ -230,5 +245,5 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
         expert_matrix_bytes=tuple(per_matrix), layers=tuple(layers), token_head=head,
         hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
         hbm_spare_bytes=hbm_capacity - needed,
-        buffer_slots=slots, buffer_bytes=buffer_bytes,
+        buffer_slots=slots, buffer_bytes=buffer_bytes, experts_in_sram=in_sram,
     )
