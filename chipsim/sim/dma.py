@@ -126,11 +126,9 @@ class DmaPath:
             path = network.path(("dma", WRITE))
         self.network = network
         self.flow_path = path
-        self.bandwidth = int(bandwidth_bytes_per_s)
         self.latency_ps = int(latency_ps)
         self.setup_ps = int(setup_ps)
         self.engines = int(engines)
-        self.unit_per_byte = PS_PER_S
         self.chunk_units = int(chunk_bytes) * PS_PER_S
         self.free_engines = self.engines
         self.queue_demand: deque[Transfer] = deque()
@@ -230,8 +228,7 @@ class DmaPath:
             self._dispatch()
             network.end()
             self._reschedule_setups()
-            if self.recorder is not None:
-                self.recorder.sample(self)
+            self._sample()
 
     def queued_bytes(self) -> int:
         """Bytes not yet moved by every transfer in the system (for policies' cost models)."""

@@ -55,14 +55,21 @@ class _Work(NamedTuple):
     vector_ops: int = 0
     sram_bytes: int = 0  # operands already in SRAM (experts staged there): read from it, not streamed
 
-    def __add__(self, other: "_Work") -> "_Work":
-        return _Work(*(a + b for a, b in zip(self, other)))
+    # spelled out: these run a few times per layer of every token
+    def __add__(self, o: "_Work") -> "_Work":
+        return _Work(self.ps + o.ps, self.bytes + o.bytes, self.fixed + o.fixed, self.macs + o.macs,
+                     self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes)
 
     def times(self, n: int) -> "_Work":
-        return _Work(*(a * n for a in self))
+        return _Work(self.ps * n, self.bytes * n, self.fixed * n, self.macs * n, self.sfu_ops * n,
+                     self.vector_ops * n, self.sram_bytes * n)
 
 
 NO_WORK = _Work(0, 0, 0)
+
+# the network resource (and direction) for each component a fetch crosses (chipsim.hw.paths.fetch_components)
+_FETCH_HOPS = {"lpddr5x": ("lpddr5x", READ), "pcie": ("pcie", WRITE), "ucie": ("ucie_io", WRITE),
+               "hbm": ("hbm", WRITE)}
 
 
 class _LayerCost(NamedTuple):
@@ -117,8 +124,7 @@ class Simulation:
         net = self.network
         self._fetch_components = fetch_components(hw)
         self._stage_in_sram = hw.expert_buffer.location == "sram"
-        hops = [("lpddr5x", READ), ("pcie", WRITE), ("ucie_io", WRITE)] + ([] if self._stage_in_sram else [("hbm", WRITE)])
-        self._fetch_flow_path = net.path(*hops)
+        self._fetch_flow_path = net.path(*(_FETCH_HOPS[c] for c in self._fetch_components))
         self._operand_flow_path = net.path(("hbm", READ), ("ucie_compute", READ))
         self._host_flow_path = net.path(("lpddr5x", READ))
         self.dma = DmaPath(

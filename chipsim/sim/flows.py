@@ -179,12 +179,10 @@ class FlowNetwork:
         """Max-min fair rates (bytes/s) of flows with these (path, level, cap) signatures, level by level."""
         self.allocations += 1
         n_res = len(self.capacity)
-        reads, writes = [False] * n_res, [False] * n_res
+        reads = [False] * n_res  # resources some flow reads: there, written bytes pay the turnaround
         for path, _, _ in sigs:
             for r, write in path:
-                if write:
-                    writes[r] = True
-                else:
+                if not write:
                     reads[r] = True
         # weight (ppm) of each flow on each resource it crosses: written bytes cost more while reads run too
         weights = [tuple((r, PPM + (self.turnaround_ppm[r] if write and reads[r] else 0)) for r, write in path)
@@ -255,16 +253,16 @@ class FlowNetwork:
         self._tick_at = -1
         self._advance()
         now = self.env.now
-        reached = [f for f in self.flows if f.remaining <= f.target and f.not_before <= now]
-        self._batch_depth += 1
+        reached, staying = [], []
+        for flow in self.flows:
+            (reached if flow.remaining <= flow.target and flow.not_before <= now else staying).append(flow)
+        self.flows = staying
+        self.begin()
         self._dirty = True  # the flows that reached their targets leave: re-allocate (and re-arm) at the end
-        if reached:
-            self.flows = [f for f in self.flows if not (f.remaining <= f.target and f.not_before <= now)]
-            for flow in reached:
-                flow.rate = 0
-            for flow in reached:
-                if flow.on_target is not None:
-                    flow.on_target(flow)
+        for flow in reached:
+            flow.rate = 0
+            if flow.on_target is not None:
+                flow.on_target(flow)
         self.end()
 
 
@@ -277,7 +275,7 @@ class _Batch:
         self.network = network
 
     def __enter__(self):
-        self.network._batch_depth += 1
+        self.network.begin()
         return self.network
 
     def __exit__(self, *exc):

@@ -36,9 +36,9 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     out["arrays_sram"] = act["sram_read_bit"] * pj["sram_read_bit"] + act["sram_write_bit"] * pj["sram_write_bit"]
     clocked_ps = tok.busy_ps if table.clock_gated else tok.latency_ps
     out["arrays_clock"] = clocked_ps.astype(np.float64) * table.clock_w  # W × ps = pJ
-    seconds_ps = tok.latency_ps.astype(np.float64)
+    latency_ps = tok.latency_ps.astype(np.float64)
     for comp in STATIC_COMPONENTS:
-        out[f"static_{comp}"] = seconds_ps * table.static_w[comp]
+        out[f"static_{comp}"] = latency_ps * table.static_w[comp]
     out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w
     return out
 

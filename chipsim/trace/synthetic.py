@@ -358,20 +358,22 @@ def _fit_cdf(x: np.ndarray, dstar: np.ndarray, n_thresholds: int, fit_slope: boo
     n_tokens, n_layers = x.shape
     deltas = np.arange(n_thresholds)
     chunks = _chunks(n_tokens, n_layers * n_thresholds)
+    # the cumulative indicators δ* ≤ δ per chunk, once (bool: 1 byte each; they take part as 0.0 / 1.0)
+    y_chunks = [dstar[a:b, :, None] <= deltas for a, b in chunks]
     y_sum = None
-    for a, b in chunks:
-        y_sum = _token_sum(y_sum, (dstar[a:b, :, None] <= deltas).astype(np.float64))  # (L, C)
+    for y in y_chunks:
+        y_sum = _token_sum(y_sum, y.astype(np.float64))  # (L, C)
     xbar = x.mean(axis=0)  # (L,)
     freq = (y_sum + 0.5) / (n_tokens + 1.0)
     w = np.zeros(n_layers) if fit_slope else np.ones(n_layers)
     theta = np.log(freq / (1.0 - freq)) + w[:, None] * xbar[:, None]
     for _ in range(iters):
         r_sum = v_sum = xr_sum = xv_sum = xxv_sum = None
-        for a, b in chunks:  # the sums over tokens of the (T, L, C) terms, one chunk of tokens at a time
+        for (a, b), y in zip(chunks, y_chunks):  # the sums over tokens of the (T, L, C) terms, chunk by chunk
             x3 = x[a:b, :, None]
             s = _sigmoid(theta[None] - w[None, :, None] * x3)
             v = s * (1.0 - s)
-            r = (dstar[a:b, :, None] <= deltas).astype(np.float64) - s
+            r = y - s
             r_sum = _token_sum(r_sum, r)
             v_sum = _token_sum(v_sum, v)
             if fit_slope:
