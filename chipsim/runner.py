@@ -16,9 +16,9 @@ from pathlib import Path
 
 from chipsim import __version__
 from chipsim.errors import InputError
-from chipsim.hw.config import Config, load_config
+from chipsim.hw.config import Config, load_config, memory_tiers
 from chipsim.hw.dram import dram_timing
-from chipsim.hw.paths import fetch_path_timing
+from chipsim.hw.paths import components, fetch_path_timing, package_link
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
@@ -105,10 +105,10 @@ MAX_SIM_PS = 1 << 62
 def _check_rates(hw) -> None:
     """Every rate the simulator divides by must be at least one byte per second once derived (a DRAM's
     timing can leave almost nothing of its peak)."""
-    for name in ("hbm", "lpddr5x"):
-        timing = dram_timing(getattr(hw.memory, name))
+    for key, d in memory_tiers(hw).values():
+        timing = dram_timing(d)
         if gbps_to_bytes_per_s(timing.effective_gbps) < 1:
-            raise InputError(f"memory.{name}: its timing keys leave {timing.effective_gbps:.3g} GB/s of its "
+            raise InputError(f"{key}: its timing keys leave {timing.effective_gbps:.3g} GB/s of its "
                              f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")
 
 
@@ -175,8 +175,10 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
 def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
     table = EnergyTable.from_config(prep.config.hw)
     warmup = max(prep.config.hw.workload.warmup_tokens, policy.warmup_tokens())
+    hw = prep.config.hw
+    link = package_link(hw)
     return summarize(result, table, prep.workload.model.top_k, warmup,
-                     pcie_bandwidth_gbps=prep.config.hw.links.pcie.data_gbps)
+                     link_gbps=components(hw)[link].gbps, link=link)
 
 
 _WORKER_PREP: Prepared | None = None

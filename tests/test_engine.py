@@ -9,7 +9,7 @@ from conftest import tiny_shape
 
 from chipsim.sim.metrics import per_token_energy_pj, summarize
 from chipsim.runner import prepare, simulate, summarize_result
-from chipsim.sim.energy import CATEGORIES, CATEGORY_OF, EnergyTable
+from chipsim.sim.energy import CATEGORIES, EnergyTable
 from chipsim.hw.paths import fetch_path_timing
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
 
@@ -57,7 +57,7 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
         total = sum(v.sum() for v in energy.values())
         by_cat = {c: 0.0 for c in CATEGORIES}
         for comp, v in energy.items():
-            by_cat[CATEGORY_OF[comp]] += v.sum()
+            by_cat[table.category_of[comp]] += v.sum()
         assert math.isclose(sum(by_cat.values()), total, rel_tol=1e-12)
         assert math.isclose(energy["pcie"].sum(), moved * 8 * prep.config.hw.links.pcie.energy_pj_per_bit)
         row = summarize(result, table, TINY.top_k)

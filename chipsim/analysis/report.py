@@ -9,7 +9,8 @@ import math
 import os
 
 from chipsim.files import write_atomic
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.config import serial_links
+from chipsim.hw.paths import components, expert_store, fetch_components
 
 # (column header, key, format) of the printed table
 TABLE_COLUMNS = [
@@ -38,26 +39,54 @@ CSV_COLUMNS = [
 ]
 
 
+_DISPLAY = {"lpddr5x": "LPDDR5X", "pcie": "PCIe", "ucie": "UCIe", "hbm": "HBM"}
+
+
+def _hop_text(hw, name: str, comp) -> str:
+    """One component of the fetch path as the header shows it: its name and usable GB/s (a serial link's data
+    rate with the protocol figures it comes from)."""
+    label = _DISPLAY.get(name, name)
+    links = serial_links(hw)
+    if name in links:
+        link = links[name][1]
+        return (f"{label} {link.data_gbps:.1f} of data per direction ({link.bandwidth_gbps:g} x "
+                f"{link.max_payload_bytes}/{link.max_payload_bytes + link.tlp_overhead_bytes} TLP payload; "
+                f"{2 * link.bandwidth_gbps:g} both ways)")
+    if name == "ucie":
+        return f"{label} {comp.gbps:g}"
+    return f"{label} {comp.gbps:.0f}"
+
+
 def header_lines(prep, fetch_path) -> list[str]:
     hw = prep.config.hw
     wl = prep.workload
-    hbm = dram_timing(hw.memory.hbm)
-    lp = dram_timing(hw.memory.lpddr5x)
-    pcie = hw.links.pcie
+    comps = components(hw)
+    hops = [_hop_text(hw, name, comps[name]) for name in fetch_components(hw)]
+    if hw.expert_buffer.location == "sram":
+        hops.append(f"SRAM {hw.compute.sram_read_gbps_per_array * hw.compute.arrays:g}")
+    hbm = comps["hbm"]
+    if hw.expert_buffer.location == "sram":
+        shared = [f"SRAM {hw.compute.sram_read_gbps_per_array * hw.compute.arrays:g} GB/s between expert reads and "
+                  "fetch writes", f"HBM {hbm.gbps:.0f} GB/s among operand reads"]
+    else:
+        shared = [f"HBM {hbm.gbps:.0f} GB/s between operand reads and fetch writes (a written byte costs "
+                  f"{1 + hbm.turnaround:.2f} while reads run: read/write turnaround)"]
+    store = expert_store(hw)
+    lp = comps["lpddr5x"]
+    if store == "lpddr5x":
+        shared.append(f"LPDDR5X {lp.gbps:.0f} GB/s between fetches and host-CPU reads")
+    else:
+        shared.append(f"{_DISPLAY.get(store, store)} {comps[store].gbps:.0f} GB/s among fetches, LPDDR5X "
+                      f"{lp.gbps:.0f} GB/s among host-CPU reads")
     return [
         f"config: {prep.config.given_path or prep.config.path}",
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "
         f"buffer {wl.buffer_slots} experts",
-        f"path:   expert fetch LPDDR5X {lp.effective_gbps:.0f} -> PCIe {pcie.data_gbps:.1f} of data per direction "
-        f"({pcie.bandwidth_gbps:g} x {pcie.max_payload_bytes}/{pcie.max_payload_bytes + pcie.tlp_overhead_bytes} TLP "
-        f"payload; {2 * pcie.bandwidth_gbps:g} both ways) -> UCIe {hw.links.ucie.bandwidth_gbps:g} -> HBM "
-        f"{hbm.effective_gbps:.0f} GB/s; bottleneck {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, "
-        f"latency {fetch_path.latency_ns:.0f} ns",
-        f"shared: HBM {hbm.effective_gbps:.0f} GB/s between operand reads and fetch writes (a written byte costs "
-        f"{1 + hbm.turnaround:.2f} while reads run: read/write turnaround), LPDDR5X {lp.effective_gbps:.0f} GB/s "
-        f"between fetches and host-CPU reads",
+        f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
+        f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
+        f"shared: {', '.join(shared)}",
     ]
 
 

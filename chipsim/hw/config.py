@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 
@@ -43,10 +44,20 @@ def _has_default(f: dataclasses.Field) -> bool:
     return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
+def _named_sections(doc: str, cls):
+    """A section of named sub-sections, each a `cls` (e.g. `memory.extra.cxl_ddr5.channels`); optional, empty
+    by default."""
+    return field(default_factory=dict, metadata={**spec(doc), "section_of": cls})
+
+
+# names of memories and links: they name resources, ledger entries and result columns
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
 def _optional(doc: str, default, **kw):
     """A key that may be left out of a config (older configs and platforms that have no use for it)."""
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata=spec(doc, **kw))
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=spec(doc, **kw))
     return field(default=default, metadata=spec(doc, **kw))
 
 
@@ -120,7 +131,10 @@ class DramConfig:
 @dataclass(frozen=True)
 class MemoryConfig:
     hbm: DramConfig = _f("on-package HBM: non-expert weights, KV cache, activations, expert buffer")
-    lpddr5x: DramConfig = _f("off-package LPDDR5X: all expert weights")
+    lpddr5x: DramConfig = _f("off-package LPDDR5X beside the host CPU: all expert weights unless paths.fetch "
+                             "names another memory")
+    extra: dict = _named_sections("further memory tiers by name (e.g. a CXL memory expander), outside the package; "
+                                  "paths.fetch can name one as where the experts are stored", DramConfig)
 
 
 # ---------------------------------------------------------------------------------------------- links
@@ -161,6 +175,8 @@ class UcieConfig:
 class LinksConfig:
     pcie: PcieConfig = _f("host link: LPDDR5X side to the accelerator package")
     ucie: UcieConfig = _f("die-to-die links inside the package (I/O ↔ HBM ↔ compute)")
+    extra: dict = _named_sections("further serial links by name (e.g. a CXL link), outside the package, with the "
+                                  "keys of links.pcie; paths.fetch can route expert fetches over them", PcieConfig)
 
 
 @dataclass(frozen=True)
@@ -197,6 +213,17 @@ class ExpertBufferConfig:
                               choices=("hbm", "sram"))
 
 
+DEFAULT_FETCH_PATH = ["lpddr5x", "pcie", "ucie"]
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    fetch: list = _optional("what an expert fetch crosses, in order: the memory that stores the experts, then the "
+                            "links to the package, ending with ucie (the I/O die's link to where "
+                            "expert_buffer.location stages them); names from memory.* and links.*",
+                            DEFAULT_FETCH_PATH)
+
+
 # ---------------------------------------------------------------------------------------------- workload
 @dataclass(frozen=True)
 class ModelConfig:
@@ -231,6 +258,7 @@ class HardwareConfig:
     model: ModelConfig = _f("model shape and expert precision")
     workload: WorkloadConfig = _f("what is replayed")
     run: RunConfig = _f("run defaults")
+    paths: PathsConfig = field(default_factory=PathsConfig, metadata=spec("the routes bytes take through the chip"))
 
 
 @dataclass
@@ -367,9 +395,26 @@ def build_dataclass(cls, data, key_prefix: str = ""):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = build_dataclass(tp, data[f.name], key + ".")
+        elif "section_of" in f.metadata:
+            kwargs[f.name] = _build_named(f.metadata["section_of"], data[f.name], key)
         else:
             kwargs[f.name] = check_value(key, data[f.name], tp, f.metadata["bounds"])
     return cls(**kwargs)
+
+
+def _build_named(cls, data, key: str) -> dict:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{key}: expected a section of named sections, got {data!r}")
+    out = {}
+    for name, section in data.items():
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise InputError(f"{key}.{name}: a name is lower-case letters, digits and _, starting with a letter")
+        if name in BUILT_IN_NAMES:
+            raise InputError(f"{key}.{name}: the name is taken (built in: {', '.join(BUILT_IN_NAMES)})")
+        out[name] = build_dataclass(cls, section, f"{key}.{name}.")
+    return out
 
 
 def iter_keys(cls=HardwareConfig, prefix: str = ""):
@@ -379,6 +424,9 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
+        elif "section_of" in f.metadata:
+            yield (f"{prefix}{f.name}.<name>", "section", key_doc(f.metadata["doc"], Bounds(), {}, optional=True))
+            yield from iter_keys(f.metadata["section_of"], f"{prefix}{f.name}.<name>.")
         else:
             default = None
             if _has_default(f):
@@ -412,7 +460,51 @@ def _check_consistency(config: Config) -> None:
     hw = config.hw
     if hw.workload.warmup_tokens and hw.workload.max_tokens and hw.workload.warmup_tokens >= hw.workload.max_tokens:
         raise InputError("workload.warmup_tokens: must be smaller than workload.max_tokens")
-    for name in ("hbm", "lpddr5x"):
-        d = getattr(hw.memory, name)
+    for key, d in memory_tiers(hw).values():
         if d.trfc_ns >= d.trefi_ns:
-            raise InputError(f"memory.{name}.trfc_ns: refresh time must be shorter than memory.{name}.trefi_ns")
+            raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
+    _check_names(hw)
+    _check_fetch_path(hw)
+
+
+# the built-in components' names, and the name the arrays' SRAM goes by when experts are staged there
+BUILT_IN_NAMES = ("hbm", "lpddr5x", "pcie", "ucie", "sram")
+
+
+def memory_tiers(hw: HardwareConfig) -> dict:
+    """Every memory of the config: name -> (dotted key, DramConfig); built-in ones first."""
+    out = {"hbm": ("memory.hbm", hw.memory.hbm), "lpddr5x": ("memory.lpddr5x", hw.memory.lpddr5x)}
+    out.update({name: (f"memory.extra.{name}", d) for name, d in hw.memory.extra.items()})
+    return out
+
+
+def serial_links(hw: HardwareConfig) -> dict:
+    """Every serial (PCIe-like) link of the config: name -> (dotted key, PcieConfig); pcie first."""
+    out = {"pcie": ("links.pcie", hw.links.pcie)}
+    out.update({name: (f"links.extra.{name}", link) for name, link in hw.links.extra.items()})
+    return out
+
+
+def _check_names(hw: HardwareConfig) -> None:
+    for name in hw.memory.extra:
+        if name in hw.links.extra:
+            raise InputError(f"memory.extra.{name}: the name is taken by links.extra.{name}")
+
+
+def _check_fetch_path(hw: HardwareConfig) -> None:
+    path = hw.paths.fetch
+    memories, links = memory_tiers(hw), {**serial_links(hw), "ucie": None}
+    for name in path:
+        if name not in memories and name not in links:
+            raise InputError(f"paths.fetch: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
+                             f"({', '.join(links)})")
+    if len(set(path)) != len(path):
+        raise InputError(f"paths.fetch: {path} crosses a component twice")
+    if path[0] not in memories or path[0] == "hbm":
+        raise InputError(f"paths.fetch: must start with the memory that stores the experts (not hbm), got '{path[0]}'")
+    if path[-1] != "ucie" or len(path) < 3:
+        raise InputError(f"paths.fetch: must end with a link into the package, then ucie (into the memory or compute "
+                         f"die), got {path}")
+    for name in path[1:]:
+        if name in memories:
+            raise InputError(f"paths.fetch: '{name}' is a memory; after the experts' store the path crosses links only")

@@ -1,24 +1,78 @@
-"""The expert-fetch path of a config: LPDDR5X → PCIe → UCIe → HBM, its bottleneck and summed latency.
+"""The chip's memories and links as data, and the expert-fetch path through them.
 
-An expert fetch reads LPDDR5X, crosses PCIe and the I/O→HBM UCIe link and is written into HBM; every byte
-of it crosses all four, so the transfer moves at the slowest one's bandwidth and lands after the sum of
-their latencies."""
+Every memory (`memory.hbm`, `memory.lpddr5x`, `memory.extra.<name>`) and link (`links.pcie`, `links.ucie`,
+`links.extra.<name>`) of a config becomes a `Component`: its usable bandwidth, latency, energy per bit, static
+power and, for a DRAM, its read/write turnaround. The engine makes each a shared resource, the energy ledger
+charges each per bit and over time, so a new tier is a YAML change only.
+
+An expert fetch crosses `paths.fetch` (by default LPDDR5X → PCIe → UCIe) and lands where
+`expert_buffer.location` stages it: written into HBM, or into the arrays' SRAM (then the last UCIe hop goes
+from the I/O die to the compute die, and the SRAM's bandwidth belongs to the compute chiplet). Every byte
+crosses every component, so the transfer moves at the slowest one's bandwidth and lands after the sum of
+their latencies.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.config import HardwareConfig
+from chipsim.hw.config import HardwareConfig, memory_tiers, serial_links
 from chipsim.hw.dram import dram_timing
 
-# the components an expert fetch crosses, in order (staged in SRAM: the last is the arrays' SRAM, whose
-# bandwidth and energy belong to the compute chiplet)
-FETCH_PATH = ("lpddr5x", "pcie", "ucie", "hbm")
+# components inside the package: their energy is the paper's "on-chip active" category, the rest "off-chip I/O"
+IN_PACKAGE = ("hbm", "ucie")
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    kind: str  # "memory" or "link"
+    key: str  # its dotted config section, for messages
+    gbps: float  # usable bandwidth (a memory's effective streaming rate; a link's data rate per direction)
+    latency_ns: float  # a memory's first-byte latency; a link's crossing
+    pj_per_bit: float
+    static_w: float
+    turnaround: float = 0.0  # a DRAM's extra capacity per written byte while it is also read
+
+    @property
+    def in_package(self) -> bool:
+        return self.name in IN_PACKAGE
+
+
+def components(hw: HardwareConfig) -> dict[str, Component]:
+    """Every memory and link of the config by name: built-in ones in a fixed order, then the extra ones."""
+    out = {}
+    for name, (key, d) in memory_tiers(hw).items():
+        t = dram_timing(d)
+        out[name] = Component(name, "memory", key, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit,
+                              d.background_power_w, t.turnaround)
+    for name, (key, link) in serial_links(hw).items():
+        out[name] = Component(name, "link", key, link.data_gbps, link.latency_ns, link.energy_pj_per_bit,
+                              link.static_power_w)
+    u = hw.links.ucie
+    out["ucie"] = Component("ucie", "link", "links.ucie", u.bandwidth_gbps, u.latency_ns, u.energy_pj_per_bit,
+                            u.static_power_w)
+    # a fixed order for the ledger and results (the order in which energy is summed, so results stay identical)
+    order = ["lpddr5x", "pcie", "ucie", "hbm"]
+    order += [n for n in out if n not in order]
+    return {n: out[n] for n in order}
 
 
 def fetch_components(hw: HardwareConfig) -> tuple[str, ...]:
     """The memories and links one fetched byte crosses under the config's staging location."""
-    return FETCH_PATH if hw.expert_buffer.location == "hbm" else FETCH_PATH[:3]
+    path = tuple(hw.paths.fetch)
+    return path + ("hbm",) if hw.expert_buffer.location == "hbm" else path
+
+
+def expert_store(hw: HardwareConfig) -> str:
+    """The memory the experts are fetched from (it must hold all of them)."""
+    return hw.paths.fetch[0]
+
+
+def package_link(hw: HardwareConfig) -> str:
+    """The link that brings fetched experts into the package (PCIe by default): its bytes are the off-chip
+    traffic of the results."""
+    return hw.paths.fetch[-2]
 
 
 @dataclass(frozen=True)
@@ -26,19 +80,14 @@ class FetchPathTiming:
     bandwidth_gbps: float  # bottleneck of the path, per direction
     latency_ns: float  # summed latency of the path
     bottleneck: str
-    per_component_gbps: dict
+    per_component_gbps: dict  # every component of the config
 
 
 def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
-    lp, hbm = dram_timing(hw.memory.lpddr5x), dram_timing(hw.memory.hbm)
-    bws = {
-        "lpddr5x": lp.effective_gbps,
-        "pcie": hw.links.pcie.data_gbps,
-        "ucie": hw.links.ucie.bandwidth_gbps,
-        "hbm": hbm.effective_gbps,
-    }
+    comps = components(hw)
     crossed = fetch_components(hw)
-    bottleneck = min(crossed, key=lambda k: (bws[k], k))
-    landing_ns = hbm.access_latency_ns if "hbm" in crossed else hw.compute.sram_access_ns
-    latency = lp.access_latency_ns + hw.links.pcie.latency_ns + hw.links.ucie.latency_ns + landing_ns
-    return FetchPathTiming(bws[bottleneck], latency, bottleneck, bws)
+    bottleneck = min(crossed, key=lambda k: (comps[k].gbps, k))
+    latency = sum(comps[c].latency_ns for c in crossed)
+    if hw.expert_buffer.location == "sram":
+        latency += hw.compute.sram_access_ns
+    return FetchPathTiming(comps[bottleneck].gbps, latency, bottleneck, {n: c.gbps for n, c in comps.items()})

@@ -110,15 +110,18 @@ class DmaRecorder:
 class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
-    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int, latency_ps: int, setup_ps: int,
+    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True,
                  network: FlowNetwork | None = None, path: tuple | None = None):
         """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
         cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved).
 
-        `network` and `path`: the shared resources the data crosses; without them the path is one resource
-        of `bandwidth_bytes_per_s` used by these transfers alone."""
-        if bandwidth_bytes_per_s <= 0 or engines <= 0 or chunk_bytes <= 0:
+        `network` and `path`: the shared resources the data crosses (then `bandwidth_bytes_per_s` is None: their
+        bandwidths apply); without them the path is one resource of `bandwidth_bytes_per_s` used by these
+        transfers alone."""
+        if (network is None) == (bandwidth_bytes_per_s is None):
+            raise ValueError("give either a bandwidth or a network with a path")
+        if (network is None and bandwidth_bytes_per_s <= 0) or engines <= 0 or chunk_bytes <= 0:
             raise ValueError("bandwidth, engines and chunk size must be positive")
         self.env = env
         if network is None:

@@ -10,7 +10,8 @@ Static power of every component (arrays with their SRAM, HBM and LPDDR5X backgro
 UCIe PHYs) is drawn for the whole decode time. The table is the config's: every figure sourced or an ASSUMPTION.
 
 Categories (the APEX paper's, so its Table V reads side by side): on-chip active = the arrays' actions + HBM +
-UCIe; off-chip I/O = LPDDR5X + PCIe; idle/leakage = the static power of every component; host CPU apart.
+UCIe; off-chip I/O = every memory and link outside the package (LPDDR5X, PCIe and any `memory.extra` /
+`links.extra`); idle/leakage = the static power of every component; host CPU apart.
 """
 
 from __future__ import annotations
@@ -18,46 +19,47 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chipsim.hw.config import HardwareConfig
+from chipsim.hw.paths import components
 
-MOVE_COMPONENTS = ("lpddr5x", "pcie", "ucie", "hbm")
 ACTIONS = ("mac", "sfu_op", "vector_op", "sram_read_bit", "sram_write_bit")
-STATIC_COMPONENTS = ("arrays", "hbm", "lpddr5x", "pcie", "ucie")
-CATEGORY_OF = {
-    "lpddr5x": "offchip_io",
-    "pcie": "offchip_io",
-    "ucie": "onchip_active",
-    "hbm": "onchip_active",
-    "arrays_mac": "onchip_active",
-    "arrays_sfu": "onchip_active",
-    "arrays_vector": "onchip_active",
-    "arrays_sram": "onchip_active",
-    "arrays_clock": "onchip_active",
-    **{f"static_{c}": "idle_leakage" for c in STATIC_COMPONENTS},
-    "host_cpu": "host_cpu",
-}
+ARRAYS_COMPONENTS = ("arrays_mac", "arrays_sfu", "arrays_vector", "arrays_sram", "arrays_clock")
 # host_cpu is non-zero only for policies that compute experts on the host CPU (SPICE, Fiddler)
 CATEGORIES = ("onchip_active", "offchip_io", "idle_leakage", "host_cpu")
 
 
 @dataclass
 class EnergyTable:
+    """The config's energy reference table. `moves` are its memories and links (chipsim.hw.paths.components),
+    charged per bit; `static` the components drawing static power (the arrays with their SRAM, then each memory
+    and link), charged over the decode time."""
+
     pj_per_bit: dict[str, float]  # each memory and link
     pj_per_action: dict[str, float]  # each of ACTIONS
     clock_w: float  # all arrays together, while running
     clock_gated: bool  # no clock power while the arrays wait
-    static_w: dict[str, float]  # each of STATIC_COMPONENTS, for the whole decode time
+    static_w: dict[str, float]  # the arrays and each memory and link, for the whole decode time
     host_active_w: float
+    category_of: dict[str, str]  # every entry of the energy breakdown -> one of CATEGORIES
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        return tuple(self.pj_per_bit)
 
     @classmethod
     def from_config(cls, hw: HardwareConfig) -> "EnergyTable":
         c = hw.compute
+        comps = components(hw)
+        # static power in a fixed order (arrays, HBM, LPDDR5X, PCIe, UCIe, then extra tiers and links)
+        static_order = ["hbm", "lpddr5x", "pcie", "ucie"] + [n for n in comps if n not in ("hbm", "lpddr5x", "pcie",
+                                                                                            "ucie")]
+        static_w = {"arrays": c.leakage_power_w_per_array * c.arrays}
+        static_w.update({n: comps[n].static_w for n in static_order})
+        category_of = {n: "onchip_active" if comp.in_package else "offchip_io" for n, comp in comps.items()}
+        category_of.update({n: "onchip_active" for n in ARRAYS_COMPONENTS})
+        category_of.update({f"static_{n}": "idle_leakage" for n in static_w})
+        category_of["host_cpu"] = "host_cpu"
         return cls(
-            pj_per_bit={
-                "lpddr5x": hw.memory.lpddr5x.energy_pj_per_bit,
-                "pcie": hw.links.pcie.energy_pj_per_bit,
-                "ucie": hw.links.ucie.energy_pj_per_bit,
-                "hbm": hw.memory.hbm.energy_pj_per_bit,
-            },
+            pj_per_bit={n: comp.pj_per_bit for n, comp in comps.items()},
             pj_per_action={
                 "mac": c.mac_energy_pj,
                 "sfu_op": c.sfu_op_energy_pj,
@@ -67,14 +69,9 @@ class EnergyTable:
             },
             clock_w=c.clock_power_w_per_array * c.arrays,
             clock_gated=c.clock_gated_when_idle,
-            static_w={
-                "arrays": c.leakage_power_w_per_array * c.arrays,
-                "hbm": hw.memory.hbm.background_power_w,
-                "lpddr5x": hw.memory.lpddr5x.background_power_w,
-                "pcie": hw.links.pcie.static_power_w,
-                "ucie": hw.links.ucie.static_power_w,
-            },
+            static_w=static_w,
             host_active_w=hw.host_cpu.active_power_w,
+            category_of=category_of,
         )
 
 
@@ -82,8 +79,12 @@ class EnergyTable:
 class Ledger:
     """Action counts of one token (or any span): bytes per component, arrays actions, array and host time."""
 
-    bytes: dict[str, int] = field(default_factory=lambda: {c: 0 for c in MOVE_COMPONENTS})
+    bytes: dict[str, int]
     actions: dict[str, int] = field(default_factory=lambda: {a: 0 for a in ACTIONS})
     busy_ps: int = 0
     idle_ps: int = 0
     host_busy_ps: int = 0
+
+    @classmethod
+    def empty(cls, components: tuple[str, ...]) -> "Ledger":
+        return cls(bytes={c: 0 for c in components})

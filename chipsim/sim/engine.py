@@ -31,9 +31,8 @@ import simpy
 from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import fetch_components, fetch_path_timing
+from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
-from chipsim.hw.dram import dram_timing
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
@@ -54,22 +53,23 @@ class _Work(NamedTuple):
     sfu_ops: int = 0
     vector_ops: int = 0
     sram_bytes: int = 0  # operands already in SRAM (experts staged there): read from it, not streamed
+    sram_ps: int = 0  # the part of ps that reads sram_bytes
 
     # spelled out: these run a few times per layer of every token
     def __add__(self, o: "_Work") -> "_Work":
         return _Work(self.ps + o.ps, self.bytes + o.bytes, self.fixed + o.fixed, self.macs + o.macs,
-                     self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes)
+                     self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes,
+                     self.sram_ps + o.sram_ps)
 
     def times(self, n: int) -> "_Work":
         return _Work(self.ps * n, self.bytes * n, self.fixed * n, self.macs * n, self.sfu_ops * n,
-                     self.vector_ops * n, self.sram_bytes * n)
+                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n)
 
 
 NO_WORK = _Work(0, 0, 0)
 
-# the network resource (and direction) for each component a fetch crosses (chipsim.hw.paths.fetch_components)
-_FETCH_HOPS = {"lpddr5x": ("lpddr5x", READ), "pcie": ("pcie", WRITE), "ucie": ("ucie_io", WRITE),
-               "hbm": ("hbm", WRITE)}
+# UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
+_UCIE_FETCH, _UCIE_OPERANDS = "ucie_io", "ucie_compute"
 
 
 class _LayerCost(NamedTuple):
@@ -120,16 +120,18 @@ class Simulation:
         self.path_timing = path
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
-        self.network = self._network(self.env, hw, path)
-        net = self.network
-        self._fetch_components = fetch_components(hw)
         self._stage_in_sram = hw.expert_buffer.location == "sram"
-        self._fetch_flow_path = net.path(*(_FETCH_HOPS[c] for c in self._fetch_components))
-        self._operand_flow_path = net.path(("hbm", READ), ("ucie_compute", READ))
+        self.network = self._network(self.env, hw, self._stage_in_sram)
+        net = self.network
+        self._components = tuple(components(hw))
+        self._fetch_components = fetch_components(hw)
+        self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
+        self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
+        self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path(("lpddr5x", READ))
         self.dma = DmaPath(
             self.env,
-            bandwidth_bytes_per_s=gbps_to_bytes_per_s(path.bandwidth_gbps),
+            bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
             setup_ps=ns_to_ps(hw.dma.setup_ns),
             engines=hw.dma.engines,
@@ -158,7 +160,7 @@ class Simulation:
         self._waiting_layer = -1
         self._arrival_event = None
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
-        self.rec = RunRecorder(n_tokens, self.num_moe_layers)
+        self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
         self.host = simpy.Resource(self.env, capacity=1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
         self.events = [] if record_events else None
@@ -170,15 +172,33 @@ class Simulation:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
     @staticmethod
-    def _network(env: simpy.Environment, hw: HardwareConfig, path) -> FlowNetwork:
-        """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround)
-        and each link direction a flow can cross."""
-        hbm, lp = dram_timing(hw.memory.hbm), dram_timing(hw.memory.lpddr5x)
-        bws = path.per_component_gbps
-        names = ["lpddr5x", "pcie", "ucie_io", "hbm", "ucie_compute"]
-        gbps = [bws["lpddr5x"], bws["pcie"], bws["ucie"], bws["hbm"], hw.links.ucie.bandwidth_gbps]
-        turnaround = [round(lp.turnaround * PPM), 0, 0, round(hbm.turnaround * PPM), 0]
+    def _network(env: simpy.Environment, hw: HardwareConfig, stage_in_sram: bool) -> FlowNetwork:
+        """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
+        each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
+        staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
+        names, gbps, turnaround = [], [], []
+        for comp in components(hw).values():
+            names.append(_UCIE_FETCH if comp.name == "ucie" else comp.name)
+            gbps.append(comp.gbps)
+            turnaround.append(round(comp.turnaround * PPM))
+        names.append(_UCIE_OPERANDS)
+        gbps.append(hw.links.ucie.bandwidth_gbps)
+        turnaround.append(0)
+        if stage_in_sram:
+            names.append("sram")
+            gbps.append(hw.compute.sram_read_gbps_per_array * hw.compute.arrays)
+            turnaround.append(0)
         return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround)
+
+    @staticmethod
+    def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, int]]:
+        """The network hops of a fetch: the experts' store read, each link towards the package, the landing
+        written (HBM, or the arrays' SRAM)."""
+        hops = [(crossed[0], READ)]
+        hops += [(_UCIE_FETCH if c == "ucie" else c, WRITE) for c in crossed[1:]]
+        if stage_in_sram:
+            hops.append(("sram", WRITE))
+        return hops
 
     # ======================================================================== policy API
     @property
@@ -397,21 +417,30 @@ class Simulation:
         actions["sram_write_bit"] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
         actions["sram_read_bit"] += 8 * (work.bytes + work.sram_bytes)
         start = self.env.now
-        stream_ps = work.ps - work.fixed
-        if work.bytes and stream_ps > 0:
-            if work.fixed:
-                yield self.env.timeout(work.fixed)
-            done = self.env.event()
-            # the cap (rounded up) lets it stream as fast as its arrays need and no faster; alone it ends after
-            # exactly stream_ps, with other flows on HBM or the link later
-            self.network.add(work.bytes, self._operand_flow_path, cap=-(-work.bytes * PS_PER_S // stream_ps),
-                             on_target=lambda _f: done.succeed(), not_before=self.env.now + stream_ps)
-            yield done
+        fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
+        streams_hbm = work.bytes and hbm_ps > 0
+        streams_sram = work.sram_bytes and sram_ps > 0 and self._sram_flow_path is not None
+        if streams_hbm or streams_sram:
+            fixed += (0 if streams_hbm else hbm_ps) + (0 if streams_sram else sram_ps)
+            if fixed:
+                yield self.env.timeout(fixed)
+            if streams_hbm:
+                yield self._stream(work.bytes, hbm_ps, self._operand_flow_path)
+            if streams_sram:  # experts staged in SRAM: their reads share its ports with the fetches landing there
+                yield self._stream(work.sram_bytes, sram_ps, self._sram_flow_path)
         else:
             yield self.env.timeout(work.ps)
         ledger.busy_ps += self.env.now - start
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, self.env.now))
+
+    def _stream(self, nbytes: int, alone_ps: int, path) -> simpy.Event:
+        """An operand stream as a flow: the cap (rounded up) lets it move as fast as its arrays consume and no
+        faster, so alone it ends after exactly `alone_ps`, with other flows on its resources later."""
+        done = self.env.event()
+        self.network.add(nbytes, path, cap=-(-nbytes * PS_PER_S // alone_ps), on_target=lambda _f: done.succeed(),
+                         not_before=self.env.now + alone_ps)
+        return done
 
     @staticmethod
     def _cost(op: OpCost | None) -> _Work:
@@ -427,7 +456,8 @@ class Simulation:
             if not layer.expert:
                 expert = NO_WORK
             elif fmt.operands_in_sram:
-                expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes)
+                expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes,
+                               fmt.compute_ps - fmt.fixed_ps)
             else:
                 expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops)
             costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),

@@ -6,9 +6,10 @@ warm-up summary.
   mean latency per token
 - overlap: share of token-layers whose whole routed set was in the buffer (arrived or on its way) when
   routing decided; recall: mean share of routed experts in the buffer then
-- offchip_bytes_per_token: bytes that crossed the host link (PCIe) per token
-- pcie_utilization: those bytes over what the link could have moved in the same time (mean bytes per token /
-  (mean latency per token × per-direction PCIe data bandwidth, after TLP overhead)); the SPICE paper's
+- offchip_bytes_per_token: bytes that crossed the link into the package (PCIe unless `paths.fetch` routes
+  fetches over another link: chipsim.hw.paths.package_link) per token
+- pcie_utilization: those bytes over what that link could have moved in the same time (mean bytes per token /
+  (mean latency per token × its per-direction data bandwidth, after TLP overhead)); the SPICE paper's
   "PCIe utilisation"
 Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.sim.energy import ACTIONS, CATEGORIES, CATEGORY_OF, MOVE_COMPONENTS, STATIC_COMPONENTS, EnergyTable
+from chipsim.sim.energy import ACTIONS, CATEGORIES, EnergyTable
 from chipsim.sim.record import SimResult
 from chipsim.units import PS_PER_MS
 
@@ -29,7 +30,7 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     tok = result.per_token
     act = {a: tok.actions[a].astype(np.float64) for a in ACTIONS}
     pj = table.pj_per_action
-    out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in MOVE_COMPONENTS}
+    out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in table.moves}
     out["arrays_mac"] = act["mac"] * pj["mac"]
     out["arrays_sfu"] = act["sfu_op"] * pj["sfu_op"]
     out["arrays_vector"] = act["vector_op"] * pj["vector_op"]
@@ -37,20 +38,20 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     clocked_ps = tok.busy_ps if table.clock_gated else tok.latency_ps
     out["arrays_clock"] = clocked_ps.astype(np.float64) * table.clock_w  # W × ps = pJ
     latency_ps = tok.latency_ps.astype(np.float64)
-    for comp in STATIC_COMPONENTS:
-        out[f"static_{comp}"] = latency_ps * table.static_w[comp]
+    for comp, watts in table.static_w.items():
+        out[f"static_{comp}"] = latency_ps * watts
     out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w
     return out
 
 
-def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
+def _span_summary(result: SimResult, table: EnergyTable, sl: slice, link: str) -> dict:
     tok = result.per_token
     latency_ms = tok.latency_ps[sl] / PS_PER_MS
     comp = {c: v[sl] for c, v in per_token_energy_pj(result, table).items()}
     comp_mj = {c: float(v.mean() / PJ_PER_MJ) for c, v in comp.items()}
     cat_mj = {cat: 0.0 for cat in CATEGORIES}
     for c, v in comp_mj.items():
-        cat_mj[CATEGORY_OF[c]] += v
+        cat_mj[table.category_of[c]] += v
     total_mj = float(sum(cat_mj.values()))
     mean_latency = float(latency_ms.mean())
     hits = result.per_layer.hits[sl]
@@ -67,23 +68,24 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice) -> dict:
         "energy_pcie_mj": comp_mj["pcie"],
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
-        "offchip_bytes_per_token": float(tok.bytes["pcie"][sl].mean()),
+        "offchip_bytes_per_token": float(tok.bytes[link][sl].mean()),
         "overlap": float(result.per_layer.overlap[sl].mean()),
         "hits_per_layer": float(hits.mean()),
     }
 
 
 def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: int = 0,
-              pcie_bandwidth_gbps: float | None = None) -> dict:
-    """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary."""
+              link_gbps: float | None = None, link: str = "pcie") -> dict:
+    """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary. `link`: the link
+    into the package, whose bytes are the off-chip traffic; `link_gbps`: its data bandwidth per direction."""
     warmup = min(warmup_tokens, result.tokens - 1)
     sl = slice(warmup, None)
     row = {"policy": result.policy}
-    row.update(_span_summary(result, table, sl))
+    row.update(_span_summary(result, table, sl, link))
     row["recall"] = row.pop("hits_per_layer") / top_k
     row["pcie_utilization"] = (row["offchip_bytes_per_token"] / (row["latency_ms_per_token"] * 1e-3
-                                                                  * pcie_bandwidth_gbps * 1e9)
-                               if pcie_bandwidth_gbps else float("nan"))
+                                                                  * link_gbps * 1e9)
+                               if link_gbps else float("nan"))
     layers, counts = result.per_layer, result.counts
     row["demand_fetches_per_token"] = float(layers.demand_fetches[sl].sum(axis=1).mean())
     row["host_wait_ms_per_token"] = float((result.per_token.host_wait_ps[sl] / PS_PER_MS).mean())
@@ -100,7 +102,7 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["peak_buffer_slots"] = counts.peak_buffer_slots
     row["warmup_tokens"] = warmup
     if warmup:
-        w = _span_summary(result, table, slice(0, warmup))
+        w = _span_summary(result, table, slice(0, warmup), link)
         w["recall"] = w.pop("hits_per_layer") / top_k
         row["warmup"] = {k: v for k, v in w.items() if k != "energy_by_component_mj"}
     row["per_layer"] = {

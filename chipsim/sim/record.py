@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from chipsim.sim.energy import ACTIONS, MOVE_COMPONENTS, Ledger
+from chipsim.sim.energy import ACTIONS, Ledger
 
 
 @dataclass
@@ -35,7 +35,7 @@ class TokenRecord:
     host_wait_ps: np.ndarray  # arrays waiting for host-CPU results
     host_busy_ps: np.ndarray  # host CPU computing offloaded experts
     bytes: dict  # memory or link -> (T,) bytes that crossed it
-    actions: dict = None  # arrays action (chipsim.sim.energy.ACTIONS) -> (T,) count
+    actions: dict  # arrays action (chipsim.sim.energy.ACTIONS) -> (T,) count
 
 
 @dataclass
@@ -108,17 +108,19 @@ class SimResult:
 class RunRecorder:
     """The engine's bookkeeping of one run: a Ledger per token, per-token and per-layer arrays, counters."""
 
-    def __init__(self, tokens: int, layers: int):
+    def __init__(self, tokens: int, layers: int, components: tuple[str, ...]):
+        """`components`: the config's memories and links (chipsim.hw.paths.components), counted per byte."""
         self.layers = LayerRecord.zeros(tokens, layers)
         self.latency_ps = np.zeros(tokens, dtype=np.int64)
         self.stall_ps = np.zeros(tokens, dtype=np.int64)
         self.host_wait_ps = np.zeros(tokens, dtype=np.int64)
         self.counts = RunCounts()
+        self.components = components
         self.ledgers: list[Ledger] = []
-        self.ledger = Ledger()  # the token being decoded (transfers landing after the last token: its ledger)
+        self.ledger = Ledger.empty(components)  # the token being decoded (transfers landing after the last: its)
 
     def start_token(self) -> Ledger:
-        self.ledger = Ledger()
+        self.ledger = Ledger.empty(self.components)
         return self.ledger
 
     def end_token(self, t: int, latency_ps: int, stall_ps: int) -> None:
@@ -137,7 +139,7 @@ class RunRecorder:
             idle_ps=np.array([lg.idle_ps for lg in ledgers], dtype=np.int64),
             host_wait_ps=self.host_wait_ps,
             host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),
-            bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in MOVE_COMPONENTS},
+            bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in self.components},
             actions={a: np.array([lg.actions[a] for lg in ledgers], dtype=np.int64) for a in ACTIONS},
         )
         return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,

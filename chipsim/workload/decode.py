@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel, OpCost, ceil_div
-from chipsim.hw.config import HardwareConfig
+from chipsim.hw.config import HardwareConfig, memory_tiers
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
 from chipsim.workload.models import ModelShape, get_model
 
@@ -233,11 +233,11 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
             f"expert buffer ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
-    lp_capacity = int(hw.memory.lpddr5x.capacity_gib * BYTES_PER_GIB)
+    store_key, store = memory_tiers(hw)[hw.paths.fetch[0]]  # the memory the experts are fetched from
     all_experts = m.num_moe_layers * m.num_experts * expert_bytes
-    if all_experts > lp_capacity:
+    if all_experts > int(store.capacity_gib * BYTES_PER_GIB):
         raise InputError(
-            f"memory.lpddr5x.capacity_gib: {hw.memory.lpddr5x.capacity_gib} GiB cannot hold the "
+            f"{store_key}.capacity_gib: {store.capacity_gib} GiB cannot hold the "
             f"{all_experts / BYTES_PER_GIB:.2f} GiB of {m.name}'s experts at {bits} bit"
         )
     return DecodeWorkload(

@@ -1,0 +1,151 @@
+"""Memories and links as data: a new tier on the fetch path is a YAML change (hwconfigs/thor-cxl.yaml), checked
+by hand like the built-in path; the arrays' SRAM is a shared resource when experts are staged there."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_shape
+
+from chipsim import cli
+from chipsim.errors import InputError
+from chipsim.hw.config import load_config
+from chipsim.hw.paths import components, fetch_components, fetch_path_timing, package_link
+from chipsim.runner import prepare, simulate, summarize_result
+from chipsim.sim.energy import EnergyTable
+from chipsim.sim.engine import Simulation
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
+
+ROOT = Path(__file__).resolve().parents[1]
+THOR = str(ROOT / "hwconfigs" / "thor.yaml")
+CXL = str(ROOT / "hwconfigs" / "thor-cxl.yaml")
+TINY = tiny_shape()
+
+
+def cxl_yaml() -> str:
+    """thor-cxl.yaml's new tier, link and path as a config section (the tiny configs start from thor.yaml)."""
+    data = yaml.safe_load(open(CXL))
+    return yaml.safe_dump({k: data[k] for k in ("memory", "links", "paths")}) + "expert_buffer:\n  capacity_mib: 4\n"
+
+
+def test_the_cxl_config_adds_a_memory_and_a_link_and_routes_fetches_over_them():
+    hw = load_config(CXL).hw
+    comps = components(hw)
+    assert list(comps) == ["lpddr5x", "pcie", "ucie", "hbm", "cxl_ddr5", "cxl"]
+    assert fetch_components(hw) == ("cxl_ddr5", "cxl", "ucie", "hbm")
+    assert package_link(hw) == "cxl"
+    path = fetch_path_timing(hw)
+    # CXL x8 at 64 GT/s: 59 GB/s after FLITs, 64 B of data per 80 B -> 47.2 GB/s; the DDR5 side 4 x 4 B x 6.4 GT/s
+    assert path.bottleneck == "cxl" and path.bandwidth_gbps == pytest.approx(59 * 64 / 80)
+    assert comps["cxl_ddr5"].gbps < 4 * 4 * 6.4 and comps["cxl_ddr5"].gbps > path.bandwidth_gbps
+    ddr5 = hw.memory.extra["cxl_ddr5"]
+    first_byte = ddr5.trcd_ns + ddr5.tcl_ns + 16 / 6400 * 1e3  # tRCD + CL + one BL16 burst
+    assert comps["cxl_ddr5"].latency_ns == pytest.approx(first_byte)
+    assert path.latency_ns == pytest.approx(first_byte + 200 + hw.links.ucie.latency_ns + comps["hbm"].latency_ns)
+
+
+def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_components(tiny):
+    """No-prefetch on the tiny model with thor-cxl's path: each layer's two experts are fetched together over the
+    CXL link (the bottleneck), so a token takes the same hand sum as over PCIe with the CXL path's bandwidth and
+    latency; the bytes cross the expander and the CXL link, not LPDDR5X or PCIe, and are charged at their energy
+    per bit, their static power over the token."""
+    cfg = tiny.config(tiny.routing(), extra_yaml=cxl_yaml())
+    prep = prepare(cfg, policy_specs=["no-prefetch"])
+    wl, hw = prep.workload, prep.config.hw
+    path = fetch_path_timing(hw)
+    assert path.bottleneck == "cxl"
+    bandwidth = gbps_to_bytes_per_s(path.bandwidth_gbps)
+    fetch_ps = ns_to_ps(hw.dma.setup_ns) + -(-2 * wl.expert_bytes * PS_PER_S // bandwidth) + ns_to_ps(path.latency_ns)
+    expected = wl.token_head.duration_ps + sum(
+        c.attention.duration_ps + c.router.duration_ps + fetch_ps + 2 * c.expert.duration_ps + c.combine.duration_ps
+        for c in wl.layers)
+    result = simulate(prep, prep.policies[0])
+    tok = result.per_token
+    assert (tok.latency_ps == expected).all()
+    fetched = 3 * TINY.top_k * wl.expert_bytes
+    assert (tok.bytes["cxl_ddr5"] == fetched).all() and (tok.bytes["cxl"] == fetched).all()
+    assert (tok.bytes["lpddr5x"] == 0).all() and (tok.bytes["pcie"] == 0).all()
+    row = summarize_result(prep, result, prep.policies[0])
+    by = row["energy_by_component_mj"]
+    assert by["cxl"] == pytest.approx(fetched * 8 * 5.0 / 1e9, rel=1e-12)
+    assert by["cxl_ddr5"] == pytest.approx(fetched * 8 * 3.0 / 1e9, rel=1e-12)
+    assert by["static_cxl"] == pytest.approx(expected * 0.75 / 1e9, rel=1e-12)
+    assert by["static_cxl_ddr5"] == pytest.approx(expected * 2.0 / 1e9, rel=1e-12)
+    table = EnergyTable.from_config(hw)
+    assert table.category_of["cxl"] == table.category_of["cxl_ddr5"] == "offchip_io"
+    offchip = sum(v for c, v in by.items() if table.category_of[c] == "offchip_io")
+    assert row["energy_offchip_io_mj"] == pytest.approx(offchip, rel=1e-12)
+    assert row["offchip_bytes_per_token"] == fetched  # the link into the package is now CXL
+    assert row["pcie_utilization"] == pytest.approx(fetched / (expected * 1e-12 * bandwidth), rel=1e-9)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["paths.fetch=[lpddr5x, nvlink, ucie]"], "paths.fetch: 'nvlink' is neither a memory"),
+    (["paths.fetch=[pcie, ucie]"], "paths.fetch: must start with the memory that stores the experts"),
+    (["paths.fetch=[hbm, pcie, ucie]"], "paths.fetch: must start with the memory that stores the experts (not hbm)"),
+    (["paths.fetch=[lpddr5x, pcie]"], "paths.fetch: must end with a link into the package, then ucie"),
+    (["paths.fetch=[lpddr5x, ucie]"], "paths.fetch: must end with a link into the package, then ucie"),
+    (["paths.fetch=[lpddr5x, pcie, pcie, ucie]"], "crosses a component twice"),
+    (["paths.fetch=[cxl_ddr5, lpddr5x, cxl, ucie]"], "paths.fetch: 'lpddr5x' is a memory"),
+    (["memory.extra.pcie.channels=4"], "memory.extra.pcie: the name is taken"),
+    (["links.extra.Cxl-2.latency_ns=4"], "links.extra.Cxl-2: a name is lower-case letters"),
+    (["memory.extra.cxl_ddr5.tlp_overhead_bytes=4"], "memory.extra.cxl_ddr5.tlp_overhead_bytes: unknown key"),
+    (["links.extra.cxl.bandwidth_gbps=-1"], "links.extra.cxl.bandwidth_gbps: must be positive"),
+    (["memory.extra.cxl_ddr5.trfc_ns=5000"], "memory.extra.cxl_ddr5.trfc_ns: refresh time must be shorter"),
+])
+def test_a_bad_path_or_component_is_one_line_naming_the_key(overrides, message):
+    with pytest.raises(InputError) as exc:
+        load_config(CXL, overrides)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_experts_store_must_hold_every_expert_and_the_message_names_its_key():
+    with pytest.raises(InputError) as exc:
+        prepare(CXL, ["memory.extra.cxl_ddr5.capacity_gib=1"], ["no-prefetch"])
+    assert str(exc.value).startswith("memory.extra.cxl_ddr5.capacity_gib: 1.0 GiB cannot hold")
+
+
+def test_chipsim_keys_documents_the_named_sections_and_the_path(capsys):
+    assert cli.main(["keys"]) == 0
+    out = capsys.readouterr().out
+    for key in ("memory.extra.<name>.channels", "links.extra.<name>.bandwidth_gbps", "paths.fetch"):
+        assert key in out
+
+
+def test_an_expert_read_from_sram_shares_it_with_a_fetch_landing_there(tiny):
+    """Experts staged in SRAM of total bandwidth S = 2P (P: the PCIe data rate): a fetch (no setup) starts at 0
+    at P, the arrays start reading 3 experts from SRAM after their fixed time F. While both run each gets P (the
+    fetch is held to P by PCIe, the stream gets the rest of S); once the fetch's data is through the stream runs
+    at S. So the stream ends at N_f/P + (N_s - (N_f - F·P)) / S instead of F + N_s / S alone."""
+    cfg = tiny.config(tiny.routing())
+    hw0 = load_config(cfg).hw
+    p_gbps = hw0.links.pcie.data_gbps
+    overrides = ["expert_buffer.location=sram", "compute.sram_mib_per_array=64", "dma.setup_ns=0",
+                 f"compute.sram_read_gbps_per_array={2 * p_gbps / hw0.compute.arrays!r}"]
+    prep = prepare(cfg, overrides=overrides, policy_specs=["no-prefetch"])
+
+    def run(with_fetch: bool) -> tuple[int, int, int]:
+        sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
+        work = sim._layer_costs()[0].expert.times(3)
+        ends = {}
+
+        def proc():
+            if with_fetch:
+                sim.prefetch(0, 0)
+            yield from sim._compute(work, "three experts")
+            ends["stream"] = sim.env.now
+
+        sim.env.process(proc())
+        sim.env.run()
+        return ends["stream"], work.fixed, work.sram_bytes
+
+    alone, fixed, n_s = run(False)
+    shared, _, _ = run(True)
+    P = gbps_to_bytes_per_s(p_gbps)
+    R = -(-n_s * PS_PER_S // (alone - fixed))  # the stream's own rate (its cap): S or, with SFU work, a little less
+    assert P < R <= 2 * P
+    n_f = prep.workload.expert_bytes
+    assert n_s > n_f and fixed * P < n_f * PS_PER_S  # the stream outlasts the fetch, which is still moving at F
+    expected = n_f * PS_PER_S / P + (n_s - (n_f - fixed * P / PS_PER_S)) * PS_PER_S / R
+    assert shared == pytest.approx(expected, abs=3)
+    assert shared - alone > 0.3 * (n_f * PS_PER_S / R)  # a real slow-down, not rounding
