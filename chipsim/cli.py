@@ -198,6 +198,52 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_dram(args) -> int:
+    """Run one request stream through the command-level DRAM model, or (--validate) every validation point
+    beside Ramulator 2.1's committed results."""
+    import json
+
+    from chipsim.dram import validate
+    from chipsim.dram.controller import ControllerConfig, simulate
+    from chipsim.dram.standard import load_standard
+    from chipsim.dram.streams import requests
+
+    if args.validate:
+        rows = validate.compare(args.validate)
+        print(json.dumps(rows, indent=1) if args.json else validate.format_rows(rows))
+        return 0 if all(r["within_target"] for r in rows) else 1
+    if not args.standard:
+        raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path) or --validate")
+    for name, value, low in (("--requests", args.requests, 1), ("--channels", args.channels, 1),
+                             ("--streams", args.streams, 1), ("--read-buffer", args.read_buffer, 1),
+                             ("--write-buffer", args.write_buffer, 1)):
+        if value < low:
+            raise InputError(f"chipsim dram: {name} must be at least {low}, got {value}")
+    if not 0.0 <= args.read_share <= 1.0:
+        raise InputError(f"chipsim dram: --read-share must be within 0 ... 1, got {args.read_share}")
+    std = load_standard(args.standard, args.org, args.timing)
+    reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
+                    streams=args.streams, seed=args.seed)
+    cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,
+                           refresh=args.refresh)
+    result = simulate(std, reqs, channels=args.channels, offers_per_cycle=4, controller=cfg,
+                      warmup=min(args.requests // 10, 2000))
+    out = {"standard": std.name, "organization": std.org_name, "timing": std.timing_name, "stream": args.stream,
+           "read_share": args.read_share, "channels": args.channels, "streams": args.streams,
+           "peak_gbps": std.peak_gbps(args.channels), **result.as_dict()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"{std.name} {std.org_name} {std.timing_name}, {args.channels} channel(s), {args.stream} x{args.streams}, "
+              f"read share {args.read_share:g}, {args.page} page, refresh {args.refresh}")
+        print(f"bandwidth {result.bandwidth_gbps:.2f} GB/s of {out['peak_gbps']:.2f} peak "
+              f"({100 * result.bandwidth_gbps / out['peak_gbps']:.1f} %); read latency avg "
+              f"{result.read_latency_avg_ns:.1f} ns, p99 {result.read_latency_p99_ns:.1f} ns; row hits "
+              f"{result.row_hits}, misses {result.row_misses}, conflicts {result.row_conflicts}, refreshes "
+              f"{result.refreshes}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
@@ -262,6 +308,26 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(needs torch with CUDA; `chipsim hwreplay --help`)")
     sub.add_parser("hwcompare", help="simulated vs measured latency and bytes of hwreplay measurements; writes "
                                      "VALIDATION.md (`chipsim hwcompare --help`)")
+    dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
+                                       "read latency), or --validate it against Ramulator 2.1's reference")
+    dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dram/standards/)")
+    dram.add_argument("--org", help="organisation preset (default: the standard's first)")
+    dram.add_argument("--timing", help="timing preset (default: the standard's first)")
+    dram.add_argument("--stream", default="sequential", choices=("sequential", "random"))
+    dram.add_argument("--read-share", type=float, default=1.0, help="probability that a request reads (default 1)")
+    dram.add_argument("--channels", type=int, default=1)
+    dram.add_argument("--streams", type=int, default=1, help="sequential streams interleaved (default 1)")
+    dram.add_argument("--requests", type=int, default=30000)
+    dram.add_argument("--refresh", default="all-bank", choices=("all-bank", "per-bank", "off"))
+    dram.add_argument("--page", default="open", choices=("open", "closed"))
+    dram.add_argument("--read-buffer", type=int, default=32)
+    dram.add_argument("--write-buffer", type=int, default=32)
+    dram.add_argument("--seed", type=int, default=1)
+    dram.add_argument("--json", action="store_true", help="print one JSON object")
+    dram.add_argument("--validate", nargs="?", const="validation/dram/ramulator.json", metavar="REF",
+                      help="compare every validation point with Ramulator 2.1's results (default "
+                           "validation/dram/ramulator.json); exit 1 if a point misses the target")
+    dram.set_defaults(func=_cmd_dram)
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")

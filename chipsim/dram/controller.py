@@ -1,0 +1,434 @@
+"""A command-level DRAM memory system: per channel a controller with read and write queues, a write-drain
+policy, FR-FCFS scheduling (row hits first, then oldest) and open or closed pages, issuing ACT / PRE / PREA /
+RD / WR / REFA / REFB to the banks under the standard's timing constraints (chipsim.dram.standard), cycle by
+cycle (idle stretches are skipped, not ticked through).
+
+Requests come from a front end that offers them in order, one every `interval` cycles, and waits (the next
+request behind it too) while the target channel's queue is full, as Ramulator 2.1's trace front ends do. A
+read completes `read_latency` cycles after its RD; its latency is completion minus arrival in the queue.
+
+What is modelled, per node of every level: the earliest cycle each command may issue (every constraint of
+the standard, windows such as tFAW and sibling constraints such as tCCDR included), each bank's open row,
+the command bus (one command per cycle, or one row and one column command with `dual_command_bus`; ACT of
+LPDDR5 takes two cycles), refresh (all-bank REFA every nREFI per refresh node, or per-bank REFB every nREFIpb
+in rotation, or none), and a refresh node stops opening rows once its refresh is due.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from chipsim.dram.standard import ACT, COMMANDS, PRE, PREA, RD, REFA, REFB, WR, Standard
+
+NCMD = len(COMMANDS)
+INF = 1 << 62
+COLUMN, ROW, ANY = range(3)  # which command bus slot a pick fills
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    read_buffer: int = 32  # Ramulator 2.1 controller default queue sizes and write watermarks
+    write_buffer: int = 32
+    write_high_watermark: float = 0.8  # start draining writes above this share of the write queue
+    write_low_watermark: float = 0.2  # stop below it (if reads wait)
+    page_policy: str = "open"  # "open" (rows stay open) or "closed" (precharge once no queued request hits it)
+    refresh: str = "all-bank"  # "all-bank", "per-bank" or "off"
+
+
+class _Request:
+    __slots__ = ("is_write", "nodes", "bank", "row", "arrive", "key")
+
+    def __init__(self, is_write, nodes, row):
+        self.is_write = is_write
+        self.nodes = nodes  # flat node id at every level below the channel
+        self.bank = nodes[-1]
+        self.row = row
+        self.arrive = 0
+        self.key = (nodes[-1], row)
+
+
+@dataclass
+class DramResult:
+    """What a stream measured: bandwidth, read latency, and the row-buffer outcome."""
+
+    cycles: int
+    reads: int
+    writes: int
+    bandwidth_gbps: float
+    read_latency_avg_ns: float
+    read_latency_p99_ns: float
+    row_hits: int
+    row_misses: int  # closed bank: ACT needed
+    row_conflicts: int  # another row open: PRE then ACT
+    refreshes: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _Channel:
+    """One channel's controller and the state of its banks."""
+
+    def __init__(self, std: Standard, cfg: ControllerConfig):
+        self.std, self.cfg = std, cfg
+        counts = std.org.counts[1:]  # levels below the channel
+        self.nlevels = len(counts)
+        self.sizes = []
+        n = 1
+        for c in counts:
+            n *= c
+            self.sizes.append(n)
+        self.counts = counts
+        self.next_ok = [[0] * (size * NCMD) for size in self.sizes]  # earliest issue cycle per node and command
+        self.open_row = [-1] * self.sizes[-1]
+        # the constraints per issued command, by level below the channel (channel-level ones go to level 0 node 0)
+        self.updates = [[] for _ in range(NCMD)]
+        self.windows = {}
+        for c in std.constraints:
+            lvl = c.level - 1  # -1: the channel itself
+            self.updates[c.before].append((lvl, c.after, c.latency, c.window, c.sibling))
+        self.channel_ok = [0] * NCMD
+        self.channel_windows = {}
+        self.reads: list[_Request] = []
+        self.writes: list[_Request] = []
+        self.active: list[_Request] = []  # rows opened for them, column command to come (Ramulator's active buffer)
+        self.write_mode = False
+        self.row_bus_free = 0
+        self.col_bus_free = 0
+        self.wake = INF
+        # refresh: every nREFI (nREFIpb per bank) all refresh nodes at once, as Ramulator 2.1's managers do
+        rl = std.refresh_level - 1
+        self.refresh_level = rl
+        self.refresh_nodes = self.sizes[rl] if rl >= 0 else 1
+        self.banks_per_refresh_node = self.sizes[-1] // self.refresh_nodes
+        p = std.params
+        self.refresh_interval = {"all-bank": p.get("nREFI", INF), "per-bank": p.get("nREFIpb", INF)}.get(
+            cfg.refresh, INF)
+        self.next_refresh = self.refresh_interval
+        self.refresh_bank = [0] * self.refresh_nodes
+        self.refresh_queue: list[int] = []
+        self.refresh_pending = False
+        self.to_close = []  # closed-page policy: banks to precharge
+        self.stats_acts = self.stats_conflicts = self.stats_refreshes = 0
+
+    # ------------------------------------------------------------------ timing
+    def earliest(self, cmd: int, nodes) -> int:
+        t = self.channel_ok[cmd]
+        next_ok = self.next_ok
+        for lvl in range(self.nlevels):
+            v = next_ok[lvl][nodes[lvl] * NCMD + cmd]
+            if v > t:
+                t = v
+        return t
+
+    def issue(self, cmd: int, nodes, now: int) -> None:
+        next_ok = self.next_ok
+        for lvl, after, latency, window, sibling in self.updates[cmd]:
+            t = now + latency
+            if lvl < 0:
+                if window > 1:
+                    hist = self.channel_windows.setdefault((cmd, after, latency), deque(maxlen=window))
+                    hist.append(now)
+                    if len(hist) < window:
+                        continue
+                    t = hist[0] + latency
+                if t > self.channel_ok[after]:
+                    self.channel_ok[after] = t
+                continue
+            node = nodes[lvl]
+            if window > 1:
+                hist = self.windows.setdefault((lvl, node, cmd, after, latency), deque(maxlen=window))
+                hist.append(now)
+                if len(hist) < window:
+                    continue
+                t = hist[0] + latency
+            table = next_ok[lvl]
+            if sibling:
+                per_parent = self.counts[lvl]
+                first = node - node % per_parent
+                for sib in range(first, first + per_parent):
+                    if sib != node and t > table[sib * NCMD + after]:
+                        table[sib * NCMD + after] = t
+            elif t > table[node * NCMD + after]:
+                table[node * NCMD + after] = t
+        occupancy = self.std.command_cycles[cmd]
+        if self.std.dual_command_bus and cmd in (RD, WR):
+            self.col_bus_free = now + occupancy
+        else:
+            self.row_bus_free = now + occupancy
+            if not self.std.dual_command_bus:
+                self.col_bus_free = now + occupancy
+
+    def _banks_of(self, refresh_node: int) -> range:
+        n = self.banks_per_refresh_node
+        return range(refresh_node * n, (refresh_node + 1) * n)
+
+    def bank_nodes(self, bank: int) -> list[int]:
+        """The node ids of a flat bank id at every level below the channel."""
+        out = [0] * self.nlevels
+        for lvl in range(self.nlevels - 1, -1, -1):
+            out[lvl] = bank
+            bank //= self.counts[lvl]
+        return out
+
+    # ------------------------------------------------------------------ queues
+    def can_accept(self, req: _Request) -> bool:
+        if req.is_write:
+            return len(self.writes) < self.cfg.write_buffer
+        return len(self.reads) < self.cfg.read_buffer
+
+    def enqueue(self, req: _Request, now: int) -> None:
+        req.arrive = now
+        (self.writes if req.is_write else self.reads).append(req)
+
+    def _set_write_mode(self) -> None:
+        cfg = self.cfg
+        if not self.write_mode:
+            if len(self.writes) > cfg.write_high_watermark * cfg.write_buffer or not self.reads:
+                self.write_mode = True
+        elif len(self.writes) < cfg.write_low_watermark * cfg.write_buffer and self.reads:
+            self.write_mode = False
+
+    # ------------------------------------------------------------------ one cycle
+    def tick(self, now: int, completions: list) -> int:
+        """Issue what may issue at `now` (one command, or one column and one row command on a dual command bus),
+        in the order a controller tries them: a column command of a request whose row is already opened for it
+        (the active requests), the refresh commands, then the oldest ready request of the read or write queue.
+        While a refresh waits, no queued request starts. Returns the earliest later cycle at which something
+        might issue (INF: nothing to do)."""
+        self.wake = INF
+        row_free = self.row_bus_free <= now
+        col_free = self.col_bus_free <= now
+        if not row_free and not col_free:
+            return min(self.row_bus_free, self.col_bus_free)
+        self._refresh_due(now)
+        if self.std.dual_command_bus:
+            if col_free and not self._active_column(now, completions) and not self.refresh_pending:
+                self._queued(now, completions, COLUMN)
+            if row_free and not self._refresh_command(now) and not self.refresh_pending:
+                self._queued(now, completions, ROW)
+        elif row_free and not self._active_column(now, completions) and not self._refresh_command(now) \
+                and not self.refresh_pending:
+            self._queued(now, completions, ANY)
+        w = self.wake
+        for free in (self.row_bus_free, self.col_bus_free):
+            if now < free < w:
+                w = free
+        return w
+
+    def _col_cmd(self, req) -> int:
+        return WR if req.is_write else RD
+
+    def _active_column(self, now, completions) -> bool:
+        for req in self.active:
+            cmd = self._col_cmd(req)
+            t = self.earliest(cmd, req.nodes)
+            if t <= now:
+                self.active.remove(req)
+                self._column(req, cmd, now, completions)
+                return True
+            if t < self.wake:
+                self.wake = t
+        return False
+
+    def _queued(self, now, completions, slot: int) -> bool:
+        """The oldest ready request of the current queue whose next command fits `slot`; a request that would
+        close a row an older queued request hits, or one opened for an active request, waits (Ramulator 2.1's
+        FR-FCFS with row-hit protection)."""
+        self._set_write_mode()
+        queue = self.writes if self.write_mode else self.reads
+        if not queue:
+            return False
+        open_row = self.open_row
+        first_hit = {}  # bank -> arrival of the oldest queued request that hits its open row
+        for req in queue:
+            if open_row[req.bank] == req.row and req.bank not in first_hit:
+                first_hit[req.bank] = req.arrive
+        active_banks = {req.bank for req in self.active}
+        for req in queue:
+            bank = req.bank
+            row = open_row[bank]
+            if row == req.row:
+                if slot == ROW:
+                    continue
+                cmd = self._col_cmd(req)
+            elif row == -1:
+                if slot == COLUMN:
+                    continue
+                cmd = ACT
+            else:
+                # no closing a row an older queued request hits, or one opened for an active request
+                if slot == COLUMN or bank in active_banks or first_hit.get(bank, INF) <= req.arrive:
+                    continue
+                cmd = PRE
+            t = self.earliest(cmd, req.nodes)
+            if t > now:
+                if t < self.wake:
+                    self.wake = t
+                continue
+            if cmd in (RD, WR):
+                queue.remove(req)
+                self._column(req, cmd, now, completions)
+            elif cmd == ACT:
+                self.issue(ACT, req.nodes, now)
+                open_row[bank] = req.row
+                self.stats_acts += 1
+                queue.remove(req)
+                self.active.append(req)
+            else:
+                self.issue(PRE, req.nodes, now)
+                open_row[bank] = -1
+                self.stats_conflicts += 1
+            return True
+        return False
+
+    def _column(self, req, cmd, now, completions) -> None:
+        self.issue(cmd, req.nodes, now)
+        completions.append(-1 if req.is_write else now + self.std.read_latency - req.arrive)
+        if self.cfg.page_policy == "closed" and not any(
+                r.bank == req.bank and r.row == req.row for r in (*self.reads, *self.writes, *self.active)):
+            self.to_close.append(req.bank)
+
+    def _refresh_due(self, now: int) -> None:
+        if now >= self.next_refresh:
+            # every refresh node at once, as Ramulator 2.1's all-bank refresh does
+            self.refresh_queue.extend(range(self.refresh_nodes))
+            self.next_refresh += self.refresh_interval
+        elif self.next_refresh < self.wake:
+            self.wake = self.next_refresh
+        self.refresh_pending = bool(self.refresh_queue)
+
+    def _refresh_command(self, now: int) -> bool:
+        """The first pending refresh: close its banks (PREA, or PRE for one bank), then REFA / REFB; a bank with
+        an active request is not closed under it. Closed-page precharges go here too (row commands)."""
+        if self.refresh_queue:
+            node = self.refresh_queue[0]
+            per_bank = self.cfg.refresh == "per-bank"
+            banks = ([self.refresh_bank[node] + node * self.banks_per_refresh_node] if per_bank
+                     else list(self._banks_of(node)))
+            nodes = self.bank_nodes(banks[0])
+            open_banks = [b for b in banks if self.open_row[b] != -1]
+            if open_banks:
+                if any(req.bank in open_banks for req in self.active):
+                    return False
+                cmd = PRE if per_bank else PREA
+                t = self.earliest(cmd, nodes)
+                for b in open_banks:
+                    t = max(t, self.earliest(PRE, self.bank_nodes(b)))
+                if t > now:
+                    self.wake = min(self.wake, t)
+                    return False
+                self.issue(cmd, nodes, now)
+                for b in open_banks:
+                    self.open_row[b] = -1
+                return True
+            cmd = REFB if per_bank else REFA
+            t = self.earliest(cmd, nodes)
+            if t > now:
+                self.wake = min(self.wake, t)
+                return False
+            self.issue(cmd, nodes, now)
+            self.stats_refreshes += 1
+            self.refresh_queue.pop(0)
+            self.refresh_pending = bool(self.refresh_queue)
+            if per_bank:
+                self.refresh_bank[node] = (self.refresh_bank[node] + 1) % self.banks_per_refresh_node
+            return True
+        for i, bank in enumerate(self.to_close):
+            row = self.open_row[bank]
+            if row == -1 or any(r.bank == bank and r.row == row for r in (*self.reads, *self.writes, *self.active)):
+                self.to_close.pop(i)  # closed already, or a new request hits it: keep it open
+                return False
+            nodes = self.bank_nodes(bank)
+            t = self.earliest(PRE, nodes)
+            if t <= now:
+                self.issue(PRE, nodes, now)
+                self.open_row[bank] = -1
+                self.to_close.pop(i)
+                return True
+            self.wake = min(self.wake, t)
+        return False
+
+
+def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: int = 1, interval: int = 1,
+             controller: ControllerConfig = ControllerConfig(), warmup: int = 0) -> DramResult:
+    """Run `requests` (chipsim.dram.streams: (is_write, channel, address below the channel, row, column))
+    through `channels` controllers. The front end offers up to `offers_per_cycle` requests every `interval`
+    cycles, in order, and stops at the first that finds its queue full; the run ends when the last request is
+    accepted (Ramulator 2.1's trace front ends end there too). The first `warmup` completed requests are left out
+    of the statistics."""
+    chans = [_Channel(std, controller) for _ in range(channels)]
+    counts = std.org.counts[1:]
+
+    def nodes_of(addr):
+        out, flat = [], 0
+        for lvl, idx in enumerate(addr):
+            flat = flat * counts[lvl] + idx
+            out.append(flat)
+        return out
+
+    pending = [(chans[ch], _Request(bool(w), nodes_of(addr), row)) for w, ch, addr, row, _col in requests]
+    total = len(pending)
+    sent = 0
+    now = 0
+    next_offer = 0
+    completions: list = []
+    latencies: list[int] = []
+    reads = writes = 0
+    done = 0
+    start_cycle = 0
+    base = [0, 0, 0]
+
+    def totals():
+        return [sum(c.stats_acts - c.stats_conflicts for c in chans), sum(c.stats_conflicts for c in chans),
+                sum(c.stats_refreshes for c in chans)]
+
+    while sent < total:
+        if now >= next_offer:
+            for _ in range(offers_per_cycle):
+                chan, req = pending[sent]
+                if not chan.can_accept(req):
+                    break
+                chan.enqueue(req, now)
+                sent += 1
+                if sent == total:
+                    break
+            next_offer = now + interval
+        wake = INF
+        for ch in chans:
+            w = ch.tick(now, completions)
+            if w < wake:
+                wake = w
+        if completions:
+            for lat in completions:
+                done += 1
+                if done == warmup:
+                    start_cycle = now + 1
+                    base = totals()
+                elif done > warmup:
+                    if lat < 0:
+                        writes += 1
+                    else:
+                        reads += 1
+                        latencies.append(lat)
+            completions.clear()
+        # next cycle: where a command may issue or the front end may offer again (a full queue frees only when
+        # a command issues, which wakes us)
+        nxt = wake if wake < INF else now + 1
+        if next_offer > now and next_offer < nxt:
+            nxt = next_offer
+        now = max(now + 1, nxt)
+    cycles = max(1, now - start_cycle)
+    tck_ns = std.tck_ps * 1e-3
+    served = reads + writes
+    misses, conflicts, refreshes = (a - b for a, b in zip(totals(), base))
+    lat = np.array(latencies, dtype=np.float64) * tck_ns if latencies else np.zeros(1)
+    return DramResult(
+        cycles=cycles, reads=reads, writes=writes,
+        bandwidth_gbps=served * std.org.burst_bytes / (cycles * tck_ns),
+        read_latency_avg_ns=float(lat.mean()), read_latency_p99_ns=float(np.percentile(lat, 99)),
+        row_hits=max(0, served - misses - conflicts), row_misses=misses, row_conflicts=conflicts,
+        refreshes=refreshes)

@@ -1,0 +1,40 @@
+"""The DRAM validation points: which streams chipsim's command-level model and Ramulator 2.1 both run
+(validation/dram/run_ramulator.py writes Ramulator's results; tests/test_dram.py compares)."""
+
+from __future__ import annotations
+
+from chipsim.dram.standard import load_standard
+from chipsim.dram.streams import requests
+
+REQUESTS = 30000
+
+
+def _points():
+    out = []
+    for std in ("hbm3", "lpddr5"):
+        for refresh in (False, True):
+            for share in (1.0, 0.75, 0.5):
+                out.append({"standard": std, "kind": "sequential", "read_share": share, "channels": 1,
+                            "streams": 1, "refresh": refresh})
+            out.append({"standard": std, "kind": "random", "read_share": 1.0, "channels": 1, "streams": 1,
+                        "refresh": refresh})
+        out.append({"standard": std, "kind": "random", "read_share": 0.5, "channels": 1, "streams": 1,
+                    "refresh": True})
+        out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 4, "streams": 1,
+                    "refresh": True})
+        out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1, "streams": 4,
+                    "refresh": True})
+    for p in out:
+        p["name"] = (f"{p['standard']}-{p['kind']}-r{int(p['read_share'] * 100)}-ch{p['channels']}"
+                     f"-s{p['streams']}-{'ref' if p['refresh'] else 'noref'}")
+    return out
+
+
+POINTS = _points()
+
+
+def point_requests(point: dict):
+    std = load_standard(point["standard"])
+    reqs = requests(std, REQUESTS, kind=point["kind"], read_share=point["read_share"], channels=point["channels"],
+                    streams=point["streams"], seed=7)
+    return std, reqs

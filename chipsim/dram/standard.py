@@ -1,0 +1,201 @@
+"""A DRAM standard as data (Ramulator 2.1's idea, chipsim's format): address levels, commands, and timing
+constraints "after command P at a node of level L, command F at that node (or, `sibling`, at its siblings) waits
+`latency` cycles" (or, with `window: n`, the n-th previous P). Files live in chipsim/dram/standards/; an
+organisation preset gives the level counts and row size, a timing preset the parameters in clock cycles.
+
+Commands: ACT (open a row), PRE (close one bank), PREA (close every bank of the refresh level's node), RD and WR
+(one burst from the open row), REFA (all-bank refresh of that node) and REFB (refresh of one bank).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from chipsim.errors import InputError
+from chipsim.values import yaml_load
+
+COMMANDS = ("ACT", "PRE", "PREA", "RD", "WR", "REFA", "REFB")
+ACT, PRE, PREA, RD, WR, REFA, REFB = range(len(COMMANDS))
+COLUMN_COMMANDS = (RD, WR)
+STANDARDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standards")
+
+_TOP_KEYS = {"name", "levels", "refresh_level", "data_level", "dual_command_bus", "command_cycles", "read_latency",
+             "write_latency", "constraints", "organizations", "timings"}
+_CONSTRAINT_KEYS = {"level", "from", "to", "latency", "window", "sibling"}
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|([+-]))")
+
+
+def evaluate(expr, params: dict, where: str) -> int:
+    """An integer latency expression: numbers and parameter names joined by + and -."""
+    if isinstance(expr, int) and not isinstance(expr, bool):
+        return expr
+    if not isinstance(expr, str) or not expr.strip():
+        raise InputError(f"{where}: expected a latency expression, got {expr!r}")
+    total, sign, pos, expect_term = 0, 1, 0, True
+    text = expr.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise InputError(f"{where}: cannot read '{text[pos:]}' in '{expr}'")
+        pos = m.end()
+        number, name, op = m.groups()
+        if op:
+            if expect_term:
+                raise InputError(f"{where}: '{expr}' has an operator where a term belongs")
+            sign, expect_term = (1 if op == "+" else -1), True
+            continue
+        if not expect_term:
+            raise InputError(f"{where}: '{expr}' has two terms without an operator between them")
+        if name is not None and name not in params:
+            raise InputError(f"{where}: '{name}' is not a timing parameter of this preset")
+        total += sign * (int(number) if number is not None else params[name])
+        expect_term = False
+    if expect_term:
+        raise InputError(f"{where}: '{expr}' ends with an operator")
+    return total
+
+
+@dataclass(frozen=True)
+class Constraint:
+    level: int
+    before: int  # command index
+    after: int
+    latency: int  # cycles
+    window: int = 1
+    sibling: bool = False
+
+
+@dataclass(frozen=True)
+class Organization:
+    counts: tuple[int, ...]  # nodes per parent at each level
+    rows: int
+    columns: int  # bursts per row
+    channel_width_bits: int  # of the data level's bus
+    burst_length: int
+
+    @property
+    def burst_bytes(self) -> int:
+        return self.channel_width_bits * self.burst_length // 8
+
+
+@dataclass(frozen=True)
+class Standard:
+    """A standard with one organisation and one timing preset resolved: everything the controller needs."""
+
+    name: str
+    levels: tuple[str, ...]
+    refresh_level: int
+    data_level: int
+    dual_command_bus: bool
+    command_cycles: tuple[int, ...]  # command-bus cycles per command
+    read_latency: int  # RD issue to last data beat, cycles
+    write_latency: int
+    constraints: tuple[Constraint, ...]
+    org: Organization
+    params: dict  # the timing preset (cycles), with rate_mtps and tck_ps
+    org_name: str
+    timing_name: str
+
+    @property
+    def tck_ps(self) -> int:
+        return self.params["tck_ps"]
+
+    @property
+    def bank_level(self) -> int:
+        return len(self.levels) - 1
+
+    def peak_gbps(self, channels: int | None = None) -> float:
+        """Data-bus peak: every data-level node moves one burst per nBL cycles."""
+        nodes = 1
+        for count in self.org.counts[: self.data_level + 1]:
+            nodes *= count
+        if channels is not None:
+            nodes = nodes // self.org.counts[0] * channels
+        return nodes * self.org.burst_bytes / (self.params["nBL"] * self.tck_ps * 1e-3)
+
+
+def _need(data: dict, key: str, where: str):
+    if key not in data:
+        raise InputError(f"{where}.{key}: missing key")
+    return data[key]
+
+
+def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
+                  timing_overrides: dict | None = None) -> Standard:
+    """Read a standard (a name in chipsim/dram/standards/ or a path) and resolve one organisation and one timing
+    preset (the first of each unless named); `timing_overrides` replace preset parameters (cycles)."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
+        raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)})")
+    where = os.path.basename(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml_load(f.read())
+    except Exception as exc:  # malformed YAML or unreadable: one line
+        raise InputError(f"DRAM standard {path}: cannot read ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"DRAM standard {path}: top level must be a mapping")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise InputError(f"{where}.{key}: unknown key (expected one of: {', '.join(sorted(_TOP_KEYS))})")
+    levels = tuple(_need(data, "levels", where))
+    level_of = {name: i for i, name in enumerate(levels)}
+
+    def level(key):
+        name = _need(data, key, where)
+        if name not in level_of:
+            raise InputError(f"{where}.{key}: '{name}' is not one of the levels {list(levels)}")
+        return level_of[name]
+
+    orgs, timings = _need(data, "organizations", where), _need(data, "timings", where)
+    org_name = org or next(iter(orgs))
+    timing_name = timing or next(iter(timings))
+    if org_name not in orgs:
+        raise InputError(f"{where}.organizations: no preset '{org_name}' (has: {', '.join(orgs)})")
+    if timing_name not in timings:
+        raise InputError(f"{where}.timings: no preset '{timing_name}' (has: {', '.join(timings)})")
+    params = dict(timings[timing_name])
+    for key, value in (timing_overrides or {}).items():
+        if key not in params:
+            raise InputError(f"{where}.timings.{timing_name}.{key}: not a parameter of this preset")
+        params[key] = value
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{where}.timings.{timing_name}.{key}: expected a non-negative integer, got {value!r}")
+    o = orgs[org_name]
+    counts = o["counts"]
+    if list(counts) != list(levels):
+        raise InputError(f"{where}.organizations.{org_name}.counts: must give every level in order {list(levels)}")
+    organization = Organization(tuple(int(counts[name]) for name in levels), int(o["rows"]), int(o["columns"]),
+                                int(o["channel_width_bits"]), int(o["burst_length"]))
+    constraints = []
+    for i, c in enumerate(_need(data, "constraints", where)):
+        cw = f"{where}.constraints[{i}]"
+        for key in c:
+            if key not in _CONSTRAINT_KEYS:
+                raise InputError(f"{cw}.{key}: unknown key")
+        if c["level"] not in level_of:
+            raise InputError(f"{cw}.level: '{c['level']}' is not one of the levels {list(levels)}")
+        latency = evaluate(c["latency"], params, f"{cw}.latency")
+        for before in c["from"]:
+            for after in c["to"]:
+                for cmd in (before, after):
+                    if cmd not in COMMANDS:
+                        raise InputError(f"{cw}: unknown command '{cmd}' (commands: {', '.join(COMMANDS)})")
+                constraints.append(Constraint(level_of[c["level"]], COMMANDS.index(before), COMMANDS.index(after),
+                                              latency, int(c.get("window", 1)), bool(c.get("sibling", False))))
+    cycles = [1] * len(COMMANDS)
+    for name, n in (data.get("command_cycles") or {}).items():
+        cycles[COMMANDS.index(name)] = int(n)
+    return Standard(
+        name=data.get("name", where), levels=levels, refresh_level=level("refresh_level"),
+        data_level=level("data_level"), dual_command_bus=bool(data.get("dual_command_bus", False)),
+        command_cycles=tuple(cycles), read_latency=evaluate(_need(data, "read_latency", where), params,
+                                                            f"{where}.read_latency"),
+        write_latency=evaluate(_need(data, "write_latency", where), params, f"{where}.write_latency"),
+        constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name)

@@ -1,0 +1,87 @@
+"""Request streams for the command-level DRAM model (and, written out, for Ramulator 2.1's ReadWriteTrace front
+end, so both simulators see the same requests).
+
+A request is (is_write, channel, address below the channel as one index per level, row). A stream is
+`sequential` (consecutive bursts; the address mapping spreads them over the data-level nodes and bank groups
+first, then the columns of a row, then the banks and ranks, then rows: long row-hit runs on every bank in
+parallel) or `random` (every request a uniformly random bank, row and column); `read_share` is the
+probability that a request reads (seeded: the same seed gives the same requests); `streams` > 1 interleaves
+that many sequential streams, each from its own region of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chipsim.dram.standard import Standard
+
+
+def _mapping(std: Standard) -> list[str]:
+    """Address fields from fastest to slowest: channel, the data-level node, bank group, column, bank, the
+    rest (rank, stack ID), row."""
+    below = list(std.levels[1:])
+    fast = [lvl for lvl in below if lvl in (std.levels[std.data_level], "bankgroup") and lvl != std.levels[0]]
+    slow = [lvl for lvl in reversed(below) if lvl not in fast and lvl != "bank"]
+    return ["channel"] + fast + ["column", "bank"] + slow + ["row"]
+
+
+def requests(std: Standard, count: int, *, kind: str = "sequential", read_share: float = 1.0, channels: int = 1,
+             streams: int = 1, seed: int = 1) -> list[tuple]:
+    if kind not in ("sequential", "random"):
+        raise ValueError(f"stream kind {kind!r}: sequential or random")
+    rng = np.random.default_rng(seed)
+    writes = rng.random(count) >= read_share
+    levels = list(std.levels[1:])
+    sizes = dict(zip(std.levels, std.org.counts))
+    sizes["channel"] = channels
+    sizes["column"] = std.org.columns
+    sizes["row"] = std.org.rows
+    out = []
+    if kind == "random":
+        fields = {name: rng.integers(0, sizes[name], count) for name in ["channel"] + levels + ["row", "column"]}
+        for i in range(count):
+            addr = tuple(int(fields[name][i]) for name in levels)
+            out.append((bool(writes[i]), int(fields["channel"][i]), addr, int(fields["row"][i]),
+                        int(fields["column"][i])))
+        return out
+    order = _mapping(std)
+    rows_per_stream = max(1, std.org.rows // streams)
+    cursors = [0] * streams
+    for i in range(count):
+        s = i % streams
+        index = cursors[s]
+        cursors[s] += 1
+        value = {}
+        for name in order:
+            value[name] = index % sizes[name]
+            index //= sizes[name]
+        value["row"] = (value["row"] + s * rows_per_stream) % std.org.rows
+        addr = tuple(value[name] for name in levels)
+        out.append((bool(writes[i]), value["channel"], addr, value["row"], value["column"]))
+    return out
+
+
+def ramulator_trace_lines(std: Standard, reqs: list[tuple]) -> list[str]:
+    """The requests as Ramulator 2.1 ReadWriteTrace lines: `R|W channel,<levels>,row,column` (columns in its
+    units: one burst = the standard's burst length)."""
+    prefetch = std.org.burst_length
+    return [f"{'W' if w else 'R'} {ch},{','.join(map(str, addr))},{row},{col * prefetch}" for w, ch, addr, row, col
+            in reqs]
+
+
+def ramulator_loadstore_lines(std: Standard, reqs: list[tuple]) -> list[str]:
+    """The requests (one channel) as Ramulator 2.1 LoadStoreTrace lines `LD|ST address`, the address laid out as
+    its RoBaRaCoCh mapper reads it: from the least significant bit, the burst offset, the column (in bursts),
+    then each level below the channel in order, then the row. Unlike a ReadWriteTrace line, such a request has
+    its own address, so Ramulator's write coalescing and read forwarding see distinct requests."""
+    counts = std.org.counts[1:]
+    lines = []
+    for w, ch, addr, row, col in reqs:
+        if ch:
+            raise ValueError("LoadStoreTrace lines are for one channel")
+        flat = row
+        for lvl in range(len(counts) - 1, -1, -1):
+            flat = flat * counts[lvl] + addr[lvl]
+        flat = (flat * std.org.columns + col) * std.org.burst_bytes
+        lines.append(f"{'ST' if w else 'LD'} {flat}")
+    return lines

@@ -1,0 +1,137 @@
+"""The command-level DRAM model: its constraint engine and closed-form limits checked by hand, and every
+validation point against Ramulator 2.1's committed results (validation/dram/ramulator.json)."""
+
+from pathlib import Path
+
+import pytest
+
+from chipsim.dram import validate
+from chipsim.dram.controller import ControllerConfig, _Channel, simulate
+from chipsim.dram.standard import ACT, PRE, RD, WR, evaluate, load_standard
+from chipsim.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+HBM3 = load_standard("hbm3")
+P = HBM3.params
+BURST = HBM3.org.burst_bytes  # 32 B
+TCK_NS = HBM3.tck_ps * 1e-3
+
+
+def hbm_request(pc, sid, bg, bank, row, col=0, write=False):
+    return (write, 0, (pc, sid, bg, bank), row, col)
+
+
+def test_a_write_after_reads_waits_for_the_turnaround_and_a_read_after_it_for_twtr():
+    """The constraint engine by hand: RD at 0 -> WR no earlier than nRTW; WR at t -> RD to the same bank group
+    at t + nCWL + nBL + nWTRL, to another bank group at t + nCWL + nBL + nWTRS; ACT -> RD after nRCDRD."""
+    ch = _Channel(HBM3, ControllerConfig())
+    same_bg, other_bg = [0, 0, 0, 0], [0, 0, 1, 4]  # flat node ids: pc 0, sid 0, bank group 0 / 1
+    ch.issue(ACT, same_bg, 0)
+    assert ch.earliest(RD, same_bg) == P["nRCDRD"]
+    ch.issue(RD, same_bg, 100)
+    assert ch.earliest(WR, same_bg) == 100 + P["nRTW"]
+    assert ch.earliest(RD, same_bg) == 100 + P["nCCDL"] and ch.earliest(RD, other_bg) == 100 + P["nCCDS"]
+    t = 100 + P["nRTW"]
+    ch.issue(WR, same_bg, t)
+    assert ch.earliest(RD, same_bg) == t + P["nCWL"] + P["nBL"] + P["nWTRL"]
+    assert ch.earliest(RD, other_bg) == t + P["nCWL"] + P["nBL"] + P["nWTRS"]
+    assert ch.earliest(PRE, same_bg) == max(P["nRAS"], t + P["nCWL"] + P["nBL"] + P["nWR"])
+
+
+def test_a_fifth_activate_waits_for_the_four_activate_window():
+    ch = _Channel(HBM3, ControllerConfig())
+    banks = [[0, 0, bg, bg * 4] for bg in range(4)] + [[0, 0, 0, 1]]  # four bank groups, then bank group 0 again
+    times = []
+    for nodes in banks:
+        t = ch.earliest(ACT, nodes)
+        ch.issue(ACT, nodes, t)
+        times.append(t)
+    assert times[:4] == [0, P["nRRDS"], 2 * P["nRRDS"], 3 * P["nRRDS"]]  # tRRD_S apart (different bank groups)
+    assert times[4] == P["nFAW"]  # the fifth: tFAW after the first
+
+
+def test_a_long_row_hit_stream_reaches_the_data_bus_peak_and_refresh_takes_its_share():
+    """Reads cycling over the 8 (pseudo-channel, bank group) pairs of one channel, always the same row of the
+    same bank: after the first activates every request is a row hit, so the data bus (one 32 B burst per nBL
+    per pseudo-channel) is the limit: 51.2 GB/s. All-bank refresh then costs nRFC plus reopening the rows
+    (nRP + nRCD) every nREFI."""
+    reqs = [hbm_request(i % 2, 0, (i // 2) % 4, 0, 0, (i // 8) % 32) for i in range(40000)]
+    peak = HBM3.peak_gbps(1)
+    assert peak == pytest.approx(2 * BURST / (P["nBL"] * TCK_NS))
+    alone = simulate(HBM3, reqs, offers_per_cycle=4, controller=ControllerConfig(refresh="off"), warmup=1000)
+    assert alone.bandwidth_gbps == pytest.approx(peak, rel=2e-3)
+    assert alone.row_misses == 0 and alone.row_conflicts == 0
+    refreshed = simulate(HBM3, reqs, offers_per_cycle=4, controller=ControllerConfig(refresh="all-bank"), warmup=1000)
+    upper = peak * (1 - P["nRFC"] / P["nREFI"])
+    lower = peak * (1 - (P["nRFC"] + P["nRP"] + P["nRCDRD"] + P["nCL"]) / P["nREFI"])
+    assert lower <= refreshed.bandwidth_gbps <= upper
+
+
+def test_a_row_miss_stream_on_one_bank_moves_one_burst_per_trc():
+    """Every read a new row of the same bank: PRE, ACT, RD per request, bounded by ACT -> ACT nRC (72 cycles,
+    more than nRAS + nRP = 71 and nRCD + nRTP + nRP = 66): 32 B per 45 ns."""
+    reqs = [hbm_request(0, 0, 0, 0, row) for row in range(3000)]
+    r = simulate(HBM3, reqs, controller=ControllerConfig(refresh="off"), warmup=100)
+    assert r.bandwidth_gbps == pytest.approx(BURST / (P["nRC"] * TCK_NS), rel=5e-3)
+    assert r.row_hits == 0
+
+
+def test_row_misses_spread_over_the_banks_are_held_to_four_activates_per_tfaw():
+    """New rows on the 16 banks of one pseudo-channel and stack in turn: each bank waits nRC, but 16 banks keep
+    more than four activates per nFAW ready, so one request per nFAW / 4 cycles gets through."""
+    reqs = [hbm_request(0, 0, i % 4, (i // 4) % 4, i // 16) for i in range(8000)]
+    r = simulate(HBM3, reqs, controller=ControllerConfig(refresh="off"), warmup=200)
+    assert r.bandwidth_gbps == pytest.approx(BURST / (P["nFAW"] / 4 * TCK_NS), rel=0.01)
+
+
+def test_closed_pages_turn_a_row_hit_stream_into_misses_and_open_pages_keep_it():
+    reqs = [hbm_request(0, 0, 0, 0, 0, col) for col in range(32)] * 10
+    open_ = simulate(HBM3, reqs, controller=ControllerConfig(refresh="off"))
+    closed = simulate(HBM3, [hbm_request(0, 0, 0, 0, 0, c) for c in range(1)] * 300,
+                      interval=200, controller=ControllerConfig(refresh="off", page_policy="closed"))
+    assert open_.row_misses + open_.row_conflicts == 1  # one activate, then hits
+    assert closed.row_misses >= 290  # precharged after every lone request: each later one activates again
+
+
+def test_same_stream_and_seed_give_identical_results():
+    from chipsim.dram.streams import requests
+
+    a = simulate(HBM3, requests(HBM3, 5000, kind="random", read_share=0.5, seed=3))
+    b = simulate(HBM3, requests(HBM3, 5000, kind="random", read_share=0.5, seed=3))
+    assert a == b
+
+
+@pytest.mark.parametrize("point", validate.POINTS, ids=[p["name"] for p in validate.POINTS])
+def test_every_validation_point_is_within_target_of_ramulator(point):
+    """Bandwidth within 3 % and average read latency within 10 % of Ramulator 2.1 on the same requests."""
+    ref = validate.load_reference(str(ROOT / "validation" / "dram" / "ramulator.json"))[point["name"]]
+    r = validate.run_point(point)
+    assert r.bandwidth_gbps == pytest.approx(ref["bandwidth_gbps"], rel=validate.BANDWIDTH_TOLERANCE)
+    assert r.read_latency_avg_ns == pytest.approx(ref["read_latency_avg_ns"], rel=validate.LATENCY_TOLERANCE)
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("nCL + ", "ends with an operator"),
+    ("nCL nBL", "two terms without an operator"),
+    ("nXYZ + 1", "'nXYZ' is not a timing parameter"),
+    ("nCL * 2", "cannot read"),
+])
+def test_a_bad_latency_expression_is_one_line(expr, message):
+    with pytest.raises(InputError) as exc:
+        evaluate(expr, {"nCL": 20, "nBL": 2}, "hbm3.yaml.constraints[0].latency")
+    assert message in str(exc.value)
+
+
+def test_bad_standard_files_name_the_problem(tmp_path):
+    text = (ROOT / "chipsim" / "dram" / "standards" / "hbm3.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("to: [RD], latency: nBL}", "to: [READ], latency: nBL}", 1))
+    with pytest.raises(InputError, match=r"unknown command 'READ'"):
+        load_standard(str(bad))
+    bad.write_text(text + "\nspeed_grade: 3\n")
+    with pytest.raises(InputError, match=r"bad.yaml.speed_grade: unknown key"):
+        load_standard(str(bad))
+    with pytest.raises(InputError, match=r"DRAM standard ddr9: not found \(built in: hbm3, lpddr5\)"):
+        load_standard("ddr9")
+    with pytest.raises(InputError, match=r"no preset 'HBM3_9000'"):
+        load_standard("hbm3", timing="HBM3_9000")
