@@ -17,8 +17,7 @@ from pathlib import Path
 from chipsim import __version__
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, load_config, memory_tiers
-from chipsim.hw.dram import dram_timing
-from chipsim.hw.paths import components, fetch_path_timing, package_link
+from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
@@ -105,8 +104,8 @@ MAX_SIM_PS = 1 << 62
 def _check_rates(hw) -> None:
     """Every rate the simulator divides by must be at least one byte per second once derived (a DRAM's
     timing can leave almost nothing of its peak)."""
-    for key, d in memory_tiers(hw).values():
-        timing = dram_timing(d)
+    for name, (key, d) in memory_tiers(hw).items():
+        timing = memory_timing(hw, name)
         if gbps_to_bytes_per_s(timing.effective_gbps) < 1:
             raise InputError(f"{key}: its timing keys leave {timing.effective_gbps:.3g} GB/s of its "
                              f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")

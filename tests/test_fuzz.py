@@ -27,9 +27,13 @@ from chipsim.workload.models import MODELS
 
 FUZZ = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=2", "--jobs", "1", "--json"]
-NUMERIC_KEYS = [key for key, tp, _ in iter_keys() if tp in ("int", "float")]
-OTHER_KEYS = [key for key, tp, _ in iter_keys() if tp not in ("int", "float")]
+# thor's memories on the closed form here: every new memory value would calibrate the command-level model (seconds);
+# a smaller fuzz below keeps them command-level
+CLOSED_FORM = ["--set", "memory.hbm.timing_model=closed-form", "--set", "memory.lpddr5x.timing_model=closed-form"]
+R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=2", "--jobs", "1", "--json"] + CLOSED_FORM
+NUMERIC_KEYS = [key for key, tp, _ in iter_keys() if tp in ("int", "float") and "<name>" not in key]
+OTHER_KEYS = [key for key, tp, _ in iter_keys() if tp not in ("int", "float") and "<name>" not in key]
+MEMORY_KEYS = [key for key in NUMERIC_KEYS if key.startswith(("memory.hbm.", "memory.lpddr5x."))]
 POLICY_PARAMS = [(name, param) for name, cls in sorted(REGISTRY.items()) for param in cls.params]
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2 ** 80), 2 ** 80),
@@ -68,6 +72,12 @@ def outcome(argv: list[str], cwd) -> None:
 @given(key=st.sampled_from(NUMERIC_KEYS), value=value_texts)
 def test_any_value_of_a_numeric_key(tmp_path, key, value):
     outcome(R + ["--set", f"{key}={value}"], tmp_path)
+
+
+@settings(FUZZ, max_examples=25)
+@given(key=st.sampled_from(MEMORY_KEYS), value=value_texts)
+def test_any_value_of_a_memory_key_under_the_command_level_model(tmp_path, key, value):
+    outcome(R[:-len(CLOSED_FORM)] + ["--set", f"{key}={value}"], tmp_path)
 
 
 @settings(FUZZ, max_examples=200)

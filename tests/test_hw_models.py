@@ -13,7 +13,9 @@ from chipsim.workload.models import MODELS
 
 
 def hw():
-    return load_config(THOR).hw
+    """thor on the closed-form DRAM timing, whose figures these tests sum by hand (test_dram_calibration.py checks
+    the command-level ones)."""
+    return load_config(THOR, ["memory.hbm.timing_model=closed-form", "memory.lpddr5x.timing_model=closed-form"]).hw
 
 
 def test_hbm3_streaming_bandwidth_loses_only_refresh_when_banks_hide_row_switches():

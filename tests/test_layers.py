@@ -14,8 +14,8 @@ import os
 from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "chipsim")
-LAYERS = {"base": 0, "hw": 1, "workload": 2, "trace": 3, "policies": 4, "sim": 5, "runner": 6,
-          "analysis": 7, "hwreplay": 7, "cli": 8}
+LAYERS = {"base": 0, "dram": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6, "runner": 7,
+          "analysis": 8, "hwreplay": 8, "cli": 9}
 BASE = {"chipsim", "chipsim.errors", "chipsim.units", "chipsim.values", "chipsim.files", "chipsim.pool"}
 
 

@@ -61,8 +61,13 @@ def test_a_dram_whose_timing_leaves_less_than_a_byte_per_second_is_refused(capsy
     """One 1-bit channel at 1 MT/s (125 kB/s peak) refreshing all but a millionth of the time: 0.0125 B/s."""
     line = one_line_error(capsys, R + ["--set", "memory.hbm.channels=1", "--set", "memory.hbm.channel_width_bits=1",
                                        "--set", "memory.hbm.data_rate_mtps=1", "--set", "memory.hbm.trefi_ns=1e6",
-                                       "--set", "memory.hbm.trfc_ns=999999"])
+                                       "--set", "memory.hbm.trfc_ns=999999", "--set", "memory.hbm.timing_model=closed-form"])
     assert line.startswith("chipsim: error: memory.hbm: its timing keys leave") and "less than one byte" in line
+    # the command-level model re-times the standard to the same keys: at 4 us per cycle nothing is left either
+    line = one_line_error(capsys, R + ["--set", "memory.hbm.channels=1", "--set", "memory.hbm.channel_width_bits=1",
+                                       "--set", "memory.hbm.data_rate_mtps=1", "--set", "memory.hbm.trefi_ns=1e6",
+                                       "--set", "memory.hbm.trfc_ns=999999"])
+    assert line.startswith("chipsim: error: memory.hbm: at 4000000 ps per cycle the refresh time nRFC")
 
 
 def test_1e9_is_a_number_in_yaml_and_in_set():

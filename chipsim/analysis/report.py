@@ -9,8 +9,8 @@ import math
 import os
 
 from chipsim.files import write_atomic
-from chipsim.hw.config import serial_links
-from chipsim.hw.paths import components, expert_store, fetch_components
+from chipsim.hw.config import memory_tiers, serial_links
+from chipsim.hw.paths import components, expert_store, fetch_components, memory_timing
 
 # (column header, key, format) of the printed table
 TABLE_COLUMNS = [
@@ -87,7 +87,17 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
         f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
         f"shared: {', '.join(shared)}",
+        f"memory: {'; '.join(_memory_text(hw, name) for name in memory_tiers(hw))}",
     ]
+
+
+def _memory_text(hw, name: str) -> str:
+    """Where a memory's figures come from: the closed form or the command-level model, and what they are."""
+    t = memory_timing(hw, name)
+    label = _DISPLAY.get(name, name)
+    model = t.source if t.source != "closed-form" else "closed form"
+    return (f"{label} {model}: {100 * t.effective_gbps / t.peak_gbps:.1f} % of {t.peak_gbps:.0f} GB/s, turnaround "
+            f"{t.turnaround:.2f}, first byte {t.access_latency_ns:.1f} ns")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -354,12 +354,14 @@ class _Channel:
 
 
 def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: int = 1, interval: int = 1,
-             controller: ControllerConfig = ControllerConfig(), warmup: int = 0) -> DramResult:
+             controller: ControllerConfig = ControllerConfig(), warmup: int = 0,
+             window: tuple[int, int] | None = None) -> DramResult:
     """Run `requests` (chipsim.dram.streams: (is_write, channel, address below the channel, row, column))
     through `channels` controllers. The front end offers up to `offers_per_cycle` requests every `interval`
     cycles, in order, and stops at the first that finds its queue full; the run ends when the last request is
     accepted (Ramulator 2.1's trace front ends end there too). The first `warmup` completed requests are left out
-    of the statistics."""
+    of the statistics; or, with `window` = (first, end) cycles, only the commands issued in it count and the run
+    stops at its end (a window of whole refresh intervals measures refresh without sampling error)."""
     chans = [_Channel(std, controller) for _ in range(channels)]
     counts = std.org.counts[1:]
 
@@ -386,7 +388,16 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
         return [sum(c.stats_acts - c.stats_conflicts for c in chans), sum(c.stats_conflicts for c in chans),
                 sum(c.stats_refreshes for c in chans)]
 
-    while sent < total:
+    # no request can wait longer than every timing of the standard together, several times over: beyond that the
+    # model is stuck (a bug), not slow
+    limit = (total + 10) * 8 * (sum(v for k, v in std.params.items() if k not in ("rate_mtps", "tck_ps")) + 64)
+    w_from, w_end = window if window is not None else (0, INF)
+    opened = w_from <= 0
+    if window is not None:
+        warmup = 0
+    while sent < total and now < w_end:
+        if now > limit:
+            raise RuntimeError(f"DRAM model {std.name}: {sent} of {total} requests in after {now} cycles")
         if now >= next_offer:
             for _ in range(offers_per_cycle):
                 chan, req = pending[sent]
@@ -402,6 +413,8 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
             w = ch.tick(now, completions)
             if w < wake:
                 wake = w
+        if completions and not opened:
+            completions.clear()  # before the window
         if completions:
             for lat in completions:
                 done += 1
@@ -420,7 +433,18 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
         nxt = wake if wake < INF else now + 1
         if next_offer > now and next_offer < nxt:
             nxt = next_offer
+        if not opened and nxt > w_from:
+            nxt = max(now + 1, w_from)  # stop at the window's opening
         now = max(now + 1, nxt)
+        if not opened and now >= w_from:
+            opened = True
+            start_cycle = now
+            base = totals()
+    if window is not None:
+        if now < w_end:
+            raise ValueError(f"DRAM model {std.name}: the requests ran out at cycle {now}, before the window's end "
+                             f"{w_end}")
+        now = w_end
     cycles = max(1, now - start_cycle)
     tck_ns = std.tck_ps * 1e-3
     served = reads + writes

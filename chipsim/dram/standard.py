@@ -22,7 +22,7 @@ COLUMN_COMMANDS = (RD, WR)
 STANDARDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standards")
 
 _TOP_KEYS = {"name", "levels", "refresh_level", "data_level", "dual_command_bus", "command_cycles", "read_latency",
-             "write_latency", "constraints", "organizations", "timings"}
+             "write_latency", "constraints", "organizations", "timings", "config_keys", "ns_params"}
 _CONSTRAINT_KEYS = {"level", "from", "to", "latency", "window", "sibling"}
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|([+-]))")
 
@@ -97,6 +97,9 @@ class Standard:
     params: dict  # the timing preset (cycles), with rate_mtps and tck_ps
     org_name: str
     timing_name: str
+    config_keys: dict = None  # memory.<name> key (ns) -> the parameter it sets
+    ns_params: tuple = ()  # parameters defined in ns (they scale with the clock)
+    path: str = ""
 
     @property
     def tck_ps(self) -> int:
@@ -198,4 +201,5 @@ def load_standard(name_or_path: str, org: str | None = None, timing: str | None 
         command_cycles=tuple(cycles), read_latency=evaluate(_need(data, "read_latency", where), params,
                                                             f"{where}.read_latency"),
         write_latency=evaluate(_need(data, "write_latency", where), params, f"{where}.write_latency"),
-        constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name)
+        constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name,
+        config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path)

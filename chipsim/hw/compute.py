@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.paths import memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 
 
@@ -95,7 +95,7 @@ class ArrayModel:
         self.lanes = self.units * c.vector_length
         self.vector_length = c.vector_length
         self.sfu_per_cycle = c.arrays * c.sfus_per_array * c.sfu_ops_per_cycle
-        hbm = dram_timing(hw.memory.hbm)
+        hbm = memory_timing(hw, "hbm")
         if operands_from == "sram":
             self.stream_gbps = c.sram_read_gbps_per_array * c.arrays
             self.first_operand_ps = ns_to_ps(c.sram_access_ns)

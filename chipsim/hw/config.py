@@ -126,6 +126,15 @@ class DramConfig:
     energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
     background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
                                    minimum=0, maximum=1e6)
+    standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5; "
+                              "chipsim/dram/standards/) or an absolute path to a standard YAML; empty: none", "")
+    organization: str = _optional("organisation preset of the standard (empty: its first)", "")
+    timing_preset: str = _optional("timing preset of the standard (empty: its first); re-timed to data_rate_mtps "
+                                   "and the ns keys above", "")
+    timing_model: str = _optional("where efficiency, read/write turnaround and access latency come from: "
+                                  "closed-form (chipsim/hw/dram.py, from the keys above) or command-level (the "
+                                  "standard's command-level model, computed once and cached)", "closed-form",
+                                  choices=("closed-form", "command-level"))
 
 
 @dataclass(frozen=True)
@@ -463,6 +472,8 @@ def _check_consistency(config: Config) -> None:
     for key, d in memory_tiers(hw).values():
         if d.trfc_ns >= d.trefi_ns:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
+        if d.timing_model == "command-level" and not d.standard:
+            raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
     _check_names(hw)
     _check_fetch_path(hw)
 

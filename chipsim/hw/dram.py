@@ -34,6 +34,7 @@ class DramTiming:
     effective_gbps: float
     access_latency_ns: float
     turnaround: float  # extra capacity per written byte while reads run too (see the module docstring)
+    source: str = "closed-form"  # or "command-level <standard> <presets>" (chipsim.dram.calibrate)
 
 
 def dram_timing(cfg: DramConfig) -> DramTiming:
@@ -57,3 +58,16 @@ def dram_timing(cfg: DramConfig) -> DramTiming:
         access_latency_ns=cfg.trcd_ns + cfg.tcl_ns + burst_ns,
         turnaround=(cfg.trtw_ns + cfg.twtr_ns) / (cfg.write_drain_bursts * burst_ns),
     )
+
+
+def command_level_timing(cfg: DramConfig, key: str, write_share: float) -> DramTiming:
+    """The memory's figures from its standard's command-level model (chipsim.dram.calibrate): efficiency times
+    this config's peak, the turnaround at `write_share`, a lone read's latency."""
+    from chipsim.dram.calibrate import calibrate
+
+    cal = calibrate(cfg, key, write_share)
+    closed = dram_timing(cfg)
+    return DramTiming(
+        peak_gbps=closed.peak_gbps, row_efficiency=cal.efficiency, refresh_efficiency=1.0,
+        effective_gbps=closed.peak_gbps * cal.efficiency, access_latency_ns=cal.access_latency_ns,
+        turnaround=cal.turnaround, source=f"command-level {cfg.standard}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.hw.config import HardwareConfig, memory_tiers, serial_links
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.dram import DramTiming, command_level_timing, dram_timing
 
 # components inside the package: their energy is the paper's "on-chip active" category, the rest "off-chip I/O"
 IN_PACKAGE = ("hbm", "ucie")
@@ -39,11 +39,24 @@ class Component:
         return self.name in IN_PACKAGE
 
 
+def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
+    """A memory's bandwidth, turnaround and latency: the closed form, or, with timing_model: command-level, its
+    standard's command-level model at the write share the run produces (fetches landing at the fetch path's link
+    rate beside reads at the memory's full rate)."""
+    key, d = memory_tiers(hw)[name]
+    closed = dram_timing(d)
+    if d.timing_model == "closed-form":
+        return closed
+    links = serial_links(hw)
+    link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.bandwidth_gbps])
+    return command_level_timing(d, key, link_gbps / closed.effective_gbps)
+
+
 def components(hw: HardwareConfig) -> dict[str, Component]:
     """Every memory and link of the config by name: built-in ones in a fixed order, then the extra ones."""
     out = {}
     for name, (key, d) in memory_tiers(hw).items():
-        t = dram_timing(d)
+        t = memory_timing(hw, name)
         out[name] = Component(name, "memory", key, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit,
                               d.background_power_w, t.turnaround)
     for name, (key, link) in serial_links(hw).items():

@@ -1,0 +1,153 @@
+"""The command-level DRAM model calibrates the event-level system model: for a memory of a config
+(`memory.<name>.timing_model: command-level` with a `standard`), it runs the streams the system model meets and
+turns them into the three figures the shared-resource model uses:
+
+- efficiency: sequential reads with refresh (an operand stream, a DMA read, the host CPU's reads), bandwidth over
+  the data-bus peak; the config's peak times it is the memory's effective bandwidth;
+- turnaround: the extra capacity a written byte costs while reads run, from the same stream with writes mixed in
+  at the share the run produces (fetch writes beside operand reads): a mix of write share w reaching total T
+  against C read-only gives (1 - w) T + w T (1 + turnaround) = C;
+- access latency: the average read latency of a lone request (the first byte of a fetch or of an operand stream).
+
+The standard is re-timed for the config first: its clock follows `data_rate_mtps`, parameters JEDEC defines in
+ns scale with it (the others are clock counts), and the config's ns keys (tcl_ns, trcd_ns, ...) set theirs.
+Results are cached by content hash (the re-timed standard, the streams, the controller and this model's code)
+in $CHIPSIM_CACHE_DIR (default ~/.cache/chipsim), so each config calibrates once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from chipsim.dram.controller import ControllerConfig, simulate
+from chipsim.dram.standard import Standard, load_standard
+from chipsim.dram.streams import requests
+from chipsim.errors import InputError
+
+REFRESH_PERIODS = 6  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
+LONE_REQUESTS = 200
+MAX_PARAM_CYCLES = 10_000_000  # a timing beyond this is no DRAM (and would take the model minutes)
+CONTROLLER = ControllerConfig()  # Ramulator 2.1's defaults: 32-entry queues, write watermarks 0.2 / 0.8
+_CODE_FILES = ("controller.py", "standard.py", "streams.py", "calibrate.py")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    efficiency: float  # sequential reads with refresh / data-bus peak
+    turnaround: float
+    access_latency_ns: float
+    write_share: float
+    read_gbps: float  # the model's sequential-read bandwidth (its own organisation)
+    mixed_gbps: float
+    peak_gbps: float
+    loaded_read_latency_ns: float  # average read latency of the saturating read stream
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def retimed_standard(cfg, key: str) -> Standard:
+    """The config's standard, organisation and timing preset, re-timed to its data rate and ns keys."""
+    try:
+        base = load_standard(cfg.standard, cfg.organization or None, cfg.timing_preset or None)
+    except InputError as exc:
+        raise InputError(f"{key}.standard: {exc}") from None
+    p = base.params
+    beats_per_ck = base.org.burst_length / p["nBL"]
+    tck_ps = round(beats_per_ck * 1e6 / cfg.data_rate_mtps)
+    overrides = {"rate_mtps": int(round(cfg.data_rate_mtps)), "tck_ps": tck_ps}
+    if tck_ps != base.tck_ps:
+        for name in base.ns_params:
+            overrides[name] = math.ceil(p[name] * base.tck_ps / tck_ps - 1e-9)
+    for cfg_key, param in base.config_keys.items():
+        overrides[param] = math.ceil(getattr(cfg, cfg_key) * 1000 / tck_ps - 1e-9)
+    for param, value in overrides.items():
+        if param not in ("rate_mtps", "tck_ps") and value > MAX_PARAM_CYCLES:
+            raise InputError(f"{key}: {param} comes to {value} cycles of {tck_ps} ps, beyond the command-level model's "
+                             f"{MAX_PARAM_CYCLES} (timing_model: closed-form takes any value)")
+    std = load_standard(base.path, base.org_name, base.timing_name, overrides)
+    p = std.params
+    if "nREFI" in p and "nRFC" in p and p["nRFC"] >= p["nREFI"]:
+        raise InputError(f"{key}: at {tck_ps} ps per cycle the refresh time nRFC ({p['nRFC']}) is not shorter than "
+                         f"nREFI ({p['nREFI']})")
+    return std
+
+
+def _code_hash() -> str:
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in _CODE_FILES:
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _cache_dir() -> str:
+    return os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
+
+
+def cache_key(std: Standard, write_share: float) -> str:
+    with open(std.path, "rb") as f:
+        text = f.read()
+    spec = {"standard": hashlib.sha256(text).hexdigest(), "org": std.org_name, "timing": std.timing_name,
+            "params": std.params, "write_share": write_share, "controller": asdict(CONTROLLER),
+            "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def run_calibration(std: Standard, write_share: float, label: str = "") -> Calibration:
+    from tqdm import tqdm
+
+    cfg = ControllerConfig(refresh="all-bank")
+    # the streams are measured over whole refresh intervals (after the first), so refresh is counted exactly
+    period = std.params["nREFI"]
+    window = (period, period * (1 + REFRESH_PERIODS))
+    count = int(REFRESH_PERIODS * period * std.peak_gbps(1) * std.tck_ps * 1e-3 / std.org.burst_bytes * 1.2) + 4000
+    with tqdm(total=3, desc=f"calibrating {label or std.name} (command-level {std.name})", unit="stream",
+              file=sys.stderr, leave=False, disable=not sys.stderr.isatty()) as bar:
+        read = simulate(std, requests(std, count, seed=11), offers_per_cycle=4, controller=cfg, window=window)
+        bar.update(1)
+        mixed = simulate(std, requests(std, count, read_share=1 - write_share, seed=11), offers_per_cycle=4,
+                         controller=cfg, window=window)
+        bar.update(1)
+        # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
+        lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
+                        controller=ControllerConfig(refresh="off"))
+        bar.update(1)
+    peak = std.peak_gbps(1)
+    turnaround = max(0.0, (read.bandwidth_gbps / mixed.bandwidth_gbps - 1) / write_share)
+    return Calibration(efficiency=read.bandwidth_gbps / peak, turnaround=turnaround,
+                       access_latency_ns=lone.read_latency_avg_ns, write_share=write_share,
+                       read_gbps=read.bandwidth_gbps, mixed_gbps=mixed.bandwidth_gbps, peak_gbps=peak,
+                       loaded_read_latency_ns=read.read_latency_avg_ns)
+
+
+@lru_cache(maxsize=64)
+def calibrate(cfg, key: str, write_share: float) -> Calibration:
+    """The calibration of memory `cfg` (a DramConfig; `key` its dotted config section), from the cache or
+    computed (a few seconds) and cached."""
+    std = retimed_standard(cfg, key)
+    write_share = round(min(0.5, max(0.05, write_share)), 3)
+    digest = cache_key(std, write_share)
+    path = os.path.join(_cache_dir(), "dram", f"{digest}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Calibration(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        pass
+    result = run_calibration(std, write_share, key)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(result.as_dict(), f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: calibrate again next time
+    return result

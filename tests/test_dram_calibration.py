@@ -1,0 +1,117 @@
+"""The command-level DRAM model calibrating the system model: re-timing a standard to a config, the figures it
+hands to the shared-resource model, the content-hash cache, and the closed form as a what-if."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from chipsim import cli
+from chipsim.dram import calibrate as cal
+from chipsim.hw.config import load_config
+from chipsim.hw.compute import ArrayModel
+from chipsim.hw.dram import dram_timing
+from chipsim.hw.paths import components, memory_timing
+
+ROOT = Path(__file__).resolve().parents[1]
+THOR = str(ROOT / "hwconfigs" / "thor.yaml")
+CLOSED = ["memory.hbm.timing_model=closed-form", "memory.lpddr5x.timing_model=closed-form"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    cal.calibrate.cache_clear()
+    yield tmp_path / "cache"
+    cal.calibrate.cache_clear()
+
+
+def test_the_standard_is_retimed_to_the_configs_clock_and_ns_keys():
+    """thor's LPDDR5X runs at 8533 MT/s: the LPDDR5 preset's clock (8 beats per CK) becomes 938 ps; its ns keys set
+    their parameters (tCL 21.25 ns -> 23 cycles); parameters JEDEC gives in ns scale (tRTP 8 x 1.25 ns -> 11);
+    clock counts stay (nBL, nCCDL)."""
+    hw = load_config(THOR).hw
+    std = cal.retimed_standard(hw.memory.lpddr5x, "memory.lpddr5x")
+    p = std.params
+    assert std.tck_ps == round(8e6 / 8533) == 938
+    assert p["nCL"] == math.ceil(21.25e3 / 938) == 23
+    assert p["nRAS"] == math.ceil(42.5e3 / 938)
+    assert p["nRTP"] == math.ceil(8 * 1250 / 938) == 11
+    assert (p["nBL"], p["nCCDL"]) == (2, 4)
+    hbm = cal.retimed_standard(hw.memory.hbm, "memory.hbm")  # thor's HBM3 runs at the preset's 6400: same clock
+    assert hbm.tck_ps == 625 and hbm.params["nRFC"] == math.ceil(350e3 / 625) and hbm.params["nRCDRD"] == 31
+
+
+def test_the_system_model_takes_the_command_level_figures(cache):
+    hw = load_config(THOR).hw
+    c = cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151)
+    t = memory_timing(hw, "hbm")
+    closed = dram_timing(hw.memory.hbm)
+    assert t.source == "command-level hbm3"
+    assert t.effective_gbps == pytest.approx(closed.peak_gbps * c.efficiency, rel=1e-12)
+    assert components(hw)["hbm"].gbps == t.effective_gbps and components(hw)["hbm"].turnaround == c.turnaround
+    assert ArrayModel(hw).stream_gbps == t.effective_gbps  # the arrays' operand stream (UCIe's 1024 is wider)
+    # the measured efficiency is the stream's bandwidth over the data-bus peak of the model's own channel
+    assert c.efficiency == pytest.approx(c.read_gbps / c.peak_gbps) and c.peak_gbps == pytest.approx(51.2)
+    # and the turnaround closes the balance (1 - w) T + w T (1 + turnaround) = C
+    w = c.write_share
+    assert (1 - w) * c.mixed_gbps + w * c.mixed_gbps * (1 + c.turnaround) == pytest.approx(c.read_gbps)
+    # a lone read to a random row: at least tRCD + tCL + a burst, at most a row conflict's tRP more and a refresh
+    p = cal.retimed_standard(hw.memory.hbm, "memory.hbm").params
+    assert (p["nRCDRD"] + p["nCL"] + p["nBL"]) * 0.625 <= c.access_latency_ns
+    assert c.access_latency_ns <= (p["nRP"] + p["nRCDRD"] + p["nCL"] + p["nBL"]) * 0.625
+
+
+def test_six_refresh_intervals_measure_the_efficiency_of_a_long_run(cache, monkeypatch):
+    hw = load_config(THOR).hw
+    std = cal.retimed_standard(hw.memory.hbm, "memory.hbm")
+    short = cal.run_calibration(std, 0.151)
+    monkeypatch.setattr(cal, "REFRESH_PERIODS", 18)
+    long = cal.run_calibration(std, 0.151)
+    assert short.efficiency == pytest.approx(long.efficiency, rel=2e-3)
+    assert short.turnaround == pytest.approx(long.turnaround, rel=0.05)
+
+
+def test_calibration_is_cached_by_content_and_a_changed_key_calibrates_anew(cache):
+    hw = load_config(THOR).hw
+    first = cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151)
+    files = list((cache / "dram").glob("*.json"))
+    assert len(files) == 1 and cal.Calibration(**json.loads(files[0].read_text())) == first
+    cal.calibrate.cache_clear()
+    assert cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151) == first  # read back from the file, bit for bit
+    slower = load_config(THOR, ["memory.hbm.trcd_ns=30"]).hw
+    cal.calibrate(slower.memory.hbm, "memory.hbm", 0.151)
+    assert len(list((cache / "dram").glob("*.json"))) == 2
+
+
+def test_a_run_is_byte_identical_with_a_cold_and_a_warm_cache(cache, tmp_path, capsys):
+    argv = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1", "--json"]
+    assert cli.main(argv) == 0
+    cold = capsys.readouterr().out
+    cal.calibrate.cache_clear()
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == cold
+
+
+def test_the_closed_form_stays_a_what_if(cache):
+    hw = load_config(THOR, CLOSED).hw
+    assert memory_timing(hw, "hbm") == dram_timing(hw.memory.hbm)
+    assert not (cache / "dram").exists()  # nothing calibrated
+    command = memory_timing(load_config(THOR).hw, "hbm")
+    assert command.effective_gbps < dram_timing(hw.memory.hbm).effective_gbps  # row switches a 32-deep queue cannot hide
+
+
+def test_command_level_without_a_standard_is_one_line(tmp_path):
+    import yaml
+
+    from chipsim.errors import InputError
+
+    data = yaml.safe_load(open(THOR))
+    del data["memory"]["lpddr5x"]["standard"]
+    data["workload"]["trace"] = str(ROOT / "traces" / "real-granite-3b.npz")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="memory.lpddr5x.timing_model: command-level needs memory.lpddr5x.standard"):
+        load_config(str(tmp_path / "c.yaml"))
+    with pytest.raises(InputError, match=r"memory.hbm.standard: DRAM standard ddr9: not found"):
+        memory_timing(load_config(THOR, ["memory.hbm.standard=ddr9"]).hw, "hbm")
