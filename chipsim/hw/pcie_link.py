@@ -1,0 +1,96 @@
+"""The PCIe link layer of a DMA read (a device reading host memory, as an expert fetch or a cudaMemcpy H2D does):
+usable bandwidth and time for every transfer size from the protocol's parameters.
+
+A read of N bytes goes out as memory-read requests of at most max_read_request_bytes (4-DW headers) and comes
+back as completions (3-DW headers) of at most max_payload_bytes, split at the read completion boundary. On a
+128b/130b link (PCIe 3.0-5.0) every TLP carries framing (STP token, LCRC), the receiver's Ack DLLPs share the
+data direction and SKP ordered sets interrupt the stream; PCIe 6.0 packs TLPs into 256 B FLITs of 236 TLP bytes
+(DLLPs, CRC and FEC live in the rest). Reads in flight are bounded by the requester's tags (and the completer's
+non-posted credits): each holds its tag for the completion latency plus its own data time. So
+
+    wire bytes(N)  = sum of the completions' payload + header + framing, + Acks, x encoding and SKP overhead
+    rate           = min(lanes x GT/s / 8 x N / wire bytes(N),  tags x max_read_request / (latency + its data))
+    time(N)        = completion latency + wire bytes(N) / (lanes x GT/s / 8)   (or the tag-bound time)
+
+Sources: PCIe Base Specification 5.0 / 6.0 (header sizes, framing tokens, FLIT layout, SKP interval); the
+model follows Neugebauer et al., "Understanding PCIe performance for end host networking", SIGCOMM 2018.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PcieLinkParams:
+    lanes: int
+    gtps: float  # per lane
+    encoding: str  # "128b/130b" or "flit"
+    max_payload_bytes: int  # MPS: largest completion payload
+    max_read_request_bytes: int  # MRRS
+    read_completion_boundary_bytes: int  # RCB: completions split at these boundaries
+    tags: int  # reads in flight (requester tags, or the completer's non-posted credits if fewer)
+    completion_latency_ns: float  # a read request out to its first completion byte back
+    completion_header_bytes: int = 12  # 3-DW CplD header
+    request_header_bytes: int = 16  # 4-DW MemRd header (64-bit address)
+    tlp_framing_bytes: int = 8  # 128b/130b: 4 B STP token (length, sequence number) + 4 B LCRC; FLIT: 0
+    dllp_bytes: int = 8  # 128b/130b: 6 B DLLP + 2 B SDP token; FLIT: carried in the flit's DLP bytes
+    completions_per_ack: int = 1  # Ack coalescing of the completer acknowledging our requests (1: one each)
+    skp_interval_blocks: int = 370  # 128b/130b: a SKP ordered set at least every 370 blocks
+    flit_bytes: int = 256
+    flit_tlp_bytes: int = 236
+
+    @property
+    def raw_gbps(self) -> float:
+        """Bytes per ns on the wire per direction, before encoding."""
+        return self.lanes * self.gtps / 8
+
+
+def _completions(nbytes: int, p: PcieLinkParams) -> list[int]:
+    """Payloads of the completions of one aligned read request of `nbytes`: MPS each, RCB-aligned."""
+    size = min(p.max_payload_bytes, max(p.read_completion_boundary_bytes,
+                                        p.max_payload_bytes // p.read_completion_boundary_bytes
+                                        * p.read_completion_boundary_bytes))
+    full, rest = divmod(nbytes, size)
+    return [size] * full + ([rest] if rest else [])
+
+
+def wire_bytes(nbytes: int, p: PcieLinkParams) -> float:
+    """Bytes on the completion (data) direction's wire for a read of `nbytes` (aligned)."""
+    requests, last = divmod(nbytes, p.max_read_request_bytes)
+    sizes = [p.max_read_request_bytes] * requests + ([last] if last else [])
+    tlp = 0
+    ncpl = 0
+    for size in set(sizes):
+        cpls = _completions(size, p)
+        per_request = sum(c + p.completion_header_bytes for c in cpls)
+        count = sizes.count(size)
+        tlp += count * per_request
+        ncpl += count * len(cpls)
+    if p.encoding == "flit":
+        return math.ceil(tlp / p.flit_tlp_bytes) * p.flit_bytes
+    framed = tlp + ncpl * p.tlp_framing_bytes
+    acks = math.ceil(len(sizes) / p.completions_per_ack) * p.dllp_bytes  # the completer's Acks for our requests
+    encoded = (framed + acks) * 130 / 128
+    return encoded * (1 + 1 / p.skp_interval_blocks)
+
+
+def usable_gbps(p: PcieLinkParams, nbytes: int = 1 << 30) -> float:
+    """Sustained data rate of a long read (the asymptote), bytes per ns = GB/s."""
+    link = p.raw_gbps * nbytes / wire_bytes(nbytes, p)
+    request_ns = wire_bytes(p.max_read_request_bytes, p) / p.raw_gbps
+    tag_bound = p.tags * p.max_read_request_bytes / (p.completion_latency_ns + request_ns)
+    return min(link, tag_bound)
+
+
+def transfer_ns(nbytes: int, p: PcieLinkParams) -> float:
+    """Time of one DMA read of `nbytes` on an idle link: the first completion's latency, then the data at the
+    link's or the tags' rate."""
+    rate = usable_gbps(p, max(nbytes, p.max_read_request_bytes))
+    return p.completion_latency_ns + nbytes / rate
+
+
+def curve(p: PcieLinkParams, sizes) -> list[tuple[int, float]]:
+    """(bytes, GB/s) of single reads of each size."""
+    return [(n, n / transfer_ns(n, p)) for n in sizes]
