@@ -1,5 +1,5 @@
 """Speed of the command-level DRAM model: calibrating a config's memories from a cold cache (target: under 30 s
-per config on this 2-core machine), and the 22 Ramulator validation points.
+per config on this 2-core machine), and the Ramulator validation points.
 
     python benchmarks/bench_dram.py [--config hwconfigs/thor.yaml]
 """

@@ -24,9 +24,15 @@ def _points():
                     "refresh": True})
         out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1, "streams": 4,
                     "refresh": True})
+    # per-bank refresh (LPDDR5: one REFpb every tREFIpb in rotation, as Ramulator 2.1's PerBank manager does; its
+    # HBM3 per-bank manager follows JESD238's REFpb sets, which chipsim's model does not)
+    for kind, share in (("sequential", 1.0), ("sequential", 0.5), ("random", 1.0)):
+        out.append({"standard": "lpddr5", "kind": kind, "read_share": share, "channels": 1, "streams": 1,
+                    "refresh": "per-bank"})
     for p in out:
+        tag = {False: "noref", True: "ref", "per-bank": "refpb"}[p["refresh"]]
         p["name"] = (f"{p['standard']}-{p['kind']}-r{int(p['read_share'] * 100)}-ch{p['channels']}"
-                     f"-s{p['streams']}-{'ref' if p['refresh'] else 'noref'}")
+                     f"-s{p['streams']}-{tag}")
     return out
 
 

@@ -15,12 +15,13 @@ LATENCY_TOLERANCE = 0.10
 # front-end offers per CK that match Ramulator's trace front end at clock ratio 2 (two requests per memory tick;
 # its HBM3 model ticks twice per CK)
 OFFERS_PER_CYCLE = {"hbm3": 4, "lpddr5": 2}
+REFRESH = {False: "off", True: "all-bank", "per-bank": "per-bank"}
 
 
 def run_point(point: dict):
     std, reqs = point_requests(point)
     return simulate(std, reqs, channels=point["channels"], offers_per_cycle=OFFERS_PER_CYCLE[point["standard"]],
-                    controller=ControllerConfig(refresh="all-bank" if point["refresh"] else "off"))
+                    controller=ControllerConfig(refresh=REFRESH[point["refresh"]]))
 
 
 def load_reference(path: str) -> dict:
