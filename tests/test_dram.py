@@ -135,3 +135,43 @@ def test_bad_standard_files_name_the_problem(tmp_path):
         load_standard("ddr9")
     with pytest.raises(InputError, match=r"no preset 'HBM3_9000'"):
         load_standard("hbm3", timing="HBM3_9000")
+
+
+def test_any_mutation_of_a_standard_file_loads_or_fails_in_one_line(tmp_path):
+    """300 seeded mutations of hbm3.yaml (a key deleted or a value replaced by None, -1, 'x', [], {}, 0, 1.5, true
+    or a broken expression): each loads or raises one InputError, never another exception."""
+    import copy
+    import random
+
+    import yaml
+
+    base = yaml.safe_load((ROOT / "chipsim" / "dram" / "standards" / "hbm3.yaml").read_text())
+    rng = random.Random(1)
+    path = tmp_path / "m.yaml"
+
+    def places(node, at):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield at + [k]
+                yield from places(v, at + [k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield at + [i]
+                yield from places(v, at + [i])
+
+    spots = list(places(base, []))
+    for _ in range(300):
+        data = copy.deepcopy(base)
+        where = rng.choice(spots)
+        node = data
+        for k in where[:-1]:
+            node = node[k]
+        if isinstance(node, dict) and rng.random() < 0.3:
+            del node[where[-1]]
+        else:
+            node[where[-1]] = rng.choice([None, -1, "x", [], {}, 0, 1.5, True, "nCL +"])
+        path.write_text(yaml.safe_dump(data))
+        try:
+            load_standard(str(path))
+        except InputError as exc:
+            assert "\n" not in str(exc)

@@ -135,7 +135,6 @@ def load_standard(name_or_path: str, org: str | None = None, timing: str | None 
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
         raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)})")
-    where = os.path.basename(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml_load(f.read())
@@ -143,6 +142,15 @@ def load_standard(name_or_path: str, org: str | None = None, timing: str | None 
         raise InputError(f"DRAM standard {path}: cannot read ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise InputError(f"DRAM standard {path}: top level must be a mapping")
+    try:
+        return _parse(data, path, org, timing, timing_overrides)
+    except (TypeError, ValueError, KeyError, AttributeError, StopIteration) as exc:
+        # a shape the checks above did not name (a list where a mapping belongs, ...): still one line
+        raise InputError(f"DRAM standard {path}: malformed ({exc.__class__.__name__}: {exc})") from None
+
+
+def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
+    where = os.path.basename(path)
     for key in data:
         if key not in _TOP_KEYS:
             raise InputError(f"{where}.{key}: unknown key (expected one of: {', '.join(sorted(_TOP_KEYS))})")
@@ -162,6 +170,8 @@ def load_standard(name_or_path: str, org: str | None = None, timing: str | None 
         raise InputError(f"{where}.organizations: no preset '{org_name}' (has: {', '.join(orgs)})")
     if timing_name not in timings:
         raise InputError(f"{where}.timings: no preset '{timing_name}' (has: {', '.join(timings)})")
+    if not isinstance(timings[timing_name], dict):
+        raise InputError(f"{where}.timings.{timing_name}: expected a section of parameters")
     params = dict(timings[timing_name])
     for key, value in (timing_overrides or {}).items():
         if key not in params:
@@ -171,14 +181,26 @@ def load_standard(name_or_path: str, org: str | None = None, timing: str | None 
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{where}.timings.{timing_name}.{key}: expected a non-negative integer, got {value!r}")
     o = orgs[org_name]
-    counts = o["counts"]
-    if list(counts) != list(levels):
-        raise InputError(f"{where}.organizations.{org_name}.counts: must give every level in order {list(levels)}")
-    organization = Organization(tuple(int(counts[name]) for name in levels), int(o["rows"]), int(o["columns"]),
-                                int(o["channel_width_bits"]), int(o["burst_length"]))
+    ow = f"{where}.organizations.{org_name}"
+    if not isinstance(o, dict):
+        raise InputError(f"{ow}: expected a section of keys")
+    counts = _need(o, "counts", ow)
+    if not isinstance(counts, dict) or list(counts) != list(levels):
+        raise InputError(f"{ow}.counts: must give every level in order {list(levels)}")
+    numbers = [counts[name] for name in levels] + [_need(o, k, ow) for k in ("rows", "columns", "channel_width_bits",
+                                                                             "burst_length")]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in numbers):
+        raise InputError(f"{ow}: counts, rows, columns, channel_width_bits and burst_length must be positive integers")
+    organization = Organization(tuple(numbers[: len(levels)]), *numbers[len(levels):])
     constraints = []
     for i, c in enumerate(_need(data, "constraints", where)):
         cw = f"{where}.constraints[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(f"{cw}: expected {{level, from, to, latency}}")
+        for key in ("level", "from", "to", "latency"):
+            _need(c, key, cw)
+        if not isinstance(c["from"], list) or not isinstance(c["to"], list):
+            raise InputError(f"{cw}: from and to are lists of commands")
         for key in c:
             if key not in _CONSTRAINT_KEYS:
                 raise InputError(f"{cw}.{key}: unknown key")
