@@ -14,7 +14,7 @@ import os
 from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "chipsim")
-LAYERS = {"base": 0, "dram": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6, "runner": 7,
+LAYERS = {"base": 0, "dram": 1, "compute": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6, "runner": 7,
           "analysis": 8, "hwreplay": 8, "cli": 9}
 BASE = {"chipsim", "chipsim.errors", "chipsim.units", "chipsim.values", "chipsim.files", "chipsim.pool"}
 

@@ -1,0 +1,116 @@
+"""A cycle-level model of one operation on the compute chiplet's vector arrays (issue #16, first part: the
+operand path and the tile loop; not yet wired into the system model, which still uses chipsim.hw.compute).
+
+An operation is split over the A arrays by output rows and runs on all of them at once; the model follows one
+array's share (the largest), tile by tile:
+
+- its operands (weights, or the KV cache) stream from HBM over UCIe in read requests of `request_bytes`, at
+  most `outstanding_requests_per_array` in flight; a request's data arrives `memory_latency_ns` after its issue
+  and no sooner than the array's share of the stream bandwidth allows after the previous one (B / A), so the
+  rate obeys Little's law: min(B / A, outstanding x request / latency);
+- tiles of `tile_bytes` land in SRAM double-buffered: tile j's requests issue only once tile j-2 has been
+  consumed;
+- a tile is computed once all its bytes are in, after the previous tile: max(its MACs / the array's lanes, its
+  bytes / the SRAM read width per cycle) cycles;
+- the operation pays `issue_cycles` (issue, pipeline fill and drain) before and `sync_cycles` (the arrays
+  meeting, results written back) after.
+
+Times are integer picoseconds of the array clock; the result carries the action counts the energy ledger prices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChipletParams:
+    arrays: int
+    units_per_array: int  # vector units (rows x columns)
+    vector_length: int  # MAC lanes per unit
+    clock_mhz: float
+    sfus_per_array: int
+    sfu_ops_per_cycle: int
+    sram_read_bytes_per_cycle: int  # per array: banks x bank width
+    tile_bytes: int  # one operand tile (two fit in SRAM: double-buffered)
+    request_bytes: int  # one read request over UCIe to HBM
+    outstanding_requests_per_array: int
+    memory_gbps: float  # operand stream bandwidth shared by all arrays (min of HBM's and UCIe's)
+    memory_latency_ns: float  # one request, issue to data (HBM read latency + UCIe both ways)
+    issue_cycles: int = 0
+    sync_cycles: int = 0
+
+    @property
+    def cycle_ps(self) -> float:
+        return 1e6 / self.clock_mhz
+
+    @property
+    def lanes_per_array(self) -> int:
+        return self.units_per_array * self.vector_length
+
+
+@dataclass(frozen=True)
+class OpResult:
+    ps: int  # the operation's time
+    stream_ps: int  # of it, the tile loop (first request to last tile computed)
+    macs: int
+    sfu_ops: int
+    hbm_bytes: int
+    sram_write_bytes: int
+    sram_read_bytes: int
+    compute_cycles: int  # one array's cycles doing MACs (the rest of its time it waits or is gated)
+    tiles: int
+    requests: int
+
+
+def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float) -> tuple[float, int, int, int]:
+    """One array streaming `nbytes` of operands tile by tile: (ps from the first request to the last tile's end,
+    compute cycles, tiles, requests)."""
+    if nbytes <= 0:
+        return 0.0, 0, 0, 0
+    cycle = p.cycle_ps
+    per_request_ps = p.request_bytes / (p.memory_gbps / p.arrays) * 1e3  # ns -> ps at the array's share
+    latency = p.memory_latency_ns * 1e3
+    tiles = math.ceil(nbytes / p.tile_bytes)
+    reqs_per_tile = math.ceil(p.tile_bytes / p.request_bytes)
+    arrivals: list[float] = []  # every request's data arrival
+    tile_end: list[float] = []
+    last_arrival = 0.0
+    compute_cycles = 0
+    for j in range(tiles):
+        size = min(p.tile_bytes, nbytes - j * p.tile_bytes)
+        n_req = min(reqs_per_tile, math.ceil(size / p.request_bytes))
+        buffer_free = tile_end[j - 2] if j >= 2 else 0.0
+        for _ in range(n_req):
+            k = len(arrivals)
+            tag_free = arrivals[k - p.outstanding_requests_per_array] if k >= p.outstanding_requests_per_array else 0.0
+            issue = max(buffer_free, tag_free)
+            last_arrival = max(issue + latency, last_arrival + per_request_ps)
+            arrivals.append(last_arrival)
+        cycles = max(math.ceil(size * macs_per_byte / p.lanes_per_array), math.ceil(size / p.sram_read_bytes_per_cycle))
+        compute_cycles += cycles
+        start = max(last_arrival, tile_end[j - 1] if j else 0.0)
+        tile_end.append(start + cycles * cycle)
+    return tile_end[-1], compute_cycles, tiles, len(arrivals)
+
+
+def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: float) -> OpResult:
+    """outputs dot products of length `reduction` against a weight matrix streamed from HBM (a batch-1 GEMV:
+    every weight is used once), split over the arrays by output rows."""
+    per_array_outputs = math.ceil(outputs / p.arrays)
+    nbytes = math.ceil(per_array_outputs * reduction * bytes_per_weight)
+    loop_ps, cycles, tiles, requests = _tile_loop(p, nbytes, 1 / bytes_per_weight)
+    fixed = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
+    total_bytes = math.ceil(outputs * reduction * bytes_per_weight)
+    return OpResult(ps=math.ceil(loop_ps + fixed), stream_ps=math.ceil(loop_ps), macs=outputs * reduction, sfu_ops=0,
+                    hbm_bytes=total_bytes, sram_write_bytes=total_bytes, sram_read_bytes=total_bytes,
+                    compute_cycles=cycles, tiles=tiles, requests=requests)
+
+
+def sfu(p: ChipletParams, ops: int, pipeline_cycles: int = 0) -> OpResult:
+    """`ops` special-function operations (exp, rsqrt, SiLU) on all arrays' SFUs, operands already in SRAM."""
+    cycles = math.ceil(ops / (p.arrays * p.sfus_per_array * p.sfu_ops_per_cycle)) + pipeline_cycles
+    ps = math.ceil((cycles + p.issue_cycles + p.sync_cycles) * p.cycle_ps)
+    return OpResult(ps=ps, stream_ps=0, macs=0, sfu_ops=ops, hbm_bytes=0, sram_write_bytes=0, sram_read_bytes=0,
+                    compute_cycles=cycles, tiles=0, requests=0)

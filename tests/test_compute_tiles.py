@@ -1,0 +1,68 @@
+"""The cycle-level tile loop of the compute chiplet (chipsim.compute.tile_sim), checked by hand: a GEMV's cycles
+from the tile loop, a stream limited by outstanding requests (Little's law) or by double buffering, the closed
+form where it is exact, an SFU-bound softmax, and the action counts."""
+
+import math
+
+import pytest
+
+from chipsim.compute.tile_sim import ChipletParams, matvec, sfu
+
+# thor's arrays (APEX Table III): 4 arrays of 16 x 16 units x 32 lanes at 750 MHz, 32 SFUs each
+THOR = dict(arrays=4, units_per_array=256, vector_length=32, clock_mhz=750.0, sfus_per_array=32, sfu_ops_per_cycle=1)
+CYCLE_PS = 1e6 / 750
+
+
+def params(**kw) -> ChipletParams:
+    base = dict(sram_read_bytes_per_cycle=512, tile_bytes=8192, request_bytes=64, outstanding_requests_per_array=1 << 20,
+                memory_gbps=1e9, memory_latency_ns=0.0, issue_cycles=0, sync_cycles=0)
+    base.update(kw)
+    return ChipletParams(**THOR, **base)
+
+
+def test_a_compute_bound_gemv_takes_the_tile_loop_cycles_by_hand():
+    """Granite-3B gate+up (1536 x 1024 BF16 = 3 MiB) on instant memory: each array holds 256 outputs x 1536 x 2 B =
+    786,432 B = 96 tiles of 8 KiB; a tile is 4,096 MACs (one cycle of 8,192 lanes) but 16 cycles of a 512 B/cycle
+    SRAM read port, so the SRAM sets the pace: 96 x 16 cycles, plus issue and sync."""
+    r = matvec(params(issue_cycles=32, sync_cycles=8), 1536, 1024, 2)
+    assert r.tiles == 96 and r.compute_cycles == 96 * 16
+    assert r.ps == pytest.approx((96 * 16 + 32 + 8) * CYCLE_PS, abs=1)  # + the first tile's 0.03 ps of transfer
+    assert r.macs == 1536 * 1024 and r.hbm_bytes == r.sram_write_bytes == r.sram_read_bytes == 1536 * 1024 * 2
+
+
+def test_a_long_gemv_on_idle_memory_matches_the_closed_form():
+    """Unlimited outstanding requests and tiles large enough that double buffering never binds: the stream is
+    latency + bytes / (B / A), and the operation ends one tile's compute after the last byte; the closed form's
+    bytes / B + first-operand latency is exact to within that tile."""
+    p = params(memory_gbps=683.0, memory_latency_ns=50.0, tile_bytes=1 << 16)
+    r = matvec(p, 8192, 8192, 2)
+    closed_ps = r.hbm_bytes / (683.0) * 1e3 + 50.0e3
+    last_tile_ps = math.ceil((1 << 16) / 512) * CYCLE_PS
+    assert closed_ps <= r.ps <= closed_ps + last_tile_ps + 1
+
+
+def test_outstanding_requests_bound_the_stream_by_littles_law():
+    """4 requests of 64 B in flight per array against 100 ns of latency: 2.56 GB/s per array, far below its
+    share of the bandwidth, so a 1 MiB-per-array GEMV takes 1 MiB / 2.56 GB/s (to within one latency)."""
+    p = params(memory_gbps=683.0, memory_latency_ns=100.0, outstanding_requests_per_array=4)
+    r = matvec(p, 1024, 2048, 2)  # 4 MiB in all, 1 MiB per array
+    per_array = 512 * 1024 * 2
+    expected = per_array / (4 * 64 / 100.0) * 1e3
+    assert r.stream_ps == pytest.approx(expected, abs=110e3)
+
+
+def test_double_buffering_bounds_the_stream_to_two_tiles_per_latency():
+    """Small tiles (1 KiB), unlimited requests, fast links: only two tiles can be on their way, so each array
+    moves 2 KiB per (latency + a tile's compute)."""
+    p = params(memory_gbps=1e6, memory_latency_ns=100.0, tile_bytes=1024)
+    r = matvec(p, 1024, 1024, 2)  # 512 KiB per array = 512 tiles
+    tile_compute = math.ceil(1024 / 512) * CYCLE_PS
+    expected = 512 / 2 * (100e3 + tile_compute)
+    assert r.stream_ps == pytest.approx(expected, rel=0.01)
+
+
+def test_softmax_on_the_sfus_takes_ops_over_sfu_throughput():
+    """Granite-3B attention at 1,024 context: 24 heads x 1,024 exponentials over 4 x 32 SFUs at one per cycle."""
+    r = sfu(params(issue_cycles=32), 24 * 1024)
+    assert r.compute_cycles == 24 * 1024 // 128
+    assert r.ps == math.ceil((192 + 32) * CYCLE_PS) and r.sfu_ops == 24 * 1024
