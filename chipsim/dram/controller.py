@@ -34,7 +34,10 @@ class ControllerConfig:
     write_buffer: int = 32
     write_high_watermark: float = 0.8  # start draining writes above this share of the write queue
     write_low_watermark: float = 0.2  # stop below it (if reads wait)
-    page_policy: str = "open"  # "open" (rows stay open) or "closed" (precharge once no queued request hits it)
+    page_policy: str = "open"  # "open" (rows stay open), "closed" (precharge once no queued request hits it) or
+    # "capped" (precharge after `page_cap` accesses to the open row: auto-precharge on the next one, or a PRE as
+    # soon as it may issue; Ramulator 2.1's ClosedCAP)
+    page_cap: int = 4
     refresh: str = "all-bank"  # "all-bank", "per-bank" or "off"
 
 
@@ -112,6 +115,7 @@ class _Channel:
         self.refresh_queue: list[int] = []
         self.refresh_pending = False
         self.to_close = []  # closed-page policy: banks to precharge
+        self.col_accesses = [0] * self.sizes[-1]  # capped policy: accesses to each bank's open row
         self.stats_acts = self.stats_conflicts = self.stats_refreshes = 0
 
     # ------------------------------------------------------------------ timing
@@ -124,7 +128,9 @@ class _Channel:
                 t = v
         return t
 
-    def issue(self, cmd: int, nodes, now: int) -> None:
+    def issue(self, cmd: int, nodes, now: int, bus: bool = True) -> None:
+        """Record command `cmd` at `now`: every constraint it starts; `bus=False` for an auto-precharge, which
+        takes no command slot."""
         next_ok = self.next_ok
         for lvl, after, latency, window, sibling in self.updates[cmd]:
             t = now + latency
@@ -154,6 +160,8 @@ class _Channel:
                         table[sib * NCMD + after] = t
             elif t > table[node * NCMD + after]:
                 table[node * NCMD + after] = t
+        if not bus:
+            return
         occupancy = self.std.command_cycles[cmd]
         if self.std.dual_command_bus and cmd in (RD, WR):
             self.col_bus_free = now + occupancy
@@ -280,7 +288,7 @@ class _Channel:
                 self.active.append(req)
             else:
                 self.issue(PRE, req.nodes, now)
-                open_row[bank] = -1
+                self._closed(bank)
                 self.stats_conflicts += 1
             return True
         return False
@@ -288,9 +296,25 @@ class _Channel:
     def _column(self, req, cmd, now, completions) -> None:
         self.issue(cmd, req.nodes, now)
         completions.append(-1 if req.is_write else now + self.std.read_latency - req.arrive)
-        if self.cfg.page_policy == "closed" and not any(
+        policy = self.cfg.page_policy
+        if policy == "closed" and not any(
                 r.bank == req.bank and r.row == req.row for r in (*self.reads, *self.writes, *self.active)):
             self.to_close.append(req.bank)
+        elif policy == "capped":
+            bank = req.bank
+            if self.col_accesses[bank] >= self.cfg.page_cap:  # this access auto-precharges the row
+                self.issue(PRE, req.nodes, max(now, self.earliest(PRE, req.nodes)), bus=False)
+                self._closed(bank)
+            else:
+                self.col_accesses[bank] += 1
+                if self.col_accesses[bank] >= self.cfg.page_cap and bank not in self.to_close:
+                    self.to_close.append(bank)
+
+    def _closed(self, bank: int) -> None:
+        self.open_row[bank] = -1
+        self.col_accesses[bank] = 0
+        if bank in self.to_close:
+            self.to_close.remove(bank)
 
     def _refresh_due(self, now: int) -> None:
         if now >= self.next_refresh:
@@ -323,7 +347,7 @@ class _Channel:
                     return False
                 self.issue(cmd, nodes, now)
                 for b in open_banks:
-                    self.open_row[b] = -1
+                    self._closed(b)
                 return True
             cmd = REFB if per_bank else REFA
             t = self.earliest(cmd, nodes)
@@ -337,17 +361,20 @@ class _Channel:
             if per_bank:
                 self.refresh_bank[node] = (self.refresh_bank[node] + 1) % self.banks_per_refresh_node
             return True
+        capped = self.cfg.page_policy == "capped"
         for i, bank in enumerate(self.to_close):
             row = self.open_row[bank]
-            if row == -1 or any(r.bank == bank and r.row == row for r in (*self.reads, *self.writes, *self.active)):
+            if row == -1 or (not capped and any(r.bank == bank and r.row == row
+                                                for r in (*self.reads, *self.writes, *self.active))):
                 self.to_close.pop(i)  # closed already, or a new request hits it: keep it open
                 return False
+            if capped and any(r.bank == bank for r in self.active):
+                continue  # a request the row was opened for still waits for its column command
             nodes = self.bank_nodes(bank)
             t = self.earliest(PRE, nodes)
             if t <= now:
                 self.issue(PRE, nodes, now)
-                self.open_row[bank] = -1
-                self.to_close.pop(i)
+                self._closed(bank)
                 return True
             self.wake = min(self.wake, t)
         return False

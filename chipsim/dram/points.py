@@ -29,10 +29,18 @@ def _points():
     for kind, share in (("sequential", 1.0), ("sequential", 0.5), ("random", 1.0)):
         out.append({"standard": "lpddr5", "kind": kind, "read_share": share, "channels": 1, "streams": 1,
                     "refresh": "per-bank"})
+    # capped pages (a row closes after 4 accesses: Ramulator 2.1's ClosedCAP with its default cap); read-only, as
+    # Ramulator stops with writes mixed in ("Failed to send all-bank refresh": its priority queue fills with
+    # precharges it may not issue)
+    for std in ("hbm3", "lpddr5"):
+        for kind, share in (("sequential", 1.0), ("random", 1.0)):
+            out.append({"standard": std, "kind": kind, "read_share": share, "channels": 1, "streams": 1,
+                        "refresh": True, "page": "capped"})
     for p in out:
         tag = {False: "noref", True: "ref", "per-bank": "refpb"}[p["refresh"]]
+        page = "-capped" if p.get("page") == "capped" else ""
         p["name"] = (f"{p['standard']}-{p['kind']}-r{int(p['read_share'] * 100)}-ch{p['channels']}"
-                     f"-s{p['streams']}-{tag}")
+                     f"-s{p['streams']}-{tag}{page}")
     return out
 
 

@@ -21,7 +21,7 @@ REFRESH = {False: "off", True: "all-bank", "per-bank": "per-bank"}
 def run_point(point: dict):
     std, reqs = point_requests(point)
     return simulate(std, reqs, channels=point["channels"], offers_per_cycle=OFFERS_PER_CYCLE[point["standard"]],
-                    controller=ControllerConfig(refresh=REFRESH[point["refresh"]]))
+                    controller=ControllerConfig(refresh=REFRESH[point["refresh"]], page_policy=point.get("page", "open")))
 
 
 def load_reference(path: str) -> dict:

@@ -31,12 +31,12 @@ RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its 
 ONE_POINT = r'''
 import json, sys
 import ramulator
-std, org, timing, ctrl_name, channels, refresh, trace, loadstore = json.loads(sys.argv[1])
+std, org, timing, ctrl_name, channels, refresh, trace, loadstore, page = json.loads(sys.argv[1])
 ctrls = []
 for _ in range(channels):
     dram = getattr(ramulator.dram, std)(org_preset=org, timing_preset=timing)
     ctrls.append(getattr(ramulator.controller, ctrl_name)(
-        dram=dram, scheduler=ramulator.scheduler.FRFCFSRowHit(), row_policy=ramulator.row_policy.Open(),
+        dram=dram, scheduler=ramulator.scheduler.FRFCFSRowHit(), row_policy=ramulator.row_policy.ClosedCAP() if page == "capped" else ramulator.row_policy.Open(),
         addr_mapper=ramulator.addr_mapper.RoBaRaCoCh() if loadstore else ramulator.addr_mapper.PassThroughAddrMapper(),
         refresh_manager=(ramulator.refresh_manager.PerBank() if refresh == "per-bank" else
                          ramulator.refresh_manager.AllBank() if refresh else ramulator.refresh_manager.NoRefresh())))
@@ -69,7 +69,8 @@ def main() -> None:
             with open(trace, "w") as f:
                 f.write("\n".join(lines) + "\n")
             cls, org, timing, ctrl, tick_ns = RAMULATOR[point["standard"]]
-            spec = json.dumps([cls, org, timing, ctrl, point["channels"], point["refresh"], trace, loadstore])
+            spec = json.dumps([cls, org, timing, ctrl, point["channels"], point["refresh"], trace, loadstore,
+                               point.get("page", "open")])
             proc = subprocess.run([sys.executable, "-c", ONE_POINT, spec], capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"{point['name']}: ramulator failed: {proc.stderr.strip().splitlines()[-1]}")
