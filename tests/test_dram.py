@@ -175,3 +175,16 @@ def test_any_mutation_of_a_standard_file_loads_or_fails_in_one_line(tmp_path):
             load_standard(str(path))
         except InputError as exc:
             assert "\n" not in str(exc)
+
+
+def test_chipsim_dram_prints_a_streams_bandwidth_and_latency(capsys):
+    import json
+
+    from chipsim import cli
+
+    assert cli.main(["dram", "lpddr5", "--stream", "random", "--requests", "3000", "--refresh", "off", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["standard"] == "LPDDR5" and row["peak_gbps"] == pytest.approx(12.8)
+    assert 0 < row["bandwidth_gbps"] < row["peak_gbps"] and row["row_hits"] < 10  # random rows: nearly all misses
+    assert cli.main(["dram", "hbm3", "--read-share", "1.5"]) == 2
+    assert "--read-share must be within 0 ... 1" in capsys.readouterr().err
