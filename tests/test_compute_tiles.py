@@ -66,3 +66,55 @@ def test_softmax_on_the_sfus_takes_ops_over_sfu_throughput():
     r = sfu(params(issue_cycles=32), 24 * 1024)
     assert r.compute_cycles == 24 * 1024 // 128
     assert r.ps == math.ceil((192 + 32) * CYCLE_PS) and r.sfu_ops == 24 * 1024
+
+
+def test_the_array_model_takes_matvec_times_from_the_tile_loop_when_asked():
+    """hwconfigs/thor-cycle-level.yaml: a Granite-3B expert's gate+up costs what tile_sim gives for thor's arrays,
+    HBM's stream bandwidth and its request latency (HBM's first byte + UCIe both ways); its fixed part is issue,
+    that latency and the arrays meeting."""
+    from pathlib import Path
+
+    from chipsim.compute.tile_sim import matvec as tiled
+    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.config import load_config
+    from chipsim.hw.paths import memory_timing
+
+    root = Path(__file__).resolve().parents[1]
+    hw = load_config(str(root / "hwconfigs" / "thor-cycle-level.yaml")).hw
+    am = ArrayModel(hw)
+    latency = memory_timing(hw, "hbm").access_latency_ns + 2 * hw.links.ucie.latency_ns
+    assert am.tiles.memory_latency_ns == pytest.approx(latency) and am.tiles.memory_gbps == am.stream_gbps
+    op = am.matvec("gate_up", 1536, 1024, 1536 * 1024 * 2)
+    assert op.duration_ps == tiled(am.tiles, 1536, 1024, 2.0).ps
+    assert op.fixed_ps == round((32 + 16) * CYCLE_PS + latency * 1e3)
+    assert op.macs == 1536 * 1024 and op.hbm_read_bytes == 1536 * 1024 * 2
+
+
+def test_with_requests_enough_the_tile_loop_lands_on_the_analytic_token_time_and_fewer_slow_it():
+    from pathlib import Path
+
+    from chipsim.runner import prepare, simulate
+
+    cfg = str(Path(__file__).resolve().parents[1] / "hwconfigs" / "thor-cycle-level.yaml")
+    base = ["workload.max_tokens=3"]
+
+    def token_ms(extra):
+        prep = prepare(cfg, base + extra, ["no-prefetch"])
+        return simulate(prep, prep.policies[0]).per_token.latency_ps.mean() / 1e9
+
+    analytic = token_ms(["compute.timing=analytic"])
+    many = token_ms([])
+    few = token_ms(["compute.outstanding_requests_per_array=32"])
+    assert many == pytest.approx(analytic, rel=0.01)
+    assert few > many * 1.2  # 32 x 64 B / ~48 ns = 43 GB/s per array, a quarter of its HBM share
+
+
+def test_cycle_level_timing_needs_its_microarchitecture_keys():
+    from pathlib import Path
+
+    from chipsim.errors import InputError
+    from chipsim.hw.config import load_config
+
+    thor = str(Path(__file__).resolve().parents[1] / "hwconfigs" / "thor.yaml")
+    with pytest.raises(InputError, match=r"compute.sram_read_bytes_per_cycle_per_array: compute.timing: cycle-level"):
+        load_config(thor, ["compute.timing=cycle-level"])

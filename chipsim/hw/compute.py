@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chipsim.compute.tile_sim import ChipletParams
+from chipsim.compute.tile_sim import matvec as tiled_matvec
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -105,6 +107,17 @@ class ArrayModel:
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
+        self.tiles = None  # cycle-level timing of matrix-vector operations (chipsim.compute.tile_sim)
+        if c.timing == "cycle-level" and operands_from == "hbm":
+            self.request_latency_ns = hbm.access_latency_ns + 2 * hw.links.ucie.latency_ns  # request out, data back
+            self.tiles = ChipletParams(
+                arrays=c.arrays, units_per_array=c.unit_rows * c.unit_cols, vector_length=c.vector_length,
+                clock_mhz=c.clock_mhz, sfus_per_array=c.sfus_per_array, sfu_ops_per_cycle=c.sfu_ops_per_cycle,
+                sram_read_bytes_per_cycle=c.sram_read_bytes_per_cycle_per_array,
+                tile_bytes=int(c.operand_tile_kib * 1024), request_bytes=c.hbm_request_bytes,
+                outstanding_requests_per_array=c.outstanding_requests_per_array, memory_gbps=self.stream_gbps,
+                memory_latency_ns=self.request_latency_ns, issue_cycles=c.op_overhead_cycles,
+                sync_cycles=c.array_sync_cycles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model
@@ -126,7 +139,20 @@ class ArrayModel:
         """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM."""
         cycles = ceil_div(outputs * ceil_div(reduction, self.vector_length), self.units)
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
+        if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
+            return self._tiled_matvec(name, reduction, outputs, weight_bytes, write_bytes, cycles)
         return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
+
+    def _tiled_matvec(self, name, reduction, outputs, weight_bytes, write_bytes, cycles) -> OpCost:
+        """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
+        latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
+        self.modelled_ops += 1
+        r = tiled_matvec(self.tiles, reduction, outputs, weight_bytes / (reduction * outputs))
+        p = self.tiles
+        fixed = min(r.ps, round((p.issue_cycles + p.sync_cycles) * p.cycle_ps + self.request_latency_ns * 1e3))
+        compute_ps = cycles_to_ps(cycles, self.clock_mhz)
+        memory_ps = transfer_ps(weight_bytes + write_bytes, self.stream_bytes_per_s)
+        return OpCost(name, r.ps, compute_ps, memory_ps, weight_bytes, write_bytes, outputs * reduction, 0, fixed, 0)
 
     def sfu(self, name: str, ops: int) -> OpCost:
         return self._op(name, op_key("sfu", elements=ops), ceil_div(ops, self.sfu_per_cycle), 0, 0, 0, ops)

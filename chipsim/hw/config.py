@@ -98,6 +98,20 @@ class ComputeConfig:
         "array model's estimate (profiled-operator mode, as in Vidur); empty: the array model throughout", {})
     sram_read_gbps_per_array: float = _optional("operand bandwidth of one array's SRAM, GB/s (read by experts "
                                                 "staged in SRAM; 0: not given)", 0.0, minimum=0, maximum=1e7)
+    timing: str = _optional("how an operation's time is found: analytic (max of tiling cycles and bytes over the "
+                            "stream bandwidth, plus fixed latency) or cycle-level (chipsim/compute/tile_sim.py: the "
+                            "tile loop with requests in flight and double-buffered SRAM tiles; matrix-vector "
+                            "operations, the others stay analytic)", "analytic", choices=("analytic", "cycle-level"))
+    sram_read_bytes_per_cycle_per_array: int = _optional("cycle-level: bytes one array reads from its SRAM per "
+                                                         "cycle (banks x bank width)", 0, minimum=0, maximum=1 << 30)
+    operand_tile_kib: float = _optional("cycle-level: one operand tile in SRAM, KiB (two per array: double-buffered)",
+                                        0.0, minimum=0, maximum=1 << 20)
+    hbm_request_bytes: int = _optional("cycle-level: bytes of one operand read request to HBM over UCIe", 0,
+                                       minimum=0, maximum=1 << 20)
+    outstanding_requests_per_array: int = _optional("cycle-level: operand read requests one array keeps in flight",
+                                                    0, minimum=0, maximum=1 << 24)
+    array_sync_cycles: int = _optional("cycle-level: cycles the arrays take to meet at the end of an operation", 0,
+                                       minimum=0, maximum=1e9)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -476,6 +490,12 @@ def _check_consistency(config: Config) -> None:
             raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
     _check_names(hw)
     _check_fetch_path(hw)
+    c = hw.compute
+    if c.timing == "cycle-level":
+        for key in ("sram_read_bytes_per_cycle_per_array", "operand_tile_kib", "hbm_request_bytes",
+                    "outstanding_requests_per_array"):
+            if not getattr(c, key):
+                raise InputError(f"compute.{key}: compute.timing: cycle-level needs it (positive)")
 
 
 # the built-in components' names, and the name the arrays' SRAM goes by when experts are staged there
