@@ -198,6 +198,22 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    """Every operation of the decode step, analytic and cycle-level side by side."""
+    import json
+
+    from chipsim.workload.op_table import format_table, op_table
+    from chipsim.hw.config import load_config
+
+    rows = op_table(load_config(args.config, args.set or []).hw)
+    if args.out:
+        from chipsim.files import write_atomic
+
+        write_atomic(args.out, json.dumps(rows, indent=1) + "\n")
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    return 0
+
+
 def _cmd_dram(args) -> int:
     """Run one request stream through the command-level DRAM model, or (--validate) every validation point
     beside Ramulator 2.1's committed results."""
@@ -308,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(needs torch with CUDA; `chipsim hwreplay --help`)")
     sub.add_parser("hwcompare", help="simulated vs measured latency and bytes of hwreplay measurements; writes "
                                      "VALIDATION.md (`chipsim hwcompare --help`)")
+    calibrate = sub.add_parser("calibrate", help="cost every operation of the config's decode step by the analytic "
+                                                 "array model and the cycle-level tile loop, side by side")
+    calibrate.add_argument("config", help="a config with compute.timing: cycle-level, e.g. hwconfigs/thor-cycle-level.yaml")
+    calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    calibrate.add_argument("--json", action="store_true", help="print the table as JSON")
+    calibrate.add_argument("--out", metavar="FILE", help="also write the table as JSON into FILE")
+    calibrate.set_defaults(func=_cmd_calibrate)
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")
     dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dram/standards/)")

@@ -118,3 +118,28 @@ def test_cycle_level_timing_needs_its_microarchitecture_keys():
     thor = str(Path(__file__).resolve().parents[1] / "hwconfigs" / "thor.yaml")
     with pytest.raises(InputError, match=r"compute.sram_read_bytes_per_cycle_per_array: compute.timing: cycle-level"):
         load_config(thor, ["compute.timing=cycle-level"])
+
+
+def test_chipsim_calibrate_lists_every_operation_both_ways(capsys):
+    """Each distinct operation of thor-cycle-level's decode step appears once per group; matrix-vector ones come
+    from the tile loop (within 20 % of the analytic time at 256 requests in flight), the rest are the same."""
+    import json
+    from pathlib import Path
+
+    from chipsim import cli
+
+    cfg = str(Path(__file__).resolve().parents[1] / "hwconfigs" / "thor-cycle-level.yaml")
+    assert cli.main(["calibrate", cfg, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_op = {(r["group"], r["op"]): r for r in rows}
+    assert len(by_op) == len(rows)
+    for r in rows:
+        if r["timed_by"] == "tile loop":
+            assert r["shape"].startswith("matvec") and 1.0 <= r["ratio"] < 1.2
+        else:
+            assert r["ratio"] == 1.0
+    lm = by_op[("head", "lm_head")]
+    assert lm["hbm_bytes"] == 1536 * 49155 * 2 and lm["macs"] == 1536 * 49155
+    thor = str(Path(cfg).with_name("thor.yaml"))
+    assert cli.main(["calibrate", thor]) == 2
+    assert "chipsim calibrate needs compute.timing: cycle-level" in capsys.readouterr().err
