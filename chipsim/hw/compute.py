@@ -119,7 +119,7 @@ class ArrayModel:
                 memory_latency_ns=self.request_latency_ns, issue_cycles=c.op_overhead_cycles,
                 sync_cycles=c.array_sync_cycles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
-        self.log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
+        self.op_log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model
 
@@ -135,8 +135,8 @@ class ArrayModel:
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
         cost = OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs,
                       sfu_ops, fixed, vector_ops)
-        if self.log is not None:
-            self.log.append((name, key, cost))
+        if self.op_log is not None:
+            self.op_log.append((name, key, cost))
         return cost
 
     def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0) -> OpCost:
@@ -157,8 +157,8 @@ class ArrayModel:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         memory_ps = transfer_ps(weight_bytes + write_bytes, self.stream_bytes_per_s)
         cost = OpCost(name, r.ps, compute_ps, memory_ps, weight_bytes, write_bytes, outputs * reduction, 0, fixed, 0)
-        if self.log is not None:
-            self.log.append((name, op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes),
+        if self.op_log is not None:
+            self.op_log.append((name, op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes),
                              cost))
         return cost
 

@@ -24,14 +24,14 @@ def op_table(hw) -> list[dict]:
     costs = {}
     for label, model_hw in (("analytic", analytic_hw), ("cycle", hw)):
         am = ArrayModel(model_hw)
-        am.log = []
+        am.op_log = []
         for group, build in op_group_builders(am, m, model_hw).items():
             if build is None:
                 continue
             build()
-            for name, key, cost in am.log:
+            for name, key, cost in am.op_log:
                 costs.setdefault((group, name, key), {})[label] = cost
-            am.log = []
+            am.op_log = []
     for (group, name, key), pair in costs.items():
         if (group, key) in seen:
             continue
