@@ -25,7 +25,7 @@ def test_a_write_after_reads_waits_for_the_turnaround_and_a_read_after_it_for_tw
     """The constraint engine by hand: RD at 0 -> WR no earlier than nRTW; WR at t -> RD to the same bank group
     at t + nCWL + nBL + nWTRL, to another bank group at t + nCWL + nBL + nWTRS; ACT -> RD after nRCDRD."""
     ch = _Channel(HBM3, ControllerConfig())
-    same_bg, other_bg = [0, 0, 0, 0], [0, 0, 1, 4]  # flat node ids: pc 0, sid 0, bank group 0 / 1
+    same_bg, other_bg = [0, 0, 0, 0, 0], [0, 0, 0, 1, 4]  # flat node ids: channel, pc 0, sid 0, bank group 0 / 1
     ch.issue(ACT, same_bg, 0)
     assert ch.earliest(RD, same_bg) == P["nRCDRD"]
     ch.issue(RD, same_bg, 100)
@@ -40,7 +40,7 @@ def test_a_write_after_reads_waits_for_the_turnaround_and_a_read_after_it_for_tw
 
 def test_a_fifth_activate_waits_for_the_four_activate_window():
     ch = _Channel(HBM3, ControllerConfig())
-    banks = [[0, 0, bg, bg * 4] for bg in range(4)] + [[0, 0, 0, 1]]  # four bank groups, then bank group 0 again
+    banks = [[0, 0, 0, bg, bg * 4] for bg in range(4)] + [[0, 0, 0, 0, 1]]  # four bank groups, then group 0 again
     times = []
     for nodes in banks:
         t = ch.earliest(ACT, nodes)

@@ -42,15 +42,14 @@ class ControllerConfig:
 
 
 class _Request:
-    __slots__ = ("is_write", "nodes", "bank", "row", "arrive", "key")
+    __slots__ = ("is_write", "nodes", "bank", "row", "arrive")
 
     def __init__(self, is_write, nodes, row):
         self.is_write = is_write
-        self.nodes = nodes  # flat node id at every level below the channel
+        self.nodes = nodes  # flat node id within the channel at every level (the channel itself: 0)
         self.bank = nodes[-1]
         self.row = row
         self.arrive = 0
-        self.key = (nodes[-1], row)
 
 
 @dataclass
@@ -77,7 +76,7 @@ class _Channel:
 
     def __init__(self, std: Standard, cfg: ControllerConfig):
         self.std, self.cfg = std, cfg
-        counts = std.org.counts[1:]  # levels below the channel
+        counts = (1,) + std.org.counts[1:]  # nodes per parent at every level; a controller has one channel
         self.nlevels = len(counts)
         self.sizes = []
         n = 1
@@ -87,14 +86,11 @@ class _Channel:
         self.counts = counts
         self.next_ok = [[0] * (size * NCMD) for size in self.sizes]  # earliest issue cycle per node and command
         self.open_row = [-1] * self.sizes[-1]
-        # the constraints per issued command, by level below the channel (channel-level ones go to level 0 node 0)
+        # the constraints each issued command starts: (level, later command, latency, window, sibling)
         self.updates = [[] for _ in range(NCMD)]
         self.windows = {}
         for c in std.constraints:
-            lvl = c.level - 1  # -1: the channel itself
-            self.updates[c.before].append((lvl, c.after, c.latency, c.window, c.sibling))
-        self.channel_ok = [0] * NCMD
-        self.channel_windows = {}
+            self.updates[c.before].append((c.level, c.after, c.latency, c.window, c.sibling))
         self.reads: list[_Request] = []
         self.writes: list[_Request] = []
         self.active: list[_Request] = []  # rows opened for them, column command to come (Ramulator's active buffer)
@@ -103,9 +99,7 @@ class _Channel:
         self.col_bus_free = 0
         self.wake = INF
         # refresh: every nREFI (nREFIpb per bank) all refresh nodes at once, as Ramulator 2.1's managers do
-        rl = std.refresh_level - 1
-        self.refresh_level = rl
-        self.refresh_nodes = self.sizes[rl] if rl >= 0 else 1
+        self.refresh_nodes = self.sizes[std.refresh_level]
         self.banks_per_refresh_node = self.sizes[-1] // self.refresh_nodes
         p = std.params
         self.refresh_interval = {"all-bank": p.get("nREFI", INF), "per-bank": p.get("nREFIpb", INF)}.get(
@@ -120,7 +114,7 @@ class _Channel:
 
     # ------------------------------------------------------------------ timing
     def earliest(self, cmd: int, nodes) -> int:
-        t = self.channel_ok[cmd]
+        t = 0
         next_ok = self.next_ok
         for lvl in range(self.nlevels):
             v = next_ok[lvl][nodes[lvl] * NCMD + cmd]
@@ -134,16 +128,6 @@ class _Channel:
         next_ok = self.next_ok
         for lvl, after, latency, window, sibling in self.updates[cmd]:
             t = now + latency
-            if lvl < 0:
-                if window > 1:
-                    hist = self.channel_windows.setdefault((cmd, after, latency), deque(maxlen=window))
-                    hist.append(now)
-                    if len(hist) < window:
-                        continue
-                    t = hist[0] + latency
-                if t > self.channel_ok[after]:
-                    self.channel_ok[after] = t
-                continue
             node = nodes[lvl]
             if window > 1:
                 hist = self.windows.setdefault((lvl, node, cmd, after, latency), deque(maxlen=window))
@@ -175,7 +159,7 @@ class _Channel:
         return range(refresh_node * n, (refresh_node + 1) * n)
 
     def bank_nodes(self, bank: int) -> list[int]:
-        """The node ids of a flat bank id at every level below the channel."""
+        """The node ids of a flat bank id at every level (the channel: 0)."""
         out = [0] * self.nlevels
         for lvl in range(self.nlevels - 1, -1, -1):
             out[lvl] = bank
@@ -392,8 +376,8 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
     chans = [_Channel(std, controller) for _ in range(channels)]
     counts = std.org.counts[1:]
 
-    def nodes_of(addr):
-        out, flat = [], 0
+    def nodes_of(addr):  # the address below the channel -> node ids at every level, the channel first
+        out, flat = [0], 0
         for lvl, idx in enumerate(addr):
             flat = flat * counts[lvl] + idx
             out.append(flat)
