@@ -63,10 +63,10 @@ def header_lines(prep, fetch_path) -> list[str]:
     comps = components(hw)
     hops = [_hop_text(hw, name, comps[name]) for name in fetch_components(hw)]
     if hw.expert_buffer.location == "sram":
-        hops.append(f"SRAM {hw.compute.sram_read_gbps_per_array * hw.compute.arrays:g}")
+        hops.append(f"SRAM {hw.compute.sram_read_gbps:g}")
     hbm = comps["hbm"]
     if hw.expert_buffer.location == "sram":
-        shared = [f"SRAM {hw.compute.sram_read_gbps_per_array * hw.compute.arrays:g} GB/s between expert reads and "
+        shared = [f"SRAM {hw.compute.sram_read_gbps:g} GB/s between expert reads and "
                   "fetch writes", f"HBM {hbm.gbps:.0f} GB/s among operand reads"]
     else:
         shared = [f"HBM {hbm.gbps:.0f} GB/s between operand reads and fetch writes (a written byte costs "

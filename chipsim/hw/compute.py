@@ -99,7 +99,7 @@ class ArrayModel:
         self.sfu_per_cycle = c.arrays * c.sfus_per_array * c.sfu_ops_per_cycle
         hbm = memory_timing(hw, "hbm")
         if operands_from == "sram":
-            self.stream_gbps = c.sram_read_gbps_per_array * c.arrays
+            self.stream_gbps = c.sram_read_gbps
             self.first_operand_ps = ns_to_ps(c.sram_access_ns)
         else:
             self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.bandwidth_gbps)

@@ -98,6 +98,11 @@ class ComputeConfig:
         "array model's estimate (profiled-operator mode, as in Vidur); empty: the array model throughout", {})
     sram_read_gbps_per_array: float = _optional("operand bandwidth of one array's SRAM, GB/s (read by experts "
                                                 "staged in SRAM; 0: not given)", 0.0, minimum=0, maximum=1e7)
+
+    @property
+    def sram_read_gbps(self) -> float:
+        """All arrays' SRAM read bandwidth, GB/s: what experts staged there are read at (and share with fetches)."""
+        return self.sram_read_gbps_per_array * self.arrays
     timing: str = _optional("how an operation's time is found: analytic (max of tiling cycles and bytes over the "
                             "stream bandwidth, plus fixed latency) or cycle-level (chipsim/compute/tile_sim.py: the "
                             "tile loop with requests in flight and double-buffered SRAM tiles; matrix-vector "

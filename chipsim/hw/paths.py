@@ -26,8 +26,6 @@ IN_PACKAGE = ("hbm", "ucie")
 @dataclass(frozen=True)
 class Component:
     name: str
-    kind: str  # "memory" or "link"
-    key: str  # its dotted config section, for messages
     gbps: float  # usable bandwidth (a memory's effective streaming rate; a link's data rate per direction)
     latency_ns: float  # a memory's first-byte latency; a link's crossing
     pj_per_bit: float
@@ -55,16 +53,14 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
 def components(hw: HardwareConfig) -> dict[str, Component]:
     """Every memory and link of the config by name: built-in ones in a fixed order, then the extra ones."""
     out = {}
-    for name, (key, d) in memory_tiers(hw).items():
+    for name, (_key, d) in memory_tiers(hw).items():
         t = memory_timing(hw, name)
-        out[name] = Component(name, "memory", key, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit,
-                              d.background_power_w, t.turnaround)
-    for name, (key, link) in serial_links(hw).items():
-        out[name] = Component(name, "link", key, link.data_gbps, link.latency_ns, link.energy_pj_per_bit,
-                              link.static_power_w)
+        out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
+                              t.turnaround)
+    for name, (_key, link) in serial_links(hw).items():
+        out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w)
     u = hw.links.ucie
-    out["ucie"] = Component("ucie", "link", "links.ucie", u.bandwidth_gbps, u.latency_ns, u.energy_pj_per_bit,
-                            u.static_power_w)
+    out["ucie"] = Component("ucie", u.bandwidth_gbps, u.latency_ns, u.energy_pj_per_bit, u.static_power_w)
     # a fixed order for the ledger and results (the order in which energy is summed, so results stay identical)
     order = ["lpddr5x", "pcie", "ucie", "hbm"]
     order += [n for n in out if n not in order]
@@ -93,14 +89,14 @@ class FetchPathTiming:
     bandwidth_gbps: float  # bottleneck of the path, per direction
     latency_ns: float  # summed latency of the path
     bottleneck: str
-    per_component_gbps: dict  # every component of the config
 
 
-def fetch_path_timing(hw: HardwareConfig) -> FetchPathTiming:
-    comps = components(hw)
+def fetch_path_timing(hw: HardwareConfig, comps: dict[str, Component] | None = None) -> FetchPathTiming:
+    """The fetch path's bottleneck and summed latency (`comps`: components(hw), if already at hand)."""
+    comps = comps or components(hw)
     crossed = fetch_components(hw)
     bottleneck = min(crossed, key=lambda k: (comps[k].gbps, k))
     latency = sum(comps[c].latency_ns for c in crossed)
     if hw.expert_buffer.location == "sram":
         latency += hw.compute.sram_access_ns
-    return FetchPathTiming(comps[bottleneck].gbps, latency, bottleneck, {n: c.gbps for n, c in comps.items()})
+    return FetchPathTiming(comps[bottleneck].gbps, latency, bottleneck)

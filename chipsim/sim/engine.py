@@ -116,14 +116,15 @@ class Simulation:
         n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.num_tokens = n_tokens
         self.env = simpy.Environment()
-        path = fetch_path_timing(hw)
+        comps = components(hw)  # every memory and link: priced once here
+        path = fetch_path_timing(hw, comps)
         self.path_timing = path
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         self._stage_in_sram = hw.expert_buffer.location == "sram"
-        self.network = self._network(self.env, hw, self._stage_in_sram)
+        self.network = self._network(self.env, hw, comps, self._stage_in_sram)
         net = self.network
-        self._components = tuple(components(hw))
+        self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
         self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
@@ -172,12 +173,12 @@ class Simulation:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
     @staticmethod
-    def _network(env: simpy.Environment, hw: HardwareConfig, stage_in_sram: bool) -> FlowNetwork:
+    def _network(env: simpy.Environment, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
         names, gbps, turnaround = [], [], []
-        for comp in components(hw).values():
+        for comp in comps.values():
             names.append(_UCIE_FETCH if comp.name == "ucie" else comp.name)
             gbps.append(comp.gbps)
             turnaround.append(round(comp.turnaround * PPM))
@@ -186,7 +187,7 @@ class Simulation:
         turnaround.append(0)
         if stage_in_sram:
             names.append("sram")
-            gbps.append(hw.compute.sram_read_gbps_per_array * hw.compute.arrays)
+            gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
         return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround)
 
