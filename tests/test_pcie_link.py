@@ -11,11 +11,12 @@ from chipsim.hw.config import load_config
 from chipsim.hw.pcie_link import PcieLinkParams, transfer_ns, usable_gbps, wire_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-GEN5 = dict(lanes=16, gtps=32.0, encoding="128b/130b", read_completion_boundary_bytes=64, completion_latency_ns=700)
+GEN5 = dict(lanes=16, gtps=32.0, encoding="128b/130b", completion_latency_ns=700)
 
 
 def h200_link() -> PcieLinkParams:
-    """The H200 host link with the settings read from its config space (validation/pcie/h200-host-pcie.json)."""
+    """The H200 host link with the settings read from its config space (validation/pcie/h200-host-pcie.json); its
+    read completion boundary (64 B) does not split aligned reads."""
     probe = json.loads((ROOT / "validation" / "pcie" / "h200-host-pcie.json").read_text())
     gpu = next(iter(probe["functions"].values()))["gpu"]
     assert (gpu["link_speed_code"], gpu["link_width"]) == (5, 16)  # 32 GT/s x16
@@ -32,7 +33,7 @@ def test_a_gen5_read_request_by_hand():
     assert usable_gbps(p) == pytest.approx(64.0 * 4096 / wire_bytes(4096, p), rel=1e-6)
 
 
-def test_completions_split_at_the_completion_boundary_when_it_is_the_smaller():
+def test_a_smaller_max_payload_means_more_completions_and_their_headers():
     small = PcieLinkParams(max_payload_bytes=64, max_read_request_bytes=512, tags=256, **GEN5)
     assert wire_bytes(512, small) == pytest.approx((8 * (64 + 20) + 8) * 130 / 128 * 371 / 370)
 
@@ -41,7 +42,7 @@ def test_a_flit_link_carries_236_tlp_bytes_per_256_and_gives_thors_figure():
     """thor's PCIe 6.0 x16: 64 GT/s, FLITs, 256 B completions: 128 x 236/256 x 256/268 = 112.72 GB/s per direction,
     thor.yaml's links.pcie figure (118 x 256/268) derived from the protocol instead of typed in."""
     p = PcieLinkParams(lanes=16, gtps=64.0, encoding="flit", max_payload_bytes=256, max_read_request_bytes=512,
-                       read_completion_boundary_bytes=64, tags=256, completion_latency_ns=600, tlp_framing_bytes=0,
+                       tags=256, completion_latency_ns=600, tlp_framing_bytes=0,
                        dllp_bytes=0)
     expert = 4718592  # one Granite-3B expert at BF16
     assert wire_bytes(expert, p) == math.ceil(expert / 256 * 268 / 236) * 256

@@ -2,9 +2,9 @@
 usable bandwidth and time for every transfer size from the protocol's parameters.
 
 A read of N bytes goes out as memory-read requests of at most max_read_request_bytes (4-DW headers) and comes
-back as completions (3-DW headers) of at most max_payload_bytes, split at the read completion boundary. On a
-128b/130b link (PCIe 3.0-5.0) every TLP carries framing (STP token, LCRC), the receiver's Ack DLLPs share the
-data direction and SKP ordered sets interrupt the stream; PCIe 6.0 packs TLPs into 256 B FLITs of 236 TLP bytes
+back as completions (3-DW headers) of at most max_payload_bytes (an aligned read never splits earlier, at the
+read completion boundary). On a 128b/130b link (PCIe 3.0-5.0) every TLP carries framing (STP token, LCRC), the
+receiver's Ack DLLPs share the data direction and SKP ordered sets interrupt the stream; PCIe 6.0 packs TLPs into 256 B FLITs of 236 TLP bytes
 (DLLPs, CRC and FEC live in the rest). Reads in flight are bounded by the requester's tags (and the completer's
 non-posted credits): each holds its tag for the completion latency plus its own data time. So
 
@@ -29,7 +29,6 @@ class PcieLinkParams:
     encoding: str  # "128b/130b" or "flit"
     max_payload_bytes: int  # MPS: largest completion payload
     max_read_request_bytes: int  # MRRS
-    read_completion_boundary_bytes: int  # RCB: completions split at these boundaries
     tags: int  # reads in flight (requester tags, or the completer's non-posted credits if fewer)
     completion_latency_ns: float  # a read request out to its first completion byte back
     completion_header_bytes: int = 12  # 3-DW CplD header
@@ -47,31 +46,25 @@ class PcieLinkParams:
         return self.lanes * self.gtps / 8
 
 
-def _completions(nbytes: int, p: PcieLinkParams) -> list[int]:
-    """Payloads of the completions of one aligned read request of `nbytes`: MPS each, RCB-aligned."""
-    size = min(p.max_payload_bytes, max(p.read_completion_boundary_bytes,
-                                        p.max_payload_bytes // p.read_completion_boundary_bytes
-                                        * p.read_completion_boundary_bytes))
-    full, rest = divmod(nbytes, size)
-    return [size] * full + ([rest] if rest else [])
+def _request_tlp(size: int, p: PcieLinkParams) -> tuple[int, int]:
+    """(TLP bytes, completions) of one aligned read request of `size` bytes: completions of at most max payload,
+    each with its header (an aligned request never splits at the read completion boundary before that)."""
+    n = math.ceil(size / p.max_payload_bytes)
+    return size + n * p.completion_header_bytes, n
 
 
 def wire_bytes(nbytes: int, p: PcieLinkParams) -> float:
-    """Bytes on the completion (data) direction's wire for a read of `nbytes` (aligned)."""
-    requests, last = divmod(nbytes, p.max_read_request_bytes)
-    sizes = [p.max_read_request_bytes] * requests + ([last] if last else [])
-    tlp = 0
-    ncpl = 0
-    for size in set(sizes):
-        cpls = _completions(size, p)
-        per_request = sum(c + p.completion_header_bytes for c in cpls)
-        count = sizes.count(size)
-        tlp += count * per_request
-        ncpl += count * len(cpls)
+    """Bytes on the completion (data) direction's wire for a read of `nbytes` (aligned): full requests of
+    max_read_request_bytes and a shorter last one."""
+    full, last = divmod(nbytes, p.max_read_request_bytes)
+    tlp, ncpl = (full * x for x in _request_tlp(p.max_read_request_bytes, p))
+    if last:
+        tlp_last, ncpl_last = _request_tlp(last, p)
+        tlp, ncpl = tlp + tlp_last, ncpl + ncpl_last
     if p.encoding == "flit":
         return math.ceil(tlp / p.flit_tlp_bytes) * p.flit_bytes
     framed = tlp + ncpl * p.tlp_framing_bytes
-    acks = math.ceil(len(sizes) / p.completions_per_ack) * p.dllp_bytes  # the completer's Acks for our requests
+    acks = math.ceil((full + (1 if last else 0)) / p.completions_per_ack) * p.dllp_bytes  # Acks for our requests
     encoded = (framed + acks) * 130 / 128
     return encoded * (1 + 1 / p.skp_interval_blocks)
 
@@ -89,8 +82,3 @@ def transfer_ns(nbytes: int, p: PcieLinkParams) -> float:
     link's or the tags' rate."""
     rate = usable_gbps(p, max(nbytes, p.max_read_request_bytes))
     return p.completion_latency_ns + nbytes / rate
-
-
-def curve(p: PcieLinkParams, sizes) -> list[tuple[int, float]]:
-    """(bytes, GB/s) of single reads of each size."""
-    return [(n, n / transfer_ns(n, p)) for n in sizes]
