@@ -60,13 +60,12 @@ def dram_timing(cfg: DramConfig) -> DramTiming:
     )
 
 
-def command_level_timing(cfg: DramConfig, key: str, write_share: float) -> DramTiming:
+def command_level_timing(cfg: DramConfig, key: str, write_share: float, closed: DramTiming) -> DramTiming:
     """The memory's figures from its standard's command-level model (chipsim.dram.calibrate): efficiency times
-    this config's peak, the turnaround at `write_share`, a lone read's latency."""
+    this config's peak (`closed`: its closed-form timing), the turnaround at `write_share`, a lone read's latency."""
     from chipsim.dram.calibrate import calibrate
 
     cal = calibrate(cfg, key, write_share)
-    closed = dram_timing(cfg)
     return DramTiming(
         peak_gbps=closed.peak_gbps, row_efficiency=cal.efficiency, refresh_efficiency=1.0,
         effective_gbps=closed.peak_gbps * cal.efficiency, access_latency_ns=cal.access_latency_ns,

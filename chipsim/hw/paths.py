@@ -47,7 +47,7 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
         return closed
     links = serial_links(hw)
     link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.bandwidth_gbps])
-    return command_level_timing(d, key, link_gbps / closed.effective_gbps)
+    return command_level_timing(d, key, link_gbps / closed.effective_gbps, closed)
 
 
 def components(hw: HardwareConfig) -> dict[str, Component]:

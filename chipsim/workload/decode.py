@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from chipsim.errors import InputError
 from chipsim.hw.compute import ArrayModel, OpCost, ceil_div
 from chipsim.hw.config import HardwareConfig, memory_tiers
+from chipsim.hw.paths import expert_store
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
 from chipsim.workload.models import ModelShape, get_model
 
@@ -233,7 +234,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
             f"expert buffer ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
-    store_key, store = memory_tiers(hw)[hw.paths.fetch[0]]  # the memory the experts are fetched from
+    store_key, store = memory_tiers(hw)[expert_store(hw)]  # the memory the experts are fetched from
     all_experts = m.num_moe_layers * m.num_experts * expert_bytes
     if all_experts > int(store.capacity_gib * BYTES_PER_GIB):
         raise InputError(
