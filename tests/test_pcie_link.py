@@ -8,40 +8,43 @@ from pathlib import Path
 import pytest
 
 from chipsim.hw.config import load_config
-from chipsim.hw.pcie_link import PcieLinkParams, transfer_ns, usable_gbps, wire_bytes
+from chipsim.errors import InputError
+from chipsim.hwreplay.pcie_check import load
+from chipsim.hw.pcie_link import link_params, transfer_ns, usable_gbps, wire_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN5 = dict(lanes=16, gtps=32.0, encoding="128b/130b", completion_latency_ns=700)
 
 
-def h200_link() -> PcieLinkParams:
+def h200_link(completion_latency_ns: float = 700):
     """The H200 host link with the settings read from its config space (validation/pcie/h200-host-pcie.json); its
     read completion boundary (64 B) does not split aligned reads."""
     probe = json.loads((ROOT / "validation" / "pcie" / "h200-host-pcie.json").read_text())
     gpu = next(iter(probe["functions"].values()))["gpu"]
     assert (gpu["link_speed_code"], gpu["link_width"]) == (5, 16)  # 32 GT/s x16
-    return PcieLinkParams(max_payload_bytes=gpu["mps_bytes"], max_read_request_bytes=gpu["mrrs_bytes"],
-                          tags=768 if gpu["tag10_requester_enabled"] else 256, **GEN5)
+    return link_params(max_payload_bytes=gpu["mps_bytes"], max_read_request_bytes=gpu["mrrs_bytes"],
+                       tags=768 if gpu["tag10_requester_enabled"] else 256,
+                       **dict(GEN5, completion_latency_ns=completion_latency_ns))
 
 
 def test_a_gen5_read_request_by_hand():
     """One 4096 B read, 256 B payloads: 16 completions of 256 + 12 (3-DW header) + 8 (STP + LCRC) bytes and one
     8-byte Ack, times 130/128 for the encoding and 371/370 for SKP ordered sets."""
-    p = PcieLinkParams(max_payload_bytes=256, max_read_request_bytes=4096, tags=256, **GEN5)
+    p = link_params(max_payload_bytes=256, max_read_request_bytes=4096, tags=256, **GEN5)
     assert wire_bytes(4096, p) == pytest.approx((16 * (256 + 12 + 8) + 8) * 130 / 128 * 371 / 370)
     assert p.raw_gbps == 64.0
     assert usable_gbps(p) == pytest.approx(64.0 * 4096 / wire_bytes(4096, p), rel=1e-6)
 
 
 def test_a_smaller_max_payload_means_more_completions_and_their_headers():
-    small = PcieLinkParams(max_payload_bytes=64, max_read_request_bytes=512, tags=256, **GEN5)
+    small = link_params(max_payload_bytes=64, max_read_request_bytes=512, tags=256, **GEN5)
     assert wire_bytes(512, small) == pytest.approx((8 * (64 + 20) + 8) * 130 / 128 * 371 / 370)
 
 
 def test_a_flit_link_carries_236_tlp_bytes_per_256_and_gives_thors_figure():
     """thor's PCIe 6.0 x16: 64 GT/s, FLITs, 256 B completions: 128 x 236/256 x 256/268 = 112.72 GB/s per direction,
     thor.yaml's links.pcie figure (118 x 256/268) derived from the protocol instead of typed in."""
-    p = PcieLinkParams(lanes=16, gtps=64.0, encoding="flit", max_payload_bytes=256, max_read_request_bytes=512,
+    p = link_params(lanes=16, gtps=64.0, encoding="flit", max_payload_bytes=256, max_read_request_bytes=512,
                        tags=256, completion_latency_ns=600, tlp_framing_bytes=0,
                        dllp_bytes=0)
     expert = 4718592  # one Granite-3B expert at BF16
@@ -51,21 +54,62 @@ def test_a_flit_link_carries_236_tlp_bytes_per_256_and_gives_thors_figure():
 
 
 def test_too_few_tags_bound_the_rate_by_tags_times_request_over_latency():
-    p = PcieLinkParams(max_payload_bytes=256, max_read_request_bytes=512, tags=4, **GEN5)
+    p = link_params(max_payload_bytes=256, max_read_request_bytes=512, tags=4, **GEN5)
     request_ns = wire_bytes(512, p) / p.raw_gbps
     assert usable_gbps(p) == pytest.approx(4 * 512 / (700 + request_ns))
     assert transfer_ns(1 << 20, p) == pytest.approx(700 + (1 << 20) / usable_gbps(p, 1 << 20))
 
 
-def test_the_h200_hosts_large_copies_come_within_ten_percent_from_protocol_parameters_alone():
-    """The measured PCIe 5.0 x16 H2D curve (16 copies queued, validation/h200-microbench.json) against the link
-    layer with the settings the probe read (MPS 256, MRRS 4096, 10-bit tags, RCB 64) and an assumed 700 ns
-    completion latency: within 10 % at 4 MB and up, and the asymptote within 5 % of the fit. Smaller copies are
-    dominated by the copy engine's ~3 us per copy, which is no link-layer quantity (VALIDATION notes say so)."""
-    p = h200_link()
-    mb = json.loads((ROOT / "validation" / "h200-microbench.json").read_text())
-    assert usable_gbps(p) == pytest.approx(mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], rel=0.05)
-    for point in mb["h2d_pinned_queued16"]:
-        if point["bytes"] >= 4 << 20:
-            model = point["bytes"] / transfer_ns(point["bytes"], p)
-            assert model == pytest.approx(point["gbps"], rel=0.10), point
+def test_the_h200_hosts_copies_come_within_ten_percent_at_every_size_from_protocol_and_two_measured_costs():
+    """The measured PCIe 5.0 x16 H2D curve (16 copies queued, validation/h200-microbench.json), 64 KiB - 16 MiB,
+    against the copy engine's cost + the link layer with the settings the probe read (MPS 256, MRRS 4096, 10-bit
+    tags) and the measured read round trip as completion latency (chipsim/hwreplay/pcie_check). Nothing comes from
+    the curve itself. The protocol's asymptote is 4.7 % above the measured one (root complex and IOMMU, outside
+    the link layer); a 4 KiB copy measured on its own is the small-size check."""
+    v = ROOT / "validation"
+    res = load(str(v / "h200-microbench.json"), str(v / "pcie" / "h200-host-pcie.json"),
+               str(v / "pcie" / "h200-copy-latency.json"))
+    assert 900 < res["round_trip_ns"] < 1300 and 1500 < res["engine_ns"] < 2200  # what the files hold, in range
+    assert res["usable_gbps"] == pytest.approx(res["measured_gbps"], rel=0.05)
+    assert [r["bytes"] for r in res["rows"]] == [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 4096]
+    for r in res["rows"]:
+        assert abs(r["error_pct"]) <= 10, r
+    one_mib = next(r for r in res["rows"] if r["bytes"] == 1 << 20)  # by hand: engine + round trip + wire time
+    p = h200_link(completion_latency_ns=res["round_trip_ns"])
+    by_hand = res["engine_ns"] + res["round_trip_ns"] + wire_bytes(1 << 20, p) / 64.0
+    assert one_mib["model_us"] == pytest.approx(by_hand / 1e3, abs=2e-3)
+
+
+def _thor(*sets: str):
+    return load_config(str(ROOT / "hwconfigs" / "thor.yaml"), list(sets)).hw.links
+
+
+def test_thors_link_layer_pcie_gives_the_flit_figure_and_scales_with_a_bandwidth_sweep():
+    pcie = _thor().pcie
+    assert pcie.timing_model == "link-layer"
+    assert pcie.data_gbps == pytest.approx(118 * 256 / 268, rel=1e-4)
+    assert _thor("links.pcie.bandwidth_gbps=59").pcie.data_gbps == pytest.approx(pcie.data_gbps / 2, rel=1e-9)
+
+
+def test_link_layer_reads_in_flight_bound_a_long_latency_link_where_the_fixed_model_does_not():
+    """Little's law: 16 tags x 512 B over 2 us of completion latency carry at most 4.1 GB/s (a 512 B read's own
+    completions, 2 x (256 + 12) B in whole 236-byte FLIT payloads, add their wire time)."""
+    slow = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000").pcie
+    request_ns = math.ceil((512 + 2 * 12) / 236) * 256 / (118 / (236 / 256))
+    assert slow.data_gbps == pytest.approx(16 * 512 / (2000 + request_ns))
+    fixed = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000", "links.pcie.timing_model=fixed").pcie
+    assert fixed.data_gbps == pytest.approx(118 * 256 / 268)
+
+
+@pytest.mark.parametrize("unset", ["max_read_request_bytes=0", "read_tags=0"])
+def test_link_layer_without_its_keys_names_the_missing_one(unset):
+    key = unset.split("=")[0]
+    with pytest.raises(InputError, match=rf"^links\.pcie\.{key}: links\.pcie\.timing_model: link-layer needs it"):
+        _thor(f"links.pcie.{unset}")
+
+
+@pytest.mark.parametrize("fmt, share", [("raw", 1.0), ("68B", 64 / 68), ("256B", 236 / 256)])
+def test_ucie_flit_formats_carry_their_share_of_data(fmt, share):
+    u = _thor(f"links.ucie.flit_format={fmt}").ucie
+    assert u.bandwidth_gbps == 4 * 64 * 32 / 8
+    assert u.data_gbps == pytest.approx(1024 * share)

@@ -49,11 +49,17 @@ def _hop_text(hw, name: str, comp) -> str:
     links = serial_links(hw)
     if name in links:
         link = links[name][1]
+        if link.timing_model == "link-layer":
+            return (f"{label} {link.data_gbps:.1f} of data per direction (link layer: {link.bandwidth_gbps:g} "
+                    f"after {link.encoding}, {link.max_payload_bytes} B completions, {link.read_tags} reads of "
+                    f"{link.max_read_request_bytes} B in flight; {2 * link.bandwidth_gbps:g} both ways)")
         return (f"{label} {link.data_gbps:.1f} of data per direction ({link.bandwidth_gbps:g} x "
                 f"{link.max_payload_bytes}/{link.max_payload_bytes + link.tlp_overhead_bytes} TLP payload; "
                 f"{2 * link.bandwidth_gbps:g} both ways)")
     if name == "ucie":
-        return f"{label} {comp.gbps:g}"
+        u = hw.links.ucie
+        return f"{label} {comp.gbps:g}" if u.flit_format == "raw" else \
+            f"{label} {comp.gbps:.1f} ({u.bandwidth_gbps:g} in {u.flit_format} flits)"
     return f"{label} {comp.gbps:.0f}"
 
 

@@ -102,7 +102,7 @@ class ArrayModel:
             self.stream_gbps = c.sram_read_gbps
             self.first_operand_ps = ns_to_ps(c.sram_access_ns)
         else:
-            self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.bandwidth_gbps)
+            self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.data_gbps)
             self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + hw.links.ucie.latency_ns + c.sram_access_ns)
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)

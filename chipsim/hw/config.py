@@ -177,11 +177,28 @@ class PcieConfig:
     latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0, maximum=1e9)
     energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0, maximum=1e6)
     static_power_w: float = _f("static power of the link's PHYs (both ends, link up), W", minimum=0, maximum=1e6)
+    timing_model: str = _optional("where the data rate comes from: fixed (bandwidth_gbps x payload / (payload + "
+                                  "TLP overhead)) or link-layer (chipsim/hw/pcie_link: completions, framing, Acks, "
+                                  "SKP or FLIT packing, and reads in flight: read_tags x max_read_request_bytes "
+                                  "over latency_ns)", "fixed", choices=("fixed", "link-layer"))
+    encoding: str = _optional("link-layer: the physical encoding, 128b/130b (PCIe 3.0-5.0) or flit (PCIe 6.0 "
+                              "FLIT mode: 236 TLP bytes per 256)", "", choices=("", "128b/130b", "flit"))
+    max_read_request_bytes: int = _optional("link-layer: largest read request (MRRS), bytes", 0, minimum=0,
+                                            maximum=4096)
+    read_tags: int = _optional("link-layer: reads the requester keeps in flight (its tags, or the completer's "
+                               "non-posted credits if fewer)", 0, minimum=0, maximum=1 << 16)
 
     @property
     def data_gbps(self) -> float:
-        """Data bandwidth per direction: bandwidth_gbps × payload / (payload + TLP overhead)."""
+        """Data bandwidth per direction: bandwidth_gbps × payload / (payload + TLP overhead), or the link layer's
+        sustained read rate."""
+        if self.timing_model == "link-layer":
+            from chipsim.hw.pcie_link import params_from_config, usable_gbps
+            return usable_gbps(params_from_config(self))
         return self.bandwidth_gbps * self.max_payload_bytes / (self.max_payload_bytes + self.tlp_overhead_bytes)
+
+
+UCIE_FLIT_EFFICIENCY = {"raw": 1.0, "68B": 64 / 68, "256B": 236 / 256}  # UCIe 1.1 sections 3.3.1-3.3.3
 
 
 @dataclass(frozen=True)
@@ -192,11 +209,20 @@ class UcieConfig:
     latency_ns: float = _f("crossing latency, ns", minimum=0, maximum=1e9)
     energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0, maximum=1e6)
     static_power_w: float = _f("static power of all the package's UCIe modules, W", minimum=0, maximum=1e6)
+    flit_format: str = _optional("what the die-to-die adapter wraps the data in (UCIe 1.1 ch. 3): raw (every byte "
+                                 "the protocol's), 68B (2 B flit header + 64 B + 2 B CRC) or 256B (the standard "
+                                 "256 B flit of PCIe/CXL flit mode: 236 TLP bytes)", "raw",
+                                 choices=tuple(UCIE_FLIT_EFFICIENCY))
 
     @property
     def bandwidth_gbps(self) -> float:
-        """Per direction: modules × lanes × GT/s / 8 bits."""
+        """Per direction on the wire: modules × lanes × GT/s / 8 bits."""
         return self.modules * self.lanes_per_module * self.gtps / 8.0
+
+    @property
+    def data_gbps(self) -> float:
+        """Per direction, of data: the wire rate × the flit format's data bytes per flit byte."""
+        return self.bandwidth_gbps * UCIE_FLIT_EFFICIENCY[self.flit_format]
 
 
 @dataclass(frozen=True)
@@ -493,6 +519,11 @@ def _check_consistency(config: Config) -> None:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
         if d.timing_model == "command-level" and not d.standard:
             raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
+    for key, link in serial_links(hw).values():
+        if link.timing_model == "link-layer":
+            for name in ("encoding", "max_read_request_bytes", "read_tags"):
+                if not getattr(link, name):
+                    raise InputError(f"{key}.{name}: {key}.timing_model: link-layer needs it")
     _check_names(hw)
     _check_fetch_path(hw)
     c = hw.compute

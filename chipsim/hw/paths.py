@@ -46,7 +46,7 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
     if d.timing_model == "closed-form":
         return closed
     links = serial_links(hw)
-    link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.bandwidth_gbps])
+    link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.data_gbps])
     return command_level_timing(d, key, link_gbps / closed.effective_gbps, closed)
 
 
@@ -60,7 +60,7 @@ def components(hw: HardwareConfig) -> dict[str, Component]:
     for name, (_key, link) in serial_links(hw).items():
         out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w)
     u = hw.links.ucie
-    out["ucie"] = Component("ucie", u.bandwidth_gbps, u.latency_ns, u.energy_pj_per_bit, u.static_power_w)
+    out["ucie"] = Component("ucie", u.data_gbps, u.latency_ns, u.energy_pj_per_bit, u.static_power_w)
     # a fixed order for the ledger and results (the order in which energy is summed, so results stay identical)
     order = ["lpddr5x", "pcie", "ucie", "hbm"]
     order += [n for n in out if n not in order]

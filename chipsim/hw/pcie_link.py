@@ -14,6 +14,10 @@ non-posted credits): each holds its tag for the completion latency plus its own 
 
 Sources: PCIe Base Specification 5.0 / 6.0 (header sizes, framing tokens, FLIT layout, SKP interval); the
 model follows Neugebauer et al., "Understanding PCIe performance for end host networking", SIGCOMM 2018.
+
+A config's `links.pcie` (or `links.extra.<name>`) with `timing_model: link-layer` takes its data rate from here
+(`params_from_config`); its `bandwidth_gbps` is then the rate after encoding (what 128b/130b or the FLIT leaves
+for TLP bytes), so that sweeping it still scales the link.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import math
 from dataclasses import dataclass
 
 
+ENCODING_EFFICIENCY = {"128b/130b": 128 / 130, "flit": 236 / 256}  # TLP bytes per wire byte, before SKP / DLLPs
+
+
 @dataclass(frozen=True)
 class PcieLinkParams:
-    lanes: int
-    gtps: float  # per lane
+    raw_gbps: float  # bytes per ns on the wire per direction, before encoding: lanes x GT/s / 8
     encoding: str  # "128b/130b" or "flit"
     max_payload_bytes: int  # MPS: largest completion payload
     max_read_request_bytes: int  # MRRS
@@ -40,10 +46,19 @@ class PcieLinkParams:
     flit_bytes: int = 256
     flit_tlp_bytes: int = 236
 
-    @property
-    def raw_gbps(self) -> float:
-        """Bytes per ns on the wire per direction, before encoding."""
-        return self.lanes * self.gtps / 8
+
+def link_params(lanes: int, gtps: float, **kw) -> PcieLinkParams:
+    """A link of `lanes` at `gtps` GT/s per lane (the other fields as PcieLinkParams names them)."""
+    return PcieLinkParams(raw_gbps=lanes * gtps / 8, **kw)
+
+
+def params_from_config(link) -> PcieLinkParams:
+    """The link layer of a `links.pcie`-shaped config section (timing_model: link-layer): its bandwidth_gbps is
+    the rate after encoding, its tlp_overhead_bytes the completion header, latency_ns the completion latency."""
+    return PcieLinkParams(raw_gbps=link.bandwidth_gbps / ENCODING_EFFICIENCY[link.encoding], encoding=link.encoding,
+                          max_payload_bytes=link.max_payload_bytes,
+                          max_read_request_bytes=link.max_read_request_bytes, tags=link.read_tags,
+                          completion_latency_ns=link.latency_ns, completion_header_bytes=link.tlp_overhead_bytes)
 
 
 def _request_tlp(size: int, p: PcieLinkParams) -> tuple[int, int]:

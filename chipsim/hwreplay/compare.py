@@ -17,6 +17,7 @@ import statistics
 from chipsim.errors import InputError, OneLineParser
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
+from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.ops import profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
@@ -139,7 +140,7 @@ def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
 
 
 def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
-           profile_check: list[dict] | None = None) -> str:
+           profile_check: list[dict] | None = None, pcie: dict | None = None) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
@@ -197,6 +198,8 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
                 lines.append(f"| {kind} | {len(rs)} | {errs[len(errs) // 2]['error_pct']:+.0f} % | {worst['error_pct']:+.0f} % "
                              f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
             lines.append("")
+        if pcie:
+            lines += pcie_check.report_lines(pcie)
     lines += ["## Findings", ""] + notes + [""]
     lines += [f"## Development shapes ({', '.join(dict.fromkeys(r['model'] for r in dev))})", ""] + _table(dev) + [""]
     lines += [f"## Held-out shape: {held_out}", "",
@@ -226,6 +229,10 @@ def main(argv=None) -> int:
                     help="files written by chipsim hwreplay (validation/<config>.json), in report order")
     ap.add_argument("--microbench", default=None, metavar="FILE",
                     help="microbenchmark file (validation/h200-microbench.json): per-kernel array-model errors")
+    ap.add_argument("--pcie-probes", nargs=2, default=None, metavar=("HOST", "COPIES"),
+                    help="the link's config-space settings and the separately measured copy costs "
+                         "(validation/pcie/h200-host-pcie.json validation/pcie/h200-copy-latency.json): the PCIe link "
+                         "layer against the microbenchmark's copy curve")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
                     help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
@@ -240,23 +247,31 @@ def main(argv=None) -> int:
             with open(a.microbench) as f:
                 mb = json.load(f)
         notes = open(a.notes).read().splitlines() if a.notes else []
+        pcie = pcie_check.load(a.microbench, *a.pcie_probes) if a.pcie_probes and a.microbench else None
     except OSError as exc:
         raise InputError(f"{exc.filename}: {exc.strerror}") from None
     except ValueError as exc:
-        raise InputError(f"{a.microbench}: not JSON ({exc})") from None
+        raise InputError(f"{a.microbench} or a PCIe probe: not JSON ({exc})") from None
+    except (KeyError, StopIteration, TypeError) as exc:
+        raise InputError(f"{' / '.join(a.pcie_probes)}: not the probes' format ({exc!r})") from None
     graphs = all(res["kernel_launch"] == ["graph"] for res in results)
     configs = [res["config"] for res in results]
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
                 "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
                 + (" --kernel-launch graph" if graphs else "")]
+    if a.pcie_probes:
+        commands += [f"python validation/pcie/probe_pcie.py > {a.pcie_probes[0]}",
+                     f"python validation/pcie/probe_copy_latency.py > {a.pcie_probes[1]}"]
     commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
-                 + (f" --microbench {a.microbench}" if a.microbench else "") + (f" --notes {a.notes}" if a.notes else "")
+                 + (f" --microbench {a.microbench}" if a.microbench else "")
+                 + (f" --pcie-probes {' '.join(a.pcie_probes)}" if a.pcie_probes else "")
+                 + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
     check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
              if mb and mb.get("op_times") else None)
-    text = report(results, mb, a.held_out, commands, notes, check)
+    text = report(results, mb, a.held_out, commands, notes, check, pcie)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)

@@ -183,7 +183,7 @@ class Simulation:
             gbps.append(comp.gbps)
             turnaround.append(round(comp.turnaround * PPM))
         names.append(_UCIE_OPERANDS)
-        gbps.append(hw.links.ucie.bandwidth_gbps)
+        gbps.append(hw.links.ucie.data_gbps)
         turnaround.append(0)
         if stage_in_sram:
             names.append("sram")
