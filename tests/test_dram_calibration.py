@@ -63,6 +63,36 @@ def test_the_system_model_takes_the_command_level_figures(cache):
     assert c.access_latency_ns <= (p["nRP"] + p["nRCDRD"] + p["nCL"] + p["nBL"]) * 0.625
 
 
+def test_paced_streams_take_their_share_of_requests_and_a_write_stream_only_writes():
+    from chipsim.dram.standard import load_standard
+    from chipsim.dram.streams import requests
+
+    std = load_standard("hbm3")
+    reqs = requests(std, 10_000, streams=2, paces=(0.8, 0.2), write_streams=(1,))
+    assert sum(w for w, *_ in reqs) == 2_000  # the write stream's share, exactly (deterministic credit)
+    rows = {w: {row for w2, _c, _a, row, _col in reqs if w2 == w} for w in (False, True)}
+    assert rows[False].isdisjoint(rows[True])  # each stream in its own region of rows
+    assert requests(std, 100, streams=2) == requests(std, 100, streams=2, paces=(1, 1))  # equal paces: in turn
+    with pytest.raises(ValueError):
+        requests(std, 10, streams=2, paces=(1,))
+
+
+def test_the_host_cpu_beside_the_dma_is_calibrated_as_two_read_streams(cache):
+    """thor's LPDDR5X stores the experts and the host CPU reads them too (100 GB/s beside PCIe's 112.7): the
+    DRAM model's two streams at that share reach less than one stream, and the flow network uses it while both
+    read; HBM, read by the operand stream alone, has no such figure."""
+    hw = load_config(THOR).hw
+    lp = memory_timing(hw, "lpddr5x")
+    share = 100 / (100 + hw.links.pcie.data_gbps)
+    c = cal.calibrate(hw.memory.lpddr5x, "memory.lpddr5x", hw.links.pcie.data_gbps / dram_timing(hw.memory.lpddr5x).effective_gbps,
+                      share)
+    assert c.second_read_share == round(share, 3)
+    assert lp.shared_gbps == pytest.approx(lp.peak_gbps * c.shared_efficiency)
+    assert 0.9 * lp.effective_gbps < lp.shared_gbps < lp.effective_gbps  # bank conflicts between the streams
+    assert components(hw)["lpddr5x"].shared_gbps == lp.shared_gbps
+    assert memory_timing(hw, "hbm").shared_gbps == 0.0
+
+
 def test_six_refresh_intervals_measure_the_efficiency_of_a_long_run(cache, monkeypatch):
     hw = load_config(THOR).hw
     std = cal.retimed_standard(hw.memory.hbm, "memory.hbm")

@@ -160,6 +160,22 @@ def test_the_host_cpu_and_a_fetch_together_never_exceed_the_lpddr5x():
     assert fetch.rate + host.rate == 253_500_000_000
 
 
+def test_two_readers_of_a_dram_share_its_two_stream_capacity_and_one_alone_gets_the_full_one():
+    """LPDDR5X at 250 GB/s for one stream, 245 for two (the DRAM model's two-stream figure): a 112.7 GB/s fetch
+    beside an uncapped host read leaves the host 132.3, not 137.3; once the fetch ends the host has 250."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, ["lpddr5x", "pcie"], [250 * GB, 112_700_000_000], None, [245 * GB, 0])
+    fetch = net.add(10**9, net.path(("lpddr5x", READ), ("pcie", WRITE)))
+    assert fetch.rate == 112_700_000_000  # one reader: the full capacity is no limit on it
+    host = net.add(10**9, net.path(("lpddr5x", READ)))
+    assert (fetch.rate, host.rate) == (112_700_000_000, 132_300_000_000)
+    net.remove(fetch)
+    assert host.rate == 250 * GB
+    # a writer beside one reader is not a second reader: the turnaround, not the shared capacity, applies
+    net.add(10**9, net.path(("pcie", READ), ("lpddr5x", WRITE)))
+    assert host.rate + 112_700_000_000 == 250 * GB
+
+
 def test_a_flow_that_may_not_end_before_its_compute_time_ends_then_alone_and_later_when_shared():
     """An operation's operand stream: 7 MB whose arrays need 10 us; alone on 800 GB/s it would stream in 8.75 us
     but ends at 10 us; sharing with a 100 GB/s fetch (700 left) it still ends at 10 us; with a 400 GB/s fetch

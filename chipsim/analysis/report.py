@@ -80,7 +80,8 @@ def header_lines(prep, fetch_path) -> list[str]:
     store = expert_store(hw)
     lp = comps["lpddr5x"]
     if store == "lpddr5x":
-        shared.append(f"LPDDR5X {lp.gbps:.0f} GB/s between fetches and host-CPU reads")
+        both = f" ({lp.shared_gbps:.0f} while both read: two streams in the banks)" if lp.shared_gbps else ""
+        shared.append(f"LPDDR5X {lp.gbps:.0f} GB/s between fetches and host-CPU reads{both}")
     else:
         shared.append(f"{_DISPLAY.get(store, store)} {comps[store].gbps:.0f} GB/s among fetches, LPDDR5X "
                       f"{lp.gbps:.0f} GB/s among host-CPU reads")

@@ -4,9 +4,12 @@ turns them into the three figures the shared-resource model uses:
 
 - efficiency: sequential reads with refresh (an operand stream, a DMA read, the host CPU's reads), bandwidth over
   the data-bus peak; the config's peak times it is the memory's effective bandwidth;
-- turnaround: the extra capacity a written byte costs while reads run, from the same stream with writes mixed in
-  at the share the run produces (fetch writes beside operand reads): a mix of write share w reaching total T
-  against C read-only gives (1 - w) T + w T (1 + turnaround) = C;
+- turnaround: the extra capacity a written byte costs while reads run, from a sequential read stream beside a
+  sequential write stream in another region, at the write share w the run produces (fetch writes beside operand
+  reads; the two drift over each other's banks): reaching total T against C read-only gives
+  (1 - w) T + w T (1 + turnaround) = C;
+- shared efficiency: where a second reader shares the memory (the host CPU reading experts beside the DMA
+  reading them), two sequential read streams at the share r of the second, bandwidth over the peak;
 - access latency: the average read latency of a lone request (the first byte of a fetch or of an operand stream).
 
 The standard is re-timed for the config first: its clock follows `data_rate_mtps`, parameters JEDEC defines in
@@ -47,6 +50,8 @@ class Calibration:
     mixed_gbps: float
     peak_gbps: float
     loaded_read_latency_ns: float  # average read latency of the saturating read stream
+    second_read_share: float  # the second reader's share of the shared-read streams (0: none measured)
+    shared_efficiency: float  # two read streams at that share / data-bus peak (efficiency when there is none)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -92,16 +97,17 @@ def _cache_dir() -> str:
     return os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
 
 
-def cache_key(std: Standard, write_share: float) -> str:
+def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0) -> str:
     with open(std.path, "rb") as f:
         text = f.read()
     spec = {"standard": hashlib.sha256(text).hexdigest(), "org": std.org_name, "timing": std.timing_name,
-            "params": std.params, "write_share": write_share, "controller": asdict(CONTROLLER),
+            "params": std.params, "write_share": write_share, "second_read_share": second_read_share,
+            "controller": asdict(CONTROLLER),
             "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def run_calibration(std: Standard, write_share: float, label: str = "") -> Calibration:
+def run_calibration(std: Standard, write_share: float, label: str = "", second_read_share: float = 0.0) -> Calibration:
     from tqdm import tqdm
 
     cfg = ControllerConfig(refresh="all-bank")
@@ -109,13 +115,18 @@ def run_calibration(std: Standard, write_share: float, label: str = "") -> Calib
     period = std.params["nREFI"]
     window = (period, period * (1 + REFRESH_PERIODS))
     count = int(REFRESH_PERIODS * period * std.peak_gbps(1) * std.tck_ps * 1e-3 / std.org.burst_bytes * 1.2) + 4000
-    with tqdm(total=3, desc=f"calibrating {label or std.name} (command-level {std.name})", unit="stream",
-              file=sys.stderr, leave=False, disable=not sys.stderr.isatty()) as bar:
+    with tqdm(total=4 if second_read_share else 3, desc=f"calibrating {label or std.name} (command-level "
+              f"{std.name})", unit="stream", file=sys.stderr, leave=False, disable=not sys.stderr.isatty()) as bar:
         read = simulate(std, requests(std, count, seed=11), offers_per_cycle=4, controller=cfg, window=window)
         bar.update(1)
-        mixed = simulate(std, requests(std, count, read_share=1 - write_share, seed=11), offers_per_cycle=4,
-                         controller=cfg, window=window)
+        mixed = simulate(std, requests(std, count, streams=2, paces=(1 - write_share, write_share),
+                                       write_streams=(1,)), offers_per_cycle=4, controller=cfg, window=window)
         bar.update(1)
+        shared = read
+        if second_read_share:
+            shared = simulate(std, requests(std, count, streams=2, paces=(1 - second_read_share, second_read_share)),
+                              offers_per_cycle=4, controller=cfg, window=window)
+            bar.update(1)
         # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
         lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
                         controller=ControllerConfig(refresh="off"))
@@ -125,23 +136,25 @@ def run_calibration(std: Standard, write_share: float, label: str = "") -> Calib
     return Calibration(efficiency=read.bandwidth_gbps / peak, turnaround=turnaround,
                        access_latency_ns=lone.read_latency_avg_ns, write_share=write_share,
                        read_gbps=read.bandwidth_gbps, mixed_gbps=mixed.bandwidth_gbps, peak_gbps=peak,
-                       loaded_read_latency_ns=read.read_latency_avg_ns)
+                       loaded_read_latency_ns=read.read_latency_avg_ns, second_read_share=second_read_share,
+                       shared_efficiency=shared.bandwidth_gbps / peak)
 
 
 @lru_cache(maxsize=64)
-def calibrate(cfg, key: str, write_share: float) -> Calibration:
+def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0) -> Calibration:
     """The calibration of memory `cfg` (a DramConfig; `key` its dotted config section), from the cache or
-    computed (a few seconds) and cached."""
+    computed (a few seconds) and cached. `second_read_share` > 0 also measures two readers sharing it."""
     std = retimed_standard(cfg, key)
     write_share = round(min(0.5, max(0.05, write_share)), 3)
-    digest = cache_key(std, write_share)
+    second_read_share = round(min(0.5, max(0.05, second_read_share)), 3) if second_read_share else 0.0
+    digest = cache_key(std, write_share, second_read_share)
     path = os.path.join(_cache_dir(), "dram", f"{digest}.json")
     try:
         with open(path, encoding="utf-8") as f:
             return Calibration(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    result = run_calibration(std, write_share, key)
+    result = run_calibration(std, write_share, key, second_read_share)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"

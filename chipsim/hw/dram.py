@@ -35,6 +35,7 @@ class DramTiming:
     access_latency_ns: float
     turnaround: float  # extra capacity per written byte while reads run too (see the module docstring)
     source: str = "closed-form"  # or "command-level <standard> <presets>" (chipsim.dram.calibrate)
+    shared_gbps: float = 0.0  # bandwidth while two or more sequential readers share it (0: effective_gbps)
 
 
 def dram_timing(cfg: DramConfig) -> DramTiming:
@@ -60,13 +61,16 @@ def dram_timing(cfg: DramConfig) -> DramTiming:
     )
 
 
-def command_level_timing(cfg: DramConfig, key: str, write_share: float, closed: DramTiming) -> DramTiming:
+def command_level_timing(cfg: DramConfig, key: str, write_share: float, closed: DramTiming,
+                         second_read_share: float = 0.0) -> DramTiming:
     """The memory's figures from its standard's command-level model (chipsim.dram.calibrate): efficiency times
-    this config's peak (`closed`: its closed-form timing), the turnaround at `write_share`, a lone read's latency."""
+    this config's peak (`closed`: its closed-form timing), the turnaround at `write_share`, a lone read's latency,
+    and, with a second reader taking `second_read_share` of the reads, the bandwidth the two streams reach."""
     from chipsim.dram.calibrate import calibrate
 
-    cal = calibrate(cfg, key, write_share)
+    cal = calibrate(cfg, key, write_share, second_read_share)
     return DramTiming(
         peak_gbps=closed.peak_gbps, row_efficiency=cal.efficiency, refresh_efficiency=1.0,
         effective_gbps=closed.peak_gbps * cal.efficiency, access_latency_ns=cal.access_latency_ns,
-        turnaround=cal.turnaround, source=f"command-level {cfg.standard}")
+        turnaround=cal.turnaround, source=f"command-level {cfg.standard}",
+        shared_gbps=closed.peak_gbps * cal.shared_efficiency if second_read_share else 0.0)

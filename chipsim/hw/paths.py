@@ -31,6 +31,7 @@ class Component:
     pj_per_bit: float
     static_w: float
     turnaround: float = 0.0  # a DRAM's extra capacity per written byte while it is also read
+    shared_gbps: float = 0.0  # a DRAM's bandwidth while two or more sequential readers share it (0: gbps)
 
     @property
     def in_package(self) -> bool:
@@ -47,7 +48,10 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
         return closed
     links = serial_links(hw)
     link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.data_gbps])
-    return command_level_timing(d, key, link_gbps / closed.effective_gbps, closed)
+    second = 0.0
+    if name == "lpddr5x" and expert_store(hw) == "lpddr5x":  # the host CPU reads experts beside the fetches
+        second = hw.host_cpu.memory_bandwidth_gbps / (hw.host_cpu.memory_bandwidth_gbps + link_gbps)
+    return command_level_timing(d, key, link_gbps / closed.effective_gbps, closed, second)
 
 
 def components(hw: HardwareConfig) -> dict[str, Component]:
@@ -56,7 +60,7 @@ def components(hw: HardwareConfig) -> dict[str, Component]:
     for name, (_key, d) in memory_tiers(hw).items():
         t = memory_timing(hw, name)
         out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
-                              t.turnaround)
+                              t.turnaround, t.shared_gbps)
     for name, (_key, link) in serial_links(hw).items():
         out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w)
     u = hw.links.ucie

@@ -177,19 +177,23 @@ class Simulation:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
-        names, gbps, turnaround = [], [], []
+        names, gbps, turnaround, shared = [], [], [], []
         for comp in comps.values():
             names.append(_UCIE_FETCH if comp.name == "ucie" else comp.name)
             gbps.append(comp.gbps)
             turnaround.append(round(comp.turnaround * PPM))
+            shared.append(comp.shared_gbps)
         names.append(_UCIE_OPERANDS)
         gbps.append(hw.links.ucie.data_gbps)
         turnaround.append(0)
+        shared.append(0)
         if stage_in_sram:
             names.append("sram")
             gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
-        return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround)
+            shared.append(0)
+        return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
+                           [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
     @staticmethod
     def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, int]]:

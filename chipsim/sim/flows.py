@@ -11,7 +11,9 @@ are divided among the flows crossing them:
   on an idle resource of B bytes/s each move N bytes in 2N/B;
 - a resource that is read and written at once (a DRAM serving operand reads and fetch writes) charges every
   written byte `1 + turnaround` bytes of its capacity while both directions are active: the read/write
-  turnaround loss of that memory.
+  turnaround loss of that memory;
+- a resource read by two or more flows at once (the host CPU and the DMA both reading LPDDR5X) has its shared
+  capacity then: sequential streams in different rows conflict in the banks.
 
 Rates are whole bytes per second (the floor of the fair share); progress is counted in units of 1e-12 byte,
 so a flow at r bytes/s advances r units per picosecond and reaches a target after ceil(left / r) ps. Time
@@ -64,9 +66,12 @@ class FlowNetwork:
     """Resources with capacities and the flows sharing them, on one SimPy environment."""
 
     def __init__(self, env: simpy.Environment, names: list[str], capacities: list[int],
-                 turnaround_ppm: list[int] | None = None):
+                 turnaround_ppm: list[int] | None = None, shared_capacities: list[int] | None = None):
         if len(names) != len(capacities) or any(int(c) <= 0 for c in capacities):
             raise ValueError("every resource needs a name and a positive capacity (bytes/s)")
+        # a DRAM read by two or more flows at once (sequential streams in different rows) reaches less than one
+        # stream does: its capacity then (0: the same)
+        self.shared_capacity = [int(s) or int(c) for s, c in zip(shared_capacities or [0] * len(names), capacities)]
         self.env = env
         self.names = list(names)
         self.index = {name: i for i, name in enumerate(self.names)}
@@ -179,15 +184,17 @@ class FlowNetwork:
         """Max-min fair rates (bytes/s) of flows with these (path, level, cap) signatures, level by level."""
         self.allocations += 1
         n_res = len(self.capacity)
-        reads = [False] * n_res  # resources some flow reads: there, written bytes pay the turnaround
+        readers = [0] * n_res  # flows reading each resource: there, written bytes pay the turnaround
         for path, _, _ in sigs:
             for r, write in path:
                 if not write:
-                    reads[r] = True
+                    readers[r] += 1
+        reads = [n > 0 for n in readers]
         # weight (ppm) of each flow on each resource it crosses: written bytes cost more while reads run too
         weights = [tuple((r, PPM + (self.turnaround_ppm[r] if write and reads[r] else 0)) for r, write in path)
                    for path, _, _ in sigs]
-        residual = [c * PPM for c in self.capacity]  # capacity left, in ppm-weighted bytes/s
+        residual = [(self.shared_capacity[r] if readers[r] > 1 else self.capacity[r]) * PPM  # left, ppm-weighted
+                    for r in range(n_res)]
         rates = [0] * len(sigs)
         for level in sorted({s[1] for s in sigs}):
             active = [i for i, s in enumerate(sigs) if s[1] == level]
