@@ -69,10 +69,12 @@ def test_paced_streams_take_their_share_of_requests_and_a_write_stream_only_writ
 
     std = load_standard("hbm3")
     reqs = requests(std, 10_000, streams=2, paces=(0.8, 0.2), write_streams=(1,))
-    assert sum(w for w, *_ in reqs) == 2_000  # the write stream's share, exactly (deterministic credit)
+    assert abs(sum(w for w, *_ in reqs) - 2_000) < 3 * (10_000 * 0.2 * 0.8) ** 0.5  # the write stream's share
+    assert reqs == requests(std, 10_000, streams=2, paces=(0.8, 0.2), write_streams=(1,))  # seeded
     rows = {w: {row for w2, _c, _a, row, _col in reqs if w2 == w} for w in (False, True)}
     assert rows[False].isdisjoint(rows[True])  # each stream in its own region of rows
-    assert requests(std, 100, streams=2) == requests(std, 100, streams=2, paces=(1, 1))  # equal paces: in turn
+    in_turn = requests(std, 100, streams=2)
+    assert [r[3] for r in in_turn[::2]] == [in_turn[0][3]] * 50  # no paces: in turn, stream 0 on its first row
     with pytest.raises(ValueError):
         requests(std, 10, streams=2, paces=(1,))
 
@@ -93,11 +95,13 @@ def test_the_host_cpu_beside_the_dma_is_calibrated_as_two_read_streams(cache):
     assert memory_timing(hw, "hbm").shared_gbps == 0.0
 
 
-def test_six_refresh_intervals_measure_the_efficiency_of_a_long_run(cache, monkeypatch):
+def test_twelve_refresh_intervals_measure_the_efficiency_and_turnaround_of_a_long_run(cache, monkeypatch):
+    """The calibration's streams against three times as long ones: efficiency within 0.2 %, the two-stream
+    turnaround (streams drawn at random) within 5 %."""
     hw = load_config(THOR).hw
     std = cal.retimed_standard(hw.memory.hbm, "memory.hbm")
     short = cal.run_calibration(std, 0.151)
-    monkeypatch.setattr(cal, "REFRESH_PERIODS", 18)
+    monkeypatch.setattr(cal, "REFRESH_PERIODS", 3 * cal.REFRESH_PERIODS)
     long = cal.run_calibration(std, 0.151)
     assert short.efficiency == pytest.approx(long.efficiency, rel=2e-3)
     assert short.turnaround == pytest.approx(long.turnaround, rel=0.05)

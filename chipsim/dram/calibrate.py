@@ -33,7 +33,7 @@ from chipsim.dram.standard import Standard, load_standard
 from chipsim.dram.streams import requests
 from chipsim.errors import InputError
 
-REFRESH_PERIODS = 6  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
+REFRESH_PERIODS = 12  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
 LONE_REQUESTS = 200
 MAX_PARAM_CYCLES = 10_000_000  # a timing beyond this is no DRAM (and would take the model minutes)
 CONTROLLER = ControllerConfig()  # Ramulator 2.1's defaults: 32-entry queues, write watermarks 0.2 / 0.8

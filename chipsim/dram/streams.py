@@ -6,7 +6,8 @@ A request is (is_write, channel, address below the channel as one index per leve
 first, then the columns of a row, then the banks and ranks, then rows: long row-hit runs on every bank in
 parallel) or `random` (every request a uniformly random bank, row and column); `read_share` is the
 probability that a request reads (seeded: the same seed gives the same requests); `streams` > 1 interleaves
-that many sequential streams, each from its own region of rows, in turn or at given relative paces.
+that many sequential streams, each from its own region of rows, in turn or drawn at random at given relative
+paces.
 """
 
 from __future__ import annotations
@@ -25,26 +26,19 @@ def _mapping(std: Standard) -> list[str]:
     return ["channel"] + fast + ["column", "bank"] + slow + ["row"]
 
 
-def _stream_order(count: int, paces: tuple) -> list[int]:
-    """Which stream each request belongs to: round robin for equal paces, else each stream in proportion to its
-    pace (a deterministic credit scheme, so streams of different rates drift over each other's banks)."""
-    if len(set(paces)) == 1:
-        return [i % len(paces) for i in range(count)]
-    total = sum(paces)
-    credit = [0.0] * len(paces)
-    out = []
-    for _ in range(count):
-        for s, pace in enumerate(paces):
-            credit[s] += pace
-        s = max(range(len(paces)), key=lambda j: (credit[j], -j))
-        credit[s] -= total
-        out.append(s)
-    return out
+def _stream_order(count: int, streams: int, paces: tuple, rng) -> list[int]:
+    """Which stream each request belongs to: in turn (no paces), or each request a stream drawn at random in
+    proportion to the paces (seeded), so that streams of any rates drift over each other's banks as independent
+    streams do rather than moving in lockstep."""
+    if not paces:
+        return [i % streams for i in range(count)]
+    weights = np.asarray(paces, dtype=float)
+    return [int(s) for s in rng.choice(streams, size=count, p=weights / weights.sum())]
 
 
 def requests(std: Standard, count: int, *, kind: str = "sequential", read_share: float = 1.0, channels: int = 1,
              streams: int = 1, seed: int = 1, paces: tuple = (), write_streams: tuple = ()) -> list[tuple]:
-    """`paces`: the sequential streams' relative rates (default equal); `write_streams`: streams whose every
+    """`paces`: the sequential streams' relative rates (default: in turn); `write_streams`: streams whose every
     request writes (the others follow read_share), e.g. fetch writes beside operand reads."""
     if kind not in ("sequential", "random"):
         raise ValueError(f"stream kind {kind!r}: sequential or random")
@@ -68,7 +62,7 @@ def requests(std: Standard, count: int, *, kind: str = "sequential", read_share:
     order = _mapping(std)
     rows_per_stream = max(1, std.org.rows // streams)
     cursors = [0] * streams
-    for i, s in enumerate(_stream_order(count, tuple(paces) or (1,) * streams)):
+    for i, s in enumerate(_stream_order(count, streams, tuple(paces), rng)):
         index = cursors[s]
         cursors[s] += 1
         value = {}

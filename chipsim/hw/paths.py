@@ -48,10 +48,14 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
         return closed
     links = serial_links(hw)
     link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.data_gbps])
+    fetch_gbps = link_gbps  # the rate fetches land at: the path's links, and the store's own bandwidth
+    store = expert_store(hw)
+    if name != store:
+        fetch_gbps = min(link_gbps, memory_timing(hw, store).effective_gbps)
     second = 0.0
-    if name == "lpddr5x" and expert_store(hw) == "lpddr5x":  # the host CPU reads experts beside the fetches
+    if name == "lpddr5x" and store == "lpddr5x":  # the host CPU reads experts beside the fetches
         second = hw.host_cpu.memory_bandwidth_gbps / (hw.host_cpu.memory_bandwidth_gbps + link_gbps)
-    return command_level_timing(d, key, link_gbps / closed.effective_gbps, closed, second)
+    return command_level_timing(d, key, fetch_gbps / closed.effective_gbps, closed, second)
 
 
 def components(hw: HardwareConfig) -> dict[str, Component]:

@@ -1,7 +1,7 @@
 """The PCIe link layer (chipsim/hw/pcie_link) against the H200 host's measured copy curve, from the protocol
 settings read from config space (validation/pcie/h200-host-pcie.json) and two fixed costs each measured on its own
 (validation/pcie/h200-copy-latency.json): the PCIe read round trip (a GPU thread chasing pointers through pinned
-host memory, less the same chase through GPU memory) and the copy engine's cost per copy (tiny device-to-device
+host memory, less the same chase through a 5 MB buffer in GPU memory, which L2 serves: the SM's own load path) and the copy engine's cost per copy (tiny device-to-device
 copies queued 16 deep, no PCIe read in them). Nothing comes from the curve it is compared with.
 
     time(N) = engine cost + round trip + wire bytes(N) / (lanes x GT/s / 8)
@@ -54,7 +54,7 @@ def report_lines(result: dict) -> list[str]:
              "chipsim/hw/pcie_link with the settings read from the GPU's config space (PCIe 5.0 x16, MPS 256 B, MRRS "
              "4096 B, 10-bit tags), plus two fixed costs measured on their own (validation/pcie/probe_copy_latency.py): "
              f"the PCIe read round trip {result['round_trip_ns']:.0f} ns (pointer chase through host memory less the same "
-             f"through GPU memory) and the copy engine's {result['engine_ns']:.0f} ns per copy (tiny device-to-device "
+             f"through a 5 MB GPU buffer that L2 serves: the SM's own load path) and the copy engine's {result['engine_ns']:.0f} ns per copy (tiny device-to-device "
              f"copies). The protocol's sustained rate is {result['usable_gbps']} GB/s against "
              f"{result['measured_gbps']} GB/s fitted to the curve; the curve itself is not used.", "",
              "| copy | measured µs | link layer µs | error |", "| --- | --- | --- | --- |"]

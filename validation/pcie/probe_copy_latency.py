@@ -82,7 +82,7 @@ def pointer_chase() -> dict:
         res[name] = {"ns_per_dependent_load": round((per[20000] - per[2000]) * 1e3 / 18000, 1),
                      "us_2000_loads": round(per[2000], 3), "us_20000_loads": round(per[20000], 3),
                      "line_stride_bytes": stride_words * 8}
-    # the same chase through GPU memory: what the SM's own load path adds, to subtract from the host figure
+    # the same chase through 5 MB of GPU memory (L2 holds it): the SM's own load path, to subtract from the host figure
     dev = torch.zeros(40000 * 16 + 1, dtype=torch.int64, device="cuda")
     order = torch.randperm(40000, generator=torch.Generator().manual_seed(1))
     dev[(order * 16).cuda()] = (torch.roll(order, -1) * 16).cuda()
