@@ -211,6 +211,12 @@ def _cmd_calibrate(args) -> int:
 
         write_atomic(args.out, json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    if not args.json:
+        from chipsim.compute.op_cache import OpCache
+        from chipsim.hw.compute import ArrayModel
+
+        table = OpCache.of(ArrayModel(load_config(args.config, args.set or []).hw).tiles)
+        print(f"\ntable cached as {table.path} ({len(table.results)} operation shapes); chipsim run reuses it")
     return 0
 
 

@@ -95,6 +95,7 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
         f"shared: {', '.join(shared)}",
         f"memory: {'; '.join(_memory_text(hw, name) for name in memory_tiers(hw))}",
+        f"compute: {wl.compute_timing}",
     ]
 
 

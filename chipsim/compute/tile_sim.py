@@ -1,5 +1,5 @@
-"""A cycle-level model of one operation on the compute chiplet's vector arrays (issue #16, first part: the
-operand path and the tile loop; not yet wired into the system model, which still uses chipsim.hw.compute).
+"""A cycle-level model of one operation on the compute chiplet's vector arrays: the operand path, the tile loop,
+the SFU pipelines and the elementwise lanes (chipsim.hw.compute uses it under `compute.timing: cycle-level`).
 
 An operation is split over the A arrays by output rows and runs on all of them at once; the model follows one
 array's share (the largest), tile by tile:
@@ -13,7 +13,11 @@ array's share (the largest), tile by tile:
 - a tile is computed once all its bytes are in, after the previous tile: max(its MACs / the array's lanes, its
   bytes / the SRAM read width per cycle) cycles;
 - the operation pays `issue_cycles` (issue, pipeline fill and drain) before and `sync_cycles` (the arrays
-  meeting, results written back) after.
+  meeting, results written back) after;
+- special functions (exp, rsqrt, SiLU) run on each array's SFUs, their inputs read from SRAM and results written
+  back, then drain a pipeline of `sfu_pipeline_cycles`; elementwise work (residual add, scaling, dequantisation)
+  runs on the lanes at the pace of the lanes or the SRAM read width, or, with operands in HBM (an embedding row),
+  through the tile loop.
 
 Times are integer picoseconds of the array clock; the result carries the action counts the energy ledger prices.
 """
@@ -40,6 +44,7 @@ class ChipletParams:
     memory_latency_ns: float  # one request, issue to data (HBM read latency + UCIe both ways)
     issue_cycles: int = 0
     sync_cycles: int = 0
+    sfu_pipeline_cycles: int = 0
 
     @property
     def cycle_ps(self) -> float:
@@ -108,9 +113,36 @@ def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: flo
                     compute_cycles=cycles, tiles=tiles, requests=requests)
 
 
-def sfu(p: ChipletParams, ops: int, pipeline_cycles: int = 0) -> OpResult:
-    """`ops` special-function operations (exp, rsqrt, SiLU) on all arrays' SFUs, operands already in SRAM."""
-    cycles = math.ceil(ops / (p.arrays * p.sfus_per_array * p.sfu_ops_per_cycle)) + pipeline_cycles
+def sfu(p: ChipletParams, ops: int, operand_bytes: int = 2) -> OpResult:
+    """`ops` special-function operations (exp, rsqrt, SiLU, sigmoid) split over the arrays: each array's SFUs
+    take its share at `sfu_ops_per_cycle` each, reading one `operand_bytes` input from SRAM and writing one
+    result back per operation (no faster than the SRAM read width), then drain their pipeline of
+    `sfu_pipeline_cycles`."""
+    if ops <= 0:
+        return OpResult(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    per_array = math.ceil(ops / p.arrays)
+    cycles = max(math.ceil(per_array / (p.sfus_per_array * p.sfu_ops_per_cycle)),
+                 math.ceil(per_array * operand_bytes / p.sram_read_bytes_per_cycle)) + p.sfu_pipeline_cycles
     ps = math.ceil((cycles + p.issue_cycles + p.sync_cycles) * p.cycle_ps)
-    return OpResult(ps=ps, stream_ps=0, macs=0, sfu_ops=ops, hbm_bytes=0, sram_write_bytes=0, sram_read_bytes=0,
+    return OpResult(ps=ps, stream_ps=0, macs=0, sfu_ops=ops, hbm_bytes=0, sram_write_bytes=ops * operand_bytes,
+                    sram_read_bytes=ops * operand_bytes, compute_cycles=cycles, tiles=0, requests=0)
+
+
+def elementwise(p: ChipletParams, lane_ops: int, read_bytes: int = 0, operand_bytes: int = 2) -> OpResult:
+    """`lane_ops` elementwise operations on the vector lanes (residual add, scaling, dequantisation), split over
+    the arrays. Operands already in SRAM (read_bytes 0) are read at the SRAM width, `operand_bytes` per
+    operation; operands streamed from HBM (an embedding row) go through the tile loop like a matrix-vector
+    operation's weights."""
+    if lane_ops <= 0 and read_bytes <= 0:
+        return OpResult(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    fixed_ps = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
+    if read_bytes:
+        loop_ps, cycles, tiles, requests = _tile_loop(p, math.ceil(read_bytes / p.arrays), lane_ops / read_bytes)
+        return OpResult(ps=math.ceil(loop_ps + fixed_ps), stream_ps=math.ceil(loop_ps), macs=0, sfu_ops=0,
+                        hbm_bytes=read_bytes, sram_write_bytes=read_bytes, sram_read_bytes=read_bytes,
+                        compute_cycles=cycles, tiles=tiles, requests=requests)
+    per_array = math.ceil(lane_ops / p.arrays)
+    cycles = max(math.ceil(per_array / p.lanes_per_array), math.ceil(per_array * operand_bytes / p.sram_read_bytes_per_cycle))
+    return OpResult(ps=math.ceil(cycles * p.cycle_ps + fixed_ps), stream_ps=0, macs=0, sfu_ops=0, hbm_bytes=0,
+                    sram_write_bytes=lane_ops * operand_bytes, sram_read_bytes=lane_ops * operand_bytes,
                     compute_cycles=cycles, tiles=0, requests=0)

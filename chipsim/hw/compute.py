@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chipsim.compute import tile_sim
+from chipsim.compute.op_cache import OpCache
 from chipsim.compute.tile_sim import ChipletParams
-from chipsim.compute.tile_sim import matvec as tiled_matvec
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -107,7 +108,9 @@ class ArrayModel:
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
-        self.tiles = None  # cycle-level timing of matrix-vector operations (chipsim.compute.tile_sim)
+        self.tiles = None  # cycle-level timing of every operation (chipsim.compute.tile_sim)
+        self.op_cache = None  # its operation table, cached by content hash (chipsim.compute.op_cache)
+        self._shapes: dict[str, bool] = {}  # shape key -> found in the cached table
         if c.timing == "cycle-level" and operands_from == "hbm":
             self.request_latency_ns = hbm.access_latency_ns + 2 * hw.links.ucie.latency_ns  # request out, data back
             self.tiles = ChipletParams(
@@ -117,7 +120,8 @@ class ArrayModel:
                 tile_bytes=int(c.operand_tile_kib * 1024), request_bytes=c.hbm_request_bytes,
                 outstanding_requests_per_array=c.outstanding_requests_per_array, memory_gbps=self.stream_gbps,
                 memory_latency_ns=self.request_latency_ns, issue_cycles=c.op_overhead_cycles,
-                sync_cycles=c.array_sync_cycles)
+                sync_cycles=c.array_sync_cycles, sfu_pipeline_cycles=c.sfu_pipeline_cycles)
+            self.op_cache = OpCache.of(self.tiles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
         self.op_log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
@@ -150,24 +154,66 @@ class ArrayModel:
     def _tiled_matvec(self, name, reduction, outputs, weight_bytes, write_bytes, cycles) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
+        key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
+        r = self._table(key, lambda: tile_sim.matvec(self.tiles, reduction, outputs, weight_bytes / (reduction * outputs)))
+        return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes)
+
+    def _table(self, key: str, compute):
+        """A cycle-level result from the cached operation table (computed and added if new)."""
+        self._shapes.setdefault(key, key in self.op_cache.results)
+        return self.op_cache.get(key, compute)
+
+    def shapes_computed(self) -> int:
+        """Operation shapes this model had to run the cycle-level model for (not in the cached table)."""
+        return sum(not cached for cached in self._shapes.values())
+
+    def _cycle_level(self, name: str, key: str, r, cycles: int, read_bytes: int, write_bytes: int = 0,
+                     vector_ops: int = 0) -> OpCost:
+        """An OpCost from a tile_sim result: its time, and as fixed time the part that moves no operand (issue,
+        the arrays meeting, the SFU pipeline drain, the first request's latency when it streams from HBM)."""
         self.modelled_ops += 1
-        r = tiled_matvec(self.tiles, reduction, outputs, weight_bytes / (reduction * outputs))
         p = self.tiles
-        fixed = min(r.ps, round((p.issue_cycles + p.sync_cycles) * p.cycle_ps + self.request_latency_ns * 1e3))
+        fixed = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
+        if r.sfu_ops:
+            fixed += p.sfu_pipeline_cycles * p.cycle_ps
+        if read_bytes:
+            fixed += self.request_latency_ns * 1e3
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
-        memory_ps = transfer_ps(weight_bytes + write_bytes, self.stream_bytes_per_s)
-        cost = OpCost(name, r.ps, compute_ps, memory_ps, weight_bytes, write_bytes, outputs * reduction, 0, fixed, 0)
+        moved = read_bytes + write_bytes
+        memory_ps = transfer_ps(moved, self.stream_bytes_per_s) if moved else 0
+        cost = OpCost(name, r.ps, compute_ps, memory_ps, read_bytes, write_bytes, r.macs, r.sfu_ops,
+                      min(r.ps, round(fixed)), vector_ops)
         if self.op_log is not None:
-            self.op_log.append((name, op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes),
-                             cost))
+            self.op_log.append((name, key, cost))
         return cost
 
     def sfu(self, name: str, ops: int) -> OpCost:
-        return self._op(name, op_key("sfu", elements=ops), ceil_div(ops, self.sfu_per_cycle), 0, 0, 0, ops)
+        key = op_key("sfu", elements=ops)
+        cycles = ceil_div(ops, self.sfu_per_cycle)
+        if self.tiles is not None and key not in self.op_times_ps:
+            r = self._table(key, lambda: tile_sim.sfu(self.tiles, ops))
+            return self._cycle_level(name, key, r, cycles, 0)
+        return self._op(name, key, cycles, 0, 0, 0, ops)
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
-        return self._op(name, key, ceil_div(lane_ops, self.lanes), read_bytes, 0, 0, 0, lane_ops)
+        cycles = ceil_div(lane_ops, self.lanes)
+        if self.tiles is not None and key not in self.op_times_ps:
+            r = self._table(key, lambda: tile_sim.elementwise(self.tiles, lane_ops, read_bytes))
+            return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops)
+        return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops)
+
+    def timing_text(self) -> str:
+        """Which timing this model used, for the run header (the same whether the table was cached or not)."""
+        if self.tiles is None:
+            return "analytic (max of tiling cycles and operand bytes / stream bandwidth, + fixed)"
+        return (f"cycle-level (tile loop, SFU pipelines, lanes: {len(self._shapes)} operation shapes, table "
+                f"{self.op_cache.digest[:12]} cached by content hash)")
+
+    def save_table(self) -> None:
+        """Write the cycle-level operation table to the cache (new shapes only)."""
+        if self.op_cache is not None:
+            self.op_cache.save()
 
     def op_for_key(self, key: str) -> OpCost:
         """The operation an op_key names, costed by this model (e.g. the array model's estimate of a shape that

@@ -117,6 +117,8 @@ class ComputeConfig:
                                                     0, minimum=0, maximum=1 << 24)
     array_sync_cycles: int = _optional("cycle-level: cycles the arrays take to meet at the end of an operation", 0,
                                        minimum=0, maximum=1e9)
+    sfu_pipeline_cycles: int = _optional("cycle-level: depth of an SFU pipeline, drained at the end of every "
+                                         "special-function operation", 0, minimum=0, maximum=1e9)
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -73,6 +73,7 @@ class DecodeWorkload:
     buffer_slots: int  # whole experts the expert buffer holds
     buffer_bytes: int
     experts_in_sram: bool = False  # expert_buffer.location: sram
+    compute_timing: str = ""  # which timing costed the operations (the run header says it)
 
     def moe_layer(self, moe_index: int) -> LayerCosts:
         return self.layers[self.model.first_dense_layers + moe_index]
@@ -193,6 +194,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
     if am.group_launch_ps:  # each op group starts with a launch (a CUDA graph per group on a GPU)
         built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
+    am.save_table()
     attention = built["attention"]
     layers = []
     for layer in range(m.num_layers):
@@ -246,5 +248,5 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
         expert_matrix_bytes=tuple(per_matrix), layers=tuple(layers), token_head=head,
         hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
         hbm_spare_bytes=hbm_capacity - needed,
-        buffer_slots=slots, buffer_bytes=buffer_bytes, experts_in_sram=in_sram,
+        buffer_slots=slots, buffer_bytes=buffer_bytes, experts_in_sram=in_sram, compute_timing=am.timing_text(),
     )

@@ -1,5 +1,6 @@
-"""Every operation of a config's decode step, costed by the analytic array model and by the cycle-level tile
-loop side by side (`chipsim calibrate CONFIG`)."""
+"""Every operation of a config's decode step, costed by the analytic array model and by the cycle-level model
+side by side (`chipsim calibrate CONFIG`): matrix-vector operations by the tile loop, special functions by the
+SFU pipelines, elementwise work by the lanes (and the tile loop where it reads HBM)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def op_table(hw) -> list[dict]:
             for name, key, cost in am.op_log:
                 costs.setdefault((group, name, key), {})[label] = cost
             am.op_log = []
+        am.save_table()  # the cycle-level table, cached by content hash for the runs that follow
     for (group, name, key), pair in costs.items():
         if (group, key) in seen:
             continue
@@ -40,8 +42,18 @@ def op_table(hw) -> list[dict]:
         rows.append({"group": group, "op": name, "shape": key, "analytic_us": a.duration_ps / 1e6,
                      "cycle_level_us": c.duration_ps / 1e6, "ratio": c.duration_ps / a.duration_ps if a.duration_ps else 1.0,
                      "macs": c.macs, "hbm_bytes": c.hbm_read_bytes + c.hbm_write_bytes, "sfu_ops": c.sfu_ops,
-                     "vector_ops": c.vector_ops, "timed_by": "tile loop" if key.startswith("matvec") else "analytic"})
+                     "vector_ops": c.vector_ops, "timed_by": _timed_by(key)})
     return rows
+
+
+def _timed_by(key: str) -> str:
+    """Which part of the cycle-level model times an operation of this shape key."""
+    kind = key.split()[0]
+    if kind == "matvec":
+        return "tile loop"
+    if kind == "sfu":
+        return "SFU pipeline"
+    return "lanes, tile loop" if not key.endswith(" b0") else "lanes"
 
 
 def format_table(rows: list[dict]) -> str:
