@@ -64,6 +64,11 @@ plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel:
     (lambda t: t + "table: [{{metric: latency_ms, label: x}}]\n",
      "table[0].metric 'latency_ms': not a results.csv column"),
     (lambda t: t + "table: [{{metric: fallback_rate}}]\n", "table[0]: missing key 'label'"),
+    (lambda t: t + "grid_mode: diagonal\n", "grid_mode 'diagonal'"),
+    (lambda t: t + "grid_mode: one_at_a_time\n", "plot.kind: gain draws a one_at_a_time grid"),
+    (lambda t: t.replace("kind: line", "kind: gain"), "plot.kind: gain draws a one_at_a_time grid"),
+    (lambda t: t.replace("kind: line", "kind: gain, baseline: apex") + "grid_mode: one_at_a_time\n",
+     "plot.baseline 'apex': must be one of the policies"),
     (lambda t: t + "table: [{{metric: fallback_rate, label: x, format: '{{:q}}'}}]\n", "table[0].format"),
 ])
 def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
@@ -148,16 +153,11 @@ def test_one_colour_per_policy_everywhere():
     assert plots.color_for("apex") == plots.POLICY_COLORS["apex"]
 
 
-def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
-    """Each thor.yaml key whose comment says ASSUMPTION is the grid key of some experiments/sensitivity_*.yaml."""
-    import glob
-
-    import yaml
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _assumed_keys(config: str) -> list[str]:
+    """The dotted keys of a config whose comment says ASSUMPTION."""
     stack = []  # (indent, key) of the enclosing mappings
     assumed = []
-    with open(os.path.join(root, "hwconfigs", "thor.yaml")) as f:
+    with open(config) as f:
         for line in f:
             body = line.split("#", 1)[0].rstrip()
             if not body.strip() or ":" not in body:
@@ -171,12 +171,32 @@ def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
                 stack.append((indent, key))
             elif "ASSUMPTION" in line.split("#", 1)[-1]:
                 assumed.append(".".join([k for _, k in stack] + [key]))
+    return assumed
+
+
+def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
+    """Each thor.yaml key whose comment says ASSUMPTION is the grid key of some experiments/sensitivity_*.yaml."""
+    import glob
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assumed = _assumed_keys(os.path.join(root, "hwconfigs", "thor.yaml"))
     swept = set()
     for path in glob.glob(os.path.join(root, "experiments", "sensitivity_*.yaml")):
         with open(path) as f:
             swept.update((yaml.safe_load(f).get("grid") or {}).keys())
     assert len(assumed) >= 15
     assert sorted(set(assumed) - swept) == []
+
+
+def test_every_assumption_of_the_cycle_level_chiplet_is_in_the_one_gain_figure():
+    """thor-cycle-level.yaml's own ASSUMPTIONs (the compute chiplet's microarchitecture) are each a panel of
+    whatif_cycle_level_assumptions: APEX's gain over no-prefetch against it, one key at a time."""
+    exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_cycle_level_assumptions.yaml"))
+    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml"))
+    assert len(assumed) == 6 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
+    assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 
 
 def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):
@@ -209,3 +229,26 @@ def test_fig14_axes_are_the_papers_raw_rates_and_thors_per_direction_flit_rate()
     factor = exp["plot"]["secondary_x"]["factor"]
     assert [round(v * factor, 9) for v in grid] == [32, 64, 128, 256, 512, 1024]
     assert factor == pytest.approx(2 * 256 / 236, rel=1e-15) and 118 in grid
+
+
+def test_a_one_at_a_time_grid_runs_each_key_on_its_own_and_draws_one_gain_panel_each(tmp_path, capsys):
+    text = GOOD.format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
+    text = text.replace("grid: {workload.context_length: [512]}", "grid: {dma.engines: [1, 2], links.pcie.latency_ns: [300, 600, 900]}")
+    text = text.replace("policies: [no-prefetch]", "policies: [no-prefetch, apex]")
+    text = text.replace("plot: {kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel: x (tokens), ylabel: y (ms)}",
+                        "grid_mode: one_at_a_time\nplot: {kind: gain, x: value, y: latency_ms_per_token, baseline: no-prefetch, "
+                        "xlabel: [engines, latency (ns)], ylabel: change (%)}")
+    (tmp_path / "oat.yaml").write_text(text)
+    out, report = tmp_path / "out", tmp_path / "R.md"
+    rc = cli.main(["reproduce", "oat", "--experiments", str(tmp_path), "--out", str(out), "--quiet", "--jobs", "1",
+                   "--report", str(report)])
+    assert rc == 0, capsys.readouterr().err
+    assert (out / "oat" / "dma.engines" / "results.csv").is_file()
+    assert (out / "oat" / "links.pcie.latency_ns" / "results.csv").is_file()
+    assert (out / "oat" / "oat.png").stat().st_size > 10_000
+    md = report.read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| dma.engines |") or line.startswith("| links.pcie")]
+    assert len(rows) == 2 + 3  # one row per value of each key, not the 6 combinations
+    assert "one parameter at a time: dma.engines 1 … 2" in md
+    df, _ = ex.load_results(ex.saved_experiments(str(out))[0], str(out))
+    assert sorted(set(df["parameter"])) == ["dma.engines", "links.pcie.latency_ns"] and len(df) == 2 * 5

@@ -8,6 +8,9 @@ An experiment file names
     config:    a hardware config (path relative to the experiment file), or a list of them (one sweep each;
                the results get a `config` column = the config file's stem)
     grid:      {dotted config key: [values]} swept as in `chipsim sweep` (may be empty)
+    grid_mode: product (default: every combination of the grid's values) or one_at_a_time (each key swept on its
+               own around the config's values, into DIR/<name>/<key>/; the results get `parameter` = the key
+               and `value` = its value)
     policies:  policy specs, as for `chipsim run --policy`
     overrides: `--set` strings applied at every point (workload.max_tokens: 1024 for the papers' figures, as
                `chipsim run` replays; 256 for the sensitivity sweeps)
@@ -46,12 +49,15 @@ from chipsim.policies import REGISTRY
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "experiments")
 
-TOP_KEYS = ("name", "title", "paper", "config", "grid", "policies", "overrides", "plot", "compare", "paper_points",
-            "table", "notes")
+TOP_KEYS = ("name", "title", "paper", "config", "grid", "grid_mode", "policies", "overrides", "plot", "compare",
+            "paper_points", "table", "notes")
+GRID_MODES = ("product", "one_at_a_time")
 REQUIRED = ("title", "paper", "config", "policies", "plot")
-PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar")
+PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar", "gain")
 PLOT_KEYS = (
-    "kind",          # per_layer | line | bar | stacked_bar
+    "kind",          # per_layer | line | bar | stacked_bar | gain (one_at_a_time grids: one panel per key, each
+                     # series' change of y vs plot.baseline in %; xlabel: one label per grid key)
+    "baseline",      # gain: the policy the others' change is relative to
     "x",             # column on the x axis (per_layer: the layer index; stacked_bar: the category column)
     "y",             # column, or list of columns (one panel each); per_layer: a per_layer field
     "series",        # column whose values are the lines / bar groups (default: policy)
@@ -179,13 +185,25 @@ def load_experiment(path: str) -> dict:
             load_config(cp, overrides)
         except InputError as exc:
             raise _err(path, f"overrides: {exc}") from None
+    grid_mode = raw.get("grid_mode", "product")
+    if grid_mode not in GRID_MODES:
+        raise _err(path, f"grid_mode {grid_mode!r}: expected one of {', '.join(GRID_MODES)}")
+    if grid_mode == "one_at_a_time" and (len(config_paths) != 1 or not grid):
+        raise _err(path, "grid_mode: one_at_a_time sweeps the grid's keys of one config (give one config and a grid)")
     plot = _check_plot(path, raw["plot"], grid)
+    if (plot["kind"] == "gain") != (grid_mode == "one_at_a_time"):
+        raise _err(path, "plot.kind: gain draws a one_at_a_time grid, and such a grid is drawn as gain")
+    if plot["kind"] == "gain":
+        if plot.get("baseline") not in policies:
+            raise _err(path, f"plot.baseline {plot.get('baseline')!r}: must be one of the policies")
+        if not isinstance(plot["xlabel"], list) or len(plot["xlabel"]) != len(grid):
+            raise _err(path, "plot.xlabel: a gain plot needs one label per grid key")
     compare = _check_compare(path, raw.get("compare") or [])
     points = _check_paper_points(path, raw.get("paper_points") or [], plot)
     table = _check_table(path, raw.get("table") or [])
     return {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
             "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
-            "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare,
+            "grid_mode": grid_mode, "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare,
             "paper_points": points, "table": table}
 
 
@@ -224,6 +242,8 @@ def _check_plot(path: str, plot, grid) -> dict:
     out["yfactor"] = [float(f) for f in factors]
     out.setdefault("series", "policy")
     out.setdefault("where", {})
+    if kind == "gain":
+        out["panels"] = list(grid)  # one panel per key swept
     return out
 
 
@@ -293,21 +313,23 @@ def _check_table(path: str, columns) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- running
-def sweep_dirs(exp: dict, out_dir: str) -> list[tuple[str, str, str]]:
-    """[(config path, config stem, sweep directory)] of an experiment under out_dir."""
+def sweeps(exp: dict, out_dir: str) -> list[tuple[str, str, str, dict, str | None]]:
+    """[(config path, config stem, sweep directory, its grid, the one key it sweeps or None)] under out_dir."""
     root = os.path.join(out_dir, exp["name"])
+    if exp.get("grid_mode") == "one_at_a_time":
+        c, s = exp["configs"][0], exp["config_names"][0]
+        return [(c, s, os.path.join(root, key), {key: values}, key) for key, values in exp["grid"].items()]
     if len(exp["configs"]) == 1:
-        return [(exp["configs"][0], exp["config_names"][0], root)]
-    return [(c, s, os.path.join(root, s)) for c, s in zip(exp["configs"], exp["config_names"])]
+        return [(exp["configs"][0], exp["config_names"][0], root, exp["grid"], None)]
+    return [(c, s, os.path.join(root, s), exp["grid"], None) for c, s in zip(exp["configs"], exp["config_names"])]
 
 
 def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:
     """Run every sweep of `exp` into out_dir/<name>/; returns the wall time in seconds."""
     t0 = time.perf_counter()
     overrides = list(exp["overrides"]) + list(extra_overrides)
-    for config, _, directory in sweep_dirs(exp, out_dir):
-        run_sweep(config, exp["grid"], exp["policies"], directory, overrides=overrides, jobs=jobs,
-                  progress=progress)
+    for config, _, directory, grid, _ in sweeps(exp, out_dir):
+        run_sweep(config, grid, exp["policies"], directory, overrides=overrides, jobs=jobs, progress=progress)
     saved = dict(exp, overrides=overrides)
     # key order kept (not sorted): plot.stack is drawn bottom first
     write_atomic(os.path.join(out_dir, exp["name"], "experiment.json"), json.dumps(saved, indent=1) + "\n",
@@ -356,7 +378,7 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
     """Every row of the experiment's sweeps: a DataFrame of the scalar fields (grid values, CSV columns and
     extra policy metrics such as mean_delta_hat, plus `config`) and the full rows (per_layer included)."""
     rows = []
-    for _, stem, directory in sweep_dirs(exp, out_dir):
+    for _, stem, directory, _, swept in sweeps(exp, out_dir):
         p = os.path.join(directory, "sweep.json")
         if not os.path.isfile(p):
             raise InputError(f"{p}: missing; run chipsim reproduce {exp['name']}")
@@ -370,7 +392,8 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
             raise InputError(f"{p}: not a readable sweep record ({type(exc).__name__}); run chipsim reproduce "
                              f"{exp['name']} again") from None
         for r in results:
-            rows.append({"config": stem, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
+            one = {"parameter": swept, "value": r.get("values", {}).get(swept)} if swept else {}
+            rows.append({"config": stem, **one, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
     scalars = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in rows]
     return pd.DataFrame(scalars), rows
 

@@ -405,12 +405,52 @@ def _draw_stacked(fig, exp, df, rows):
     _legend(ax, handles[::-1], extra)
 
 
-DRAW = {"per_layer": _draw_per_layer, "line": _draw_line, "bar": _draw_bar, "stacked_bar": _draw_stacked}
+def _draw_gain(fig, exp, df, rows):
+    """One panel per parameter swept on its own: each series' change of y against plot.baseline at each value,
+    in %, negative = faster (a gain); the config's own value is the point every panel shares."""
+    plot = exp["plot"]
+    y = plot["y"][0]
+    sel = select(df, plot["where"])
+    series = plot["series"]
+    base = plot["baseline"]
+    names = [n for n in _series_order(sel[series].tolist(), plot) if n != base]
+    for n, (key, xlabel) in enumerate(zip(plot["panels"], plot["xlabel"])):
+        ax = fig.add_subplot(*_panel_grid(plot), n + 1)
+        part = sel[sel["parameter"] == key]
+        values = list(dict.fromkeys(part["value"].tolist()))
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        order = sorted(values) if numeric else values
+        xs = order if numeric else list(range(len(order)))
+        b = {r["value"]: r[y] for _, r in part[part[series] == base].iterrows()}
+        for i, name in enumerate(names):
+            mine = {r["value"]: r[y] for _, r in part[part[series] == name].iterrows()}
+            gains = [100.0 * (mine[v] / b[v] - 1.0) for v in order]
+            ax.plot(xs, gains, marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.3, color=color_for(name),
+                    label=_label(plot, name))
+        ax.axhline(0.0, color="0.6", linewidth=0.8)
+        if numeric and len(order) > 2 and all(v > 0 for v in order) and max(order) / min(order) >= 8:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(order, [f"{v:g}" for v in order])
+        elif not numeric:
+            ax.set_xticks(xs, [str(v) for v in order])
+        ax.set_xlabel(xlabel)
+        if n % _panel_grid(plot)[1] == 0:
+            ax.set_ylabel(plot["ylabel"][0])
+        if n == _legend_panel(plot):
+            _legend(ax)
+
+
+DRAW = {"per_layer": _draw_per_layer, "line": _draw_line, "bar": _draw_bar, "stacked_bar": _draw_stacked,
+        "gain": _draw_gain}
 
 
 def _panel_grid(plot: dict) -> tuple[int, int]:
-    """(rows, columns) of a line or bar figure's panels: side by side up to three, then two rows."""
-    n = len(plot["y"]) if plot["kind"] in ("line", "bar") else 1
+    """(rows, columns) of a line or bar figure's panels: side by side up to three, then two rows (a gain
+    figure: one panel per key swept)."""
+    if plot["kind"] == "gain":
+        n = len(plot["panels"])
+    else:
+        n = len(plot["y"]) if plot["kind"] in ("line", "bar") else 1
     return (1, n) if n <= 3 else (2, math.ceil(n / 2))
 
 

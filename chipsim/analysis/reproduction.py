@@ -16,7 +16,7 @@ import re
 import pandas as pd
 
 from chipsim import __version__
-from chipsim.analysis.experiments import load_results, select, sweep_dirs
+from chipsim.analysis.experiments import load_results, select, sweeps
 from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.runner import code_sha256
@@ -152,16 +152,22 @@ ENERGY = ("energy_mj_per_token", "mJ", "{:.1f}")
 def load_csv_results(exp: dict, out_dir: str) -> pd.DataFrame:
     """Every results.csv row of an experiment's sweeps, with a `config` column (the config file's stem)."""
     frames = []
-    for _, stem, directory in sweep_dirs(exp, out_dir):
+    for _, stem, directory, _, swept in sweeps(exp, out_dir):
         path = os.path.join(directory, "results.csv")
         if not os.path.isfile(path):
             raise InputError(f"{path}: missing; run chipsim reproduce {exp['name']}")
-        frames.append(pd.read_csv(path).assign(config=stem))
+        frame = pd.read_csv(path).assign(config=stem)
+        if swept:  # one key at a time: which key, and its value
+            frame = frame.assign(parameter=swept, value=frame[swept].astype(str))
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
 def sweep_keys(exp: dict) -> list[str]:
-    """The columns that tell one swept point from another: the config (when several) and the grid keys."""
+    """The columns that tell one swept point from another: the config (when several) and the grid keys (or,
+    one key at a time, which key and its value)."""
+    if exp.get("grid_mode") == "one_at_a_time":
+        return ["parameter", "value"]
     return (["config"] if len(exp["configs"]) > 1 else []) + list(exp["grid"])
 
 
@@ -181,7 +187,8 @@ def _unit(label: str) -> str:
 
 
 def _key_header(exp: dict, key: str) -> str:
-    return exp["plot"]["xlabel"] if key == exp["plot"].get("x") else key
+    xlabel = exp["plot"]["xlabel"]
+    return xlabel if key == exp["plot"].get("x") and isinstance(xlabel, str) else key
 
 
 def _point_text(exp: dict, keys: list[str], point: tuple) -> str:
@@ -253,9 +260,21 @@ def sweep_table_lines(exp: dict, out_dir: str) -> list[str]:
         row += [_cell(fmt, c[(col, p)]) for col, _, fmt in energy for p in policies]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    if focus is not None:
+    if focus is not None and exp.get("grid_mode") == "one_at_a_time":
+        lines += [_per_parameter_sentence(exp, t), ""]
+    elif focus is not None:
         lines += [gap_sentence(exp, t), ""]
     return lines
+
+
+def _per_parameter_sentence(exp: dict, t: dict) -> str:
+    """One key at a time: over each key's values, how far the focus policy's latency change moves."""
+    parts = []
+    for key in exp["grid"]:
+        points = [pt for pt in t["points"] if pt[0] == key]
+        changes = [t["cells"][pt][("change", t["focus"])] for pt in points]
+        parts.append(f"{key} {points[0][1]} … {points[-1][1]}: {changes[0]:+.2f} … {changes[-1]:+.2f} %")
+    return f"{t['focus']} vs {t['base']}, latency per token, one parameter at a time: " + "; ".join(parts) + "."
 
 
 def metric_table_lines(exp: dict, out_dir: str) -> list[str]:
