@@ -198,6 +198,17 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    """'512,1024,2048' -> [512, 1024, 2048]; anything else is one line naming the option."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise InputError(f"{option}: expected whole numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InputError(f"{option}: every value must be at least 1, got {text!r}")
+    return values
+
+
 def _cmd_calibrate(args) -> int:
     """Every operation of the decode step, analytic and cycle-level side by side."""
     import json
@@ -205,6 +216,13 @@ def _cmd_calibrate(args) -> int:
     from chipsim.workload.op_table import format_table, op_table
     from chipsim.hw.config import load_config
 
+    if args.window:
+        from chipsim.workload.op_table import apex_window, window_lines
+
+        contexts = _int_list(args.window, "--window")
+        rows = apex_window(args.config, contexts, args.set or [])
+        print(json.dumps(rows, indent=1) if args.json else "\n".join(window_lines(rows)))
+        return 0
     rows = op_table(load_config(args.config, args.set or []).hw)
     if args.out:
         from chipsim.files import write_atomic
@@ -336,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     calibrate.add_argument("--json", action="store_true", help="print the table as JSON")
     calibrate.add_argument("--out", metavar="FILE", help="also write the table as JSON into FILE")
+    calibrate.add_argument("--window", metavar="CONTEXTS", help="instead, per MoE layer at these contexts (e.g. "
+                           "512,1024,2048): attention, router, one expert and the top-k experts' load (the APEX window)")
     calibrate.set_defaults(func=_cmd_calibrate)
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")

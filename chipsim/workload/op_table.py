@@ -62,3 +62,67 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['group']:10} {r['op']:22} {r['analytic_us']:12.3f} {r['cycle_level_us']:15.3f} {r['ratio']:7.3f}"
                      f"  {r['hbm_bytes'] / 1e6:8.3f}  {r['timed_by']}")
     return "\n".join(lines)
+
+
+# APEX (arXiv 2608.11688), Fig. 12 at 1,024 context: APEX 42 % faster than no-prefetch on Granite-3B
+PAPER_APEX_GAIN = 0.42
+
+
+def apex_window(config_path: str, contexts, overrides=()) -> list[dict]:
+    """Per MoE layer of the config's model at each context: attention's time (the window a prefetch issued at
+    the layer's start hides behind), the router's, one routed expert's compute, and the top-k experts' load over
+    the fetch path; from the cycle-level model and the analytic one side by side. `needed_attention_us` is the
+    attention a serial load of that size needs for the paper's gain g: a prefetch hidden behind attention A
+    saves min(A, L) of A + L, so g = A / (A + L) gives A = L g / (1 - g)."""
+    from chipsim.hw.config import load_config
+    from chipsim.hw.paths import fetch_path_timing
+    from chipsim.workload.decode import build_workload
+
+    if load_config(config_path, list(overrides)).hw.compute.timing != "cycle-level":
+        raise InputError("compute.timing: analytic; the APEX window needs compute.timing: cycle-level and its keys "
+                         "(hwconfigs/thor-cycle-level.yaml sets them)")
+    rows = []
+    for ctx in contexts:
+        row = {"context": int(ctx)}
+        for label, extra in (("cycle_level", []), ("analytic", ["compute.timing=analytic"])):
+            hw = load_config(config_path, list(overrides) + [f"workload.context_length={ctx}"] + extra).hw
+            wl = build_workload(hw)
+            layer = next(lc for lc in wl.layers if lc.expert is not None)
+            row[f"attention_us_{label}"] = layer.attention.duration_ps / 1e6
+            row[f"router_us_{label}"] = layer.router.duration_ps / 1e6
+            row[f"expert_us_{label}"] = layer.expert.duration_ps / 1e6
+        path = fetch_path_timing(hw)
+        load_us = wl.model.top_k * wl.expert_bytes / path.bandwidth_gbps / 1e3 + path.latency_ns / 1e3
+        row.update(model=wl.model.name, top_k=wl.model.top_k, expert_mb=wl.expert_bytes / 1e6,
+                   fetch_gbps=path.bandwidth_gbps, load_us=load_us,
+                   load_over_attention=load_us / row["attention_us_cycle_level"],
+                   needed_attention_us=load_us * PAPER_APEX_GAIN / (1 - PAPER_APEX_GAIN))
+        rows.append(row)
+    return rows
+
+
+def window_lines(rows: list[dict]) -> list[str]:
+    """The APEX-window table in markdown."""
+    r0 = rows[0]
+    lines = [f"{r0['model']}, per MoE layer: the top-{r0['top_k']} experts ({r0['expert_mb']:.2f} MB each) over the "
+             f"fetch path's {r0['fetch_gbps']:.1f} GB/s against the layer's attention, the window a prefetch issued "
+             "at the layer's start hides behind. 'needed' is the attention a load that long needs for the paper's "
+             f"{100 * PAPER_APEX_GAIN:.0f} % (APEX Fig. 12: a prefetch saves min(A, L) of A + L, so A = L g / (1 − g)).",
+             "", "| context | attention µs (cycle-level) | attention µs (analytic) | router µs | one expert µs | "
+             "expert load µs | load / attention | attention needed µs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['context']} | {r['attention_us_cycle_level']:.1f} | {r['attention_us_analytic']:.1f} | "
+                     f"{r['router_us_cycle_level']:.2f} | {r['expert_us_cycle_level']:.1f} | {r['load_us']:.0f} | "
+                     f"{r['load_over_attention']:.1f} | {r['needed_attention_us']:.0f} |")
+    return lines
+
+
+def value_reaching_window(config_path: str, key: str, candidates, needed_us: float, context: int) -> tuple | None:
+    """The first of `candidates` (tried in order) at which the layer's cycle-level attention reaches `needed_us`,
+    with that attention (µs); None if none does."""
+    for value in candidates:
+        row = apex_window(config_path, [context], [f"{key}={value}"])[0]
+        if row["attention_us_cycle_level"] >= needed_us:
+            return value, row["attention_us_cycle_level"]
+    return None
