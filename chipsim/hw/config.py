@@ -363,9 +363,11 @@ def _read_yaml(path: str) -> dict:
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
+    """The override's keys over the base's, section by section; an empty mapping replaces the base's (a derived
+    config says `op_times_ns: {}` to drop its base's profile)."""
     out = copy.deepcopy(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and value and isinstance(out.get(key), dict):
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

@@ -139,8 +139,51 @@ def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
     return out
 
 
+def _kind_rows(check: list[dict]) -> list[str]:
+    """Per operation kind: shapes, median and worst error of a model against the profiled kernels."""
+    out = ["| kind | shapes | median error | median |error| | worst |", "| --- | --- | --- | --- | --- |"]
+    for kind in ("matvec", "sfu", "vector"):
+        rs = [r for r in check if r["key"].startswith(kind)]
+        if not rs:
+            continue
+        errs = sorted(r["error_pct"] for r in rs)
+        worst = max(rs, key=lambda r: abs(r["error_pct"]))
+        out.append(f"| {kind} | {len(rs)} | {statistics.median(errs):+.0f} % | "
+                   f"{statistics.median(abs(e) for e in errs):.0f} % | {worst['error_pct']:+.0f} % "
+                   f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
+    every = [abs(r["error_pct"]) for r in check]
+    out.append(f"| all | {len(check)} | | {statistics.median(every):.0f} % | |")
+    return out
+
+
+def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None) -> list[str]:
+    """VALIDATION.md lines: the cycle-level description of the SM array against the profiled (cuBLAS / PyTorch)
+    kernels, and, where the GEMV probe ran, against a GEMV kernel of known structure on the same machine."""
+    lines = ["### The cycle-level model of the SM array against the profiled kernels", "",
+             f"`{config}`: the SMs as the cycle-level model's arrays, from published figures and single-op "
+             "microbenchmarks only (validation/compute/); every kernel shape of the profile, modelled without it, "
+             "against its measured time inside a CUDA graph.", ""] + _kind_rows(check) + [""]
+    if gemv_probe:
+        am = ArrayModel(load_config(config, list(ARRAY_MODEL_ONLY)).hw)
+        lines += ["The worst-modelled GEMV shapes again, each as a chain in one CUDA graph on the same machine: a "
+                  "Triton GEMV of known structure (8 output rows per program, validation/compute/probe_sm.py "
+                  "--gemv) beside torch.mv (cuBLAS), and the cycle-level model:", "",
+                  "| shape | programs | Triton µs | cuBLAS µs | model µs | model vs Triton | model vs cuBLAS |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in gemv_probe["gemv_in_graph"]:
+            outputs = int(r["key"].split()[2][1:])
+            if r["programs"] * 8 < outputs:  # the 8-rows-per-program kernel only
+                continue
+            m = am.op_for_key(r["key"]).duration_ps / 1e6
+            lines.append(f"| {r['key']} | {r['programs']} | {r['triton_us']} | {r['cublas_us']} | {m:.2f} | "
+                         f"{100 * (m / r['triton_us'] - 1):+.0f} % | {100 * (m / r['cublas_us'] - 1):+.0f} % |")
+        lines.append("")
+    return lines
+
+
 def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
-           profile_check: list[dict] | None = None, pcie: dict | None = None) -> str:
+           profile_check: list[dict] | None = None, pcie: dict | None = None,
+           cycle_level: list[str] | None = None) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
@@ -198,6 +241,8 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
                 lines.append(f"| {kind} | {len(rs)} | {errs[len(errs) // 2]['error_pct']:+.0f} % | {worst['error_pct']:+.0f} % "
                              f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
             lines.append("")
+        if cycle_level:
+            lines += cycle_level
         if pcie:
             lines += pcie_check.report_lines(pcie)
     lines += ["## Findings", ""] + notes + [""]
@@ -233,6 +278,11 @@ def main(argv=None) -> int:
                     help="the link's config-space settings and the separately measured copy costs "
                          "(validation/pcie/h200-host-pcie.json validation/pcie/h200-copy-latency.json): the PCIe link "
                          "layer against the microbenchmark's copy curve")
+    ap.add_argument("--cycle-level", default=None, metavar="CONFIG",
+                    help="a cycle-level description of the GPU (hwconfigs/h200-cycle-level.yaml): its estimate of "
+                         "every profiled kernel (needs --microbench)")
+    ap.add_argument("--gemv-probe", default=None, metavar="FILE",
+                    help="validation/compute/h200-gemv-probe.json: GEMVs of known structure beside cuBLAS")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
                     help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
@@ -263,15 +313,30 @@ def main(argv=None) -> int:
     if a.pcie_probes:
         commands += [f"python validation/pcie/probe_pcie.py > {a.pcie_probes[0]}",
                      f"python validation/pcie/probe_copy_latency.py > {a.pcie_probes[1]}"]
+    if a.cycle_level:
+        commands += ["python validation/compute/probe_sm.py > validation/compute/h200-sm-probe.json"]
+    if a.gemv_probe:
+        commands += [f"python validation/compute/probe_sm.py --gemv > {a.gemv_probe}"]
     commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
                  + (f" --microbench {a.microbench}" if a.microbench else "")
                  + (f" --pcie-probes {' '.join(a.pcie_probes)}" if a.pcie_probes else "")
+                 + (f" --cycle-level {a.cycle_level}" if a.cycle_level else "")
+                 + (f" --gemv-probe {a.gemv_probe}" if a.gemv_probe else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
     check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
              if mb and mb.get("op_times") else None)
-    text = report(results, mb, a.held_out, commands, notes, check, pcie)
+    cycle = None
+    if a.cycle_level and mb and mb.get("op_times"):
+        try:
+            probe = json.load(open(a.gemv_probe)) if a.gemv_probe else None
+        except OSError as exc:
+            raise InputError(f"{exc.filename}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise InputError(f"{a.gemv_probe}: not JSON ({exc})") from None
+        cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe)
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)
