@@ -76,8 +76,10 @@ def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
             result = simulate(prep, policy)
             row = summarize_result(prep, result, policy)
             seconds = result.per_token.latency_ps.sum() / 1e12
-            data_gbps = bw * 256 / (256 + 12)  # thor's TLPs: 256 B of payload, 12 B of header
-            assert prep.config.hw.links.pcie.data_gbps == pytest.approx(data_gbps, rel=1e-15)
+            # thor's TLPs: 256 B of payload, 12 B of header, packed into FLITs by the link layer (whole FLITs of a
+            # 1 GiB read: within 1e-6 of the ratio)
+            data_gbps = prep.config.hw.links.pcie.data_gbps
+            assert data_gbps == pytest.approx(bw * 256 / (256 + 12), rel=1e-6)
             by_hand = result.per_token.bytes["pcie"].sum() / (seconds * data_gbps * 1e9)
             assert row["pcie_utilization"] == pytest.approx(by_hand, rel=1e-12)
             assert 0 < row["pcie_utilization"] <= 1.0
