@@ -47,6 +47,24 @@ def tiny_copies(kind: str, sizes, back_to_back: int, reps: int = 15) -> list[dic
     return out
 
 
+def _chase_times(chase, words, out) -> dict:
+    """Median µs of 2,000 and of 20,000 dependent loads through `words` (the difference: per-load latency)."""
+    per = {}
+    for steps in (2000, 20000):
+        chase[(1,)](words, out, steps)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            chase[(1,)](words, out, steps)
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        per[steps] = statistics.median(ts)
+    return per
+
+
 def pointer_chase() -> dict:
     import triton
     import triton.language as tl
@@ -59,26 +77,13 @@ def pointer_chase() -> dict:
         tl.store(out, i)
 
     res = {}
+    out = torch.zeros(1, dtype=torch.int64, device="cuda")
     for name, stride_words, count in (("dense", 16, 40000), ("spread", 512, 40000)):  # 128 B or 4 KiB apart
         g = torch.Generator().manual_seed(1)
         order = torch.randperm(count, generator=g)
         words = torch.zeros(count * stride_words + 1, dtype=torch.int64).pin_memory()
-        nxt = torch.roll(order, -1)
-        words[order * stride_words] = nxt * stride_words  # a single cycle through every line
-        out = torch.zeros(1, dtype=torch.int64, device="cuda")
-        per = {}
-        for steps in (2000, 20000):
-            chase[(1,)](words, out, steps)
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(5):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                chase[(1,)](words, out, steps)
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3)
-            per[steps] = statistics.median(ts)
+        words[order * stride_words] = torch.roll(order, -1) * stride_words  # a single cycle through every line
+        per = _chase_times(chase, words, out)
         res[name] = {"ns_per_dependent_load": round((per[20000] - per[2000]) * 1e3 / 18000, 1),
                      "us_2000_loads": round(per[2000], 3), "us_20000_loads": round(per[20000], 3),
                      "line_stride_bytes": stride_words * 8}
@@ -86,20 +91,7 @@ def pointer_chase() -> dict:
     dev = torch.zeros(40000 * 16 + 1, dtype=torch.int64, device="cuda")
     order = torch.randperm(40000, generator=torch.Generator().manual_seed(1))
     dev[(order * 16).cuda()] = (torch.roll(order, -1) * 16).cuda()
-    out = torch.zeros(1, dtype=torch.int64, device="cuda")
-    per = {}
-    for steps in (2000, 20000):
-        chase[(1,)](dev, out, steps)
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            chase[(1,)](dev, out, steps)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
-        per[steps] = statistics.median(ts)
+    per = _chase_times(chase, dev, out)
     res["gpu_memory"] = {"ns_per_dependent_load": round((per[20000] - per[2000]) * 1e3 / 18000, 1)}
     return res
 
