@@ -34,8 +34,22 @@ def _cmd_run(args) -> int:
                          "--timeline-tokens N keeps the first N")
     for note in notes:
         print(f"chipsim: note: {note}", file=sys.stderr)
-    runs = run_policies_with_timelines(prep, jobs=args.jobs, progress=True,
-                                       timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
+    profiled = None
+    if args.profile:
+        if args.timeline is not None:
+            raise InputError("--profile and --timeline: give one of them (a recorded timeline slows the profile)")
+        from chipsim.analysis.profile import profile_run
+        from chipsim.runner import simulate, summarize_result
+
+        runs, profiled = [], ([], [], [])
+        for policy in prep.policies:
+            result, wall, parts = profile_run(lambda policy=policy: simulate(prep, policy))
+            runs.append((summarize_result(prep, result, policy), None))
+            for store, value in zip(profiled, (policy.label, wall, parts)):
+                store.append(value)
+    else:
+        runs = run_policies_with_timelines(prep, jobs=args.jobs, progress=True,
+                                           timeline_tokens=args.timeline_tokens if args.timeline is not None else None)
     rows = [row for row, _ in runs]
     prov = provenance(prep)
     if args.timeline is not None:
@@ -56,6 +70,10 @@ def _cmd_run(args) -> int:
             print("\n".join(quality))
         if prep.trace.synthetic:
             print("\nSYNTHETIC trace: routing and predictions come from a generator, not a model.")
+    if profiled is not None:
+        from chipsim.analysis.profile import format_profile
+
+        print(("\n" if not args.json else "") + format_profile(*profiled), file=sys.stderr if args.json else sys.stdout)
     if args.out:
         run_info = dict(prov, config_resolved=prep.config.raw, trace_provenance=prep.trace.meta.get("provenance", {}),
                         policies=[p.label for p in prep.policies])
@@ -302,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write a Chrome/Perfetto trace-event JSON of the runs (open in ui.perfetto.dev)")
     run.add_argument("--timeline-tokens", type=int, default=8, metavar="N",
                      help="tokens the timeline covers, from the first (default 8; 0: all); the table covers all")
+    run.add_argument("--profile", action="store_true",
+                     help="run each policy once under cProfile, in this process, and print where the time goes "
+                          "(SimPy events, transfers, DMA queue, engine, policy hooks)")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run the cross product of config-key grids x policies; results.csv, cached")

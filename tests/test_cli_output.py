@@ -94,3 +94,35 @@ def test_every_bundled_hwconfig_runs(capsys):
                      "--set", "workload.warmup_tokens=0"]) == 0, path
         rows = json.loads(capsys.readouterr().out)
         assert rows[1]["latency_ms_per_token"] <= rows[0]["latency_ms_per_token"], path
+
+
+def test_run_profile_prints_where_the_time_goes_and_leaves_the_results_as_they_are(capsys):
+    """--profile: the same JSON rows as a plain run, and per policy its SimPy events, transfers, DMA submissions
+    and hook calls (one on_layer_start, on_route and on_layer_end per layer and token, one on_token_start per
+    token, one on_run_start) with the seconds of each part."""
+    import json
+    from pathlib import Path
+
+    from chipsim import cli
+
+    thor = str(Path(__file__).resolve().parents[1] / "hwconfigs" / "thor.yaml")
+    base = ["run", thor, "--policy", "no-prefetch", "--policy", "apex", "--set", "workload.max_tokens=4", "--json",
+            "--jobs", "1"]
+    assert cli.main(base) == 0
+    plain = capsys.readouterr().out
+    assert cli.main(base + ["--profile"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    lines = captured.err.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 4]}
+    assert set(rows) == {"no-prefetch", "apex"}
+    for cells in rows.values():
+        events, transfers, submits, hooks = (int(c.replace(",", "")) for c in cells[2:6])
+        assert events > transfers > 0 and submits > 0
+        assert hooks == 4 * 32 * 3 + 4 + 1
+        assert float(cells[1]) >= sum(float(c) for c in cells[6:]) * 0.5
+    assert "slowest policy hook" in captured.err
+    assert cli.main(base + ["--profile", "--timeline", str(Path(thor).parent / "never-written.json")]) == 2
+    assert "--profile and --timeline" in capsys.readouterr().err
+    assert not (Path(thor).parent / "never-written.json").exists()
