@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 from chipsim.dram.controller import ControllerConfig, simulate
@@ -97,20 +97,22 @@ def _cache_dir() -> str:
     return os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
 
 
-def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0) -> str:
+def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,
+              controller: ControllerConfig = CONTROLLER) -> str:
     with open(std.path, "rb") as f:
         text = f.read()
     spec = {"standard": hashlib.sha256(text).hexdigest(), "org": std.org_name, "timing": std.timing_name,
             "params": std.params, "write_share": write_share, "second_read_share": second_read_share,
-            "controller": asdict(CONTROLLER),
+            "controller": asdict(controller),
             "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def run_calibration(std: Standard, write_share: float, label: str = "", second_read_share: float = 0.0) -> Calibration:
+def run_calibration(std: Standard, write_share: float, label: str = "", second_read_share: float = 0.0,
+                    controller: ControllerConfig = CONTROLLER) -> Calibration:
     from tqdm import tqdm
 
-    cfg = ControllerConfig(refresh="all-bank")
+    cfg = replace(controller, refresh="all-bank")
     # the streams are measured over whole refresh intervals (after the first), so refresh is counted exactly
     period = std.params["nREFI"]
     window = (period, period * (1 + REFRESH_PERIODS))
@@ -129,7 +131,7 @@ def run_calibration(std: Standard, write_share: float, label: str = "", second_r
             bar.update(1)
         # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
         lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
-                        controller=ControllerConfig(refresh="off"))
+                        controller=replace(controller, refresh="off"))
         bar.update(1)
     peak = std.peak_gbps(1)
     turnaround = max(0.0, (read.bandwidth_gbps / mixed.bandwidth_gbps - 1) / write_share)
@@ -147,14 +149,16 @@ def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0)
     std = retimed_standard(cfg, key)
     write_share = round(min(0.5, max(0.05, write_share)), 3)
     second_read_share = round(min(0.5, max(0.05, second_read_share)), 3) if second_read_share else 0.0
-    digest = cache_key(std, write_share, second_read_share)
+    controller = replace(CONTROLLER, read_buffer=cfg.controller_queue_entries,
+                         write_buffer=cfg.controller_queue_entries)
+    digest = cache_key(std, write_share, second_read_share, controller)
     path = os.path.join(_cache_dir(), "dram", f"{digest}.json")
     try:
         with open(path, encoding="utf-8") as f:
             return Calibration(**json.load(f))
     except (OSError, ValueError, TypeError):
         pass
-    result = run_calibration(std, write_share, key, second_read_share)
+    result = run_calibration(std, write_share, key, second_read_share, controller)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"

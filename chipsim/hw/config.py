@@ -156,6 +156,9 @@ class DramConfig:
                                   "closed-form (chipsim/hw/dram.py, from the keys above) or command-level (the "
                                   "standard's command-level model, computed once and cached)", "closed-form",
                                   choices=("closed-form", "command-level"))
+    controller_queue_entries: int = _optional("command-level: entries of each channel controller's read queue and of "
+                                              "its write queue (Ramulator 2.1's default: 32)", 32, positive=True,
+                                              maximum=4096)
 
 
 @dataclass(frozen=True)
