@@ -24,11 +24,13 @@ def _points():
                     "refresh": True})
         out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1, "streams": 4,
                     "refresh": True})
-    # per-bank refresh (LPDDR5: one REFpb every tREFIpb in rotation, as Ramulator 2.1's PerBank manager does; its
-    # HBM3 per-bank manager follows JESD238's REFpb sets, which chipsim's model does not)
-    for kind, share in (("sequential", 1.0), ("sequential", 0.5), ("random", 1.0)):
-        out.append({"standard": "lpddr5", "kind": kind, "read_share": share, "channels": 1, "streams": 1,
-                    "refresh": "per-bank"})
+    # per-bank refresh: LPDDR5 one REFpb every tREFIpb in rotation, as Ramulator 2.1's PerBank manager does; HBM3
+    # one per pseudo-channel every tREFIpb, against Ramulator's HBM34PerBankRefresh (JESD238's REFpb sets: a set's
+    # next round waits tRFCpb after its last bank)
+    for std in ("lpddr5", "hbm3"):
+        for kind, share in (("sequential", 1.0), ("sequential", 0.5), ("random", 1.0)):
+            out.append({"standard": std, "kind": kind, "read_share": share, "channels": 1, "streams": 1,
+                        "refresh": "per-bank"})
     # capped pages (a row closes after 4 accesses: Ramulator 2.1's ClosedCAP with its default cap); read-only, as
     # Ramulator stops with writes mixed in ("Failed to send all-bank refresh": its priority queue fills with
     # precharges it may not issue)

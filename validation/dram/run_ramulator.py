@@ -6,7 +6,7 @@ Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is ne
 chipsim. Each point's requests come from chipsim.dram.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
 controllers keep Ramulator's defaults (32-entry read and write buffers, write watermarks 0.2 / 0.8), FR-FCFS with
-row hits first, open pages; all-bank, per-bank (LPDDR5) or no refresh.
+row hits first, open pages; all-bank, per-bank (LPDDR5: PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
 """
 
 import argparse
@@ -38,7 +38,8 @@ for _ in range(channels):
     ctrls.append(getattr(ramulator.controller, ctrl_name)(
         dram=dram, scheduler=ramulator.scheduler.FRFCFSRowHit(), row_policy=ramulator.row_policy.ClosedCAP() if page == "capped" else ramulator.row_policy.Open(),
         addr_mapper=ramulator.addr_mapper.RoBaRaCoCh() if loadstore else ramulator.addr_mapper.PassThroughAddrMapper(),
-        refresh_manager=(ramulator.refresh_manager.PerBank() if refresh == "per-bank" else
+        refresh_manager=((ramulator.refresh_manager.HBM34PerBankRefresh() if std == "HBM3" else
+                          ramulator.refresh_manager.PerBank()) if refresh == "per-bank" else
                          ramulator.refresh_manager.AllBank() if refresh else ramulator.refresh_manager.NoRefresh())))
 mem = ramulator.memory_system.GenericDRAM(clock_ratio=1, controllers=ctrls,
                                           channel_mapper=ramulator.channel_mapper.CacheLineInterleave() if loadstore else ramulator.channel_mapper.PassThroughChannelMapper())
