@@ -241,7 +241,8 @@ def _cmd_calibrate(args) -> int:
         rows = apex_window(args.config, contexts, args.set or [])
         print(json.dumps(rows, indent=1) if args.json else "\n".join(window_lines(rows)))
         return 0
-    rows = op_table(load_config(args.config, args.set or []).hw)
+    hw = load_config(args.config, args.set or []).hw
+    rows = op_table(hw)
     if args.out:
         from chipsim.files import write_atomic
 
@@ -251,7 +252,7 @@ def _cmd_calibrate(args) -> int:
         from chipsim.compute.op_cache import OpCache
         from chipsim.hw.compute import ArrayModel
 
-        table = OpCache.of(ArrayModel(load_config(args.config, args.set or []).hw).tiles)
+        table = OpCache.of(ArrayModel(hw).tiles)
         print(f"\ntable cached as {table.path} ({len(table.results)} operation shapes); chipsim run reuses it")
     return 0
 

@@ -11,6 +11,13 @@ from typing import BinaryIO, Callable
 from chipsim.errors import InputError
 
 
+def cache_dir(kind: str) -> str:
+    """Where the computed-once tables of one kind live (`dram`, `compute`): $CHIPSIM_CACHE_DIR/<kind>, by default
+    ~/.cache/chipsim/<kind>."""
+    base = os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
+    return os.path.join(base, kind)
+
+
 def write_atomic(path: str, data: str | bytes | Callable[[BinaryIO], None], what: str = "") -> None:
     """Write `data` to `path` through a temporary file in the same directory, then rename it into place, so
     that a reader never sees a half-written file and a failure leaves nothing behind. `data` may also be a

@@ -11,34 +11,34 @@ import dataclasses
 import hashlib
 import json
 import os
+from functools import lru_cache
 
 from chipsim.compute import tile_sim
 from chipsim.compute.tile_sim import ChipletParams, OpResult
 from chipsim.errors import InputError
-from chipsim.files import write_atomic
+from chipsim.files import cache_dir, write_atomic
 
 _TABLES: dict[str, "OpCache"] = {}  # one per chiplet description in a process
 
 
-def _cache_root() -> str:
-    base = os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
-    return os.path.join(base, "compute")
+@lru_cache(maxsize=1)
+def _code_digest() -> str:
+    with open(tile_sim.__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def table_digest(p: ChipletParams) -> str:
-    with open(tile_sim.__file__, "rb") as f:
-        code = hashlib.sha256(f.read()).hexdigest()
-    spec = {"params": dataclasses.asdict(p), "code": code}
+    spec = {"params": dataclasses.asdict(p), "code": _code_digest()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 class OpCache:
     """Operation results of one chiplet description: key (kind and shape) -> OpResult."""
 
-    def __init__(self, p: ChipletParams):
+    def __init__(self, p: ChipletParams, digest: str):
         self.params = p
-        self.digest = table_digest(p)
-        self.path = os.path.join(_cache_root(), f"{self.digest}.json")
+        self.digest = digest
+        self.path = os.path.join(cache_dir("compute"), f"{digest}.json")
         self.results: dict[str, OpResult] = {}
         self._dirty = False
         try:
@@ -50,10 +50,11 @@ class OpCache:
 
     @classmethod
     def of(cls, p: ChipletParams) -> "OpCache":
+        """The table of `p`, shared within the process (read from the cache directory in force the first time)."""
         digest = table_digest(p)
         table = _TABLES.get(digest)
-        if table is None or table.path != os.path.join(_cache_root(), f"{digest}.json"):
-            table = _TABLES[digest] = cls(p)
+        if table is None or table.path != os.path.join(cache_dir("compute"), f"{digest}.json"):
+            table = _TABLES[digest] = cls(p, digest)
         return table
 
     def get(self, key: str, compute) -> OpResult:

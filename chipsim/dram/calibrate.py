@@ -32,6 +32,7 @@ from chipsim.dram.controller import ControllerConfig, simulate
 from chipsim.dram.standard import Standard, load_standard
 from chipsim.dram.streams import requests
 from chipsim.errors import InputError
+from chipsim.files import cache_dir
 
 REFRESH_PERIODS = 12  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
 LONE_REQUESTS = 200
@@ -93,10 +94,6 @@ def _code_hash() -> str:
     return h.hexdigest()
 
 
-def _cache_dir() -> str:
-    return os.environ.get("CHIPSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "chipsim")
-
-
 def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,
               controller: ControllerConfig = CONTROLLER) -> str:
     with open(std.path, "rb") as f:
@@ -152,7 +149,7 @@ def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0)
     controller = replace(CONTROLLER, read_buffer=cfg.controller_queue_entries,
                          write_buffer=cfg.controller_queue_entries)
     digest = cache_key(std, write_share, second_read_share, controller)
-    path = os.path.join(_cache_dir(), "dram", f"{digest}.json")
+    path = os.path.join(cache_dir("dram"), f"{digest}.json")
     try:
         with open(path, encoding="utf-8") as f:
             return Calibration(**json.load(f))

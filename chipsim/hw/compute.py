@@ -148,13 +148,12 @@ class ArrayModel:
         cycles = ceil_div(outputs * ceil_div(reduction, self.vector_length), self.units)
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
         if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
-            return self._tiled_matvec(name, reduction, outputs, weight_bytes, write_bytes, cycles)
+            return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles)
         return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
 
-    def _tiled_matvec(self, name, reduction, outputs, weight_bytes, write_bytes, cycles) -> OpCost:
+    def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
-        key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
         r = self._table(key, lambda: tile_sim.matvec(self.tiles, reduction, outputs, weight_bytes / (reduction * outputs)))
         return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes)
 

@@ -104,9 +104,9 @@ class ComputeConfig:
         """All arrays' SRAM read bandwidth, GB/s: what experts staged there are read at (and share with fetches)."""
         return self.sram_read_gbps_per_array * self.arrays
     timing: str = _optional("how an operation's time is found: analytic (max of tiling cycles and bytes over the "
-                            "stream bandwidth, plus fixed latency) or cycle-level (chipsim/compute/tile_sim.py: the "
-                            "tile loop with requests in flight and double-buffered SRAM tiles; matrix-vector "
-                            "operations, the others stay analytic)", "analytic", choices=("analytic", "cycle-level"))
+                            "stream bandwidth, plus fixed latency) or cycle-level (chipsim/compute/tile_sim.py: "
+                            "matrix-vector operations by the tile loop with requests in flight and double-buffered "
+                            "SRAM tiles, special functions by the SFU pipelines, elementwise work by the lanes)", "analytic", choices=("analytic", "cycle-level"))
     sram_read_bytes_per_cycle_per_array: int = _optional("cycle-level: bytes one array reads from its SRAM per "
                                                          "cycle (banks x bank width)", 0, minimum=0, maximum=1 << 30)
     operand_tile_kib: float = _optional("cycle-level: one operand tile in SRAM, KiB (two per array: double-buffered)",

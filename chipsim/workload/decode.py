@@ -180,11 +180,18 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
     }
 
 
+def expert_matrix_sizes(hw: HardwareConfig, m: ModelShape) -> list[int]:
+    """Bytes of one routed expert's gate, up and down matrices at the config's precision (scales included)."""
+    w = hw.model
+    return [weight_bytes(i * o, w.expert_bits, w.quant_group_size, w.quant_scale_bits)
+            for _, i, o in m.expert_matrix_params()]
+
+
 def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     m = get_model(hw.model.name)
     am = ArrayModel(hw)
     ctx = hw.workload.context_length
-    bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
+    bits = hw.model.expert_bits
     d = m.hidden_size
     in_sram = hw.expert_buffer.location == "sram"
     if in_sram and not hw.compute.sram_read_gbps_per_array:
@@ -204,7 +211,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
         layers.append(LayerCosts(attention, built["router"], built["shared"], built["expert"], built["combine"]))
     head = built["head"]
 
-    per_matrix = [weight_bytes(i * o, bits, group, sbits) for _, i, o in m.expert_matrix_params()]
+    per_matrix = expert_matrix_sizes(hw, m)
     expert_bytes = sum(per_matrix)
     buffer_bytes = int(hw.expert_buffer.capacity_mib * BYTES_PER_MIB)
     if buffer_bytes < expert_bytes:

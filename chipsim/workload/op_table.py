@@ -68,6 +68,25 @@ def format_table(rows: list[dict]) -> str:
 PAPER_APEX_GAIN = 0.42
 
 
+def _layer_groups(config_path: str, overrides, names) -> tuple:
+    """(hw, model, {group: OpCost}) of one MoE layer's op groups `names`, costed without building the whole
+    decode step (the LM head's tile loop is the longest operation and none of these needs it)."""
+    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.config import load_config
+    from chipsim.workload.decode import op_group_builders
+    from chipsim.workload.models import get_model
+
+    hw = load_config(config_path, list(overrides)).hw
+    m = get_model(hw.model.name)
+    am = ArrayModel(hw)
+    builders = op_group_builders(am, m, hw)
+    costs = {name: builders[name]() for name in names}
+    if am.group_launch_ps:  # as build_workload: each op group starts with a launch
+        costs = {name: op + am.group_launch(name) for name, op in costs.items()}
+    am.save_table()
+    return hw, m, costs
+
+
 def apex_window(config_path: str, contexts, overrides=()) -> list[dict]:
     """Per MoE layer of the config's model at each context: attention's time (the window a prefetch issued at
     the layer's start hides behind), the router's, one routed expert's compute, and the top-k experts' load over
@@ -76,7 +95,7 @@ def apex_window(config_path: str, contexts, overrides=()) -> list[dict]:
     saves min(A, L) of A + L, so g = A / (A + L) gives A = L g / (1 - g)."""
     from chipsim.hw.config import load_config
     from chipsim.hw.paths import fetch_path_timing
-    from chipsim.workload.decode import build_workload
+    from chipsim.workload.decode import expert_matrix_sizes
 
     if load_config(config_path, list(overrides)).hw.compute.timing != "cycle-level":
         raise InputError("compute.timing: analytic; the APEX window needs compute.timing: cycle-level and its keys "
@@ -85,17 +104,15 @@ def apex_window(config_path: str, contexts, overrides=()) -> list[dict]:
     for ctx in contexts:
         row = {"context": int(ctx)}
         for label, extra in (("cycle_level", []), ("analytic", ["compute.timing=analytic"])):
-            hw = load_config(config_path, list(overrides) + [f"workload.context_length={ctx}"] + extra).hw
-            wl = build_workload(hw)
-            layer = next(lc for lc in wl.layers if lc.expert is not None)
-            row[f"attention_us_{label}"] = layer.attention.duration_ps / 1e6
-            row[f"router_us_{label}"] = layer.router.duration_ps / 1e6
-            row[f"expert_us_{label}"] = layer.expert.duration_ps / 1e6
+            hw, m, costs = _layer_groups(config_path, list(overrides) + [f"workload.context_length={ctx}"] + extra,
+                                         ("attention", "router", "expert"))
+            for group in ("attention", "router", "expert"):
+                row[f"{group}_us_{label}"] = costs[group].duration_ps / 1e6
         path = fetch_path_timing(hw)
-        load_us = wl.model.top_k * wl.expert_bytes / path.bandwidth_gbps / 1e3 + path.latency_ns / 1e3
-        row.update(model=wl.model.name, top_k=wl.model.top_k, expert_mb=wl.expert_bytes / 1e6,
-                   fetch_gbps=path.bandwidth_gbps, load_us=load_us,
-                   load_over_attention=load_us / row["attention_us_cycle_level"],
+        expert_bytes = sum(expert_matrix_sizes(hw, m))
+        load_us = m.top_k * expert_bytes / path.bandwidth_gbps / 1e3 + path.latency_ns / 1e3
+        row.update(model=m.name, top_k=m.top_k, expert_mb=expert_bytes / 1e6, fetch_gbps=path.bandwidth_gbps,
+                   load_us=load_us, load_over_attention=load_us / row["attention_us_cycle_level"],
                    needed_attention_us=load_us * PAPER_APEX_GAIN / (1 - PAPER_APEX_GAIN))
         rows.append(row)
     return rows
@@ -122,7 +139,9 @@ def value_reaching_window(config_path: str, key: str, candidates, needed_us: flo
     """The first of `candidates` (tried in order) at which the layer's cycle-level attention reaches `needed_us`,
     with that attention (µs); None if none does."""
     for value in candidates:
-        row = apex_window(config_path, [context], [f"{key}={value}"])[0]
-        if row["attention_us_cycle_level"] >= needed_us:
-            return value, row["attention_us_cycle_level"]
+        _, _, costs = _layer_groups(config_path, [f"workload.context_length={context}", f"{key}={value}"],
+                                    ("attention",))
+        attention_us = costs["attention"].duration_ps / 1e6
+        if attention_us >= needed_us:
+            return value, attention_us
     return None
