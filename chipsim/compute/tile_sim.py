@@ -8,8 +8,8 @@ array's share (the largest), tile by tile:
   most `outstanding_requests_per_array` in flight; a request's data arrives `memory_latency_ns` after its issue
   and no sooner than the array's share of the stream bandwidth allows after the previous one (B / A), so the
   rate obeys Little's law: min(B / A, outstanding x request / latency);
-- tiles of `tile_bytes` land in SRAM double-buffered: tile j's requests issue only once tile j-2 has been
-  consumed;
+- tiles of `tile_bytes` land in SRAM, `tile_buffers` of them (2, double-buffered: tile j's requests issue only
+  once tile j-2 has been consumed; 1: once tile j-1 has);
 - a tile is computed once all its bytes are in, after the previous tile: max(its MACs / the array's lanes, its
   bytes / the SRAM read width per cycle) cycles;
 - the operation pays `issue_cycles` (issue, pipeline fill and drain) before and `sync_cycles` (the arrays
@@ -18,6 +18,11 @@ array's share (the largest), tile by tile:
   back, then drain a pipeline of `sfu_pipeline_cycles`; elementwise work (residual add, scaling, dequantisation)
   runs on the lanes at the pace of the lanes or the SRAM read width, or, with operands in HBM (an embedding row),
   through the tile loop.
+
+A GPU's SMs get a matrix-vector operation as programs (CTAs) of `rows_per_program` weight rows each, not as an
+even split (rows_per_program 0, an accelerator's arrays): the busiest array runs ceil(programs / arrays) of
+them, at most `programs_per_array` at once (occupancy), a new one starting as one ends, each with its own
+tiles, so the bytes in flight follow from how many programs an array holds.
 
 Times are integer picoseconds of the array clock; the result carries the action counts the energy ledger prices.
 """
@@ -45,6 +50,9 @@ class ChipletParams:
     issue_cycles: int = 0
     sync_cycles: int = 0
     sfu_pipeline_cycles: int = 0
+    tile_buffers: int = 2  # operand tiles an array (or program) holds: 2 double-buffered, 1 load-then-compute
+    rows_per_program: int = 0  # GPU mapping: weight rows per program (CTA); 0: rows split evenly over the arrays
+    programs_per_array: int = 0  # GPU mapping: programs resident on one array at once (0: no limit)
 
     @property
     def cycle_ps(self) -> float:
@@ -69,24 +77,28 @@ class OpResult:
     requests: int
 
 
-def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float) -> tuple[float, int, int, int]:
+def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float, buffers: int = 0,
+               sharing_arrays: int = 0) -> tuple[float, int, int, int]:
     """One array streaming `nbytes` of operands tile by tile: (ps from the first request to the last tile's end,
-    compute cycles, tiles, requests)."""
+    compute cycles, tiles, requests). buffers (default p.tile_buffers): tiles in SRAM at once; sharing_arrays
+    (default all): the arrays streaming at once, which share the memory's bandwidth."""
     if nbytes <= 0:
         return 0.0, 0, 0, 0
+    tile_bytes = p.tile_bytes
+    buffers = buffers or p.tile_buffers
     cycle = p.cycle_ps
-    per_request_ps = p.request_bytes / (p.memory_gbps / p.arrays) * 1e3  # ns -> ps at the array's share
+    per_request_ps = p.request_bytes / (p.memory_gbps / (sharing_arrays or p.arrays)) * 1e3  # at the array's share
     latency = p.memory_latency_ns * 1e3
-    tiles = math.ceil(nbytes / p.tile_bytes)
-    reqs_per_tile = math.ceil(p.tile_bytes / p.request_bytes)
+    tiles = math.ceil(nbytes / tile_bytes)
+    reqs_per_tile = math.ceil(tile_bytes / p.request_bytes)
     arrivals: list[float] = []  # every request's data arrival
     tile_end: list[float] = []
     last_arrival = 0.0
     compute_cycles = 0
     for j in range(tiles):
-        size = min(p.tile_bytes, nbytes - j * p.tile_bytes)
+        size = min(tile_bytes, nbytes - j * tile_bytes)
         n_req = min(reqs_per_tile, math.ceil(size / p.request_bytes))
-        buffer_free = tile_end[j - 2] if j >= 2 else 0.0
+        buffer_free = tile_end[j - buffers] if j >= buffers else 0.0
         for _ in range(n_req):
             k = len(arrivals)
             tag_free = arrivals[k - p.outstanding_requests_per_array] if k >= p.outstanding_requests_per_array else 0.0
@@ -100,17 +112,34 @@ def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float) -> tuple[flo
     return tile_end[-1], compute_cycles, tiles, len(arrivals)
 
 
-def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: float) -> OpResult:
+def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: float, groups: int = 1) -> OpResult:
     """outputs dot products of length `reduction` against a weight matrix streamed from HBM (a batch-1 GEMV:
-    every weight is used once), split over the arrays by output rows."""
-    per_array_outputs = math.ceil(outputs / p.arrays)
-    nbytes = math.ceil(per_array_outputs * reduction * bytes_per_weight)
-    loop_ps, cycles, tiles, requests = _tile_loop(p, nbytes, 1 / bytes_per_weight)
-    fixed = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
+    every weight is used once), split over the arrays by output rows; `groups` outputs share each weight row
+    (GQA heads on one KV entry), so the matrix has outputs / groups rows."""
     total_bytes = math.ceil(outputs * reduction * bytes_per_weight)
+    if p.rows_per_program:
+        loop_ps, cycles, tiles, requests = _programs(p, math.ceil(outputs / groups), total_bytes, 1 / bytes_per_weight)
+    else:
+        per_array_outputs = math.ceil(outputs / p.arrays)
+        nbytes = math.ceil(per_array_outputs * reduction * bytes_per_weight)
+        loop_ps, cycles, tiles, requests = _tile_loop(p, nbytes, 1 / bytes_per_weight)
+    fixed = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
     return OpResult(ps=math.ceil(loop_ps + fixed), stream_ps=math.ceil(loop_ps), macs=outputs * reduction, sfu_ops=0,
                     hbm_bytes=total_bytes, sram_write_bytes=total_bytes, sram_read_bytes=total_bytes,
                     compute_cycles=cycles, tiles=tiles, requests=requests)
+
+
+def _programs(p: ChipletParams, rows: int, total_bytes: int, macs_per_byte: float) -> tuple[float, int, int, int]:
+    """The busiest array's programs as one stream: `programs_per_array` of them resident at once, each with its
+    own tiles, a new one starting as one ends; resident programs run out of step, so each one's tiles are
+    buffers of the array's stream (tile j loads once tile j - resident x tile_buffers is consumed). As
+    _tile_loop returns."""
+    programs = math.ceil(rows / p.rows_per_program)
+    program_bytes = math.ceil(total_bytes * min(p.rows_per_program, rows) / rows)
+    on_array = math.ceil(programs / p.arrays)
+    resident = min(on_array, p.programs_per_array or on_array)
+    return _tile_loop(p, on_array * program_bytes, macs_per_byte, buffers=resident * p.tile_buffers,
+                      sharing_arrays=min(p.arrays, programs))
 
 
 def sfu(p: ChipletParams, ops: int, operand_bytes: int = 2) -> OpResult:

@@ -120,7 +120,9 @@ class ArrayModel:
                 tile_bytes=int(c.operand_tile_kib * 1024), request_bytes=c.hbm_request_bytes,
                 outstanding_requests_per_array=c.outstanding_requests_per_array, memory_gbps=self.stream_gbps,
                 memory_latency_ns=self.request_latency_ns, issue_cycles=c.op_overhead_cycles,
-                sync_cycles=c.array_sync_cycles, sfu_pipeline_cycles=c.sfu_pipeline_cycles)
+                sync_cycles=c.array_sync_cycles, sfu_pipeline_cycles=c.sfu_pipeline_cycles,
+                tile_buffers=c.operand_tile_buffers, rows_per_program=c.rows_per_program,
+                programs_per_array=c.programs_per_array)
             self.op_cache = OpCache.of(self.tiles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
         self.op_log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
@@ -143,18 +145,22 @@ class ArrayModel:
             self.op_log.append((name, key, cost))
         return cost
 
-    def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0) -> OpCost:
-        """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM."""
+    def matvec(self, name: str, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0,
+               groups: int = 1) -> OpCost:
+        """outputs dot-products of length `reduction`, streaming `weight_bytes` of operands from HBM; `groups`
+        outputs share each operand row (GQA heads on one KV entry)."""
         cycles = ceil_div(outputs * ceil_div(reduction, self.vector_length), self.units)
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
         if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
-            return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles)
+            return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups)
         return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
 
-    def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles) -> OpCost:
+    def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
-        r = self._table(key, lambda: tile_sim.matvec(self.tiles, reduction, outputs, weight_bytes / (reduction * outputs)))
+        table_key = key if groups == 1 else f"{key} g{groups}"
+        r = self._table(table_key, lambda: tile_sim.matvec(self.tiles, reduction, outputs,
+                                                           weight_bytes / (reduction * outputs), groups))
         return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes)
 
     def _table(self, key: str, compute):

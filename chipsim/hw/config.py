@@ -119,6 +119,15 @@ class ComputeConfig:
                                        minimum=0, maximum=1e9)
     sfu_pipeline_cycles: int = _optional("cycle-level: depth of an SFU pipeline, drained at the end of every "
                                          "special-function operation", 0, minimum=0, maximum=1e9)
+    operand_tile_buffers: int = _optional("cycle-level: operand tiles an array holds (2: double-buffered, the next "
+                                          "tile loads while this one computes; 1: it loads after)", 2,
+                                          choices=(1, 2))
+    rows_per_program: int = _optional("cycle-level, GPU mapping: weight rows one program (CTA) of a "
+                                      "matrix-vector kernel computes; 0: an operation's rows split evenly over "
+                                      "the arrays (an accelerator)", 0, minimum=0, maximum=1 << 24)
+    programs_per_array: int = _optional("cycle-level, GPU mapping: programs resident on one array at once "
+                                        "(occupancy: registers, threads); 0: no limit", 0, minimum=0,
+                                        maximum=1 << 16)
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -28,15 +28,25 @@ from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
 
-def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out) -> tuple:
+GEMV_KERNELS = ("cublas", "triton")
+
+
+def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = "cublas") -> tuple:
     """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
     shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, an exp for SFU work, an add
-    for vector work. The replay and the per-shape microbenchmark launch exactly these."""
+    for vector work. The replay and the per-shape microbenchmark launch exactly these. gemv: "cublas"
+    (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_gemv: the structure the cycle-level H200
+    description assumes)."""
     if p.kind == "matvec":
         g = p.groups
-        if g == 1:
-            return torch.mv, (weight, x[:p.reduction]), {"out": out[:weight.shape[0]]}
-        return torch.mm, (weight, x[:p.reduction * g].view(p.reduction, g)), {"out": out[:weight.shape[0] * g].view(weight.shape[0], g)}
+        rows = weight.shape[0]
+        xin = x[:p.reduction] if g == 1 else x[:p.reduction * g].view(p.reduction, g)
+        res = out[:rows] if g == 1 else out[:rows * g].view(rows, g)
+        if gemv == "triton":
+            from chipsim.hwreplay import triton_gemv
+
+            return triton_gemv.gemv, (weight, xin, res), {}
+        return (torch.mv if g == 1 else torch.mm), (weight, xin), {"out": res}
     n = max(p.elements, 1)
     if p.kind == "sfu":
         return torch.exp, (scratch_a[:n],), {"out": out[:n]}
@@ -67,8 +77,10 @@ def capture_graph(calls: list):
 class GpuDecodeStep:
     """Weights and scratch buffers of one model shape on the GPU; enqueues op groups on the current stream."""
 
-    def __init__(self, groups: dict[str, list[Primitive]], num_layers: int, first_dense: int, device):
+    def __init__(self, groups: dict[str, list[Primitive]], num_layers: int, first_dense: int, device,
+                 gemv: str = "cublas"):
         self.groups = groups
+        self.gemv = gemv
         self.device = device
         self.num_layers = num_layers
         self.first_dense = first_dense
@@ -115,7 +127,7 @@ class GpuDecodeStep:
             if p.kind == "matvec":
                 w = weights[wi]
                 wi += 1
-            calls.append(kernel_call(p, w, self.x, self.scratch_a, self.scratch_b, self.scratch_out))
+            calls.append(kernel_call(p, w, self.x, self.scratch_a, self.scratch_b, self.scratch_out, self.gemv))
         return calls
 
     def group_calls(self, name: str, layer: int) -> list:
@@ -168,7 +180,7 @@ def _sync_api(device):
 
 
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
-           first_dense: int, graphs: bool = False) -> dict:
+           first_dense: int, graphs: bool = False, dispatch_tokens: int = 0) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
@@ -273,16 +285,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
     import gc
 
-    host_at_token = []
-    synchronize()
-    start = Event(enable_timing=True)
-    gc_was = gc.isenabled()
-    gc.disable()
-    t_host0 = time.perf_counter()
-    try:
+    def enqueue(ops, host_marks):
         with use(cs):
-            start.record(cs)
-            for op in prog:
+            for op in ops:
                 kind = op[0]
                 if kind == "c":
                     for fn, args, kwargs in op[1]:
@@ -297,15 +302,38 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                     op[1].record(op[2])
                 else:  # "tok"
                     op[1].record(cs)
-                    host_at_token.append(time.perf_counter())
+                    host_marks.append(time.perf_counter())
+
+    host_at_token = []
+    synchronize()
+    start = Event(enable_timing=True)
+    gc_was = gc.isenabled()
+    gc.disable()
+    t_host0 = time.perf_counter()
+    try:
+        with use(cs):
+            start.record(cs)
+        enqueue(prog, host_at_token)
+        synchronize()
+        t_host = time.perf_counter() - t_host0
+        marks = [start] + token_events  # read now: the check below records the token events again
+        latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
+        # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
+        # before), so the host never waits for a full launch queue; in the run above it always may
+        ends = [i for i, op in enumerate(prog) if op[0] == "tok"]
+        dispatch_ms = []
+        for t in range(min(dispatch_tokens, len(ends) - 1)):
+            first, last = ends[t] + 1, ends[t + 1] + 1
+            synchronize()
+            t0 = time.perf_counter()
+            enqueue(prog[first:last], [])
+            dispatch_ms.append(round(1e3 * (time.perf_counter() - t0), 4))
         synchronize()
     finally:
         if gc_was:
             gc.enable()
-    t_host = time.perf_counter() - t_host0
-    marks = [start] + token_events
-    latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
     host_ms = [1e3 * (host_at_token[i] - (host_at_token[i - 1] if i else t_host0)) for i in range(len(host_at_token))]
     return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
-            "program_steps": len(prog), "kernel_launch": "graph" if graphs else "eager"}
+            "program_steps": len(prog), "kernel_launch": "graph" if graphs else "eager", "gemv": step.gemv,
+            "host_dispatch_ms": dispatch_ms}

@@ -188,10 +188,11 @@ def decode_shapes(configs: list[str], contexts: list[int]) -> list[tuple[object,
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
-def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: int = 5) -> list[dict]:
+def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: int = 5, gemv: str = "cublas") -> list[dict]:
     """Each shape timed alone: a chain of its kernel (chipsim.hwreplay.harness.kernel_call) over weights
     rotating through `pool_mib` (far beyond the 60 MB L2, as in the replay where every layer has its own
-    weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel."""
+    weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel. gemv "triton" times the
+    matvecs with chipsim.hwreplay.triton_gemv and records each kernel's registers per thread."""
     stream = torch.cuda.Stream()
     pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
     widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
@@ -206,10 +207,15 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
             rows, red = weight_shape(p)
             n = rows * red
             count = max(2, min(max_chain, pool.numel() // n))
-            calls = [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out) for i in range(count)]
+            calls = [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out, gemv) for i in range(count)]
         else:
             count = max_chain // 2
             calls = [kernel_call(p, None, x, sa, sb, out)] * count
+        extra = {}
+        if gemv == "triton" and p.kind == "matvec":
+            from chipsim.hwreplay.triton_gemv import registers_per_thread
+
+            extra["registers_per_thread"] = registers_per_thread(*calls[0][1])
 
         def run():
             with torch.cuda.stream(stream):
@@ -219,7 +225,7 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
         eager_us = _time_us(run, reps, stream) / count
         graph_us = _graph_us(capture_graph(calls), count, reps)
         rows_out.append({"key": p.key, "users": users, "chain": count, "eager_us": round(eager_us, 3),
-                         "graph_us": round(graph_us, 3)})
+                         "graph_us": round(graph_us, 3), **extra})
     del pool
     torch.cuda.empty_cache()
     return rows_out
@@ -296,7 +302,20 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes-from", nargs="*", default=[], metavar="CONFIG",
                     help="time every kernel shape of these configs' decode steps (the op_times_ns table)")
     ap.add_argument("--contexts", default="512,1024,2048", help="context lengths whose attention shapes to time")
+    ap.add_argument("--gemv", default=None, choices=("cublas", "triton"),
+                    help="only the per-shape kernel times (no copy or launch sweeps), with this GEMV kernel")
     a = ap.parse_args(argv)
+    if a.gemv:
+        t0 = time.perf_counter()
+        device = torch.device("cuda")
+        rows = op_times(device, decode_shapes(list(a.shapes_from), [int(c) for c in a.contexts.split(",")]), gemv=a.gemv)
+        res = {"machine": machine(device), "gemv_kernel": a.gemv, "op_times": rows,
+               "op_times_from": {"configs": list(a.shapes_from), "contexts": [int(c) for c in a.contexts.split(",")]},
+               "seconds": round(time.perf_counter() - t0, 1)}
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+        print(json.dumps({k: res[k] for k in ("machine", "gemv_kernel", "seconds")}, indent=1))
+        return 0
     res = run(shape_configs=a.shapes_from, contexts=[int(c) for c in a.contexts.split(",")])
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)

@@ -46,9 +46,9 @@ class RecordingArrayModel(ArrayModel):
         super().__init__(hw)
         self.log: list[Primitive] = []
 
-    def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0):
+    def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
         self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes))
-        return super().matvec(name, reduction, outputs, weight_bytes, write_bytes)
+        return super().matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def sfu(self, name, ops):
         self.log.append(Primitive("sfu", name, elements=ops))

@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import check_output_dir, write_atomic
 from chipsim.hwreplay.ops import primitive_ops
+
+GEMV_KERNELS = ("cublas", "triton")  # as chipsim.hwreplay.harness (which needs torch) names them
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
 
@@ -39,7 +41,8 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
 
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
-                  device: str = "cuda", graphs: bool = False, overrides=()) -> dict:
+                  device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
+                  dispatch_tokens: int = 0) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -61,18 +64,24 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     for ctx in contexts:
         prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
         groups = primitive_ops(prep.config.hw)
-        step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device)
+        step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device, gemv=gemv)
         if step.expert_elems != expert_elems:
             raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
-            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs)
+            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, dispatch_tokens=dispatch_tokens)
+            # further replays of the same plan: the run-to-run spread on one machine
+            res["repeat_latency_ms"] = [replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs)["latency_ms"]
+                                        for _ in range(repeats - 1)]
             warm = hw.workload.warmup_tokens
             lat = res["latency_ms"][warm:]
             mean = sum(lat) / len(lat)
             sim = plan.sim_latency_ms[warm:]
             log(f"  ctx {ctx} {policy.label:12} measured {mean:8.3f} ms/token, simulated {sum(sim) / len(sim):8.3f}, "
-                f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token")
+                f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token"
+                + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
+                + (f", host alone {sorted(res['host_dispatch_ms'])[len(res['host_dispatch_ms']) // 2]:.2f} ms/token"
+                   if res["host_dispatch_ms"] else ""))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           "kernels_per_group": step.kernels_per_group, **res})
         del step
@@ -111,10 +120,20 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs", action="store_true",
                     help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
                          "pair with a config written by h200config --kernel-launch graph")
+    ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,
+                    help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_gemv.py, "
+                         "the structure hwconfigs/h200-cycle-level.yaml describes; needs Triton)")
+    ap.add_argument("--repeats", type=int, default=1, metavar="N", help="replays of each plan (default 1)")
+    ap.add_argument("--dispatch-tokens", type=int, default=0, metavar="N",
+                    help="after each replay, time the host enqueueing N tokens one at a time on an idle GPU")
     a = ap.parse_args(argv)  # before torch: --help and bad options need no GPU
     contexts = _contexts(a.contexts)
     if a.jobs < 1:
         raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
+    if a.repeats < 1:
+        raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
+    if a.dispatch_tokens < 0:
+        raise InputError(f"--dispatch-tokens {a.dispatch_tokens}: expected a whole number >= 0")
     for config in a.configs:
         if not os.path.isfile(config):
             raise InputError(f"config {config}: file not found")
@@ -131,7 +150,8 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
-                            graphs=a.graphs, overrides=a.set)
+                            graphs=a.graphs, overrides=a.set, gemv=a.gemv, repeats=a.repeats,
+                            dispatch_tokens=a.dispatch_tokens)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)

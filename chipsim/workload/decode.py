@@ -97,9 +97,9 @@ def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
         kv_norm = am.sfu("kv_norm_rsqrt", 1) + am.vector("kv_norm_scale", 2 * lora)
         rope_op = am.vector("rope", 2 * h * rope + 2 * rope)
         absorb = am.matvec("q_absorb_uk", nope, h * lora, h * nope * lora * BF16_BYTES)
-        scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES)
+        scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h)
         softmax = am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx)
-        mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES)
+        mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)
         up = am.matvec("v_up_uv", lora, h * v, h * lora * v * BF16_BYTES)
         o = am.matvec("o_proj", h * v, d, h * v * d * BF16_BYTES)
         ops = [q, kv_a, kv_norm, rope_op, absorb, scores, softmax, mix, up, o]
@@ -108,9 +108,9 @@ def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
         qkv = am.matvec("qkv_proj", d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
                         write_bytes=2 * nkv * hd * BF16_BYTES)  # append this token's K and V
         rope_op = am.vector("rope", 2 * (nq + nkv) * hd)
-        scores = am.matvec("scores", hd, nq * ctx, nkv * ctx * hd * BF16_BYTES)
+        scores = am.matvec("scores", hd, nq * ctx, nkv * ctx * hd * BF16_BYTES, groups=nq // nkv)
         softmax = am.sfu("softmax_exp", nq * ctx) + am.vector("softmax_norm", 3 * nq * ctx)
-        mix = am.matvec("value_mix", ctx, nq * hd, nkv * ctx * hd * BF16_BYTES)
+        mix = am.matvec("value_mix", ctx, nq * hd, nkv * ctx * hd * BF16_BYTES, groups=nq // nkv)
         o = am.matvec("o_proj", nq * hd, d, nq * hd * d * BF16_BYTES)
         ops = [qkv, rope_op, scores, softmax, mix, o]
     total = norm

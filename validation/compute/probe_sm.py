@@ -11,17 +11,22 @@ device machine, torch with CUDA and Triton; nothing here runs a model or a decod
     python validation/compute/probe_sm.py > validation/compute/h200-sm-probe.json
     python validation/compute/probe_sm.py --gemv > validation/compute/h200-gemv-probe.json
 
---gemv: the decode steps' worst-modelled GEMV shapes, each as a chain in one CUDA graph, by a Triton kernel of a
-known structure (outputs / rows-per-program programs) beside torch.mv (cuBLAS): whether the machine or the
+--gemv: the decode steps' worst-modelled GEMV shapes, each as a chain in one CUDA graph, by the Triton kernel of a
+known structure (chipsim/hwreplay/triton_gemv.py: outputs / rows-per-program programs) beside torch.mv (cuBLAS): whether the machine or the
 library's kernel choice sets a small GEMV's time.
 """
 
 import json
+import os
 import statistics
+import sys
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from chipsim.hwreplay import triton_gemv  # noqa: E402  (the GEMV kernel the replay runs with --gemv triton)
 
 
 @triton.jit
@@ -127,21 +132,6 @@ def main() -> None:
 
 
 
-@triton.jit
-def _gemv(w, x, y, R: tl.constexpr, O: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """y = W x for W of O rows x R (row-major BF16): each program ROWS rows, BLOCK columns at a time."""
-    pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
-    for off in range(0, R, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        wv = tl.load(w + rows[:, None].to(tl.int64) * R + cols[None, :], mask=(rows[:, None] < O) & (cols[None, :] < R),
-                     other=0.0)
-        xv = tl.load(x + cols, mask=cols < R, other=0.0)
-        acc += wv.to(tl.float32) * xv[None, :].to(tl.float32)
-    tl.store(y + rows, tl.sum(acc, axis=1).to(tl.bfloat16), mask=rows < O)
-
-
 def gemv_in_graph(reduction: int, outputs: int, rows_per_program: int, chain: int = 200) -> dict:
     """A chain of GEMVs over weights rotating through > 2 GiB, captured in one CUDA graph: our Triton kernel
     (outputs / rows_per_program programs, a known structure) beside torch.mv (cuBLAS), per kernel."""
@@ -149,11 +139,9 @@ def gemv_in_graph(reduction: int, outputs: int, rows_per_program: int, chain: in
     ws = [torch.randn(outputs, reduction, dtype=torch.bfloat16, device="cuda") for _ in range(count)]
     x = torch.randn(reduction, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(outputs, dtype=torch.bfloat16, device="cuda")
-    grid = (triton.cdiv(outputs, rows_per_program),)
-    block = min(512 if rows_per_program <= 8 else 128, triton.next_power_of_2(reduction))
-    out = {"key": f"matvec r{reduction} o{outputs} b{reduction * outputs * 2}", "programs": grid[0]}
-    for name, call in (("triton", lambda w: _gemv[grid](w, x, y, reduction, outputs, rows_per_program, block,
-                                                        num_warps=4)),
+    out = {"key": f"matvec r{reduction} o{outputs} b{reduction * outputs * 2}",
+           "programs": triton.cdiv(outputs, rows_per_program)}
+    for name, call in (("triton", lambda w: triton_gemv.gemv(w, x, y, rows_per_program)),
                        ("cublas", lambda w: torch.mv(w, x, out=y))):
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
