@@ -139,11 +139,22 @@ def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
     return out
 
 
-def _kind_rows(check: list[dict]) -> list[str]:
+def _shared_operand(key: str) -> bool:
+    """A matvec whose operand rows are shared by several outputs (GQA/MLA heads on one KV entry)."""
+    f = key.split()
+    return f[0] == "matvec" and int(f[1][1:]) * int(f[2][1:]) * 2 != int(f[3][1:])
+
+
+def _kind_of(r: dict, split_shared: bool) -> str:
+    kind = r["key"].split()[0]
+    return "matvec, shared operand" if split_shared and _shared_operand(r["key"]) else kind
+
+
+def _kind_rows(check: list[dict], split_shared: bool = False) -> list[str]:
     """Per operation kind: shapes, median and worst error of a model against the profiled kernels."""
     out = ["| kind | shapes | median error | median |error| | worst |", "| --- | --- | --- | --- | --- |"]
-    for kind in ("matvec", "sfu", "vector"):
-        rs = [r for r in check if r["key"].startswith(kind)]
+    for kind in ("matvec", "matvec, shared operand", "sfu", "vector"):
+        rs = [r for r in check if _kind_of(r, split_shared) == kind]
         if not rs:
             continue
         errs = sorted(r["error_pct"] for r in rs)
@@ -156,13 +167,35 @@ def _kind_rows(check: list[dict]) -> list[str]:
     return out
 
 
-def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None) -> list[str]:
-    """VALIDATION.md lines: the cycle-level description of the SM array against the profiled (cuBLAS / PyTorch)
-    kernels, and, where the GEMV probe ran, against a GEMV kernel of known structure on the same machine."""
+def _read_json(path: str | None):
+    """A JSON file named on the command line, or None when not named; one clear line when unreadable."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise InputError(f"{exc.filename}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON ({exc})") from None
+
+
+def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
+                      known: list[dict] | None = None) -> list[str]:
+    """VALIDATION.md lines: the cycle-level description of the SM array against kernels of the structure it
+    describes (`known`: the same shapes timed with chipsim/hwreplay/triton_gemv.py), against the profiled
+    (cuBLAS / PyTorch) kernels, and, where the GEMV probe ran, the worst GEMVs both ways."""
     lines = ["### The cycle-level model of the SM array against the profiled kernels", "",
-             f"`{config}`: the SMs as the cycle-level model's arrays, from published figures and single-op "
-             "microbenchmarks only (validation/compute/); every kernel shape of the profile, modelled without it, "
-             "against its measured time inside a CUDA graph.", ""] + _kind_rows(check) + [""]
+             f"`{config}`: the SMs as the cycle-level model's arrays, from published figures, single-op "
+             "microbenchmarks (validation/compute/) and the GEMV kernel's own structure (chipsim/hwreplay/"
+             "triton_gemv.py: 8 rows per program, 8 KiB tiles, not pipelined, 7 programs per SM by its registers); "
+             "every kernel shape of the profile, modelled without it, against its measured time inside a CUDA graph.",
+             ""]
+    if known:
+        lines += ["Against the same shapes run by that GEMV kernel (validation/compute/h200-op-times-triton.json; "
+                  "SFU and vector kernels as in the profile):", ""] + _kind_rows(known, split_shared=True) + [
+                  "", "Against the profiled kernels (cuBLAS picks its own GEMV kernel per shape):", ""]
+    lines += _kind_rows(check) + [""]
     if gemv_probe:
         am = ArrayModel(load_config(config, list(ARRAY_MODEL_ONLY)).hw)
         lines += ["The worst-modelled GEMV shapes again, each as a chain in one CUDA graph on the same machine: a "
@@ -281,6 +314,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cycle-level", default=None, metavar="CONFIG",
                     help="a cycle-level description of the GPU (hwconfigs/h200-cycle-level.yaml): its estimate of "
                          "every profiled kernel (needs --microbench)")
+    ap.add_argument("--kernel-times", default=None, metavar="FILE",
+                    help="validation/compute/h200-op-times-triton.json: every shape timed with the GEMV kernel the "
+                         "cycle-level description describes (microbench --gemv triton)")
     ap.add_argument("--gemv-probe", default=None, metavar="FILE",
                     help="validation/compute/h200-gemv-probe.json: GEMVs of known structure beside cuBLAS")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
@@ -317,25 +353,24 @@ def main(argv=None) -> int:
         commands += ["python validation/compute/probe_sm.py > validation/compute/h200-sm-probe.json"]
     if a.gemv_probe:
         commands += [f"python validation/compute/probe_sm.py --gemv > {a.gemv_probe}"]
+    if a.kernel_times:
+        commands += ["bash validation/compute-bound/measure.sh OUT  # its step 1 writes " + a.kernel_times]
     commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
                  + (f" --microbench {a.microbench}" if a.microbench else "")
                  + (f" --pcie-probes {' '.join(a.pcie_probes)}" if a.pcie_probes else "")
                  + (f" --cycle-level {a.cycle_level}" if a.cycle_level else "")
                  + (f" --gemv-probe {a.gemv_probe}" if a.gemv_probe else "")
+                 + (f" --kernel-times {a.kernel_times}" if a.kernel_times else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
     check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
              if mb and mb.get("op_times") else None)
     cycle = None
     if a.cycle_level and mb and mb.get("op_times"):
-        try:
-            probe = json.load(open(a.gemv_probe)) if a.gemv_probe else None
-        except OSError as exc:
-            raise InputError(f"{exc.filename}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise InputError(f"{a.gemv_probe}: not JSON ({exc})") from None
-        cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe)
+        probe, known = (_read_json(a.gemv_probe), _read_json(a.kernel_times))
+        known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
+        cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle)
     if a.report:
         with open(a.report, "w") as f:
