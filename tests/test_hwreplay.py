@@ -271,4 +271,4 @@ def test_an_op_key_names_its_shape_exactly():
         else:
             assert f == {"elements": p.elements, "read_bytes": p.weight_bytes}
             want = am.vector(p.name, p.elements, p.weight_bytes)
-        assert am.op_for_key(p.key).duration_ps == want.duration_ps
+        assert am.op_for_key(p.key, p.groups).duration_ps == want.duration_ps

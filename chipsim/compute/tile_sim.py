@@ -42,7 +42,7 @@ class ChipletParams:
     sfus_per_array: int
     sfu_ops_per_cycle: int
     sram_read_bytes_per_cycle: int  # per array: banks x bank width
-    tile_bytes: int  # one operand tile (two fit in SRAM: double-buffered)
+    tile_bytes: int  # one operand tile (tile_buffers of them fit in SRAM)
     request_bytes: int  # one read request over UCIe to HBM
     outstanding_requests_per_array: int
     memory_gbps: float  # operand stream bandwidth shared by all arrays (min of HBM's and UCIe's)
@@ -84,19 +84,18 @@ def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float, buffers: int
     (default all): the arrays streaming at once, which share the memory's bandwidth."""
     if nbytes <= 0:
         return 0.0, 0, 0, 0
-    tile_bytes = p.tile_bytes
     buffers = buffers or p.tile_buffers
     cycle = p.cycle_ps
     per_request_ps = p.request_bytes / (p.memory_gbps / (sharing_arrays or p.arrays)) * 1e3  # at the array's share
     latency = p.memory_latency_ns * 1e3
-    tiles = math.ceil(nbytes / tile_bytes)
-    reqs_per_tile = math.ceil(tile_bytes / p.request_bytes)
+    tiles = math.ceil(nbytes / p.tile_bytes)
+    reqs_per_tile = math.ceil(p.tile_bytes / p.request_bytes)
     arrivals: list[float] = []  # every request's data arrival
     tile_end: list[float] = []
     last_arrival = 0.0
     compute_cycles = 0
     for j in range(tiles):
-        size = min(tile_bytes, nbytes - j * tile_bytes)
+        size = min(p.tile_bytes, nbytes - j * p.tile_bytes)
         n_req = min(reqs_per_tile, math.ceil(size / p.request_bytes))
         buffer_free = tile_end[j - buffers] if j >= buffers else 0.0
         for _ in range(n_req):

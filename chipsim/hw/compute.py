@@ -220,12 +220,12 @@ class ArrayModel:
         if self.op_cache is not None:
             self.op_cache.save()
 
-    def op_for_key(self, key: str) -> OpCost:
+    def op_for_key(self, key: str, groups: int = 1) -> OpCost:
         """The operation an op_key names, costed by this model (e.g. the array model's estimate of a shape that
-        a profile measured)."""
+        a profile measured); a matvec's `groups` (outputs per operand row) is not in the key."""
         kind, f = parse_op_key(key)
         if kind == "matvec":
-            return self.matvec(key, f["reduction"], f["outputs"], f["read_bytes"])
+            return self.matvec(key, f["reduction"], f["outputs"], f["read_bytes"], groups=groups)
         if kind == "sfu":
             return self.sfu(key, f["elements"])
         return self.vector(key, f["elements"], f["read_bytes"])

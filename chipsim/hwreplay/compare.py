@@ -18,7 +18,7 @@ from chipsim.errors import InputError, OneLineParser
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
-from chipsim.hwreplay.ops import profile_coverage
+from chipsim.hwreplay.ops import key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -132,22 +132,17 @@ def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
     field = "graph_us" if graphs else "eager_us"
     out = []
     for r in mb.get("op_times", []):
-        op = am.op_for_key(r["key"])
+        op = am.op_for_key(r["key"], key_groups(r["key"]))
         model_us = op.duration_ps / 1e6
         out.append({"key": r["key"], "users": r["users"], "measured_us": r[field], "model_us": model_us,
                     "error_pct": 100.0 * (model_us - r[field]) / r[field]})
     return out
 
 
-def _shared_operand(key: str) -> bool:
-    """A matvec whose operand rows are shared by several outputs (GQA/MLA heads on one KV entry)."""
-    f = key.split()
-    return f[0] == "matvec" and int(f[1][1:]) * int(f[2][1:]) * 2 != int(f[3][1:])
-
-
 def _kind_of(r: dict, split_shared: bool) -> str:
+    """A profile row's kind; with split_shared, a matvec whose operand rows several outputs share apart."""
     kind = r["key"].split()[0]
-    return "matvec, shared operand" if split_shared and _shared_operand(r["key"]) else kind
+    return "matvec, shared operand" if split_shared and key_groups(r["key"]) > 1 else kind
 
 
 def _kind_rows(check: list[dict], split_shared: bool = False) -> list[str]:
@@ -183,12 +178,12 @@ def _read_json(path: str | None):
 def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
                       known: list[dict] | None = None) -> list[str]:
     """VALIDATION.md lines: the cycle-level description of the SM array against kernels of the structure it
-    describes (`known`: the same shapes timed with chipsim/hwreplay/triton_gemv.py), against the profiled
+    describes (`known`: the same shapes timed with chipsim/hwreplay/triton_kernels.py), against the profiled
     (cuBLAS / PyTorch) kernels, and, where the GEMV probe ran, the worst GEMVs both ways."""
     lines = ["### The cycle-level model of the SM array against the profiled kernels", "",
              f"`{config}`: the SMs as the cycle-level model's arrays, from published figures, single-op "
              "microbenchmarks (validation/compute/) and the GEMV kernel's own structure (chipsim/hwreplay/"
-             "triton_gemv.py: 8 rows per program, 8 KiB tiles, not pipelined, 7 programs per SM by its registers); "
+             "triton_kernels.py: 8 rows per program, 8 KiB tiles, not pipelined, 7 programs per SM by its registers); "
              "every kernel shape of the profile, modelled without it, against its measured time inside a CUDA graph.",
              ""]
     if known:
@@ -327,17 +322,14 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes rebuilding plans (default: cores)")
     a = ap.parse_args(argv)
     results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
-    mb = None
+    mb = _read_json(a.microbench)
     try:
-        if a.microbench:
-            with open(a.microbench) as f:
-                mb = json.load(f)
         notes = open(a.notes).read().splitlines() if a.notes else []
         pcie = pcie_check.load(a.microbench, *a.pcie_probes) if a.pcie_probes and a.microbench else None
     except OSError as exc:
         raise InputError(f"{exc.filename}: {exc.strerror}") from None
     except ValueError as exc:
-        raise InputError(f"{a.microbench} or a PCIe probe: not JSON ({exc})") from None
+        raise InputError(f"{' / '.join(a.pcie_probes)}: not JSON ({exc})") from None
     except (KeyError, StopIteration, TypeError) as exc:
         raise InputError(f"{' / '.join(a.pcie_probes)}: not the probes' format ({exc!r})") from None
     graphs = all(res["kernel_launch"] == ["graph"] for res in results)

@@ -28,14 +28,11 @@ from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
 
-GEMV_KERNELS = ("cublas", "triton")
-
-
 def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = "cublas") -> tuple:
     """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
     shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, an exp for SFU work, an add
     for vector work. The replay and the per-shape microbenchmark launch exactly these. gemv: "cublas"
-    (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_gemv: the structure the cycle-level H200
+    (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the cycle-level H200
     description assumes)."""
     if p.kind == "matvec":
         g = p.groups
@@ -43,9 +40,9 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
         xin = x[:p.reduction] if g == 1 else x[:p.reduction * g].view(p.reduction, g)
         res = out[:rows] if g == 1 else out[:rows * g].view(rows, g)
         if gemv == "triton":
-            from chipsim.hwreplay import triton_gemv
+            from chipsim.hwreplay import triton_kernels
 
-            return triton_gemv.gemv, (weight, xin, res), {}
+            return triton_kernels.gemv, (weight, xin, res), {}
         return (torch.mv if g == 1 else torch.mm), (weight, xin), {"out": res}
     n = max(p.elements, 1)
     if p.kind == "sfu":

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_shape
+from chipsim.hwreplay.ops import GEMV_KERNELS
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -192,7 +193,7 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     """Each shape timed alone: a chain of its kernel (chipsim.hwreplay.harness.kernel_call) over weights
     rotating through `pool_mib` (far beyond the 60 MB L2, as in the replay where every layer has its own
     weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel. gemv "triton" times the
-    matvecs with chipsim.hwreplay.triton_gemv and records each kernel's registers per thread."""
+    matvecs with chipsim.hwreplay.triton_kernels and records each kernel's registers per thread."""
     stream = torch.cuda.Stream()
     pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
     widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
@@ -213,7 +214,7 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
             calls = [kernel_call(p, None, x, sa, sb, out)] * count
         extra = {}
         if gemv == "triton" and p.kind == "matvec":
-            from chipsim.hwreplay.triton_gemv import registers_per_thread
+            from chipsim.hwreplay.triton_kernels import registers_per_thread
 
             extra["registers_per_thread"] = registers_per_thread(*calls[0][1])
 
@@ -302,21 +303,22 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes-from", nargs="*", default=[], metavar="CONFIG",
                     help="time every kernel shape of these configs' decode steps (the op_times_ns table)")
     ap.add_argument("--contexts", default="512,1024,2048", help="context lengths whose attention shapes to time")
-    ap.add_argument("--gemv", default=None, choices=("cublas", "triton"),
+    ap.add_argument("--gemv", default=None, choices=GEMV_KERNELS,
                     help="only the per-shape kernel times (no copy or launch sweeps), with this GEMV kernel")
     a = ap.parse_args(argv)
+    contexts = [int(c) for c in a.contexts.split(",")]
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")
-        rows = op_times(device, decode_shapes(list(a.shapes_from), [int(c) for c in a.contexts.split(",")]), gemv=a.gemv)
+        rows = op_times(device, decode_shapes(list(a.shapes_from), contexts), gemv=a.gemv)
         res = {"machine": machine(device), "gemv_kernel": a.gemv, "op_times": rows,
-               "op_times_from": {"configs": list(a.shapes_from), "contexts": [int(c) for c in a.contexts.split(",")]},
+               "op_times_from": {"configs": list(a.shapes_from), "contexts": contexts},
                "seconds": round(time.perf_counter() - t0, 1)}
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)
         print(json.dumps({k: res[k] for k in ("machine", "gemv_kernel", "seconds")}, indent=1))
         return 0
-    res = run(shape_configs=a.shapes_from, contexts=[int(c) for c in a.contexts.split(",")])
+    res = run(shape_configs=a.shapes_from, contexts=contexts)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(json.dumps({k: res[k] for k in ("machine", "h2d_pinned_single_fit", "h2d_pinned_queued16_fit", "gemv_fit",

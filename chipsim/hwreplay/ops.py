@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.compute import ArrayModel, op_key
+from chipsim.hw.compute import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import op_group_builders
 from chipsim.workload.models import get_model
+
+# the kernels a matvec primitive can be launched with (chipsim.hwreplay.harness.kernel_call)
+GEMV_KERNELS = ("cublas", "triton")
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Primitive:
     weight_bytes: int = 0  # matvec: operand bytes streamed; vector: bytes read
     elements: int = 0  # sfu: operations; vector: lane operations
     write_bytes: int = 0  # matvec: results written back to HBM (KV-cache append; the replay does not launch a kernel for it)
+    groups: int = 1  # matvec: outputs sharing each operand row (GQA/MLA heads on one KV entry), as the builder says
 
     @property
     def key(self) -> str:
@@ -31,12 +35,14 @@ class Primitive:
         return op_key(self.kind, reduction=self.reduction, outputs=self.outputs, read_bytes=self.weight_bytes,
                       elements=self.elements)
 
-    @property
-    def groups(self) -> int:
-        """A matvec whose operand is shared by g outputs (GQA/MLA heads on one KV entry) reads 1/g of the bytes."""
-        if self.kind != "matvec" or not self.weight_bytes:
-            return 1
-        return max(1, round(self.reduction * self.outputs * 2 / self.weight_bytes))
+
+def key_groups(key: str) -> int:
+    """The outputs sharing each operand row of a BF16 matvec named only by its key (a profile's row): it reads
+    1/g of reduction x outputs x 2 bytes. 1 for other kinds."""
+    kind, f = parse_op_key(key)
+    if kind != "matvec" or not f["read_bytes"]:
+        return 1
+    return max(1, round(f["reduction"] * f["outputs"] * 2 / f["read_bytes"]))
 
 
 class RecordingArrayModel(ArrayModel):
@@ -47,7 +53,7 @@ class RecordingArrayModel(ArrayModel):
         self.log: list[Primitive] = []
 
     def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
-        self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes))
+        self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes, groups=groups))
         return super().matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def sfu(self, name, ops):

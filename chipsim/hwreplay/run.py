@@ -17,9 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import check_output_dir, write_atomic
-from chipsim.hwreplay.ops import primitive_ops
-
-GEMV_KERNELS = ("cublas", "triton")  # as chipsim.hwreplay.harness (which needs torch) names them
+from chipsim.hwreplay.ops import GEMV_KERNELS, primitive_ops
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
 
@@ -121,7 +119,7 @@ def main(argv=None) -> int:
                     help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
                          "pair with a config written by h200config --kernel-launch graph")
     ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,
-                    help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_gemv.py, "
+                    help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_kernels.py, "
                          "the structure hwconfigs/h200-cycle-level.yaml describes; needs Triton)")
     ap.add_argument("--repeats", type=int, default=1, metavar="N", help="replays of each plan (default 1)")
     ap.add_argument("--dispatch-tokens", type=int, default=0, metavar="N",

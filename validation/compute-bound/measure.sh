@@ -5,7 +5,7 @@
 #     bash validation/compute-bound/measure.sh OUT
 #
 # 1. every kernel shape of the four validation configs' decode steps timed alone with the Triton GEMV of a
-#    known structure (chipsim/hwreplay/triton_gemv.py), with its registers per thread -> OUT/h200-op-times-triton.json
+#    known structure (chipsim/hwreplay/triton_kernels.py), with its registers per thread -> OUT/h200-op-times-triton.json
 # 2. the programs one SM holds at once, from the 8 x 512 kernel's registers (65,536 per SM, 128 threads per
 #    program, allocated in units of 8 per thread; at most 16 programs of 4 warps)
 # 3. Granite-3B at context 1,024 with nearly every expert cached on the GPU (a 5,376 MiB buffer for 5.62 GiB of
@@ -19,12 +19,12 @@ CONFIGS="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-granite-1b.yaml hwconfig
 python -m chipsim.hwreplay.microbench --out "$OUT/h200-op-times-triton.json" --gemv triton --shapes-from $CONFIGS --contexts 512,1024,2048
 PPA=$(python - "$OUT/h200-op-times-triton.json" <<'PY'
 import json, sys
+from chipsim.hw.compute import parse_op_key
+from chipsim.hwreplay.ops import key_groups
 rows = json.load(open(sys.argv[1]))["op_times"]
 # the 8 x 512 kernel: a plain matvec (no shared operand) of reduction >= 512
-def plain(key):
-    r, o, b = (int(f[1:]) for f in key.split()[1:4])
-    return r >= 512 and r * o * 2 == b
-regs = max(r["registers_per_thread"] for r in rows if "registers_per_thread" in r and plain(r["key"]))
+regs = max(r["registers_per_thread"] for r in rows if "registers_per_thread" in r and key_groups(r["key"]) == 1
+           and parse_op_key(r["key"])[1]["reduction"] >= 512)
 print(min(16, 65536 // (-(-regs // 8) * 8 * 128)))
 PY
 )

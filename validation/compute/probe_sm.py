@@ -12,7 +12,7 @@ device machine, torch with CUDA and Triton; nothing here runs a model or a decod
     python validation/compute/probe_sm.py --gemv > validation/compute/h200-gemv-probe.json
 
 --gemv: the decode steps' worst-modelled GEMV shapes, each as a chain in one CUDA graph, by the Triton kernel of a
-known structure (chipsim/hwreplay/triton_gemv.py: outputs / rows-per-program programs) beside torch.mv (cuBLAS): whether the machine or the
+known structure (chipsim/hwreplay/triton_kernels.py: outputs / rows-per-program programs) beside torch.mv (cuBLAS): whether the machine or the
 library's kernel choice sets a small GEMV's time.
 """
 
@@ -26,15 +26,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from chipsim.hwreplay import triton_gemv  # noqa: E402  (the GEMV kernel the replay runs with --gemv triton)
-
-
-@triton.jit
-def _chase(ptr, out, steps):
-    i = tl.load(ptr)
-    for _ in range(steps):
-        i = tl.load(ptr + i, volatile=True)
-    tl.store(out, i)
+from chipsim.hwreplay import triton_kernels  # noqa: E402  (the pointer chase, and the GEMV the replay runs with --gemv triton)
 
 
 @triton.jit
@@ -81,7 +73,7 @@ def chase_ns(total_bytes: int, count: int = 40000, stride: int = 128) -> float:
     out = torch.zeros(1, dtype=torch.int64, device="cuda")
     scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # 256 MB written between runs: L2 is cold
     flush = scratch.zero_ if total_bytes > (64 << 20) else None
-    t = {s: _events(lambda s=s: _chase[(1,)](buf, out, s), flush=flush) for s in (2000, 20000)}
+    t = {s: _events(lambda s=s: triton_kernels.chase[(1,)](buf, out, s), flush=flush) for s in (2000, 20000)}
     return (t[20000] - t[2000]) * 1e3 / 18000
 
 
@@ -141,7 +133,7 @@ def gemv_in_graph(reduction: int, outputs: int, rows_per_program: int, chain: in
     y = torch.empty(outputs, dtype=torch.bfloat16, device="cuda")
     out = {"key": f"matvec r{reduction} o{outputs} b{reduction * outputs * 2}",
            "programs": triton.cdiv(outputs, rows_per_program)}
-    for name, call in (("triton", lambda w: triton_gemv.gemv(w, x, y, rows_per_program)),
+    for name, call in (("triton", lambda w: triton_kernels.gemv(w, x, y, rows_per_program)),
                        ("cublas", lambda w: torch.mv(w, x, out=y))):
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):

@@ -12,9 +12,13 @@ own (the device machine, torch with CUDA; nothing here touches the 64 KiB - 16 M
 """
 
 import json
+import os
 import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # chipsim's Triton kernels
 
 
 def tiny_copies(kind: str, sizes, back_to_back: int, reps: int = 15) -> list[dict]:
@@ -66,15 +70,7 @@ def _chase_times(chase, words, out) -> dict:
 
 
 def pointer_chase() -> dict:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def chase(ptr, out, steps):
-        i = tl.load(ptr)
-        for _ in range(steps):
-            i = tl.load(ptr + i, volatile=True)
-        tl.store(out, i)
+    from chipsim.hwreplay.triton_kernels import chase
 
     res = {}
     out = torch.zeros(1, dtype=torch.int64, device="cuda")

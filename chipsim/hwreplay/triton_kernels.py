@@ -1,6 +1,7 @@
-"""Batch-1 GEMV kernels of a known structure, for the GPU replay (`chipsim hwreplay --gemv triton`) and the
-single-op probe (validation/compute/probe_sm.py --gemv). Needs Triton (the device machine; never imported by
-the simulator).
+"""Triton kernels of a known structure: batch-1 GEMVs for the GPU replay (`chipsim hwreplay --gemv triton`) and
+the single-op probe (validation/compute/probe_sm.py --gemv), and the pointer chase both latency probes run
+(validation/compute/probe_sm.py, validation/pcie/probe_copy_latency.py). Needs Triton (the device machine;
+never imported by the simulator).
 
 cuBLAS picks a different kernel per shape (split-K, nvjet tiles; validation/compute/h200-kernel-mapping.json),
 so a replay with torch.mv checks the simulator against a library's choices. These kernels fix the structure
@@ -24,6 +25,16 @@ ROWS = 8  # weight rows per program
 BLOCK = 512  # reduction columns per iteration: one tile of ROWS x BLOCK x 2 B = 8 KiB
 GROUPED_BLOCK = 128  # the same with g input vectors: the (ROWS, BLOCK, g) products stay in registers
 WARPS = 4
+
+
+@triton.jit
+def chase(ptr, out, steps):
+    """One thread following `steps` pointers from ptr[0] (each a word offset): every load waits for the last,
+    so time / steps is one load's latency from wherever the words live."""
+    i = tl.load(ptr)
+    for _ in range(steps):
+        i = tl.load(ptr + i, volatile=True)
+    tl.store(out, i)
 
 
 @triton.jit
