@@ -19,7 +19,8 @@ def _cmd_run(args) -> int:
         raise InputError(f"--timeline-tokens {args.timeline_tokens}: must be 0 (all tokens) or more")
     _check_jobs(args.jobs)
     _check_outputs(args.out, args.timeline)
-    prep = prepare(args.config, args.set or (), args.policy or (), args.trace)
+    overrides = list(args.set or ()) + ([f"run.engine={args.engine}"] if args.engine else [])
+    prep = prepare(args.config, overrides, args.policy or (), args.trace)
     notes = list(prep.notes)
     if args.timeline is not None:
         from chipsim.analysis import timeline
@@ -324,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", action="store_true",
                      help="run each policy once under cProfile, in this process, and print where the time goes "
                           "(SimPy events, transfers, DMA queue, engine, policy hooks)")
+    run.add_argument("--engine", choices=("fast", "reference"),
+                     help="event engine (default: the config's run.engine, fast): reference is the engine of record, "
+                          "with identical results")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run the cross product of config-key grids x policies; results.csv, cached")

@@ -313,6 +313,9 @@ class WorkloadConfig:
 @dataclass(frozen=True)
 class RunConfig:
     policies: list = _f("policies `chipsim run` compares when no --policy is given")
+    engine: str = _optional("event engine: fast (the same events with less Python) or reference (the engine of "
+                            "record, chipsim.sim.engine); both give identical results", "fast",
+                            choices=("fast", "reference"))
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,10 @@ class _Entry:
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
+    # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python)
+    network_class = FlowNetwork
+    dma_class = DmaPath
+
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0):
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them)."""
@@ -130,7 +134,7 @@ class Simulation:
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path(("lpddr5x", READ))
-        self.dma = DmaPath(
+        self.dma = self.dma_class(
             self.env,
             bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
@@ -172,8 +176,8 @@ class Simulation:
         if record_events:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
-    @staticmethod
-    def _network(env: simpy.Environment, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
+    @classmethod
+    def _network(cls, env: simpy.Environment, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
@@ -192,7 +196,7 @@ class Simulation:
             gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
             shared.append(0)
-        return FlowNetwork(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
+        return cls.network_class(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
                            [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
     @staticmethod
@@ -347,7 +351,7 @@ class Simulation:
             self._serve_pending_demands()
         if self._arrival_event is not None and key[0] == self._waiting_layer:
             ev, self._arrival_event = self._arrival_event, None
-            ev.succeed()
+            self._succeed(ev)
 
     def _demand(self, layer: int, expert: int, needed: set[int]) -> None:
         key = (layer, expert)
@@ -387,6 +391,17 @@ class Simulation:
             self._pending_demands.pop(0)
             self._issue(key, DEMAND)
 
+    # SimPy's events, as the engine creates them (chipsim.sim.fast schedules the same ones with less Python)
+    def _timeout(self, delay_ps: int) -> simpy.Event:
+        return self.env.timeout(delay_ps)
+
+    def _event(self) -> simpy.Event:
+        return self.env.event()
+
+    @staticmethod
+    def _succeed(event: simpy.Event) -> None:
+        event.succeed()
+
     def _host_job(self, layer: int, expert: int):
         """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
         with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back."""
@@ -395,10 +410,10 @@ class Simulation:
             yield req
             start = self.env.now
             nbytes = self.workload.expert_bytes
-            yield self.env.timeout(timing.total_ps - timing.compute_ps)  # dispatch + activations over PCIe
-            done = self.env.event()
+            yield self._timeout(timing.total_ps - timing.compute_ps)  # dispatch + activations over PCIe
+            done = self._event()
             self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
-                             on_target=lambda _f: done.succeed(), not_before=self.env.now + timing.compute_ps)
+                             on_target=lambda _f: self._succeed(done), not_before=self.env.now + timing.compute_ps)
             yield done
         ledger = self.rec.ledger
         ledger.host_busy_ps += self.env.now - start - timing.transit_ps
@@ -428,13 +443,13 @@ class Simulation:
         if streams_hbm or streams_sram:
             fixed += (0 if streams_hbm else hbm_ps) + (0 if streams_sram else sram_ps)
             if fixed:
-                yield self.env.timeout(fixed)
+                yield self._timeout(fixed)
             if streams_hbm:
                 yield self._stream(work.bytes, hbm_ps, self._operand_flow_path)
             if streams_sram:  # experts staged in SRAM: their reads share its ports with the fetches landing there
                 yield self._stream(work.sram_bytes, sram_ps, self._sram_flow_path)
         else:
-            yield self.env.timeout(work.ps)
+            yield self._timeout(work.ps)
         ledger.busy_ps += self.env.now - start
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, self.env.now))
@@ -442,8 +457,8 @@ class Simulation:
     def _stream(self, nbytes: int, alone_ps: int, path) -> simpy.Event:
         """An operand stream as a flow: the cap (rounded up) lets it move as fast as its arrays consume and no
         faster, so alone it ends after exactly `alone_ps`, with other flows on its resources later."""
-        done = self.env.event()
-        self.network.add(nbytes, path, cap=-(-nbytes * PS_PER_S // alone_ps), on_target=lambda _f: done.succeed(),
+        done = self._event()
+        self.network.add(nbytes, path, cap=-(-nbytes * PS_PER_S // alone_ps), on_target=lambda _f: self._succeed(done),
                          not_before=self.env.now + alone_ps)
         return done
 
@@ -570,7 +585,7 @@ class Simulation:
                 extra = NO_WORK
             else:
                 self._waiting_layer = layer
-                self._arrival_event = self.env.event()
+                self._arrival_event = self._event()
                 wait_start = self.env.now
                 yield self._arrival_event
                 stall += self.env.now - wait_start

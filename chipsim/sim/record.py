@@ -144,3 +144,24 @@ class RunRecorder:
         )
         return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,
                          per_layer=self.layers, counts=self.counts, extra=extra, timeline=timeline)
+
+
+def differences(a: SimResult, b: SimResult) -> list[str]:
+    """The fields in which two runs' results differ (per token, per layer, counts, the policy's own metrics):
+    empty when they are identical to the picosecond and the byte."""
+    out = []
+    if a.tokens != b.tokens:
+        out.append("tokens")
+    for part, x, y in (("per_token", a.per_token, b.per_token), ("per_layer", a.per_layer, b.per_layer)):
+        for f in fields(x):
+            u, v = getattr(x, f.name), getattr(y, f.name)
+            if isinstance(u, dict):
+                out += [f"{part}.{f.name}.{k}" for k in sorted(set(u) | set(v))
+                        if k not in u or k not in v or not np.array_equal(u[k], v[k])]
+            elif not np.array_equal(u, v):
+                out.append(f"{part}.{f.name}")
+    if a.counts != b.counts:
+        out.append("counts")
+    if a.extra != b.extra:
+        out.append("extra")
+    return out

@@ -1,0 +1,77 @@
+"""The fast path (chipsim.sim.fast, `run.engine: fast`, the default) against the engine of record
+(chipsim.sim.engine, `run.engine: reference`): every registered policy on the configs whose behaviour differs
+(Thor's queue with preemption and cancels, DeepSeek-V2-Lite's shared experts, the H200's one FIFO copy stream,
+experts staged in SRAM, Thor without preemption or cancels), results identical to the picosecond, the byte and
+the picojoule, the recorded timeline included."""
+
+import os
+
+import numpy as np
+import pytest
+
+import chipsim.policies  # noqa: F401  (registers every policy)
+from chipsim.errors import InputError
+from chipsim.policies.base import REGISTRY
+from chipsim.runner import prepare, simulate
+from chipsim.sim.energy import EnergyTable
+from chipsim.sim.metrics import per_token_energy_pj
+from chipsim.sim.record import differences
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENS = 32  # past every policy's cache warm-up on Thor's 42-expert buffer: evictions every token
+
+CONFIGS = {
+    "thor": ("thor.yaml", []),
+    "thor-deepseek-v2-lite": ("thor-deepseek-v2-lite.yaml", []),
+    "h200-pcie5": ("h200-pcie5.yaml", []),
+    "thor-sram-staging": ("thor-sram-staging.yaml", []),
+    "thor-no-preempt-no-cancel": ("thor.yaml", ["dma.demand_preempts_prefetch=false", "dma.cancel_in_flight=false",
+                                                "dma.engines=2"]),
+}
+
+
+def _prepared(config: str, overrides: list[str], engine: str, policies):
+    return prepare(os.path.join(ROOT, "hwconfigs", config),
+                   [f"workload.max_tokens={TOKENS}", f"run.engine={engine}", *overrides], policies)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_policy_gives_the_reference_results_exactly(name):
+    config, overrides = CONFIGS[name]
+    policies = sorted(REGISTRY)
+    ref = _prepared(config, overrides, "reference", policies)
+    fast = _prepared(config, overrides, "fast", policies)
+    table = EnergyTable.from_config(ref.config.hw)
+    for p_ref, p_fast in zip(ref.policies, fast.policies):
+        a, b = simulate(ref, p_ref), simulate(fast, p_fast)
+        assert a.tokens == TOKENS
+        assert differences(a, b) == [], f"{name} {p_ref.label}"
+        energy_a, energy_b = per_token_energy_pj(a, table), per_token_energy_pj(b, table)
+        assert all(np.array_equal(energy_a[k], energy_b[k]) for k in energy_a), f"{name} {p_ref.label}"
+
+
+def test_the_recorded_timeline_is_the_same():
+    config, overrides = CONFIGS["thor"]
+    runs = {}
+    for engine in ("reference", "fast"):
+        prep = _prepared(config, overrides, engine, ["apex"])
+        runs[engine] = simulate(prep, prep.policies[0], record_events=True, record_tokens=4)
+    ref, fast = runs["reference"].timeline, runs["fast"].timeline
+    assert ref.events == fast.events and ref.dma == fast.dma and ref.link == fast.link
+    assert len(ref.dma) > 0
+
+
+def test_an_unknown_engine_is_refused_naming_the_key():
+    with pytest.raises(InputError, match="run.engine"):
+        _prepared("thor.yaml", [], "turbo", ["no-prefetch"])
+
+
+def test_differences_names_what_differs():
+    prep = _prepared("thor.yaml", [], "fast", ["no-prefetch"])
+    a = simulate(prep, prep.policies[0])
+    b = simulate(prep, prep.policies[0])
+    assert differences(a, b) == []
+    b.per_token.latency_ps[3] += 1
+    b.per_token.bytes["pcie"][0] += 1
+    b.counts.fetches_total += 1
+    assert differences(a, b) == ["per_token.latency_ps", "per_token.bytes.pcie", "counts"]
