@@ -3,6 +3,7 @@ are read and bounded by the same rules, and a bad value is one `InputError` nami
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass
@@ -21,9 +22,22 @@ _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
+_PARSED: dict[str, object] = {}  # text -> what it parses to: a sweep reads the same config file at every point
+_PARSED_MAX = 256
+
+
 def yaml_load(text: str):
-    """Parse YAML text as chipsim reads every config, `--set` value, policy parameter and experiment."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """Parse YAML text as chipsim reads every config, `--set` value, policy parameter and experiment.
+
+    PyYAML's pure-Python parser takes ~30 ms for a config; the same text is parsed once per process and handed
+    out as a fresh copy (callers change what they get)."""
+    parsed = _PARSED.get(text, _PARSED)
+    if parsed is _PARSED:
+        parsed = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[text] = parsed
+    return copy.deepcopy(parsed)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The fast path (chipsim.sim.fast, `run.engine: fast`, the default) against the engine of record
 (chipsim.sim.engine, `run.engine: reference`): every registered policy on the configs whose behaviour differs
 (Thor's queue with preemption and cancels, DeepSeek-V2-Lite's shared experts, the H200's one FIFO copy stream,
-experts staged in SRAM, Thor without preemption or cancels), results identical to the picosecond, the byte and
+experts staged in SRAM, operations faster than their operand path, Thor without preemption or cancels), results identical to the picosecond, the byte and
 the picojoule, the recorded timeline included."""
 
 import os
@@ -25,6 +25,8 @@ CONFIGS = {
     "thor-deepseek-v2-lite": ("thor-deepseek-v2-lite.yaml", []),
     "h200-pcie5": ("h200-pcie5.yaml", []),
     "thor-sram-staging": ("thor-sram-staging.yaml", []),
+    # two HBM channels: the H200's measured operations stream faster than its memory then gives one flow
+    "h200-pcie5-narrow-hbm": ("h200-pcie5.yaml", ["memory.hbm.channels=2"]),
     "thor-no-preempt-no-cancel": ("thor.yaml", ["dma.demand_preempts_prefetch=false", "dma.cancel_in_flight=false",
                                                 "dma.engines=2"]),
 }

@@ -18,11 +18,11 @@ HOOKS = ("on_run_start", "on_token_start", "on_layer_start", "on_route", "on_lay
 
 def _part(filename: str) -> str:
     path = filename.replace("\\", "/")
-    if "/simpy/" in path:
+    if "/simpy/" in path or path.endswith("chipsim/sim/wake.py"):
         return "simpy"
-    if path.endswith("chipsim/sim/flows.py"):
+    if path.endswith(("chipsim/sim/flows.py", "chipsim/sim/fast_flows.py")):
         return "flows"
-    if path.endswith("chipsim/sim/dma.py"):
+    if path.endswith(("chipsim/sim/dma.py", "chipsim/sim/fast_dma.py")):
         return "dma"
     if "/chipsim/sim/" in path:
         return "engine"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -357,6 +358,12 @@ def _resolve_relative(p: str, config_path: str) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config_path)), p))
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict:
+    """A config dataclass's field types (typing.get_type_hints re-evaluates the annotations at every call)."""
+    return typing.get_type_hints(cls)
+
+
 def _read_yaml(path: str) -> dict:
     if not os.path.exists(path):
         raise InputError(f"config {path}: file not found")
@@ -453,7 +460,7 @@ def build_dataclass(cls, data, key_prefix: str = ""):
     where = key_prefix.rstrip(".") or "config"
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a section of keys, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in names:
@@ -492,7 +499,7 @@ def _build_named(cls, data, key: str) -> dict:
 
 def iter_keys(cls=HardwareConfig, prefix: str = ""):
     """(dotted key, type name, doc) of every schema key, for documentation and `chipsim keys`."""
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
