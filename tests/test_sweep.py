@@ -112,6 +112,21 @@ def test_rerun_reuses_every_point_and_simulates_none(tmp_path, monkeypatch):
     assert bigger.attrs["simulated"] == 2 and bigger.attrs["reused"] == 4
 
 
+def test_sweeps_sharing_a_cache_simulate_a_shared_point_once(tmp_path):
+    """chipsim reproduce's experiments share one cache: a point of two sweeps (other directories, other grids)
+    is simulated by the first and reused, with the same row, by the second."""
+    cache = str(tmp_path / "cache")
+    a = run_sweep(THOR, {BW: [16, 64]}, ["no-prefetch"], str(tmp_path / "a"), overrides=SHORT, jobs=1,
+                  progress=False, cache_dir=cache)
+    b = run_sweep(THOR, {BW: [64, 256]}, ["no-prefetch"], str(tmp_path / "b"), overrides=SHORT, jobs=1,
+                  progress=False, cache_dir=cache)
+    assert a.attrs["simulated"] == 2 and b.attrs["simulated"] == 1 and b.attrs["reused"] == 1
+    assert not os.path.exists(tmp_path / "a" / "cache") and len(os.listdir(cache)) == 3
+    shared_a = a[a[BW] == 64].drop(columns="point_id").reset_index(drop=True)
+    shared_b = b[b[BW] == 64].drop(columns="point_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(shared_a, shared_b)
+
+
 def test_code_config_or_trace_change_invalidates(tmp_path, monkeypatch):
     model = MODELS["granite-3.1-3b-a800m"]
     trace = tmp_path / "t.npz"

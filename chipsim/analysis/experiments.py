@@ -325,11 +325,13 @@ def sweeps(exp: dict, out_dir: str) -> list[tuple[str, str, str, dict, str | Non
 
 
 def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:
-    """Run every sweep of `exp` into out_dir/<name>/; returns the wall time in seconds."""
+    """Run every sweep of `exp` into out_dir/<name>/; returns the wall time in seconds. The experiments share
+    one cache (out_dir/cache/, by content): a point two of them contain is simulated once."""
     t0 = time.perf_counter()
     overrides = list(exp["overrides"]) + list(extra_overrides)
     for config, _, directory, grid, _ in sweeps(exp, out_dir):
-        run_sweep(config, grid, exp["policies"], directory, overrides=overrides, jobs=jobs, progress=progress)
+        run_sweep(config, grid, exp["policies"], directory, overrides=overrides, jobs=jobs, progress=progress,
+                  cache_dir=os.path.join(out_dir, "cache"))
     saved = dict(exp, overrides=overrides)
     # key order kept (not sorted): plot.stack is drawn bottom first
     write_atomic(os.path.join(out_dir, exp["name"], "experiment.json"), json.dumps(saved, indent=1) + "\n",

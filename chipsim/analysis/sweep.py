@@ -358,7 +358,8 @@ def _run_dask(tasks: dict, jobs: int, scheduler: str | None, on_done, progress: 
 # ---------------------------------------------------------------------------------------------- outputs
 # ---------------------------------------------------------------------------------------------- API
 def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | None, out_dir: str,
-              overrides=(), jobs=0, backend="process", scheduler=None, progress=True) -> pd.DataFrame:
+              overrides=(), jobs=0, backend="process", scheduler=None, progress=True,
+              cache_dir: str | None = None) -> pd.DataFrame:
     """Run every (point of the grid's cross product, policy) and return the results table.
 
     config_path: base config (YAML); grid: {dotted config key (any, incl. `policies.<name>.<param>` and
@@ -366,7 +367,8 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
     `run.policies`); out_dir: gets results.csv, sweep.json and cache/; overrides: `--set` strings applied
     before the grid; jobs: parallel workers (0: os.cpu_count()); backend: "process" or "dask" (scheduler:
     address of an existing Dask scheduler; None: a LocalCluster on 127.0.0.1); progress: a tqdm bar on
-    stderr when it is a terminal.
+    stderr when it is a terminal; cache_dir: where results are cached by content (default DIR/cache; sweeps
+    that share one reuse each other's points, as `chipsim reproduce`'s experiments do).
 
     Returns the table of results.csv (same columns and order); `df.attrs` holds `simulated` and `reused`
     (distinct (point, policy) results computed now / taken from DIR/cache) and `points`.
@@ -395,7 +397,8 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
     config_path = os.path.abspath(config_path)
     base_overrides = _absolute_overrides(overrides)
 
-    return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0)
+    return _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0,
+                  cache_dir or os.path.join(out_dir, "cache"))
 
 
 @contextlib.contextmanager
@@ -415,7 +418,7 @@ def _sweep_lock(out_dir: str):
         yield
 
 
-def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0):
+def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0, cache_dir):
     points, code_sha, notes = _prepare_points(config_path, base_overrides, policies, grid)
     check_output_dir(out_dir, ("results.csv", "sweep.json"), "--out")
     with _sweep_lock(out_dir):
@@ -425,7 +428,6 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
             base_sha = None  # only the grid makes it valid (e.g. it sweeps the trace)
 
         # everything checked: from here on files are written
-        cache_dir = os.path.join(out_dir, "cache")
         os.makedirs(cache_dir, exist_ok=True)
         results: dict[str, dict] = {}
         to_run: dict[str, dict] = {}

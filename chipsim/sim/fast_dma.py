@@ -17,6 +17,9 @@ class FastDmaPath(DmaPath):
         super().__init__(*args, **kwargs)
         self._batch = _FastBatch(self)
         self._env = self.env
+        # a submit, promote or cancel since the queue last settled: a batch without one has nothing to settle
+        # (the queue settles after every change, so dispatching again would change nothing)
+        self._touched = False
 
     def submit(self, nbytes, priority, tag=None, descriptors=1):
         tr = Transfer(self._next_tid, nbytes, priority, tag, self._env._now, descriptors)
@@ -30,12 +33,22 @@ class FastDmaPath(DmaPath):
                 self.queue_prefetch.append(tr)
         else:
             self.queue_prefetch.append(tr)
+        self._touched = True
         if not self._batch_depth:
             self._settle()
         return tr
 
+    def promote(self, tr):
+        self._touched = True
+        DmaPath.promote(self, tr)
+
+    def cancel(self, tr):
+        self._touched = True
+        DmaPath.cancel(self, tr)
+
     def _settle(self):
         if not self._batch_depth:
+            self._touched = False
             network = self.network
             network._batch_depth += 1
             self._dispatch()
@@ -180,6 +193,7 @@ class _FastBatch:
     def __exit__(self, *exc):
         path = self.path
         path._batch_depth -= 1
-        path._settle()
+        if path._touched and not path._batch_depth:
+            path._settle()
         path.network.end()
         return False
