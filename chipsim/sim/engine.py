@@ -166,7 +166,7 @@ class Simulation:
         self._arrival_event = None
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
-        self.host = simpy.Resource(self.env, capacity=1)  # one expert at a time, on all cores
+        self.host = self._resource(1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
         self.events = [] if record_events else None
         self._recorded_events = self.events
@@ -402,6 +402,15 @@ class Simulation:
     def _succeed(event: simpy.Event) -> None:
         event.succeed()
 
+    def _process(self, generator) -> simpy.Process:
+        return self.env.process(generator)
+
+    def _all_of(self, events) -> simpy.Event:
+        return self.env.all_of(events)
+
+    def _resource(self, capacity: int) -> simpy.Resource:
+        return simpy.Resource(self.env, capacity=capacity)
+
     def _host_job(self, layer: int, expert: int):
         """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
         with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back."""
@@ -552,7 +561,7 @@ class Simulation:
         while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
         expert, combine = cost.expert, cost.combine
         extra = cost.dense  # shared experts run first, while fetches proceed
-        host_jobs = [self.env.process(self._host_job(layer, e)) for e in plan.on_host]
+        host_jobs = [self._process(self._host_job(layer, e)) for e in plan.on_host]
         if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
             layers = self.rec.layers
             layers.host[t, layer] = len(plan.on_host)
@@ -593,7 +602,7 @@ class Simulation:
                     self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
         if host_jobs:
             wait_start = self.env.now
-            yield self.env.all_of(host_jobs)
+            yield self._all_of(host_jobs)
             self.rec.host_wait_ps[t] += self.env.now - wait_start
             if self.events is not None:
                 self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
@@ -603,7 +612,7 @@ class Simulation:
         return stall
 
     def run(self) -> SimResult:
-        process = self.env.process(self._decode())
+        process = self._process(self._decode())
         self.env.run()
         if not process.triggered:
             raise RuntimeError(

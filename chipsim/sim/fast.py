@@ -20,7 +20,7 @@ from __future__ import annotations
 from chipsim.sim.engine import Simulation
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.fast_flows import FastFlowNetwork
-from chipsim.sim.wake import pending, trigger, wake_in
+from chipsim.sim.wake import AllOf, Process, Resource, pending, trigger, wake_in
 from chipsim.units import PS_PER_S
 
 
@@ -50,6 +50,15 @@ class FastSimulation(Simulation):
     @staticmethod
     def _succeed(event):
         trigger(event)
+
+    def _process(self, generator):
+        return Process(self.env, generator)
+
+    def _all_of(self, events):
+        return AllOf(self.env, events)
+
+    def _resource(self, capacity):
+        return Resource(self.env, capacity)
 
     def _compute(self, work, label, *label_args):
         ledger = self.rec.ledger

@@ -1,12 +1,17 @@
-"""SimPy's events with less Python: what `env.timeout(d)` and a triggered `env.event()` are to SimPy's `step()`
-(callbacks, ok, value), scheduled on SimPy's own queue exactly where the reference engine creates them (same time,
-same priority, the next sequence number), so SimPy orders them as it orders the reference's. Used by the fast
-path (chipsim.sim.fast)."""
+"""SimPy's events with less Python: what `env.timeout(d)`, a triggered `env.event()`, `env.process(g)`,
+`env.all_of(...)` and a `simpy.Resource` request are to SimPy's `step()` (callbacks, ok, value), scheduled on
+SimPy's own queue exactly where SimPy schedules them (same time, same priority, the next sequence number), so
+SimPy orders them as it orders the reference engine's. Used by the fast path (chipsim.sim.fast).
+
+Each class follows the SimPy 4 code it stands for step by step (simpy/events.py: Process, Initialize,
+Condition; simpy/resources/base.py and resource.py: Put, Get, Request, Release); only checks and bookkeeping
+that change no order are left out (events here never fail)."""
 
 from __future__ import annotations
 
 import heapq
 
+_URGENT = 0  # simpy.events.URGENT: a process's start
 _NORMAL = 1  # simpy.events.NORMAL: the priority of a Timeout and of a triggered Event
 _PENDING = object()
 
@@ -59,3 +64,113 @@ def trigger(wake: Wake, value=None) -> None:
     wake._value = value
     env = wake.env
     heapq.heappush(env._queue, (env._now, _NORMAL, next(env._eid), wake))
+
+
+class Process(Wake):
+    """`env.process(generator)`: started by an urgent event now; resumed by each event it yields once that is
+    processed; when the generator returns, scheduled itself (its value the return value)."""
+
+    __slots__ = ("_generator",)
+
+    def __init__(self, env, generator):
+        Wake.__init__(self, env)
+        self._value = _PENDING
+        self._generator = generator
+        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), Wake(env, self._resume)))
+
+    def _resume(self, event) -> None:
+        generator = self._generator
+        while True:
+            try:
+                event = generator.send(event._value)
+            except StopIteration as stop:
+                self._value = stop.value
+                env = self.env
+                heapq.heappush(env._queue, (env._now, _NORMAL, next(env._eid), self))
+                return
+            if event.callbacks is not None:  # not yet processed: resume when it is
+                event.callbacks.append(self._resume)
+                return
+
+
+class AllOf(Wake):
+    """`env.all_of(events)`: triggered once every one of them has been processed."""
+
+    __slots__ = ("_events", "_count")
+
+    def __init__(self, env, events):
+        Wake.__init__(self, env)
+        self._value = _PENDING
+        self._events = tuple(events)
+        self._count = 0
+        if not self._events:
+            trigger(self)
+            return
+        for event in self._events:
+            if event.callbacks is None:
+                self._check(event)
+            else:
+                event.callbacks.append(self._check)
+
+    def _check(self, _event) -> None:
+        if self._value is not _PENDING:
+            return
+        self._count += 1
+        if self._count == len(self._events):
+            trigger(self)
+
+
+class Resource:
+    """`simpy.Resource(env, capacity)`: requests granted in arrival order while fewer than `capacity` hold it.
+    As in SimPy, only the head of the queue is tried, when a request is made and when a release is processed;
+    a release frees its slot when it is made."""
+
+    def __init__(self, env, capacity: int):
+        self.env = env
+        self.capacity = capacity
+        self.users: list = []
+        self.queue: list = []  # waiting requests (SimPy's put_queue)
+
+    @property
+    def count(self) -> int:
+        return len(self.users)
+
+    def request(self) -> "Request":
+        return Request(self)
+
+    def release(self, request: "Request") -> None:
+        release = Wake(self.env, self._grant_head)
+        try:
+            self.users.remove(request)
+        except ValueError:
+            pass
+        trigger(release)
+
+    def _grant_head(self, _event=None) -> None:
+        queue = self.queue
+        if queue and len(self.users) < self.capacity:
+            head = queue.pop(0)
+            self.users.append(head)
+            trigger(head)
+
+
+class Request(Wake):
+    """`resource.request()`, used as `with resource.request() as req: yield req` (released on leaving)."""
+
+    __slots__ = ("resource",)
+
+    def __init__(self, resource: Resource):
+        Wake.__init__(self, resource.env)
+        self._value = _PENDING
+        self.resource = resource
+        resource.queue.append(self)
+        resource._grant_head()
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if self._value is _PENDING:  # never granted: it leaves the queue
+            self.resource.queue.remove(self)
+        if exc_type is not GeneratorExit:
+            self.resource.release(self)
