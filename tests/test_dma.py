@@ -1,8 +1,19 @@
 """DMA path checks a hardware engineer would do by hand (times in integer picoseconds)."""
 
+import pytest
 import simpy
 
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
+from chipsim.sim.fast_dma import FastDmaPath
+
+
+@pytest.fixture(params=["reference", "fast"], autouse=True)
+def engine(request, monkeypatch):
+    """Every check here runs on the engine of record's DmaPath and on the fast path's FastDmaPath."""
+    if request.param == "fast":
+        monkeypatch.setitem(globals(), "DmaPath", FastDmaPath)
+    return request.param
+
 
 GBPS_100 = 100_000_000_000  # 100 GB/s = 0.1 byte per ps
 MB = 1_000_000

@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 import simpy
 
+from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.units import PS_PER_S
+
+
+@pytest.fixture(params=["reference", "fast"], autouse=True)
+def engine(request, monkeypatch):
+    """Every check here runs on the engine of record's FlowNetwork and on the fast path's FastFlowNetwork."""
+    if request.param == "fast":
+        monkeypatch.setitem(globals(), "FlowNetwork", FastFlowNetwork)
+    return request.param
+
 
 GB = 10**9
 

@@ -110,6 +110,8 @@ class DmaRecorder:
 class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
+    network_class = FlowNetwork  # the path's own resource when it is given a bandwidth, not a network
+
     def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True,
                  network: FlowNetwork | None = None, path: tuple | None = None):
@@ -125,7 +127,7 @@ class DmaPath:
             raise ValueError("bandwidth, engines and chunk size must be positive")
         self.env = env
         if network is None:
-            network = FlowNetwork(env, ["dma"], [int(bandwidth_bytes_per_s)])
+            network = self.network_class(env, ["dma"], [int(bandwidth_bytes_per_s)])
             path = network.path(("dma", WRITE))
         self.network = network
         self.flow_path = path
@@ -329,8 +331,15 @@ class DmaPath:
         if when == self._setup_tick_at:
             return
         self._setup_tick_at = when
-        ev = self.env.timeout(when - self.env.now)
-        ev.callbacks.append(lambda _e, w=when: self._on_setup_tick(w))
+        self._wake_in(when - self.env.now, self._setup_wake, when)
+
+    def _wake_in(self, delay_ps: int, callback, value=None) -> None:
+        """A SimPy timeout of `delay_ps` whose processing calls `callback(event)` (chipsim.sim.fast_dma schedules
+        the same wake-up with less Python)."""
+        self.env.timeout(delay_ps, value=value).callbacks.append(callback)
+
+    def _setup_wake(self, event) -> None:
+        self._on_setup_tick(event.value)
 
     def _on_setup_tick(self, when: int) -> None:
         if when != self._setup_tick_at:
@@ -363,8 +372,7 @@ class DmaPath:
         group = self._landing.get(finish)
         if group is None:
             self._landing[finish] = [tr]
-            ev = self.env.timeout(finish - now, value=finish)
-            ev.callbacks.append(self._on_landing)
+            self._wake_in(finish - now, self._on_landing, finish)
         else:
             group.append(tr)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import heapq
 
-from chipsim.sim.dma import ACTIVE, DEMAND, DONE, PAUSED, PREFETCH, QUEUED, SETUP, DmaPath, Transfer
+from chipsim.sim.dma import ACTIVE, DEMAND, PREFETCH, QUEUED, SETUP, DmaPath, Transfer
+from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.wake import wake_in
-from chipsim.units import PS_PER_S
 
 
 class FastDmaPath(DmaPath):
     """chipsim.sim.dma.DmaPath with its wake-ups as `Wake`s and its hot paths inlined."""
+
+    network_class = FastFlowNetwork
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -85,93 +87,8 @@ class FastDmaPath(DmaPath):
                     if tr.priority == PREFETCH and tr.state == ACTIVE:
                         self._set_boundary(tr)
 
-    def _start_data(self, tr):
-        tr.state = ACTIVE
-        self.flowing.append(tr)
-        if not tr.setup_done:
-            tr.setup_done = True
-            tr.data_start_ps = self._env._now
-            tr.flow = self.network.add(tr.nbytes, self.flow_path, 0, 0, self._flow_reached, tr)
-        else:
-            self.network.resume(tr.flow, 0)
-
-    def _flow_reached(self, flow):
-        tr = flow.tag
-        rem = flow.remaining
-        tr.remaining = rem if rem > 0 else 0
-        self.flowing.remove(tr)
-        self.free_engines += 1
-        if self.recorder is not None:
-            self.recorder.release(tr, self._env._now)
-        if rem <= 0:
-            if tr.priority == DEMAND:
-                self.demands_live -= 1
-            self.transfers_done += 1
-            self._end(tr, tr.nbytes * PS_PER_S, True)
-        elif tr.cancelled:
-            self._end(tr, tr.nbytes * PS_PER_S - tr.remaining, True)
-        else:
-            tr.state = PAUSED
-            self.paused.append(tr)
-        self._settle()
-
-    def _reschedule_setups(self):
-        if not self.in_setup:
-            return
-        when = self.in_setup[0][0]
-        if when == self._setup_tick_at:
-            return
-        self._setup_tick_at = when
-        wake_in(self._env, when - self._env._now, self._setup_wake, when)
-
-    def _setup_wake(self, wake):
-        self._on_setup_tick(wake._value)
-
-    def _on_setup_tick(self, when):
-        if when != self._setup_tick_at:
-            return
-        self._setup_tick_at = -1
-        now = self._env._now
-        in_setup = self.in_setup
-        network = self.network
-        network._batch_depth += 1
-        while in_setup and in_setup[0][0] <= now:
-            tr = heapq.heappop(in_setup)[2]
-            if tr.cancelled:
-                self.free_engines += 1
-                if self.recorder is not None:
-                    self.recorder.release(tr, now)
-                self._end(tr, moved_units=0, latency=False)
-            else:
-                if self.recorder is not None:
-                    self.recorder.next_phase(tr, now, "data")
-                self._start_data(tr)
-        self._dispatch()
-        network.end()
-        if in_setup and in_setup[0][0] != self._setup_tick_at:
-            self._reschedule_setups()
-        if self.recorder is not None:
-            self.recorder.sample(self)
-
-    def _end(self, tr, moved_units, latency):
-        now = self._env._now
-        tr.remaining = 0
-        moved = tr.moved_bytes = -(-moved_units // PS_PER_S)
-        tr.data_end_ps = now
-        finish = tr.finish_ps = now + self.latency_ps if latency else now
-        self.bytes_moved += moved
-        tr.state = DONE
-        group = self._landing.get(finish)
-        if group is None:
-            self._landing[finish] = [tr]
-            wake_in(self._env, finish - now, self._on_landing, finish)
-        else:
-            group.append(tr)
-
-    def _on_landing(self, event):
-        on_landed = self.on_landed
-        for tr in self._landing.pop(event._value):
-            on_landed(tr)
+    def _wake_in(self, delay_ps, callback, value=None):
+        wake_in(self._env, delay_ps, callback, value)
 
 
 def _tid(tr):

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import heapq
 from operator import attrgetter
 
 from chipsim.sim.flows import _MEMO_MAX, FlowNetwork
 from chipsim.sim.flows import Flow as _ReferenceFlow
-from chipsim.sim.wake import _NORMAL, Wake
+from chipsim.sim.wake import wake_in
 
 _ORDER = attrgetter("order")
 
@@ -120,9 +119,8 @@ class FastFlowNetwork(FlowNetwork):
             self._replan(now)
 
     def _replan(self, now):
-        """The reference's `_allocate` then `_reschedule`, in one pass over the flows."""
+        """The reference's `_allocate` (rates memoised by interned signatures) then `_reschedule`."""
         flows = self.flows
-        soonest = None
         if flows:
             flows.sort(key=_ORDER)
             key = tuple([f.sid for f in flows])
@@ -135,51 +133,10 @@ class FastFlowNetwork(FlowNetwork):
                 self._fast_memo[key] = rates
             for flow, rate in zip(flows, rates):
                 flow.rate = rate
-                left = flow.remaining - flow.target
-                if left <= 0:
-                    dt = 0
-                elif rate:
-                    dt = -(-left // rate)
-                else:
-                    continue
-                if flow.not_before > now + dt:
-                    dt = flow.not_before - now
-                if soonest is None or dt < soonest:
-                    soonest = dt
-        if soonest is None:
-            self._generation += 1
-            self._tick_at = -1
-            return
-        when = now + soonest
-        if when == self._tick_at:
-            return
-        self._generation += 1
-        self._tick_at = when
-        env = self._env
-        heapq.heappush(env._queue, (when, _NORMAL, next(env._eid), Wake(env, self._wake, self._generation)))
+        self._arm(self._soonest(now))
 
-    def _wake(self, wake):
-        if wake._value != self._generation:
-            return  # superseded by a later change
-        self._tick_at = -1
-        now = self._env._now
-        if now != self.last_update:
-            self._advance_to(now)
-        reached, staying = [], []
-        for flow in self.flows:
-            (reached if flow.remaining <= flow.target and flow.not_before <= now else staying).append(flow)
-        self.flows = staying
-        self._batch_depth += 1
-        for flow in reached:
-            flow.rate = 0
-            if flow.on_target is not None:
-                flow.on_target(flow)
-        self._dirty = False
-        self._batch_depth -= 1
-        if not self._batch_depth:  # the flows that reached their targets left: re-allocate and re-arm
-            now = self._env._now
-            if now != self.last_update:
-                self._advance_to(now)
-            self._replan(now)
-        else:
-            self._dirty = True
+    def _schedule_tick(self, delay_ps, generation):
+        wake_in(self._env, delay_ps, self._tick, generation)
+
+    def _tick(self, wake):
+        self._on_tick(wake._value)

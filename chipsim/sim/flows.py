@@ -228,8 +228,11 @@ class FlowNetwork:
         return tuple(rates)
 
     def _reschedule(self) -> None:
+        self._arm(self._soonest(self.env.now))
+
+    def _soonest(self, now: int) -> int | None:
+        """In how many ps the first flow reaches its target at the current rates (None: none ever does)."""
         soonest = None
-        now = self.env.now
         for flow in self.flows:
             left = flow.remaining - flow.target
             if left <= 0:
@@ -242,17 +245,27 @@ class FlowNetwork:
                 dt = flow.not_before - now
             if soonest is None or dt < soonest:
                 soonest = dt
+        return soonest
+
+    def _arm(self, soonest: int | None) -> None:
+        """Keep one tick pending, at the soonest target: a pending one at that time stays, any other is dropped."""
         if soonest is None:
             self._generation += 1
             self._tick_at = -1
             return
-        when = now + soonest
+        when = self.env.now + soonest
         if when == self._tick_at:
             return
         self._generation += 1
         self._tick_at = when
-        gen = self._generation
-        self.env.timeout(soonest).callbacks.append(lambda _e, g=gen: self._on_tick(g))
+        self._schedule_tick(soonest, self._generation)
+
+    def _schedule_tick(self, delay_ps: int, generation: int) -> None:
+        """A SimPy timeout for the tick (chipsim.sim.fast_flows schedules the same wake-up with less Python)."""
+        self.env.timeout(delay_ps, value=generation).callbacks.append(self._tick)
+
+    def _tick(self, event) -> None:
+        self._on_tick(event.value)
 
     def _on_tick(self, generation: int) -> None:
         if generation != self._generation:
