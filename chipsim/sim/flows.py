@@ -127,6 +127,11 @@ class FlowNetwork:
         flow.rate = 0
         self._changed()
 
+    def alone_rate(self, path: tuple) -> int:
+        """The rate (bytes/s) one flow without a cap gets on `path` when no other flow is present: its least
+        capacity (a lone reader pays no turnaround and meets no second stream)."""
+        return min(self.capacity[r] for r, _ in path)
+
     def batch(self):
         """Context manager: many changes at one instant, one re-allocation at the end."""
         return self._batch
