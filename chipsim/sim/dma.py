@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Any, Callable
 
-import simpy
-
-from chipsim.sim.flows import WRITE, Flow, FlowNetwork
+from chipsim.sim.flows import WRITE, Flow, FlowNetwork, Path
 from chipsim.units import PS_PER_S
 
 DEMAND = 0
@@ -41,7 +40,7 @@ class Transfer:
         "descriptors", "flow",
     )
 
-    def __init__(self, tid: int, nbytes: int, priority: int, tag, now: int, descriptors: int = 1):
+    def __init__(self, tid: int, nbytes: int, priority: int, tag: Any, now: int, descriptors: int = 1) -> None:
         self.tid = tid
         self.nbytes = nbytes
         self.priority = priority
@@ -60,6 +59,13 @@ class Transfer:
         self.flow: Flow | None = None  # its data phase in the flow network (from its first data byte)
 
 
+def _flow(tr: Transfer) -> Flow:
+    """A transfer's flow, once its data phase has begun."""
+    flow = tr.flow
+    assert flow is not None
+    return flow
+
+
 class DmaRecorder:
     """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`):
     which engine each transfer holds (lowest free id first), the spans of its setup and data phases on
@@ -68,10 +74,11 @@ class DmaRecorder:
 
     __slots__ = ("free", "held", "spans", "link", "stopping")
 
-    def __init__(self, engines: int):
+    def __init__(self, engines: int) -> None:
         self.free = list(range(engines))  # heap of free engine ids
-        self.held: dict[int, list] = {}  # tid -> [engine, phase, start ps, priority at start]
-        self.spans: list[tuple] = []  # (engine, phase, transfer, start ps, end ps, priority at start)
+        self.held: dict[int, list[Any]] = {}  # tid -> [engine, phase, start ps, priority at start]
+        self.spans: list[tuple[int, str, Transfer, int, int, int]] = []  # (engine, phase, transfer, start ps,
+        # end ps, priority at start)
         self.link: list[tuple[int, int, int]] = []  # (ps, transfers moving data, transfers waiting)
         self.stopping = False
 
@@ -112,9 +119,10 @@ class DmaPath:
 
     network_class = FlowNetwork  # the path's own resource when it is given a bandwidth, not a network
 
-    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
-                 engines: int, chunk_bytes: int, on_landed=None, preempt: bool = True, demand_first: bool = True,
-                 network: FlowNetwork | None = None, path: tuple | None = None):
+    def __init__(self, env: Any, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
+                 engines: int, chunk_bytes: int, on_landed: Callable[[Transfer], None] | None = None,
+                 preempt: bool = True, demand_first: bool = True, network: FlowNetwork | None = None,
+                 path: Path | None = None) -> None:
         """`on_landed(transfer)` is called when a transfer's last byte has crossed the path (or, for a
         cancelled one, when it stopped: `cancelled` is set and `moved_bytes` says what moved).
 
@@ -123,14 +131,14 @@ class DmaPath:
         transfers alone."""
         if (network is None) == (bandwidth_bytes_per_s is None):
             raise ValueError("give either a bandwidth or a network with a path")
-        if (network is None and bandwidth_bytes_per_s <= 0) or engines <= 0 or chunk_bytes <= 0:
+        if (bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s <= 0) or engines <= 0 or chunk_bytes <= 0:
             raise ValueError("bandwidth, engines and chunk size must be positive")
         self.env = env
-        if network is None:
-            network = self.network_class(env, ["dma"], [int(bandwidth_bytes_per_s)])
+        if network is None or path is None:
+            network = self.network_class(env, ["dma"], [int(bandwidth_bytes_per_s or 0)])
             path = network.path(("dma", WRITE))
-        self.network = network
-        self.flow_path = path
+        self.network: FlowNetwork = network
+        self.flow_path: Path = path
         self.latency_ps = int(latency_ps)
         self.setup_ps = int(setup_ps)
         self.engines = int(engines)
@@ -157,7 +165,7 @@ class DmaPath:
         self.recorder: DmaRecorder | None = None  # set only while a timeline is recorded
 
     # ------------------------------------------------------------------------------------ public
-    def submit(self, nbytes: int, priority: int, tag=None, descriptors: int = 1) -> Transfer:
+    def submit(self, nbytes: int, priority: int, tag: Any = None, descriptors: int = 1) -> Transfer:
         """Queue a transfer; `on_landed` is called with it when its last byte has landed.
 
         `descriptors` > 1 is a descriptor chain run by one engine (e.g. an expert's gate, up and down
@@ -191,7 +199,7 @@ class DmaPath:
             self.queue_demand.appendleft(tr)
         elif tr.state == DRAINING:
             tr.state = ACTIVE
-            self.network.set_target(tr.flow, 0)  # runs to its end now
+            self.network.set_target(_flow(tr), 0)  # runs to its end now
         self._settle()
 
     def cancel(self, tr: Transfer) -> None:
@@ -222,7 +230,7 @@ class DmaPath:
         # SETUP: handled when the setup time is over
         self._settle()
 
-    def batch(self):
+    def batch(self) -> "_Batch":
         """Context manager: submit/promote/cancel many transfers at one instant, re-plan once at the end."""
         return self._batch
 
@@ -240,7 +248,7 @@ class DmaPath:
         self.network.advance()
         total = sum(t.nbytes for t in self.queue_demand) + sum(t.nbytes for t in self.queue_prefetch)
         total += sum(t.nbytes for _, _, t in self.in_setup if not t.cancelled)
-        total += sum(t.flow.remaining_bytes for t in self.flowing)
+        total += sum(_flow(t).remaining_bytes for t in self.flowing)
         total += sum(-(-t.remaining // PS_PER_S) for t in self.paused)
         return total
 
@@ -253,7 +261,7 @@ class DmaPath:
             tr.data_start_ps = self.env.now
             tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, on_target=self._flow_reached, tag=tr)
         else:  # a paused prefetch resumes where it stopped
-            self.network.resume(tr.flow, 0)
+            self.network.resume(_flow(tr), 0)
 
     def _setup_over(self, tr: Transfer) -> None:
         if tr.cancelled:
@@ -296,11 +304,11 @@ class DmaPath:
         """Let a moving transfer run on to its next chunk boundary, then stop there."""
         self.network.advance()
         total = tr.nbytes * PS_PER_S
-        done_units = total - tr.flow.remaining
+        done_units = total - _flow(tr).remaining
         next_boundary = -(-done_units // self.chunk_units) * self.chunk_units
         tr.boundary = max(total - next_boundary, 0)
         tr.state = DRAINING
-        self.network.set_target(tr.flow, tr.boundary)
+        self.network.set_target(_flow(tr), tr.boundary)
 
     def _flow_reached(self, flow: Flow) -> None:
         """The network let a transfer's flow go: all its bytes moved, or a draining one reached its boundary."""
@@ -333,12 +341,12 @@ class DmaPath:
         self._setup_tick_at = when
         self._wake_in(when - self.env.now, self._setup_wake, when)
 
-    def _wake_in(self, delay_ps: int, callback, value=None) -> None:
+    def _wake_in(self, delay_ps: int, callback: Callable[[Any], None], value: object = None) -> None:
         """A SimPy timeout of `delay_ps` whose processing calls `callback(event)` (chipsim.sim.fast_dma schedules
         the same wake-up with less Python)."""
         self.env.timeout(delay_ps, value=value).callbacks.append(callback)
 
-    def _setup_wake(self, event) -> None:
+    def _setup_wake(self, event: Any) -> None:
         self._on_setup_tick(event.value)
 
     def _on_setup_tick(self, when: int) -> None:
@@ -376,23 +384,22 @@ class DmaPath:
         else:
             group.append(tr)
 
-    def _on_landing(self, event) -> None:
+    def _on_landing(self, event: Any) -> None:
         for tr in self._landing.pop(event.value):
             self.on_landed(tr)
 
 
 class _Batch:
-    def __init__(self, path: DmaPath):
+    def __init__(self, path: DmaPath) -> None:
         self.path = path
 
-    def __enter__(self):
+    def __enter__(self) -> DmaPath:
         self.path._batch_depth += 1
         self.path.network.begin()  # one re-allocation of the shared resources at the end
         return self.path
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         path = self.path
         path._batch_depth -= 1
         path._settle()
         path.network.end()
-        return False

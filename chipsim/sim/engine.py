@@ -119,7 +119,7 @@ class Simulation:
         self.num_moe_layers = self.model.num_moe_layers
         n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.num_tokens = n_tokens
-        self.env = simpy.Environment()
+        self.env = self._environment()
         comps = components(hw)  # every memory and link: priced once here
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
@@ -392,6 +392,10 @@ class Simulation:
             self._issue(key, DEMAND)
 
     # SimPy's events, as the engine creates them (chipsim.sim.fast schedules the same ones with less Python)
+    @staticmethod
+    def _environment() -> simpy.Environment:
+        return simpy.Environment()
+
     def _timeout(self, delay_ps: int) -> simpy.Event:
         return self.env.timeout(delay_ps)
 

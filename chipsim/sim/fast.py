@@ -20,7 +20,7 @@ from __future__ import annotations
 from chipsim.sim.engine import Simulation
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.fast_flows import FastFlowNetwork
-from chipsim.sim.wake import AllOf, Process, Resource, pending, trigger, wake_in
+from chipsim.sim.wake import AllOf, Loop, Process, Resource, pending, trigger, wake_in
 from chipsim.units import PS_PER_S
 
 
@@ -34,6 +34,10 @@ class FastSimulation(Simulation):
         super().__init__(*args, **kwargs)
         self._operand_alone_rate = self.network.alone_rate(self._operand_flow_path)
         self._sram_alone_rate = self.network.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
+
+    @staticmethod
+    def _environment():
+        return Loop()
 
     def _timeout(self, delay_ps):
         return wake_in(self.env, delay_ps)

@@ -3,31 +3,24 @@ signature interned as a small int for the rate memo, the ticks scheduled as `Wak
 
 from __future__ import annotations
 
-from operator import attrgetter
+from typing import Any, Callable
 
-from chipsim.sim.flows import _MEMO_MAX, FlowNetwork
-from chipsim.sim.flows import Flow as _ReferenceFlow
-from chipsim.sim.wake import wake_in
-
-_ORDER = attrgetter("order")
-
-
-class Flow(_ReferenceFlow):
-    """A flow that also carries its signature's id and its sort key (signature, id), computed once."""
-
-    __slots__ = ("sid", "order")
+from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Path, Signature, _order
+from chipsim.sim.wake import Wake, wake_in
 
 
 class FastFlowNetwork(FlowNetwork):
     """chipsim.sim.flows.FlowNetwork with its rates memoised by interned signatures and its ticks as `Wake`s."""
 
-    def __init__(self, env, names, capacities, turnaround_ppm=None, shared_capacities=None):
+    def __init__(self, env: Any, names: list[str], capacities: list[int], turnaround_ppm: list[int] | None = None,
+                 shared_capacities: list[int] | None = None) -> None:
         super().__init__(env, names, capacities, turnaround_ppm, shared_capacities)
         # each distinct (path, level, cap) gets a small id: the memo's key is then a tuple of ints, cheap to hash
-        self._sig_ids: dict[tuple, int] = {}
-        self._sigs: list[tuple] = []
+        self._sig_ids: dict[Signature, int] = {}
+        self._sigs: list[Signature] = []
 
-    def add(self, nbytes, path, level=0, cap=0, on_target=None, tag=None, not_before=0):
+    def add(self, nbytes: int, path: Path, level: int = 0, cap: int = 0,
+            on_target: Callable[[Flow], None] | None = None, tag: Any = None, not_before: int = 0) -> Flow:
         if nbytes <= 0 or not path:
             raise ValueError("a flow moves at least one byte over at least one resource")
         self._advance()
@@ -38,26 +31,25 @@ class FastFlowNetwork(FlowNetwork):
             sid = self._sig_ids[flow.sig] = len(self._sigs)
             self._sigs.append(flow.sig)
         flow.sid = sid
-        flow.order = (flow.sig, flow.fid)
         self._next_fid += 1
         self.flows.append(flow)
         self._changed()
         return flow
 
-    def _advance(self):
-        now = self.env._now
+    def _advance(self) -> None:
+        now: int = self.env._now
         dt = now - self.last_update
         if dt > 0:
             for flow in self.flows:
                 flow.remaining -= flow.rate * dt
             self.last_update = now
 
-    def _allocate(self):
+    def _allocate(self) -> None:
         """The reference's, in the reference's order (signature, id), memoised by signature ids."""
         flows = self.flows
         if not flows:
             return
-        flows.sort(key=_ORDER)
+        flows.sort(key=_order)
         key = tuple([f.sid for f in flows])
         rates = self._memo.get(key)
         if rates is None:
@@ -69,8 +61,8 @@ class FastFlowNetwork(FlowNetwork):
         for flow, rate in zip(flows, rates):
             flow.rate = rate
 
-    def _schedule_tick(self, delay_ps, generation):
+    def _schedule_tick(self, delay_ps: int, generation: int) -> None:
         wake_in(self.env, delay_ps, self._tick, generation)
 
-    def _tick(self, wake):
-        self._on_tick(wake._value)
+    def _tick(self, wake: Wake) -> None:
+        self._on_tick(wake._value)  # type: ignore[arg-type]  # the generation it was scheduled with

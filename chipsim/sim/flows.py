@@ -25,9 +25,7 @@ a decode step meets the same few combinations again and again.
 
 from __future__ import annotations
 
-from typing import Callable
-
-import simpy
+from typing import Any, Callable
 
 from chipsim.units import PS_PER_S
 
@@ -36,15 +34,19 @@ WRITE = True
 PPM = 1_000_000  # resource weights in parts per million: a written byte costs (PPM + turnaround_ppm) / PPM
 _MEMO_MAX = 1 << 14
 
+Path = tuple[tuple[int, bool], ...]  # ((resource index, WRITE?), ...)
+Signature = tuple[Path, int, int]  # (path, level, cap): what a flow's rate depends on
+
 
 class Flow:
     """N bytes over a path; `remaining` in units of 1e-12 byte. Lives in the network from `add` until it
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
-    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before")
+    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before",
+                 "order", "sid")
 
-    def __init__(self, fid: int, nbytes: int, path: tuple, level: int, cap: int,
-                 on_target: Callable[["Flow"], None] | None, tag):
+    def __init__(self, fid: int, nbytes: int, path: Path, level: int, cap: int,
+                 on_target: Callable[["Flow"], None] | None, tag: Any) -> None:
         self.fid = fid
         self.path = path  # ((resource index, WRITE?), ...)
         self.level = level
@@ -54,8 +56,10 @@ class Flow:
         self.rate = 0  # bytes/s now
         self.on_target = on_target
         self.tag = tag
-        self.sig = (path, level, cap)
+        self.sig: Signature = (path, level, cap)
         self.not_before = 0  # ps: it does not reach its target earlier (an operation's own compute time)
+        self.order = (self.sig, fid)  # the allocation's order of flows
+        self.sid = -1  # the signature's id in a network that interns them (chipsim.sim.fast_flows)
 
     @property
     def remaining_bytes(self) -> int:
@@ -65,8 +69,8 @@ class Flow:
 class FlowNetwork:
     """Resources with capacities and the flows sharing them, on one SimPy environment."""
 
-    def __init__(self, env: simpy.Environment, names: list[str], capacities: list[int],
-                 turnaround_ppm: list[int] | None = None, shared_capacities: list[int] | None = None):
+    def __init__(self, env: Any, names: list[str], capacities: list[int],
+                 turnaround_ppm: list[int] | None = None, shared_capacities: list[int] | None = None) -> None:
         if len(names) != len(capacities) or any(int(c) <= 0 for c in capacities):
             raise ValueError("every resource needs a name and a positive capacity (bytes/s)")
         # a DRAM read by two or more flows at once (sequential streams in different rows) reaches less than one
@@ -85,16 +89,16 @@ class FlowNetwork:
         self._batch_depth = 0
         self._dirty = False  # a change inside a batch: re-allocate when it ends
         self._batch = _Batch(self)
-        self._memo: dict[tuple, tuple[int, ...]] = {}
+        self._memo: dict[tuple[Any, ...], tuple[int, ...]] = {}
         self.allocations = 0  # allocations computed (memo misses), for benchmarks
 
     # ------------------------------------------------------------------------------------ public
-    def path(self, *hops: tuple[str, bool]) -> tuple:
+    def path(self, *hops: tuple[str, bool]) -> Path:
         """A path from (resource name, WRITE or READ) hops."""
         return tuple((self.index[name], bool(write)) for name, write in hops)
 
-    def add(self, nbytes: int, path: tuple, level: int = 0, cap: int = 0,
-            on_target: Callable[[Flow], None] | None = None, tag=None, not_before: int = 0) -> Flow:
+    def add(self, nbytes: int, path: Path, level: int = 0, cap: int = 0,
+            on_target: Callable[[Flow], None] | None = None, tag: Any = None, not_before: int = 0) -> Flow:
         """Start a flow of `nbytes` now; `on_target(flow)` when its last byte is through, and not before the
         time `not_before` (ps): an operation whose arrays compute for that long, however fast operands come."""
         if nbytes <= 0 or not path:
@@ -127,12 +131,12 @@ class FlowNetwork:
         flow.rate = 0
         self._changed()
 
-    def alone_rate(self, path: tuple) -> int:
+    def alone_rate(self, path: Path) -> int:
         """The rate (bytes/s) one flow without a cap gets on `path` when no other flow is present: its least
         capacity (a lone reader pays no turnaround and meets no second stream)."""
         return min(self.capacity[r] for r, _ in path)
 
-    def batch(self):
+    def batch(self) -> "_Batch":
         """Context manager: many changes at one instant, one re-allocation at the end."""
         return self._batch
 
@@ -175,7 +179,7 @@ class FlowNetwork:
         if not flows:
             return
         flows.sort(key=_order)
-        key = tuple(f.sig for f in flows)
+        key = tuple([f.sig for f in flows])
         rates = self._memo.get(key)
         if rates is None:
             rates = self._solve(key)
@@ -185,7 +189,7 @@ class FlowNetwork:
         for flow, rate in zip(flows, rates):
             flow.rate = rate
 
-    def _solve(self, sigs: tuple) -> tuple[int, ...]:
+    def _solve(self, sigs: tuple[Signature, ...]) -> tuple[int, ...]:
         """Max-min fair rates (bytes/s) of flows with these (path, level, cap) signatures, level by level."""
         self.allocations += 1
         n_res = len(self.capacity)
@@ -209,11 +213,11 @@ class FlowNetwork:
                     for r, w in weights[i]:
                         load[r] += w
                 # the fair rate each resource can still give every flow crossing it
-                level_rate, bottleneck = None, -1
+                level_rate, bottleneck = -1, -1
                 for r in range(n_res):
                     if load[r]:
                         fair = residual[r] // load[r]
-                        if level_rate is None or fair < level_rate:
+                        if level_rate < 0 or fair < level_rate:
                             level_rate, bottleneck = fair, r
                 # flows whose own cap is below that rate freeze first, at their caps (the fair rate of the others
                 # can only rise once they are fixed)
@@ -237,7 +241,7 @@ class FlowNetwork:
 
     def _soonest(self, now: int) -> int | None:
         """In how many ps the first flow reaches its target at the current rates (None: none ever does)."""
-        soonest = None
+        soonest: int | None = None
         for flow in self.flows:
             left = flow.remaining - flow.target
             if left <= 0:
@@ -269,7 +273,7 @@ class FlowNetwork:
         """A SimPy timeout for the tick (chipsim.sim.fast_flows schedules the same wake-up with less Python)."""
         self.env.timeout(delay_ps, value=generation).callbacks.append(self._tick)
 
-    def _tick(self, event) -> None:
+    def _tick(self, event: Any) -> None:
         self._on_tick(event.value)
 
     def _on_tick(self, generation: int) -> None:
@@ -278,7 +282,8 @@ class FlowNetwork:
         self._tick_at = -1
         self._advance()
         now = self.env.now
-        reached, staying = [], []
+        reached: list[Flow] = []
+        staying: list[Flow] = []
         for flow in self.flows:
             (reached if flow.remaining <= flow.target and flow.not_before <= now else staying).append(flow)
         self.flows = staying
@@ -291,18 +296,17 @@ class FlowNetwork:
         self.end()
 
 
-def _order(flow: Flow) -> tuple:
-    return (flow.sig, flow.fid)
+def _order(flow: Flow) -> tuple[Signature, int]:
+    return flow.order
 
 
 class _Batch:
-    def __init__(self, network: FlowNetwork):
+    def __init__(self, network: FlowNetwork) -> None:
         self.network = network
 
-    def __enter__(self):
+    def __enter__(self) -> FlowNetwork:
         self.network.begin()
         return self.network
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.network.end()
-        return False

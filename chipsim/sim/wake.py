@@ -10,6 +10,8 @@ that change no order are left out (events here never fail)."""
 from __future__ import annotations
 
 import heapq
+import itertools
+from typing import Any, Callable, Generator, Iterable
 
 _URGENT = 0  # simpy.events.URGENT: a process's start
 _NORMAL = 1  # simpy.events.NORMAL: the priority of a Timeout and of a triggered Event
@@ -22,9 +24,9 @@ class Wake:
 
     __slots__ = ("callbacks", "_ok", "_value", "_defused", "env")
 
-    def __init__(self, env, callback=None, value=None):
+    def __init__(self, env: Any, callback: Callable[[Any], None] | None = None, value: object = None) -> None:
         self.env = env
-        self.callbacks = [] if callback is None else [callback]
+        self.callbacks: list[Callable[[Any], None]] | None = [] if callback is None else [callback]
         self._ok = True
         self._value = value
 
@@ -37,7 +39,7 @@ class Wake:
         return self.callbacks is None
 
     @property
-    def value(self):
+    def value(self) -> object:
         return self._value
 
     @property
@@ -45,21 +47,47 @@ class Wake:
         return self._ok
 
 
-def wake_in(env, delay: int, callback=None, value=None) -> Wake:
+class Loop:
+    """SimPy's `Environment` as the fast path runs it: the same queue of (time, priority, sequence number, event), each
+    event's callbacks called once it is popped (`Environment.step`), until none is left (`run()`). Every function
+    here works on either (tests/test_dma.py and tests/test_flows.py drive the fast classes from a SimPy
+    environment); events here never fail, so SimPy's check for an unhandled failure has nothing to do."""
+
+    def __init__(self) -> None:
+        self._now = 0
+        self._queue: list[tuple[int, int, int, Wake]] = []
+        self._eid = itertools.count()
+
+    @property
+    def now(self) -> int:
+        return self._now
+
+    def run(self) -> None:
+        queue = self._queue
+        while queue:
+            self._now, _, _, wake = heapq.heappop(queue)
+            callbacks = wake.callbacks
+            wake.callbacks = None
+            if callbacks is not None:
+                for callback in callbacks:
+                    callback(wake)
+
+
+def wake_in(env: Any, delay: int, callback: Callable[[Any], None] | None = None, value: object = None) -> Wake:
     """`env.timeout(delay, value)` with `callback` appended: scheduled now, as a Timeout is at its creation."""
     wake = Wake(env, callback, value)
     heapq.heappush(env._queue, (env._now + delay, _NORMAL, next(env._eid), wake))
     return wake
 
 
-def pending(env) -> Wake:
+def pending(env: Any) -> Wake:
     """`env.event()`: waits until `trigger` schedules it."""
     wake = Wake(env)
     wake._value = _PENDING
     return wake
 
 
-def trigger(wake: Wake, value=None) -> None:
+def trigger(wake: Wake, value: object = None) -> None:
     """`event.succeed(value)`: processed after everything already scheduled for now."""
     wake._value = value
     env = wake.env
@@ -72,13 +100,15 @@ class Process(Wake):
 
     __slots__ = ("_generator",)
 
-    def __init__(self, env, generator):
-        Wake.__init__(self, env)
+    def __init__(self, env: Any, generator: Generator[Any, Any, Any]) -> None:
+        super().__init__(env)
         self._value = _PENDING
         self._generator = generator
-        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), Wake(env, self._resume)))
+        start = Wake(env)
+        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), start))
+        start.callbacks = [self._resume]
 
-    def _resume(self, event) -> None:
+    def _resume(self, event: Any) -> None:
         generator = self._generator
         while True:
             try:
@@ -98,8 +128,8 @@ class AllOf(Wake):
 
     __slots__ = ("_events", "_count")
 
-    def __init__(self, env, events):
-        Wake.__init__(self, env)
+    def __init__(self, env: Any, events: Iterable[Any]) -> None:
+        super().__init__(env)
         self._value = _PENDING
         self._events = tuple(events)
         self._count = 0
@@ -112,7 +142,7 @@ class AllOf(Wake):
             else:
                 event.callbacks.append(self._check)
 
-    def _check(self, _event) -> None:
+    def _check(self, _event: Any) -> None:
         if self._value is not _PENDING:
             return
         self._count += 1
@@ -125,11 +155,11 @@ class Resource:
     As in SimPy, only the head of the queue is tried, when a request is made and when a release is processed;
     a release frees its slot when it is made."""
 
-    def __init__(self, env, capacity: int):
+    def __init__(self, env: Any, capacity: int) -> None:
         self.env = env
         self.capacity = capacity
-        self.users: list = []
-        self.queue: list = []  # waiting requests (SimPy's put_queue)
+        self.users: list[Request] = []
+        self.queue: list[Request] = []  # waiting requests (SimPy's put_queue)
 
     @property
     def count(self) -> int:
@@ -146,7 +176,7 @@ class Resource:
             pass
         trigger(release)
 
-    def _grant_head(self, _event=None) -> None:
+    def _grant_head(self, _event: Any = None) -> None:
         queue = self.queue
         if queue and len(self.users) < self.capacity:
             head = queue.pop(0)
@@ -159,8 +189,8 @@ class Request(Wake):
 
     __slots__ = ("resource",)
 
-    def __init__(self, resource: Resource):
-        Wake.__init__(self, resource.env)
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.env)
         self._value = _PENDING
         self.resource = resource
         resource.queue.append(self)
@@ -169,7 +199,7 @@ class Request(Wake):
     def __enter__(self) -> "Request":
         return self
 
-    def __exit__(self, exc_type, exc_value, traceback) -> None:
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         if self._value is _PENDING:  # never granted: it leaves the queue
             self.resource.queue.remove(self)
         if exc_type is not GeneratorExit:
