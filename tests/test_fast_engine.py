@@ -77,3 +77,37 @@ def test_differences_names_what_differs():
     b.per_token.bytes["pcie"][0] += 1
     b.counts.fetches_total += 1
     assert differences(a, b) == ["per_token.latency_ps", "per_token.bytes.pcie", "counts"]
+
+
+def test_the_event_engine_runs_compiled_where_it_was_installed():
+    """`pip install -e .` compiles chipsim.sim's engine with mypyc (setup.py); a clean install here, as in CI, must
+    give the compiled modules, not fall back to pure Python without anyone noticing."""
+    import importlib.machinery
+
+    import chipsim.sim
+    import chipsim.sim.engine
+
+    if os.environ.get("CHIPSIM_PURE_PYTHON"):
+        pytest.skip("CHIPSIM_PURE_PYTHON is set")
+    assert chipsim.sim.BUILD == "compiled (mypyc)", chipsim.sim.BUILD
+    assert chipsim.sim.engine.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def test_pure_python_and_compiled_print_the_same_run(tmp_path):
+    """The same sources run as mypyc's C extensions or as Python (CHIPSIM_PURE_PYTHON=1: every compiled module
+    loaded from its .py file) give byte-identical output."""
+    import subprocess
+    import sys
+
+    outputs = {}
+    for pure in ("", "1"):
+        env = dict(os.environ, CHIPSIM_PURE_PYTHON=pure, CHIPSIM_CACHE_DIR=str(tmp_path / "cache"))
+        code = ("import chipsim.sim, chipsim.sim.engine, sys; sys.stderr.write(chipsim.sim.BUILD + ' ' + "
+                "chipsim.sim.engine.__file__); from chipsim.cli import main; main()")
+        run = subprocess.run([sys.executable, "-c", code, "run", os.path.join(ROOT, "hwconfigs", "thor.yaml"),
+                              "--set", "workload.max_tokens=16", "--policy", "apex", "--policy", "lru", "--jobs", "1"],
+                             capture_output=True, text=True, env=env, check=True)
+        outputs[pure] = run.stdout
+        if pure:
+            assert run.stderr.startswith("pure Python (CHIPSIM_PURE_PYTHON is set)") and ".py" in run.stderr
+    assert outputs[""] == outputs["1"] and "apex" in outputs[""]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from chipsim.trace.format import ArraySpec
 from chipsim.values import Bounds, check_value, yaml_load
 from chipsim.workload.decode import DecodeWorkload, ExpertFormat
 from chipsim.workload.host import HostTiming
+
+if TYPE_CHECKING:
+    from chipsim.hw.compute import OpCost
 
 Key = tuple[int, int]  # (MoE layer, expert)
 
@@ -201,8 +204,8 @@ class Policy:
     # True: each expert moves as a chain of three DMA descriptors (gate, up, down) on one engine:
     # three setup costs instead of one
     transfer_per_matrix: bool = False
-    # arrays cost of one surrogate expert (an OpCost), for policies that return LayerPlan.surrogate
-    surrogate_op = None
+    # arrays cost of one surrogate expert, for policies that return LayerPlan.surrogate
+    surrogate_op: OpCost | None = None
     # True: prefetches the router did not pick still move all their bytes (no cancel at routing or at the
     # layer's end), as in the APEX paper's accounting of static k+N; set by the `complete_unpicked` parameter
     complete_unpicked: bool = False

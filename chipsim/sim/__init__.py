@@ -1,0 +1,67 @@
+"""The event-level model: the decode-step engine (engine), its fast path (fast, fast_flows, fast_dma, wake), the flow
+network (flows) and the DMA queue (dma), plus what they record.
+
+Those modules (`COMPILED`) are compiled to C extensions by mypyc when chipsim is installed (setup.py; `pip install
+-e .` too): the same code, run about twice as fast. Where they were not compiled (no C compiler; CHIPSIM_PURE_PYTHON=1
+at install) Python runs their .py files as usual. A compiled module whose .py has changed since it was compiled
+would run the old code, so then (or with CHIPSIM_PURE_PYTHON=1 when running) every one of them is loaded from its .py
+file instead, with one warning line when stale; `pip install -e .` compiles them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+COMPILED = ("wake", "flows", "dma", "fast_flows", "fast_dma", "engine", "fast")
+RECORD = "_compiled_sources.json"  # written by setup.py next to the compiled modules: the sources they came from
+_HERE = Path(__file__).resolve().parent
+
+
+def source_digests() -> dict[str, str]:
+    """sha256 of each compiled module's .py file as it is now."""
+    return {name: hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest() for name in COMPILED}
+
+
+def _has_extensions() -> bool:
+    return any((_HERE / f"{name}{suffix}").exists() for name in COMPILED
+               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def _build_state() -> str:
+    if not _has_extensions():
+        return "pure Python (not compiled)"
+    if os.environ.get("CHIPSIM_PURE_PYTHON"):
+        return "pure Python (CHIPSIM_PURE_PYTHON is set)"
+    try:
+        recorded = json.loads((_HERE / RECORD).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    changed = [name for name, digest in source_digests().items() if recorded.get(name) != digest]
+    if changed:
+        return f"pure Python (stale: chipsim/sim/{changed[0]}.py changed since it was compiled)"
+    return "compiled (mypyc)"
+
+
+class _SourceFinder:
+    """Finds this package's compiled modules as their .py files (ahead of the extension next to each)."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in COMPILED:
+            return None
+        return importlib.util.spec_from_file_location(fullname, _HERE / f"{name}.py")
+
+
+BUILD = _build_state()  # how the event engine runs in this process, e.g. "compiled (mypyc)"
+if BUILD.startswith("pure Python (") and _has_extensions():
+    sys.meta_path.insert(0, _SourceFinder())
+    if "stale" in BUILD and not os.environ.get("CHIPSIM_STALE_WARNED"):
+        os.environ["CHIPSIM_STALE_WARNED"] = "1"  # once, not again in worker processes
+        print(f"chipsim: the event engine runs as {BUILD}; `pip install -e .` compiles it again", file=sys.stderr)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from chipsim.sim.flows import WRITE, Flow, FlowNetwork, Path
 from chipsim.units import PS_PER_S
@@ -117,7 +117,7 @@ class DmaRecorder:
 class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
-    network_class = FlowNetwork  # the path's own resource when it is given a bandwidth, not a network
+    network_class: ClassVar[type[FlowNetwork]] = FlowNetwork  # the path's own resource when it is given a bandwidth, not a network
 
     def __init__(self, env: Any, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed: Callable[[Transfer], None] | None = None,

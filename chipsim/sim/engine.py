@@ -23,7 +23,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, ClassVar, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
@@ -34,7 +34,7 @@ from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
-from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
+from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork, Path
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -42,18 +42,23 @@ from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
 
 
-class _Work(NamedTuple):
+class _Work:
     """Arrays work run as one step: its time alone, the HBM operand bytes it streams, the part of the time
-    that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger."""
+    that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger.
+    Never changed once made."""
 
-    ps: int
-    bytes: int
-    fixed: int
-    macs: int = 0
-    sfu_ops: int = 0
-    vector_ops: int = 0
-    sram_bytes: int = 0  # operands already in SRAM (experts staged there): read from it, not streamed
-    sram_ps: int = 0  # the part of ps that reads sram_bytes
+    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps")
+
+    def __init__(self, ps: int, nbytes: int, fixed: int, macs: int = 0, sfu_ops: int = 0, vector_ops: int = 0,
+                 sram_bytes: int = 0, sram_ps: int = 0) -> None:
+        self.ps = ps
+        self.bytes = nbytes
+        self.fixed = fixed
+        self.macs = macs
+        self.sfu_ops = sfu_ops
+        self.vector_ops = vector_ops
+        self.sram_bytes = sram_bytes  # operands already in SRAM (experts staged there): read from it, not streamed
+        self.sram_ps = sram_ps  # the part of ps that reads sram_bytes
 
     # spelled out: these run a few times per layer of every token
     def __add__(self, o: "_Work") -> "_Work":
@@ -87,9 +92,9 @@ class _Entry:
     __slots__ = ("key", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
                  "last_use")
 
-    def __init__(self, key, prefetched):
+    def __init__(self, key: tuple[int, int], prefetched: bool) -> None:
         self.key = key
-        self.transfers = []
+        self.transfers: list[Transfer] = []
         self.parts_left = 0
         self.evicted = False
         self.resident = False
@@ -103,23 +108,25 @@ class Simulation:
     """One policy replaying one trace on one hardware config."""
 
     # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python)
-    network_class = FlowNetwork
-    dma_class = DmaPath
+    network_class: ClassVar[type[FlowNetwork]] = FlowNetwork
+    dma_class: ClassVar[type[DmaPath]] = DmaPath
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
-                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0):
+                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them)."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
-        self.policy = policy
+        # a plug-in, not compiled with the engine (chipsim.sim is compiled by mypyc at install): typed Any, so that
+        # what its hooks return is used as it is, not checked against their annotations
+        self.policy: Any = policy
         self.model = workload.model
         self.top_k = self.model.top_k
         self.num_experts = self.model.num_experts
         self.num_moe_layers = self.model.num_moe_layers
         n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.num_tokens = n_tokens
-        self.env = self._environment()
+        self.env: Any = self._environment()  # a SimPy Environment, or the fast path's chipsim.sim.wake.Loop
         comps = components(hw)  # every memory and link: priced once here
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
@@ -163,21 +170,21 @@ class Simulation:
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
         self._serving = False
         self._waiting_layer = -1
-        self._arrival_event = None
+        self._arrival_event: Any = None
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
         self.host = self._resource(1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
-        self.events = [] if record_events else None
+        self.events: list[tuple[str, str, int, int]] | None = [] if record_events else None
         self._recorded_events = self.events
         self._record_until = record_tokens if record_events and record_tokens else -1
-        self._dma_recorder = None
-        self.on_token = None  # called with each token's index once it is decoded (a progress bar)
+        self._dma_recorder: DmaRecorder | None = None
+        self.on_token: Callable[[int], None] | None = None  # called with each token's index once it is decoded (a progress bar)
         if record_events:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
     @classmethod
-    def _network(cls, env: simpy.Environment, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
+    def _network(cls, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
@@ -200,7 +207,7 @@ class Simulation:
                            [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
     @staticmethod
-    def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, int]]:
+    def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, bool]]:
         """The network hops of a fetch: the experts' store read, each link towards the package, the landing
         written (HBM, or the arrays' SRAM)."""
         hops = [(crossed[0], READ)]
@@ -301,7 +308,7 @@ class Simulation:
         if self._pending_demands:
             self._serve_pending_demands()
 
-    def cancel_unneeded(self, layer: int, needed) -> None:
+    def cancel_unneeded(self, layer: int, needed: Iterable[int]) -> None:
         """Drop this layer's experts that are still on their way and not in `needed`."""
         needed = set(needed)
         for key in self.keys_of_layer(layer):
@@ -313,7 +320,7 @@ class Simulation:
             self.evict(*key, stop_transfer=stop_transfers)
 
     # ======================================================================== internals
-    def _issue(self, key, priority) -> _Entry:
+    def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
         entry = _Entry(key, prefetched=(priority == PREFETCH))
         self._entries[key] = entry
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
@@ -391,31 +398,31 @@ class Simulation:
             self._pending_demands.pop(0)
             self._issue(key, DEMAND)
 
-    # SimPy's events, as the engine creates them (chipsim.sim.fast schedules the same ones with less Python)
+    # SimPy's environment and events, as the engine creates them (chipsim.sim.fast: the same ones with less Python)
     @staticmethod
-    def _environment() -> simpy.Environment:
+    def _environment() -> Any:
         return simpy.Environment()
 
-    def _timeout(self, delay_ps: int) -> simpy.Event:
+    def _timeout(self, delay_ps: int) -> Any:
         return self.env.timeout(delay_ps)
 
-    def _event(self) -> simpy.Event:
+    def _event(self) -> Any:
         return self.env.event()
 
     @staticmethod
-    def _succeed(event: simpy.Event) -> None:
+    def _succeed(event: Any) -> None:
         event.succeed()
 
-    def _process(self, generator) -> simpy.Process:
+    def _process(self, generator: Generator[Any, Any, Any]) -> Any:
         return self.env.process(generator)
 
-    def _all_of(self, events) -> simpy.Event:
+    def _all_of(self, events: list[Any]) -> Any:
         return self.env.all_of(events)
 
-    def _resource(self, capacity: int) -> simpy.Resource:
+    def _resource(self, capacity: int) -> Any:
         return simpy.Resource(self.env, capacity=capacity)
 
-    def _host_job(self, layer: int, expert: int):
+    def _host_job(self, layer: int, expert: int) -> Generator[Any, Any, None]:
         """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
         with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back."""
         timing = self.host_timing
@@ -436,7 +443,7 @@ class Simulation:
         if self.events is not None:
             self.events.append(("host-cpu", f"L{layer}E{expert}", start, self.env.now))
 
-    def _compute(self, work: _Work, label: str, *label_args):
+    def _compute(self, work: _Work, label: str, *label_args: object) -> Generator[Any, Any, None]:
         """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
@@ -452,7 +459,8 @@ class Simulation:
         start = self.env.now
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
-        streams_sram = work.sram_bytes and sram_ps > 0 and self._sram_flow_path is not None
+        sram_path = self._sram_flow_path
+        streams_sram = work.sram_bytes and sram_ps > 0 and sram_path is not None
         if self._undisturbed(work, start):
             yield self._timeout(work.ps)
         elif streams_hbm or streams_sram:
@@ -461,8 +469,8 @@ class Simulation:
                 yield self._timeout(fixed)
             if streams_hbm:
                 yield self._stream(work.bytes, hbm_ps, self._operand_flow_path)
-            if streams_sram:  # experts staged in SRAM: their reads share its ports with the fetches landing there
-                yield self._stream(work.sram_bytes, sram_ps, self._sram_flow_path)
+            if streams_sram and sram_path is not None:  # experts staged in SRAM: their reads share its ports with
+                yield self._stream(work.sram_bytes, sram_ps, sram_path)  # the fetches landing there
         else:
             yield self._timeout(work.ps)
         ledger.busy_ps += self.env.now - start
@@ -474,7 +482,7 @@ class Simulation:
         `work.ps` (the reference never takes that shortcut; chipsim.sim.fast does when it is exact)."""
         return False
 
-    def _stream(self, nbytes: int, alone_ps: int, path) -> simpy.Event:
+    def _stream(self, nbytes: int, alone_ps: int, path: Path) -> Any:
         """An operand stream as a flow: the cap (rounded up) lets it move as fast as its arrays consume and no
         faster, so alone it ends after exactly `alone_ps`, with other flows on its resources later."""
         done = self._event()
@@ -504,7 +512,7 @@ class Simulation:
                                     expert, self._cost(layer.combine)))
         return costs
 
-    def _decode(self):
+    def _decode(self) -> Generator[Any, Any, None]:
         costs = self._layer_costs()
         head = self._cost(self.workload.token_head)
         self.policy.on_run_start(self)
@@ -512,11 +520,12 @@ class Simulation:
             yield from self._token(t, costs, head)
         # transfers still in flight land after this, charged to the last token's ledger
 
-    def _token(self, t: int, costs: list[_LayerCost], head: _Work):
+    def _token(self, t: int, costs: list[_LayerCost], head: _Work) -> Generator[Any, Any, None]:
         """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
         if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
             self.events = None
-            self._dma_recorder.stopping = True
+            if self._dma_recorder is not None:
+                self._dma_recorder.stopping = True
         token_start = self.env.now
         self.rec.start_token()
         stall = 0
@@ -535,7 +544,7 @@ class Simulation:
         if self.on_token is not None:
             self.on_token(t)
 
-    def _moe_layer(self, t: int, layer: int, cost: _LayerCost):
+    def _moe_layer(self, t: int, layer: int, cost: _LayerCost) -> Generator[Any, Any, int]:
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         with self.dma.batch():
@@ -567,7 +576,7 @@ class Simulation:
         layers.demand_fetches[t, layer] = demands
         return plan
 
-    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost):
+    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost) -> Generator[Any, Any, int]:
         """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
         while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
         expert, combine = cost.expert, cost.combine
@@ -638,11 +647,13 @@ class Simulation:
         """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
         "demand"/"prefetch" at the span's start, cancelled, promoted to demand), its link samples and the
         recorded events."""
+        recorder = self._dma_recorder
+        assert recorder is not None and self._recorded_events is not None
         dma = []
-        for engine, phase, tr, start, end, priority in self._dma_recorder.spans:
+        for engine, phase, tr, start, end, priority in recorder.spans:
             layer, expert = tr.tag.key
             dma.append((engine, phase, start, end, layer, expert, tr.nbytes,
                         "demand" if priority == DEMAND else "prefetch", tr.cancelled,
                         priority == PREFETCH and tr.priority == DEMAND and not tr.cancelled))
         return RecordedTimeline(arrays=self.hw.compute.arrays, engines=self.dma.engines,
-                                events=self._recorded_events, dma=dma, link=list(self._dma_recorder.link))
+                                events=self._recorded_events, dma=dma, link=list(recorder.link))

@@ -17,48 +17,57 @@ runs every policy on six configs through both and asserts identical results.
 
 from __future__ import annotations
 
-from chipsim.sim.engine import Simulation
+from typing import Any, ClassVar, Generator
+
+from chipsim.sim.dma import DmaPath
+from chipsim.sim.engine import Simulation, _Work
+from chipsim.sim.flows import FlowNetwork
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.wake import AllOf, Loop, Process, Resource, pending, trigger, wake_in
+from chipsim.hw.config import HardwareConfig
+from chipsim.policies.base import Policy
+from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S
+from chipsim.workload.decode import DecodeWorkload
 
 
 class FastSimulation(Simulation):
     """chipsim.sim.engine.Simulation on the fast network and DMA queue, its waits as `Wake`s."""
 
-    network_class = FastFlowNetwork
-    dma_class = FastDmaPath
+    network_class: ClassVar[type[FlowNetwork]] = FastFlowNetwork
+    dma_class: ClassVar[type[DmaPath]] = FastDmaPath
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
+                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
+        super().__init__(hw, workload, trace, policy, max_tokens, record_events, record_tokens)
         self._operand_alone_rate = self.network.alone_rate(self._operand_flow_path)
         self._sram_alone_rate = self.network.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
 
     @staticmethod
-    def _environment():
+    def _environment() -> Any:
         return Loop()
 
-    def _timeout(self, delay_ps):
+    def _timeout(self, delay_ps: int) -> Any:
         return wake_in(self.env, delay_ps)
 
-    def _event(self):
+    def _event(self) -> Any:
         return pending(self.env)
 
     @staticmethod
-    def _succeed(event):
+    def _succeed(event: Any) -> None:
         trigger(event)
 
-    def _process(self, generator):
+    def _process(self, generator: Generator[Any, Any, Any]) -> Any:
         return Process(self.env, generator)
 
-    def _all_of(self, events):
+    def _all_of(self, events: list[Any]) -> Any:
         return AllOf(self.env, events)
 
-    def _resource(self, capacity):
+    def _resource(self, capacity: int) -> Any:
         return Resource(self.env, capacity)
 
-    def _undisturbed(self, work, start):
+    def _undisturbed(self, work: _Work, start: int) -> bool:
         """No flow in the network and nothing scheduled before `work` ends: nothing can start meanwhile. Each of
         its operand streams, capped at its bytes over its time alone, then ends at exactly its own time, unless
         that cap exceeds what the path gives one flow alone."""

@@ -3,18 +3,18 @@ landings, its wake-ups as `Wake`s, and no second settling after a batch that cha
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from chipsim.sim.dma import DmaPath, Transfer, _Batch
 from chipsim.sim.fast_flows import FastFlowNetwork
-from chipsim.sim.flows import Path
+from chipsim.sim.flows import FlowNetwork, Path
 from chipsim.sim.wake import wake_in
 
 
 class FastDmaPath(DmaPath):
     """chipsim.sim.dma.DmaPath with its wake-ups as `Wake`s; a batch that changed nothing does not settle."""
 
-    network_class = FastFlowNetwork
+    network_class: ClassVar[type[FlowNetwork]] = FastFlowNetwork
 
     def __init__(self, env: Any, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed: Callable[[Transfer], None] | None = None,
