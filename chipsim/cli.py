@@ -429,6 +429,22 @@ def _cmd_hwreplay(argv: list[str]) -> int:
     return run.main(argv)
 
 
+def _profile_without_compiled_engine(argv: list[str]) -> int | None:
+    """cProfile sees no time inside the engine compiled by mypyc: `run --profile` then runs the same command in a
+    fresh process whose engine is loaded from its .py files (CHIPSIM_PURE_PYTHON=1; the results are the same)."""
+    import subprocess
+
+    import chipsim.sim
+
+    if not chipsim.sim.BUILD.startswith("compiled"):
+        return None
+    child = subprocess.run([sys.executable, "-m", "chipsim.cli", *argv], capture_output=True, text=True,
+                           env=dict(os.environ, CHIPSIM_PURE_PYTHON="1"))
+    sys.stdout.write(child.stdout)
+    sys.stderr.write(child.stderr)
+    return child.returncode
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -442,6 +458,10 @@ def main(argv=None) -> int:
 
             return compare.main(argv[1:])
         args = parser.parse_args(argv)
+        if args.func is _cmd_run and args.profile:
+            rc = _profile_without_compiled_engine(argv)
+            if rc is not None:
+                return rc
         return args.func(args)
     except InputError as exc:
         print(f"chipsim: error: {exc}", file=sys.stderr)
