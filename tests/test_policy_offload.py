@@ -29,10 +29,14 @@ def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
     cfg = tiny.config(routed, arrays={"train_expert_counts": placement_counts()})
     prep = prepare(cfg, [], ["fiddler:slots=5"])
     policy = prep.policies[0]
-    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy)
     evicted = []
-    original = sim.evict
-    sim.evict = lambda layer, expert: (evicted.append((layer, expert)), original(layer, expert))
+
+    class Recording(Simulation):
+        def evict(self, layer, expert, stop_transfer=True):
+            evicted.append((layer, expert))
+            super().evict(layer, expert, stop_transfer)
+
+    sim = Recording(prep.config.hw, prep.workload, prep.trace, policy)
     result = sim.run()
     assert policy.placed == {(2, 5), (3, 7), (0, 0), (0, 1), (0, 2)}
     assert set(sim.resident_keys()) == policy.placed and not evicted

@@ -316,7 +316,8 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
     cfg = make(PLAIN, routed, draft=wrong_draft(routed, 3), conf=conf_array(6, lambda d: 0.95))
     for slots, expect_all_hits in ((6, False), (0, True)):
         # every miss fetched (an expert computed on the host CPU does not enter the cache)
-        prep, policy, sim = sim_of(cfg, f"spice:slots={slots},cpu_fallback=false")
+        prep = prepare(cfg, [], [f"spice:slots={slots},cpu_fallback=false"])
+        policy = prep.policies[0]
         occupancy = []
         original_end = policy.on_layer_end
 
@@ -326,14 +327,14 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
             assert set(policy._stamp) == {k for k in ctx._entries}
 
         policy.on_layer_end = on_layer_end
-        original_issue = sim._issue
 
-        def issue(key, priority, _orig=original_issue):
-            entry = _orig(key, priority)
-            occupancy.append(len(sim._entries) + sim._zombies)
-            return entry
+        class Recording(Simulation):
+            def _issue(self, key, priority):
+                entry = super()._issue(key, priority)
+                occupancy.append(len(self._entries) + self._zombies)
+                return entry
 
-        sim._issue = issue
+        sim = Recording(prep.config.hw, prep.workload, prep.trace, policy)
         result = sim.run()
         capacity = slots or sim.slots
         assert policy.capacity == capacity and result.extra["spice_cache_slots"] == capacity

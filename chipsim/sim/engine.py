@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from chipsim.errors import InputError
 from chipsim.hw.compute import OpCost
@@ -104,6 +105,7 @@ class _Entry:
         self.last_use = -1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # chipsim.hwreplay.plan.PlanRecorder records its decisions
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
