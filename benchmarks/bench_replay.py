@@ -1,5 +1,6 @@
 """Replay speed: one policy over 1,024 Granite-3B tokens, per policy and engine, and the default run; each the
-median of `--repeats` runs (5).
+median of `--repeats` runs (5). The engine runs compiled where the install compiled it; CHIPSIM_PURE_PYTHON=1 times
+it as Python.
 
     python benchmarks/bench_replay.py [--tokens 1024] [--config hwconfigs/thor.yaml] [--repeats 5]
                                       [--engine fast,reference] [--policy apex ...] [--no-default-run]
@@ -43,7 +44,9 @@ def main() -> None:
     if not policies:
         defaults = prepare(args.config).config.hw.run.policies
         policies = list(defaults) + [p for p in EXTRA_POLICIES if p not in defaults]
-    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds")
+    import chipsim.sim
+
+    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds; engine {chipsim.sim.BUILD}")
     print(f"{'policy':14} {'engine':9} {'median':>8} {'min':>6} {'max':>6} {'token-layers/s':>15}")
     for engine in engines:
         prep = prepare(args.config, [f"workload.max_tokens={args.tokens}", f"run.engine={engine}"], policies)
