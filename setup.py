@@ -6,34 +6,38 @@ CHIPSIM_PURE_PYTHON=1 skips compiling. The sources compiled are recorded (chipsi
 that an edited module is not run from its old compiled copy (chipsim/sim/__init__.py)."""
 
 import ast
+import functools
 import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SIM = ROOT / "chipsim" / "sim"
 
 
-def _compiled_names() -> tuple[str, ...]:
+def _constant(name: str):
+    """A constant of chipsim/sim/__init__.py, read without importing chipsim (its dependencies are not here)."""
     tree = ast.parse((SIM / "__init__.py").read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPILED" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise RuntimeError("chipsim/sim/__init__.py has no COMPILED")
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"chipsim/sim/__init__.py has no {name}")
 
 
-NAMES = _compiled_names()
+NAMES = tuple(_constant("COMPILED"))
+RECORD = _constant("RECORD")
 
 
 def _warn(why: str) -> None:
     print(f"chipsim: the event engine is not compiled ({why}); it runs as pure Python", file=sys.stderr)
 
 
+@functools.cache
 def _extensions() -> list:
     if os.environ.get("CHIPSIM_PURE_PYTHON"):
         return []
@@ -56,6 +60,17 @@ def _extensions() -> list:
 class OptionalBuildExt(build_ext):
     """Builds the extensions, or none of them: any failure leaves the pure-Python modules."""
 
+    def finalize_options(self) -> None:
+        # mypyc runs once, for a build: not when pip only asks setup.py for its requirements or metadata (egg_info
+        # then looks at build_ext's sources too)
+        if not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}:
+            self.distribution.ext_modules = _extensions()
+            if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
+                for path in SIM.iterdir():
+                    if path.name == RECORD or (path.name.split(".")[0] in NAMES and path.suffix in (".so", ".pyd")):
+                        path.unlink()
+        super().finalize_options()
+
     def run(self) -> None:
         try:
             super().run()
@@ -66,9 +81,10 @@ class OptionalBuildExt(build_ext):
             _warn(f"compiling failed: {e}")
             return
         if self.extensions:
-            record = Path(self.get_ext_fullpath("chipsim.sim.engine")).parent / "_compiled_sources.json"
+            record = Path(self.get_ext_fullpath("chipsim.sim.engine")).parent / RECORD
             record.write_text(json.dumps({name: hashlib.sha256((SIM / f"{name}.py").read_bytes()).hexdigest()
                                           for name in NAMES}, indent=1, sort_keys=True) + "\n")
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+# a stand-in, so that setuptools builds extensions (and tags the wheel for this platform); build_ext replaces it
+setup(ext_modules=[Extension("chipsim.sim.engine", sources=[])], cmdclass={"build_ext": OptionalBuildExt})

@@ -5,6 +5,7 @@ import simpy
 
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
 from chipsim.sim.fast_dma import FastDmaPath
+from chipsim.sim.flows import FlowNetwork
 
 
 @pytest.fixture(params=["reference", "fast"], autouse=True)
@@ -187,3 +188,9 @@ def test_an_empty_batch_while_a_transfer_moves_does_not_delay_it():
         pass
     env.run()
     assert landed["a"][0] == 40_000_000
+
+
+def test_a_network_without_the_path_its_transfers_cross_is_refused():
+    env = simpy.Environment()
+    with pytest.raises(ValueError, match="path"):
+        DmaPath(env, None, 0, 0, 1, MB, network=FlowNetwork(env, ["pcie"], [GBPS_100]))

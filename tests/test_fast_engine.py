@@ -1,8 +1,8 @@
 """The fast path (chipsim.sim.fast, `run.engine: fast`, the default) against the engine of record
 (chipsim.sim.engine, `run.engine: reference`): every registered policy on the configs whose behaviour differs
 (Thor's queue with preemption and cancels, DeepSeek-V2-Lite's shared experts, the H200's one FIFO copy stream,
-experts staged in SRAM, operations faster than their operand path, Thor without preemption or cancels), results identical to the picosecond, the byte and
-the picojoule, the recorded timeline included."""
+experts staged in SRAM, operations faster than their operand path, Thor without preemption or cancels), results
+identical to the picosecond, the byte and the picojoule, the recorded timeline included."""
 
 import os
 

@@ -78,7 +78,8 @@ def format_profile(labels: list[str], walls: list[float], parts: list[dict]) -> 
                      f"{c['hook_calls']:,}"] + [f"{s[n]:.2f}" for n, _ in PARTS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["profile: each policy once under cProfile, the engine run as Python (2-4x slower than a plain run of "
-             "the compiled engine); seconds of Python by where it was spent: " + "; ".join(f"{n} = {what}" for n, what in PARTS), ""]
+             "the compiled engine); seconds of Python by where it was spent: "
+             + "; ".join(f"{n} = {what}" for n, what in PARTS), ""]
     for j, r in enumerate(rows):
         lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
         if j == 0:

@@ -33,9 +33,12 @@ def _has_extensions() -> bool:
                for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
+_COMPILED_STATE, _NOT_COMPILED_STATE = "compiled (mypyc)", "pure Python (not compiled)"
+
+
 def _build_state() -> str:
     if not _has_extensions():
-        return "pure Python (not compiled)"
+        return _NOT_COMPILED_STATE
     if os.environ.get("CHIPSIM_PURE_PYTHON"):
         return "pure Python (CHIPSIM_PURE_PYTHON is set)"
     try:
@@ -45,7 +48,7 @@ def _build_state() -> str:
     changed = [name for name, digest in source_digests().items() if recorded.get(name) != digest]
     if changed:
         return f"pure Python (stale: chipsim/sim/{changed[0]}.py changed since it was compiled)"
-    return "compiled (mypyc)"
+    return _COMPILED_STATE
 
 
 class _SourceFinder:
@@ -60,7 +63,7 @@ class _SourceFinder:
 
 
 BUILD = _build_state()  # how the event engine runs in this process, e.g. "compiled (mypyc)"
-if BUILD.startswith("pure Python (") and _has_extensions():
+if BUILD not in (_COMPILED_STATE, _NOT_COMPILED_STATE):  # compiled, but not to be run
     sys.meta_path.insert(0, _SourceFinder())
     if "stale" in BUILD and not os.environ.get("CHIPSIM_STALE_WARNED"):
         os.environ["CHIPSIM_STALE_WARNED"] = "1"  # once, not again in worker processes

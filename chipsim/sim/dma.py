@@ -77,8 +77,8 @@ class DmaRecorder:
     def __init__(self, engines: int) -> None:
         self.free = list(range(engines))  # heap of free engine ids
         self.held: dict[int, list[Any]] = {}  # tid -> [engine, phase, start ps, priority at start]
-        self.spans: list[tuple[int, str, Transfer, int, int, int]] = []  # (engine, phase, transfer, start ps,
-        # end ps, priority at start)
+        # (engine, phase, transfer, start ps, end ps, priority at start)
+        self.spans: list[tuple[int, str, Transfer, int, int, int]] = []
         self.link: list[tuple[int, int, int]] = []  # (ps, transfers moving data, transfers waiting)
         self.stopping = False
 
@@ -117,7 +117,8 @@ class DmaRecorder:
 class DmaPath:
     """The shared expert-fetch path (e.g. LPDDR5X → PCIe → UCIe → HBM) and its DMA engines."""
 
-    network_class: ClassVar[type[FlowNetwork]] = FlowNetwork  # the path's own resource when it is given a bandwidth, not a network
+    # the path's own resource when it is given a bandwidth, not a network
+    network_class: ClassVar[type[FlowNetwork]] = FlowNetwork
 
     def __init__(self, env: Any, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed: Callable[[Transfer], None] | None = None,
@@ -134,9 +135,11 @@ class DmaPath:
         if (bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s <= 0) or engines <= 0 or chunk_bytes <= 0:
             raise ValueError("bandwidth, engines and chunk size must be positive")
         self.env = env
-        if network is None or path is None:
+        if network is None:
             network = self.network_class(env, ["dma"], [int(bandwidth_bytes_per_s or 0)])
             path = network.path(("dma", WRITE))
+        elif path is None:
+            raise ValueError("a network needs the path its transfers cross")
         self.network: FlowNetwork = network
         self.flow_path: Path = path
         self.latency_ps = int(latency_ps)

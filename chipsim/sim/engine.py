@@ -181,7 +181,8 @@ class Simulation:
         self._recorded_events = self.events
         self._record_until = record_tokens if record_events and record_tokens else -1
         self._dma_recorder: DmaRecorder | None = None
-        self.on_token: Callable[[int], None] | None = None  # called with each token's index once it is decoded (a progress bar)
+        # called with each token's index once it is decoded (a progress bar)
+        self.on_token: Callable[[int], None] | None = None
         if record_events:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 

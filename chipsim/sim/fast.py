@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Generator
 
-from chipsim.sim.dma import DmaPath
-from chipsim.sim.engine import Simulation, _Work
-from chipsim.sim.flows import FlowNetwork
-from chipsim.sim.fast_dma import FastDmaPath
-from chipsim.sim.fast_flows import FastFlowNetwork
-from chipsim.sim.wake import AllOf, Loop, Process, Resource, pending, trigger, wake_in
 from chipsim.hw.config import HardwareConfig
 from chipsim.policies.base import Policy
+from chipsim.sim.dma import DmaPath
+from chipsim.sim.engine import Simulation, _Work
+from chipsim.sim.fast_dma import FastDmaPath
+from chipsim.sim.fast_flows import FastFlowNetwork
+from chipsim.sim.flows import FlowNetwork
+from chipsim.sim.wake import AllOf, Loop, Process, Resource, pending, trigger, wake_in
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S
 from chipsim.workload.decode import DecodeWorkload

@@ -104,9 +104,7 @@ class Process(Wake):
         super().__init__(env)
         self._value = _PENDING
         self._generator = generator
-        start = Wake(env)
-        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), start))
-        start.callbacks = [self._resume]
+        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), Wake(env, self._resume)))
 
     def _resume(self, event: Any) -> None:
         generator = self._generator
