@@ -18,7 +18,7 @@ class FastDmaPath(DmaPath):
 
     def __init__(self, env: Any, bandwidth_bytes_per_s: int | None, latency_ps: int, setup_ps: int,
                  engines: int, chunk_bytes: int, on_landed: Callable[[Transfer], None] | None = None,
-                 preempt: bool = True, demand_first: bool = True, network: FastFlowNetwork | None = None,
+                 preempt: bool = True, demand_first: bool = True, network: FlowNetwork | None = None,
                  path: Path | None = None) -> None:
         super().__init__(env, bandwidth_bytes_per_s, latency_ps, setup_ps, engines, chunk_bytes, on_landed, preempt,
                          demand_first, network, path)
