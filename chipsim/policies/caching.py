@@ -106,6 +106,12 @@ class ExpertCache(Policy):
             if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
             and not (key[0] == run_layer and key[1] in run_needed)
         ]
+        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) compared as tuples, no call per key
+            last_use = ctx.last_use
+            ranked = [(last_use(key), key) for key in candidates]
+            if count == 1:
+                return [min(ranked)[1]] if ranked else []
+            return [key for _, key in heapq.nsmallest(count, ranked)]
         order = self._order  # a total order (ties broken by key), so min/nsmallest equal a full sort
         if count == 1:
             best = min(candidates, key=lambda key: order(ctx, key), default=None)

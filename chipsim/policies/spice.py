@@ -250,14 +250,21 @@ class Spice(Policy):
         if short <= 0:
             return True
         pos = self._pos
-        keys = [k for k in self._stamp if k not in protect and (not past_only or self._stamp[k] < pos)]
-        if not keys:
-            return False
-        if short == 1:  # the common case (one prefetch at a time): no need to sort
-            stamp = self._stamp
-            victims = [min(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))]
+        stamp = self._stamp
+        if past_only:
+            # only stamps behind the running layer: the victim order is then (stamp, key), compared as tuples
+            behind = [(s, k) for k, s in stamp.items() if s < pos and k not in protect]
+            if not behind:
+                return False
+            victims = [min(behind)[1]] if short == 1 else [k for _, k in sorted(behind)[:short]]
         else:
-            victims = self._victim_order(keys)[:short]
+            keys = [k for k in stamp if k not in protect]
+            if not keys:
+                return False
+            if short == 1:  # the common case (one prefetch at a time): no need to sort
+                victims = [min(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))]
+            else:
+                victims = self._victim_order(keys)[:short]
         for key in victims:
             del self._stamp[key]
             ctx.evict(*key)
