@@ -6,6 +6,9 @@ import simpy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.flows import FlowNetwork
+from chipsim.sim.wake import Loop
+
+Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
 
 @pytest.fixture(params=["reference", "fast"], autouse=True)
@@ -13,6 +16,7 @@ def engine(request, monkeypatch):
     """Every check here runs on the engine of record's DmaPath and on the fast path's FastDmaPath."""
     if request.param == "fast":
         monkeypatch.setitem(globals(), "DmaPath", FastDmaPath)
+        monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
     return request.param
 
 
@@ -21,7 +25,7 @@ MB = 1_000_000
 
 
 def make_path(engines=4, setup_ps=1_000_000, latency_ps=500_000, chunk_bytes=256 * 1024, bw=GBPS_100):
-    env = simpy.Environment()
+    env = Environment()
     landed = {}
     path = DmaPath(env, bw, latency_ps, setup_ps, engines, chunk_bytes,
                    on_landed=lambda tr: landed.__setitem__(tr.tag, (env.now, tr)))
@@ -142,7 +146,7 @@ def test_same_submissions_give_identical_timelines():
 
 
 def test_without_preemption_a_demand_only_jumps_the_queue():
-    env = simpy.Environment()
+    env = Environment()
     landed = {}
     path = DmaPath(env, GBPS_100, 0, 0, 1, 1 * MB, on_landed=lambda tr: landed.__setitem__(tr.tag, env.now),
                    preempt=False)
@@ -191,6 +195,6 @@ def test_an_empty_batch_while_a_transfer_moves_does_not_delay_it():
 
 
 def test_a_network_without_the_path_its_transfers_cross_is_refused():
-    env = simpy.Environment()
+    env = Environment()
     with pytest.raises(ValueError, match="path"):
         DmaPath(env, None, 0, 0, 1, MB, network=FlowNetwork(env, ["pcie"], [GBPS_100]))

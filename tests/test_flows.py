@@ -9,6 +9,9 @@ import simpy
 from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.units import PS_PER_S
+from chipsim.sim.wake import Loop
+
+Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
 
 @pytest.fixture(params=["reference", "fast"], autouse=True)
@@ -16,6 +19,7 @@ def engine(request, monkeypatch):
     """Every check here runs on the engine of record's FlowNetwork and on the fast path's FastFlowNetwork."""
     if request.param == "fast":
         monkeypatch.setitem(globals(), "FlowNetwork", FastFlowNetwork)
+        monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
     return request.param
 
 
@@ -23,7 +27,7 @@ GB = 10**9
 
 
 def network(capacities: dict[str, int], turnaround: dict[str, float] | None = None):
-    env = simpy.Environment()
+    env = Environment()
     names = list(capacities)
     ppm = [round((turnaround or {}).get(n, 0.0) * PPM) for n in names]
     return env, FlowNetwork(env, names, [capacities[n] for n in names], ppm)
@@ -132,7 +136,7 @@ def test_random_flow_sets_are_feasible_and_max_min_fair():
     names = ["lpddr", "pcie", "ucie", "hbm"]
     for _ in range(200):
         caps = [int(c) * GB for c in rng.integers(20, 900, size=4)]
-        env = simpy.Environment()
+        env = Environment()
         net = FlowNetwork(env, names, caps, [0, 0, 0, int(rng.integers(0, 400_000))])
         with net.batch():
             for _ in range(int(rng.integers(1, 8))):
@@ -157,7 +161,7 @@ def test_random_flow_sets_are_feasible_and_max_min_fair():
 
 def test_bad_resources_are_refused():
     with pytest.raises(ValueError):
-        FlowNetwork(simpy.Environment(), ["hbm"], [0])
+        FlowNetwork(Environment(), ["hbm"], [0])
 
 
 def test_the_host_cpu_and_a_fetch_together_never_exceed_the_lpddr5x():
@@ -173,7 +177,7 @@ def test_the_host_cpu_and_a_fetch_together_never_exceed_the_lpddr5x():
 def test_two_readers_of_a_dram_share_its_two_stream_capacity_and_one_alone_gets_the_full_one():
     """LPDDR5X at 250 GB/s for one stream, 245 for two (the DRAM model's two-stream figure): a 112.7 GB/s fetch
     beside an uncapped host read leaves the host 132.3, not 137.3; once the fetch ends the host has 250."""
-    env = simpy.Environment()
+    env = Environment()
     net = FlowNetwork(env, ["lpddr5x", "pcie"], [250 * GB, 112_700_000_000], None, [245 * GB, 0])
     fetch = net.add(10**9, net.path(("lpddr5x", READ), ("pcie", WRITE)))
     assert fetch.rate == 112_700_000_000  # one reader: the full capacity is no limit on it

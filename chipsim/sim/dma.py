@@ -102,7 +102,7 @@ class DmaRecorder:
         if self.stopping and not self.held:
             path.recorder = None
             return
-        now = path.env.now
+        now = path._now()
         point = (now, len(path.flowing), len(path.queue_demand) + len(path.queue_prefetch) + len(path.paused))
         link = self.link
         if link and link[-1][1:] == point[1:]:
@@ -161,6 +161,10 @@ class DmaPath:
         self.demand_first = demand_first  # False: one FIFO queue (demands wait behind earlier prefetches)
         self._landing: dict[int, list[Transfer]] = {}  # finish time -> transfers landing then
         self._next_tid = 0
+        # its callbacks as bound methods made once (a bound method made at every use costs more than the call)
+        self._flow_reached_callback = self._flow_reached
+        self._setup_wake_callback = self._setup_wake
+        self._landing_callback = self._on_landing
         # statistics
         self.bytes_moved = 0
         self.transfers_done = 0
@@ -173,7 +177,7 @@ class DmaPath:
 
         `descriptors` > 1 is a descriptor chain run by one engine (e.g. an expert's gate, up and down
         matrices): it pays the per-descriptor setup once per descriptor before its data moves."""
-        now = self.env.now
+        now = self._now()
         tr = Transfer(self._next_tid, nbytes, priority, tag, now, descriptors)
         self.descriptors_submitted += descriptors
         self._next_tid += 1
@@ -223,7 +227,7 @@ class DmaPath:
                 self._end(tr, moved_units=tr.nbytes * PS_PER_S - tr.remaining, latency=True)
             else:
                 tr.state = DONE  # never started: nothing moved, nothing to wait for
-                tr.data_end_ps = tr.finish_ps = self.env.now
+                tr.data_end_ps = tr.finish_ps = self._now()
                 self.on_landed(tr)
         elif tr.state == PAUSED:
             self.paused.remove(tr)
@@ -256,13 +260,18 @@ class DmaPath:
         return total
 
     # ------------------------------------------------------------------------------------ internals
+    def _now(self) -> int:
+        """The clock (chipsim.sim.fast_dma reads its own, typed, without a generic attribute lookup)."""
+        return self.env.now
+
     def _start_data(self, tr: Transfer) -> None:
         tr.state = ACTIVE
         self.flowing.append(tr)
         if not tr.setup_done:
             tr.setup_done = True
-            tr.data_start_ps = self.env.now
-            tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, on_target=self._flow_reached, tag=tr)
+            tr.data_start_ps = self._now()
+            tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, on_target=self._flow_reached_callback,
+                                       tag=tr)
         else:  # a paused prefetch resumes where it stopped
             self.network.resume(_flow(tr), 0)
 
@@ -270,11 +279,11 @@ class DmaPath:
         if tr.cancelled:
             self.free_engines += 1
             if self.recorder is not None:
-                self.recorder.release(tr, self.env.now)
+                self.recorder.release(tr, self._now())
             self._end(tr, moved_units=0, latency=False)
         else:
             if self.recorder is not None:
-                self.recorder.next_phase(tr, self.env.now, "data")
+                self.recorder.next_phase(tr, self._now(), "data")
             self._start_data(tr)
 
     def _dispatch(self) -> None:
@@ -290,12 +299,12 @@ class DmaPath:
             tr = self.queue_demand.popleft() if self.queue_demand else self.queue_prefetch.popleft()
             self.free_engines -= 1
             if self.recorder is not None:
-                self.recorder.take(tr, self.env.now, "data" if tr.setup_done else "setup")
+                self.recorder.take(tr, self._now(), "data" if tr.setup_done else "setup")
             if tr.setup_done:  # a resumed prefetch: its descriptor is already programmed
                 self._start_data(tr)
             else:
                 tr.state = SETUP
-                heapq.heappush(self.in_setup, (self.env.now + self.setup_ps * tr.descriptors, tr.tid, tr))
+                heapq.heappush(self.in_setup, (self._now() + self.setup_ps * tr.descriptors, tr.tid, tr))
         if self.preempt and self.flowing:
             flowing = self.flowing
             if self.queue_demand or any(t.priority == DEMAND for t in flowing):
@@ -316,7 +325,7 @@ class DmaPath:
     def _flow_reached(self, flow: Flow) -> None:
         """The network let a transfer's flow go: all its bytes moved, or a draining one reached its boundary."""
         tr = flow.tag
-        now = self.env.now
+        now = self._now()
         tr.remaining = max(flow.remaining, 0)
         self.flowing.remove(tr)
         self.free_engines += 1
@@ -342,7 +351,7 @@ class DmaPath:
         if when == self._setup_tick_at:
             return
         self._setup_tick_at = when
-        self._wake_in(when - self.env.now, self._setup_wake, when)
+        self._wake_in(when - self._now(), self._setup_wake_callback, when)
 
     def _wake_in(self, delay_ps: int, callback: Callable[[Any], None], value: object = None) -> None:
         """A SimPy timeout of `delay_ps` whose processing calls `callback(event)` (chipsim.sim.fast_dma schedules
@@ -356,7 +365,7 @@ class DmaPath:
         if when != self._setup_tick_at:
             return  # an earlier setup took the wake-up's place; that one covers this
         self._setup_tick_at = -1
-        now = self.env.now
+        now = self._now()
         in_setup = self.in_setup
         self.network.begin()
         while in_setup and in_setup[0][0] <= now:
@@ -372,7 +381,7 @@ class DmaPath:
 
     def _end(self, tr: Transfer, moved_units: int, latency: bool) -> None:
         """Retire a transfer; `on_landed` runs once its last moved byte has crossed the path."""
-        now = self.env.now
+        now = self._now()
         tr.remaining = 0
         moved = tr.moved_bytes = -(-moved_units // PS_PER_S)
         tr.data_end_ps = now
@@ -383,7 +392,7 @@ class DmaPath:
         group = self._landing.get(finish)
         if group is None:
             self._landing[finish] = [tr]
-            self._wake_in(finish - now, self._on_landing, finish)
+            self._wake_in(finish - now, self._landing_callback, finish)
         else:
             group.append(tr)
 

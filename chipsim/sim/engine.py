@@ -222,7 +222,7 @@ class Simulation:
     # ======================================================================== policy API
     @property
     def now(self) -> int:
-        return self.env.now
+        return self._now()
 
     def trace_routed(self, t: int, layer: int) -> list[int]:
         return list(self._routed[t][layer])
@@ -347,7 +347,7 @@ class Simulation:
             self.rec.ledger.actions["sram_write_bit"] += 8 * tr.moved_bytes
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
-            self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self.env.now))
+            self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self._now()))
         entry.parts_left -= 1
         if entry.parts_left:
             return
@@ -356,7 +356,7 @@ class Simulation:
             self._serve_pending_demands()
             return
         entry.resident = True
-        entry.arrival_ps = self.env.now
+        entry.arrival_ps = self._now()
         if self._pending_demands:
             self._serve_pending_demands()
         if self._arrival_event is not None and key[0] == self._waiting_layer:
@@ -406,6 +406,10 @@ class Simulation:
     def _environment() -> Any:
         return simpy.Environment()
 
+    def _now(self) -> int:
+        """The clock (chipsim.sim.fast reads its own, typed, without a generic attribute lookup)."""
+        return self.env.now
+
     def _timeout(self, delay_ps: int) -> Any:
         return self.env.timeout(delay_ps)
 
@@ -431,20 +435,20 @@ class Simulation:
         timing = self.host_timing
         with self.host.request() as req:
             yield req
-            start = self.env.now
+            start = self._now()
             nbytes = self.workload.expert_bytes
             yield self._timeout(timing.total_ps - timing.compute_ps)  # dispatch + activations over PCIe
             done = self._event()
             self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
-                             on_target=lambda _f: self._succeed(done), not_before=self.env.now + timing.compute_ps)
+                             on_target=lambda _f: self._succeed(done), not_before=self._now() + timing.compute_ps)
             yield done
         ledger = self.rec.ledger
-        ledger.host_busy_ps += self.env.now - start - timing.transit_ps
+        ledger.host_busy_ps += self._now() - start - timing.transit_ps
         ledger.bytes["lpddr5x"] += nbytes  # the CPU reads its own copy
         ledger.bytes["pcie"] += timing.activation_bytes
         ledger.bytes["ucie"] += timing.activation_bytes
         if self.events is not None:
-            self.events.append(("host-cpu", f"L{layer}E{expert}", start, self.env.now))
+            self.events.append(("host-cpu", f"L{layer}E{expert}", start, self._now()))
 
     def _compute(self, work: _Work, label: str, *label_args: object) -> Generator[Any, Any, None]:
         """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
@@ -459,7 +463,7 @@ class Simulation:
         actions["vector_op"] += work.vector_ops
         actions["sram_write_bit"] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
         actions["sram_read_bit"] += 8 * (work.bytes + work.sram_bytes)
-        start = self.env.now
+        start = self._now()
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
         sram_path = self._sram_flow_path
@@ -476,9 +480,9 @@ class Simulation:
                 yield self._stream(work.sram_bytes, sram_ps, sram_path)  # the fetches landing there
         else:
             yield self._timeout(work.ps)
-        ledger.busy_ps += self.env.now - start
+        ledger.busy_ps += self._now() - start
         if self.events is not None:
-            self.events.append(("arrays", label % label_args, start, self.env.now))
+            self.events.append(("arrays", label % label_args, start, self._now()))
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
         """Whether nothing can change `work`'s time, so that its fixed wait and operand flows may be one wait of
@@ -490,7 +494,7 @@ class Simulation:
         faster, so alone it ends after exactly `alone_ps`, with other flows on its resources later."""
         done = self._event()
         self.network.add(nbytes, path, cap=-(-nbytes * PS_PER_S // alone_ps), on_target=lambda _f: self._succeed(done),
-                         not_before=self.env.now + alone_ps)
+                         not_before=self._now() + alone_ps)
         return done
 
     @staticmethod
@@ -529,7 +533,7 @@ class Simulation:
             self.events = None
             if self._dma_recorder is not None:
                 self._dma_recorder.stopping = True
-        token_start = self.env.now
+        token_start = self._now()
         self.rec.start_token()
         stall = 0
         with self.dma.batch():
@@ -542,8 +546,8 @@ class Simulation:
                 stall += yield from self._moe_layer(t, li - dense, cost)
         yield from self._compute(head, "lm head")
         if self.events is not None:
-            self.events.append(("tokens", f"token {t}", token_start, self.env.now))
-        self.rec.end_token(t, self.env.now - token_start, stall)
+            self.events.append(("tokens", f"token {t}", token_start, self._now()))
+        self.rec.end_token(t, self._now() - token_start, stall)
         if self.on_token is not None:
             self.on_token(t)
 
@@ -618,17 +622,17 @@ class Simulation:
             else:
                 self._waiting_layer = layer
                 self._arrival_event = self._event()
-                wait_start = self.env.now
+                wait_start = self._now()
                 yield self._arrival_event
-                stall += self.env.now - wait_start
+                stall += self._now() - wait_start
                 if self.events is not None:
-                    self.events.append(("arrays", f"L{layer} stall", wait_start, self.env.now))
+                    self.events.append(("arrays", f"L{layer} stall", wait_start, self._now()))
         if host_jobs:
-            wait_start = self.env.now
+            wait_start = self._now()
             yield self._all_of(host_jobs)
-            self.rec.host_wait_ps[t] += self.env.now - wait_start
+            self.rec.host_wait_ps[t] += self._now() - wait_start
             if self.events is not None:
-                self.events.append(("arrays", f"L{layer} host wait", wait_start, self.env.now))
+                self.events.append(("arrays", f"L{layer} host wait", wait_start, self._now()))
             yield from self._compute(extra + combine_later, "L%d combine", layer)
         elif not plan.execute:
             yield from self._compute(extra + combine, "L%d combine", layer)
@@ -639,7 +643,7 @@ class Simulation:
         self.env.run()
         if not process.triggered:
             raise RuntimeError(
-                f"policy {self.policy.label} stalled for good at t={self.env.now} ps: the layer waits for experts "
+                f"policy {self.policy.label} stalled for good at t={self._now()} ps: the layer waits for experts "
                 f"that can never arrive (buffer of {self.slots} slots full: {len(self._entries)} entries, "
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )

@@ -1,12 +1,20 @@
 """chipsim.sim.flows.FlowNetwork for the fast path (chipsim.sim.fast): the same rates and the same ticks, each flow's
-signature interned as a small int for the rate memo, the ticks scheduled as `Wake`s."""
+signature interned as a small int for the rate memo, the flows kept in the allocation's order as they come (not
+sorted at every allocation), the ticks scheduled as `Wake`s."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Path, Signature, _order
-from chipsim.sim.wake import Wake, wake_in
+from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Path, Signature
+from chipsim.sim.wake import Loop, Wake, wake_in
+
+
+_FID_BITS = 40  # a flow's order key: its signature's rank above its fid
+
+
+def _rank(flow: Flow) -> int:
+    return flow.rank
 
 
 class FastFlowNetwork(FlowNetwork):
@@ -15,9 +23,11 @@ class FastFlowNetwork(FlowNetwork):
     def __init__(self, env: Any, names: list[str], capacities: list[int], turnaround_ppm: list[int] | None = None,
                  shared_capacities: list[int] | None = None) -> None:
         super().__init__(env, names, capacities, turnaround_ppm, shared_capacities)
+        self._loop: Loop = env  # the same clock, typed: compiled code reads it natively
         # each distinct (path, level, cap) gets a small id: the memo's key is then a tuple of ints, cheap to hash
         self._sig_ids: dict[Signature, int] = {}
         self._sigs: list[Signature] = []
+        self._sig_rank: list[int] = []  # each signature's place among all interned ones, in the reference's order
 
     def add(self, nbytes: int, path: Path, level: int = 0, cap: int = 0,
             on_target: Callable[[Flow], None] | None = None, tag: Any = None, not_before: int = 0) -> Flow:
@@ -28,16 +38,49 @@ class FastFlowNetwork(FlowNetwork):
         flow.not_before = int(not_before)
         sid = self._sig_ids.get(flow.sig)
         if sid is None:
-            sid = self._sig_ids[flow.sig] = len(self._sigs)
-            self._sigs.append(flow.sig)
+            sid = self._intern(flow.sig)
         flow.sid = sid
         self._next_fid += 1
-        self.flows.append(flow)
+        self._insert(flow)
         self._changed()
         return flow
 
+    def resume(self, flow: Flow, target_units: int = 0) -> None:
+        self._advance()
+        flow.target = max(int(target_units), 0)
+        self._insert(flow)
+        self._changed()
+
+    def _intern(self, sig: Signature) -> int:
+        """A new signature's id; every signature's rank again (the flows present re-ordered by it)."""
+        sid = self._sig_ids[sig] = len(self._sigs)
+        self._sigs.append(sig)
+        sigs = self._sigs
+        rank = [0] * len(sigs)
+        for place, i in enumerate(sorted(range(len(sigs)), key=lambda i: sigs[i])):
+            rank[i] = place
+        self._sig_rank = rank
+        for flow in self.flows:
+            flow.rank = (rank[flow.sid] << _FID_BITS) | flow.fid
+        self.flows.sort(key=_rank)
+        return sid
+
+    def _insert(self, flow: Flow) -> None:
+        """Into the flows, in the reference's allocation order (signature, then fid): one int compared per flow."""
+        if flow.fid >= 1 << _FID_BITS:
+            raise OverflowError("more flows than the fast path's order key counts")
+        key = flow.rank = (self._sig_rank[flow.sid] << _FID_BITS) | flow.fid
+        flows = self.flows
+        i = len(flows)
+        while i > 0 and flows[i - 1].rank > key:
+            i -= 1
+        flows.insert(i, flow)
+
+    def _now(self) -> int:
+        return self._loop.now
+
     def _advance(self) -> None:
-        now: int = self.env._now
+        now = self._loop.now
         dt = now - self.last_update
         if dt > 0:
             for flow in self.flows:
@@ -46,10 +89,9 @@ class FastFlowNetwork(FlowNetwork):
 
     def _allocate(self) -> None:
         """The reference's, in the reference's order (signature, id), memoised by signature ids."""
-        flows = self.flows
+        flows = self.flows  # already in order (_insert)
         if not flows:
             return
-        flows.sort(key=_order)
         key = tuple([f.sid for f in flows])
         rates = self._memo.get(key)
         if rates is None:
@@ -62,7 +104,7 @@ class FastFlowNetwork(FlowNetwork):
             flow.rate = rate
 
     def _schedule_tick(self, delay_ps: int, generation: int) -> None:
-        wake_in(self.env, delay_ps, self._tick, generation)
+        wake_in(self._loop, delay_ps, self._tick_callback, generation)
 
     def _tick(self, wake: Wake) -> None:
         self._on_tick(wake._value)  # type: ignore[arg-type]  # the generation it was scheduled with

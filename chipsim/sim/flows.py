@@ -43,7 +43,7 @@ class Flow:
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
     __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before",
-                 "order", "sid")
+                 "order", "sid", "rank")
 
     def __init__(self, fid: int, nbytes: int, path: Path, level: int, cap: int,
                  on_target: Callable[["Flow"], None] | None, tag: Any) -> None:
@@ -60,6 +60,7 @@ class Flow:
         self.not_before = 0  # ps: it does not reach its target earlier (an operation's own compute time)
         self.order = (self.sig, fid)  # the allocation's order of flows
         self.sid = -1  # the signature's id in a network that interns them (chipsim.sim.fast_flows)
+        self.rank = 0  # there: its place in the allocation's order as one int (signature's rank, then fid)
 
     @property
     def remaining_bytes(self) -> int:
@@ -91,6 +92,7 @@ class FlowNetwork:
         self._batch = _Batch(self)
         self._memo: dict[tuple[Any, ...], tuple[int, ...]] = {}
         self.allocations = 0  # allocations computed (memo misses), for benchmarks
+        self._tick_callback = self._tick  # made once (a bound method made at every tick costs more than the call)
 
     # ------------------------------------------------------------------------------------ public
     def path(self, *hops: tuple[str, bool]) -> Path:
@@ -157,8 +159,12 @@ class FlowNetwork:
         self._advance()
 
     # ------------------------------------------------------------------------------------ internals
+    def _now(self) -> int:
+        """The clock (chipsim.sim.fast_flows reads its own, typed, without a generic attribute lookup)."""
+        return self.env.now
+
     def _advance(self) -> None:
-        now = self.env.now
+        now = self._now()
         dt = now - self.last_update
         if dt <= 0:
             return
@@ -237,7 +243,7 @@ class FlowNetwork:
         return tuple(rates)
 
     def _reschedule(self) -> None:
-        self._arm(self._soonest(self.env.now))
+        self._arm(self._soonest(self._now()))
 
     def _soonest(self, now: int) -> int | None:
         """In how many ps the first flow reaches its target at the current rates (None: none ever does)."""
@@ -262,7 +268,7 @@ class FlowNetwork:
             self._generation += 1
             self._tick_at = -1
             return
-        when = self.env.now + soonest
+        when = self._now() + soonest
         if when == self._tick_at:
             return
         self._generation += 1
@@ -271,7 +277,7 @@ class FlowNetwork:
 
     def _schedule_tick(self, delay_ps: int, generation: int) -> None:
         """A SimPy timeout for the tick (chipsim.sim.fast_flows schedules the same wake-up with less Python)."""
-        self.env.timeout(delay_ps, value=generation).callbacks.append(self._tick)
+        self.env.timeout(delay_ps, value=generation).callbacks.append(self._tick_callback)
 
     def _tick(self, event: Any) -> None:
         self._on_tick(event.value)
@@ -281,7 +287,7 @@ class FlowNetwork:
             return  # superseded by a later change
         self._tick_at = -1
         self._advance()
-        now = self.env.now
+        now = self._now()
         reached: list[Flow] = []
         staying: list[Flow] = []
         for flow in self.flows:

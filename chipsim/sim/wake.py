@@ -1,7 +1,8 @@
 """SimPy's events with less Python: what `env.timeout(d)`, a triggered `env.event()`, `env.process(g)`,
 `env.all_of(...)` and a `simpy.Resource` request are to SimPy's `step()` (callbacks, ok, value), scheduled on
-SimPy's own queue exactly where SimPy schedules them (same time, same priority, the next sequence number), so
-SimPy orders them as it orders the reference engine's. Used by the fast path (chipsim.sim.fast).
+`Loop`, SimPy's queue without SimPy, exactly where SimPy schedules them (same time, same priority, the next
+sequence number), so they are ordered as SimPy orders the reference engine's. Used by the fast path
+(chipsim.sim.fast).
 
 Each class follows the SimPy 4 code it stands for step by step (simpy/events.py: Process, Initialize,
 Condition; simpy/resources/base.py and resource.py: Put, Get, Request, Release); only checks and bookkeeping
@@ -9,8 +10,7 @@ that change no order are left out (events here never fail)."""
 
 from __future__ import annotations
 
-import heapq
-import itertools
+from heapq import heappop, heappush
 from typing import Any, Callable, Generator, Iterable
 
 _URGENT = 0  # simpy.events.URGENT: a process's start
@@ -24,7 +24,7 @@ class Wake:
 
     __slots__ = ("callbacks", "_ok", "_value", "_defused", "env")
 
-    def __init__(self, env: Any, callback: Callable[[Any], None] | None = None, value: object = None) -> None:
+    def __init__(self, env: "Loop", callback: Callable[[Any], None] | None = None, value: object = None) -> None:
         self.env = env
         self.callbacks: list[Callable[[Any], None]] | None = [] if callback is None else [callback]
         self._ok = True
@@ -49,38 +49,55 @@ class Wake:
 
 class Loop:
     """SimPy's `Environment` as the fast path runs it: the same queue of (time, priority, sequence number, event), each
-    event's callbacks called once it is popped (`Environment.step`), until none is left (`run()`). Every function
-    here works on either (tests/test_dma.py and tests/test_flows.py drive the fast classes from a SimPy
-    environment); events here never fail, so SimPy's check for an unhandled failure has nothing to do."""
+    event's callbacks called once it is popped (`Environment.step`), until none is left (`run()`); events here never
+    fail, so SimPy's check for an unhandled failure has nothing to do. `now` is a plain attribute and the sequence
+    number an int, so that compiled code reads and counts them natively. `timeout`, `event` and `process` are
+    SimPy's, for code written against SimPy (tests/test_dma.py and tests/test_flows.py drive the fast classes with
+    it)."""
 
     def __init__(self) -> None:
-        self._now = 0
+        self.now = 0
         self._queue: list[tuple[int, int, int, Wake]] = []
-        self._eid = itertools.count()
+        self._eid = 0  # the next event's sequence number
 
-    @property
-    def now(self) -> int:
-        return self._now
-
-    def run(self) -> None:
+    def run(self, until: int | None = None) -> None:
+        """Process events until none is left or, with `until`, every event before that time (SimPy's run(until): its
+        stop event, urgent, comes before the normal events of that instant), then stand at `until`."""
         queue = self._queue
-        while queue:
-            self._now, _, _, wake = heapq.heappop(queue)
+        end = -1 if until is None else until
+        while queue and (end < 0 or queue[0][0] < end):
+            self.now, _, _, wake = heappop(queue)
             callbacks = wake.callbacks
             wake.callbacks = None
             if callbacks is not None:
                 for callback in callbacks:
                     callback(wake)
+        if end >= 0:
+            self.now = end
+
+    def _push(self, at: int, priority: int, wake: Wake) -> None:
+        eid = self._eid
+        self._eid = eid + 1
+        heappush(self._queue, (at, priority, eid, wake))
+
+    def timeout(self, delay: int, value: object = None) -> Wake:
+        return wake_in(self, delay, None, value)
+
+    def event(self) -> Wake:
+        return pending(self)
+
+    def process(self, generator: Generator[Any, Any, Any]) -> "Process":
+        return Process(self, generator)
 
 
-def wake_in(env: Any, delay: int, callback: Callable[[Any], None] | None = None, value: object = None) -> Wake:
+def wake_in(env: Loop, delay: int, callback: Callable[[Any], None] | None = None, value: object = None) -> Wake:
     """`env.timeout(delay, value)` with `callback` appended: scheduled now, as a Timeout is at its creation."""
     wake = Wake(env, callback, value)
-    heapq.heappush(env._queue, (env._now + delay, _NORMAL, next(env._eid), wake))
+    env._push(env.now + delay, _NORMAL, wake)
     return wake
 
 
-def pending(env: Any) -> Wake:
+def pending(env: Loop) -> Wake:
     """`env.event()`: waits until `trigger` schedules it."""
     wake = Wake(env)
     wake._value = _PENDING
@@ -91,20 +108,21 @@ def trigger(wake: Wake, value: object = None) -> None:
     """`event.succeed(value)`: processed after everything already scheduled for now."""
     wake._value = value
     env = wake.env
-    heapq.heappush(env._queue, (env._now, _NORMAL, next(env._eid), wake))
+    env._push(env.now, _NORMAL, wake)
 
 
 class Process(Wake):
     """`env.process(generator)`: started by an urgent event now; resumed by each event it yields once that is
     processed; when the generator returns, scheduled itself (its value the return value)."""
 
-    __slots__ = ("_generator",)
+    __slots__ = ("_generator", "_resume_callback")
 
-    def __init__(self, env: Any, generator: Generator[Any, Any, Any]) -> None:
+    def __init__(self, env: Loop, generator: Generator[Any, Any, Any]) -> None:
         super().__init__(env)
         self._value = _PENDING
         self._generator = generator
-        heapq.heappush(env._queue, (env._now, _URGENT, next(env._eid), Wake(env, self._resume)))
+        self._resume_callback = self._resume  # made once, not at every yield
+        env._push(env.now, _URGENT, Wake(env, self._resume_callback))
 
     def _resume(self, event: Any) -> None:
         generator = self._generator
@@ -114,10 +132,10 @@ class Process(Wake):
             except StopIteration as stop:
                 self._value = stop.value
                 env = self.env
-                heapq.heappush(env._queue, (env._now, _NORMAL, next(env._eid), self))
+                env._push(env.now, _NORMAL, self)
                 return
             if event.callbacks is not None:  # not yet processed: resume when it is
-                event.callbacks.append(self._resume)
+                event.callbacks.append(self._resume_callback)
                 return
 
 
@@ -126,7 +144,7 @@ class AllOf(Wake):
 
     __slots__ = ("_events", "_count")
 
-    def __init__(self, env: Any, events: Iterable[Any]) -> None:
+    def __init__(self, env: Loop, events: Iterable[Any]) -> None:
         super().__init__(env)
         self._value = _PENDING
         self._events = tuple(events)
@@ -153,7 +171,7 @@ class Resource:
     As in SimPy, only the head of the queue is tried, when a request is made and when a release is processed;
     a release frees its slot when it is made."""
 
-    def __init__(self, env: Any, capacity: int) -> None:
+    def __init__(self, env: Loop, capacity: int) -> None:
         self.env = env
         self.capacity = capacity
         self.users: list[Request] = []
