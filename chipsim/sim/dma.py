@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Final
 
 from chipsim.sim.flows import WRITE, Flow, FlowNetwork, Path
 from chipsim.units import PS_PER_S
 
-DEMAND = 0
-PREFETCH = 1
+DEMAND: Final = 0
+PREFETCH: Final = 1
 
 # transfer states
-QUEUED, SETUP, ACTIVE, DRAINING, PAUSED, DONE = range(6)
+QUEUED: Final = 0
+SETUP: Final = 1
+ACTIVE: Final = 2
+DRAINING: Final = 3
+PAUSED: Final = 4
+DONE: Final = 5
 
 
 class Transfer:

@@ -23,7 +23,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Generator, Iterable, NamedTuple
+from typing import Any, Callable, ClassVar, Final, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
@@ -35,6 +35,7 @@ from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
+from chipsim.sim.energy import ACTIONS
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork, Path
 from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
@@ -72,10 +73,26 @@ class _Work:
                      self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n)
 
 
-NO_WORK = _Work(0, 0, 0)
+NO_WORK: Final = _Work(0, 0, 0)
+
+# the arrays' actions by their place in ACTIONS (the engine tallies them in a list, chipsim.sim.energy prices them)
+_MAC: Final = ACTIONS.index("mac")
+_SFU_OP: Final = ACTIONS.index("sfu_op")
+_VECTOR_OP: Final = ACTIONS.index("vector_op")
+_SRAM_READ_BIT: Final = ACTIONS.index("sram_read_bit")
+_SRAM_WRITE_BIT: Final = ACTIONS.index("sram_write_bit")
+
+# the run's counters (chipsim.sim.record.RunCounts) by their place in the engine's list
+_COUNTED: Final = ("prefetches_issued", "prefetches_dropped", "prefetches_unused", "fetches_total", "expert_computes")
+_PREFETCHES_ISSUED: Final = 0
+_PREFETCHES_DROPPED: Final = 1
+_PREFETCHES_UNUSED: Final = 2
+_FETCHES_TOTAL: Final = 3
+_EXPERT_COMPUTES: Final = 4
 
 # UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
-_UCIE_FETCH, _UCIE_OPERANDS = "ucie_io", "ucie_compute"
+_UCIE_FETCH: Final = "ucie_io"
+_UCIE_OPERANDS: Final = "ucie_compute"
 
 
 class _LayerCost(NamedTuple):
@@ -139,6 +156,18 @@ class Simulation:
         net = self.network
         self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
+        # what the current token moves and does, tallied here as plain ints and added to its Ledger when it ends
+        # (and once the last transfers have landed): the same sums as adding to the Ledger's dicts as it goes
+        self._tally_bytes = [0] * len(self._components)
+        self._tally_actions = [0] * len(ACTIONS)
+        self._tally_busy_ps = 0
+        self._tally_host_busy_ps = 0
+        place = {name: i for i, name in enumerate(self._components)}
+        self._at_hbm, self._at_ucie, self._at_lpddr5x, self._at_pcie = (place["hbm"], place["ucie"],
+                                                                        place["lpddr5x"], place["pcie"])
+        self._fetch_places = [place[c] for c in self._fetch_components]
+        self._counts = [0] * len(_COUNTED)  # the run's counters (RunCounts), added to it when the run ends
+        self._peak_buffer_slots = 0
         self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
@@ -280,10 +309,10 @@ class Simulation:
         if key in self._entries:
             return True
         if self.free_slots() <= 0:
-            self.rec.counts.prefetches_dropped += 1
+            self._counts[_PREFETCHES_DROPPED] += 1
             return False
         self._issue(key, PREFETCH)
-        self.rec.counts.prefetches_issued += 1
+        self._counts[_PREFETCHES_ISSUED] += 1
         return True
 
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
@@ -295,7 +324,7 @@ class Simulation:
             return
         entry.evicted = True
         if entry.prefetched and not entry.used:
-            self.rec.counts.prefetches_unused += 1
+            self._counts[_PREFETCHES_UNUSED] += 1
         if not entry.resident:
             self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
             if stop_transfer and self._cancel_in_flight:
@@ -330,21 +359,34 @@ class Simulation:
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
                                                descriptors=len(self._part_bytes)))
         entry.parts_left = 1
-        counts = self.rec.counts
-        counts.fetches_total += 1
+        self._counts[_FETCHES_TOTAL] += 1
         held = len(self._entries) + self._zombies
-        if held > counts.peak_buffer_slots:
-            counts.peak_buffer_slots = held
+        if held > self._peak_buffer_slots:
+            self._peak_buffer_slots = held
         return entry
+
+    def _add_tally(self) -> None:
+        """Add what was tallied since the last call to the current token's Ledger."""
+        ledger = self.rec.ledger
+        for tally, counts, names in ((self._tally_bytes, ledger.bytes, self._components),
+                                     (self._tally_actions, ledger.actions, ACTIONS)):
+            for i, n in enumerate(tally):
+                if n:
+                    counts[names[i]] += n
+                    tally[i] = 0
+        ledger.busy_ps += self._tally_busy_ps
+        ledger.host_busy_ps += self._tally_host_busy_ps
+        self._tally_busy_ps = self._tally_host_busy_ps = 0
 
     def _on_fetch_done(self, tr: Transfer) -> None:
         entry = tr.tag
         key = entry.key
-        ledger = self.rec.ledger.bytes
-        for component in self._fetch_components:  # every byte of a fetch crosses every component of the path
-            ledger[component] += tr.moved_bytes
+        tally = self._tally_bytes
+        moved = tr.moved_bytes
+        for i in self._fetch_places:  # every byte of a fetch crosses every component of the path
+            tally[i] += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
-            self.rec.ledger.actions["sram_write_bit"] += 8 * tr.moved_bytes
+            self._tally_actions[_SRAM_WRITE_BIT] += 8 * moved
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
             self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self._now()))
@@ -442,11 +484,11 @@ class Simulation:
             self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
                              on_target=lambda _f: self._succeed(done), not_before=self._now() + timing.compute_ps)
             yield done
-        ledger = self.rec.ledger
-        ledger.host_busy_ps += self._now() - start - timing.transit_ps
-        ledger.bytes["lpddr5x"] += nbytes  # the CPU reads its own copy
-        ledger.bytes["pcie"] += timing.activation_bytes
-        ledger.bytes["ucie"] += timing.activation_bytes
+        self._tally_host_busy_ps += self._now() - start - timing.transit_ps
+        tally = self._tally_bytes
+        tally[self._at_lpddr5x] += nbytes  # the CPU reads its own copy
+        tally[self._at_pcie] += timing.activation_bytes
+        tally[self._at_ucie] += timing.activation_bytes
         if self.events is not None:
             self.events.append(("host-cpu", f"L{layer}E{expert}", start, self._now()))
 
@@ -454,15 +496,15 @@ class Simulation:
         """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
-        ledger = self.rec.ledger
-        ledger.bytes["hbm"] += work.bytes  # operands are read from HBM and cross the HBM->compute UCIe link
-        ledger.bytes["ucie"] += work.bytes
-        actions = ledger.actions
-        actions["mac"] += work.macs
-        actions["sfu_op"] += work.sfu_ops
-        actions["vector_op"] += work.vector_ops
-        actions["sram_write_bit"] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
-        actions["sram_read_bit"] += 8 * (work.bytes + work.sram_bytes)
+        tally = self._tally_bytes
+        tally[self._at_hbm] += work.bytes  # operands are read from HBM and cross the HBM->compute UCIe link
+        tally[self._at_ucie] += work.bytes
+        actions = self._tally_actions
+        actions[_MAC] += work.macs
+        actions[_SFU_OP] += work.sfu_ops
+        actions[_VECTOR_OP] += work.vector_ops
+        actions[_SRAM_WRITE_BIT] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
+        actions[_SRAM_READ_BIT] += 8 * (work.bytes + work.sram_bytes)
         start = self._now()
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
@@ -480,7 +522,7 @@ class Simulation:
                 yield self._stream(work.sram_bytes, sram_ps, sram_path)  # the fetches landing there
         else:
             yield self._timeout(work.ps)
-        ledger.busy_ps += self._now() - start
+        self._tally_busy_ps += self._now() - start
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, self._now()))
 
@@ -534,6 +576,7 @@ class Simulation:
             if self._dma_recorder is not None:
                 self._dma_recorder.stopping = True
         token_start = self._now()
+        self._add_tally()  # what landed since the last token ended is still that token's
         self.rec.start_token()
         stall = 0
         with self.dma.batch():
@@ -547,6 +590,7 @@ class Simulation:
         yield from self._compute(head, "lm head")
         if self.events is not None:
             self.events.append(("tokens", f"token {t}", token_start, self._now()))
+        self._add_tally()
         self.rec.end_token(t, self._now() - token_start, stall)
         if self.on_token is not None:
             self.on_token(t)
@@ -613,7 +657,7 @@ class Simulation:
                     entry.used = True
                     entry.last_use = t * self.num_moe_layers + layer
                 yield from self._compute(work, "L%d experts %s", layer, ready)
-                self.rec.counts.expert_computes += len(ready)
+                self._counts[_EXPERT_COMPUTES] += len(ready)
                 ready_set = set(ready)
                 remaining = [e for e in remaining if e not in ready_set]
             elif extra.ps:  # shared experts do not wait for routed ones
@@ -647,6 +691,11 @@ class Simulation:
                 f"that can never arrive (buffer of {self.slots} slots full: {len(self._entries)} entries, "
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )
+        self._add_tally()  # transfers that landed after the last token: charged to it
+        counts = self.rec.counts
+        for name, n in zip(_COUNTED, self._counts):
+            setattr(counts, name, getattr(counts, name) + n)
+        counts.peak_buffer_slots = max(counts.peak_buffer_slots, self._peak_buffer_slots)
         timeline = self._recorded_timeline() if self._dma_recorder is not None else None
         return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
 

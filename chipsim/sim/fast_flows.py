@@ -4,13 +4,13 @@ sorted at every allocation), the ticks scheduled as `Wake`s."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Path, Signature
 from chipsim.sim.wake import Loop, Wake, wake_in
 
 
-_FID_BITS = 40  # a flow's order key: its signature's rank above its fid
+_FID_BITS: Final = 40  # a flow's order key: its signature's rank above its fid
 
 
 def _rank(flow: Flow) -> int:

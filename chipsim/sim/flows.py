@@ -25,14 +25,14 @@ a decode step meets the same few combinations again and again.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 from chipsim.units import PS_PER_S
 
-READ = False
-WRITE = True
-PPM = 1_000_000  # resource weights in parts per million: a written byte costs (PPM + turnaround_ppm) / PPM
-_MEMO_MAX = 1 << 14
+READ: Final = False
+WRITE: Final = True
+PPM: Final = 1_000_000  # resource weights in parts per million: a written byte costs (PPM + turnaround_ppm) / PPM
+_MEMO_MAX: Final = 1 << 14
 
 Path = tuple[tuple[int, bool], ...]  # ((resource index, WRITE?), ...)
 Signature = tuple[Path, int, int]  # (path, level, cap): what a flow's rate depends on

@@ -11,11 +11,11 @@ that change no order are left out (events here never fail)."""
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Any, Callable, Generator, Iterable
+from typing import Any, Callable, Final, Generator, Iterable
 
-_URGENT = 0  # simpy.events.URGENT: a process's start
-_NORMAL = 1  # simpy.events.NORMAL: the priority of a Timeout and of a triggered Event
-_PENDING = object()
+_URGENT: Final = 0  # simpy.events.URGENT: a process's start
+_NORMAL: Final = 1  # simpy.events.NORMAL: the priority of a Timeout and of a triggered Event
+_PENDING: Final = object()
 
 
 class Wake:
