@@ -19,7 +19,7 @@ behind every transfer issued before it (preemption must then be off too).
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from collections import deque
 from typing import Any, Callable, ClassVar, Final
 
@@ -89,7 +89,7 @@ class DmaRecorder:
 
     def take(self, tr: Transfer, now: int, phase: str) -> None:
         if not self.stopping:
-            self.held[tr.tid] = [heapq.heappop(self.free), phase, now, tr.priority]
+            self.held[tr.tid] = [heappop(self.free), phase, now, tr.priority]
 
     def next_phase(self, tr: Transfer, now: int, phase: str) -> None:
         h = self.held.get(tr.tid)
@@ -101,7 +101,7 @@ class DmaRecorder:
         h = self.held.pop(tr.tid, None)
         if h is not None:
             self.spans.append((h[0], h[1], tr, h[2], now, h[3]))
-            heapq.heappush(self.free, h[0])
+            heappush(self.free, h[0])
 
     def sample(self, path: "DmaPath") -> None:
         if self.stopping and not self.held:
@@ -309,7 +309,7 @@ class DmaPath:
                 self._start_data(tr)
             else:
                 tr.state = SETUP
-                heapq.heappush(self.in_setup, (self._now() + self.setup_ps * tr.descriptors, tr.tid, tr))
+                heappush(self.in_setup, (self._now() + self.setup_ps * tr.descriptors, tr.tid, tr))
         if self.preempt and self.flowing:
             flowing = self.flowing
             if self.queue_demand or any(t.priority == DEMAND for t in flowing):
@@ -329,7 +329,7 @@ class DmaPath:
 
     def _flow_reached(self, flow: Flow) -> None:
         """The network let a transfer's flow go: all its bytes moved, or a draining one reached its boundary."""
-        tr = flow.tag
+        tr: Transfer = flow.tag  # typed: compiled code reads its fields natively
         now = self._now()
         tr.remaining = max(flow.remaining, 0)
         self.flowing.remove(tr)
@@ -374,7 +374,7 @@ class DmaPath:
         in_setup = self.in_setup
         self.network.begin()
         while in_setup and in_setup[0][0] <= now:
-            self._setup_over(heapq.heappop(in_setup)[2])
+            self._setup_over(heappop(in_setup)[2])
         self._dispatch()
         self.network.end()
         self._reschedule_setups()
@@ -402,7 +402,10 @@ class DmaPath:
             group.append(tr)
 
     def _on_landing(self, event: Any) -> None:
-        for tr in self._landing.pop(event.value):
+        when = event.value
+        landing = self._landing[when]
+        del self._landing[when]
+        for tr in landing:
             self.on_landed(tr)
 
 

@@ -319,9 +319,10 @@ class Simulation:
         """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
         stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
         key = (layer, expert)
-        entry = self._entries.pop(key, None)
+        entry = self._entries.get(key)  # (get and del: compiled, dict.pop with a default is a generic call)
         if entry is None:
             return
+        del self._entries[key]
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._counts[_PREFETCHES_UNUSED] += 1
@@ -345,11 +346,11 @@ class Simulation:
         needed = set(needed)
         for key in self.keys_of_layer(layer):
             if key[1] not in needed and not self._entries[key].resident:
-                self.evict(*key)
+                self.evict(key[0], key[1])
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
         for key in self.keys_of_layer(layer):
-            self.evict(*key, stop_transfer=stop_transfers)
+            self.evict(key[0], key[1], stop_transfers)
 
     # ======================================================================== internals
     def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
@@ -379,7 +380,7 @@ class Simulation:
         self._tally_busy_ps = self._tally_host_busy_ps = 0
 
     def _on_fetch_done(self, tr: Transfer) -> None:
-        entry = tr.tag
+        entry: _Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
         tally = self._tally_bytes
         moved = tr.moved_bytes
@@ -437,7 +438,7 @@ class Simulation:
                 continue
             if self.free_slots() <= 0:
                 for victim in self.policy.choose_victims(self, key[0], needed, 1 - self.free_slots()):
-                    self.evict(*victim)
+                    self.evict(victim[0], victim[1])
             if self.free_slots() <= 0:
                 return  # wait for an in-flight transfer to land or stop
             self._pending_demands.pop(0)

@@ -48,6 +48,7 @@ class FastFlowNetwork(FlowNetwork):
     def resume(self, flow: Flow, target_units: int = 0) -> None:
         self._advance()
         flow.target = max(int(target_units), 0)
+        flow.finish = -1
         self._insert(flow)
         self._changed()
 
@@ -101,7 +102,36 @@ class FastFlowNetwork(FlowNetwork):
                 self._memo.clear()
             self._memo[key] = rates
         for flow, rate in zip(flows, rates):
-            flow.rate = rate
+            if flow.rate != rate:
+                flow.rate = rate
+                flow.finish = -1  # reaches its target at another time now
+
+    def set_target(self, flow: Flow, target_units: int) -> None:
+        flow.finish = -1
+        FlowNetwork.set_target(self, flow, target_units)
+
+    def _soonest(self, now: int) -> int | None:
+        """The reference's, with each flow's finish time kept while its rate and target stay: at rate r a flow that
+        is `left` from its target at time t finishes at t + ceil(left / r), and since it moves exactly r·dt in dt,
+        that time is the same whenever it is computed (until its rate or target changes)."""
+        soonest: int | None = None
+        for flow in self.flows:
+            rate = flow.rate
+            if rate:
+                finish = flow.finish
+                if finish < 0:
+                    left = flow.remaining - flow.target
+                    finish = flow.finish = now + (-(-left // rate) if left > 0 else 0)
+                dt = max(finish, flow.not_before) - now
+                if dt < 0:
+                    dt = 0
+            elif flow.remaining <= flow.target:
+                dt = flow.not_before - now if flow.not_before > now else 0
+            else:
+                continue
+            if soonest is None or dt < soonest:
+                soonest = dt
+        return soonest
 
     def _schedule_tick(self, delay_ps: int, generation: int) -> None:
         wake_in(self._loop, delay_ps, self._tick_callback, generation)

@@ -43,7 +43,7 @@ class Flow:
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
     __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before",
-                 "order", "sid", "rank")
+                 "order", "sid", "rank", "finish")
 
     def __init__(self, fid: int, nbytes: int, path: Path, level: int, cap: int,
                  on_target: Callable[["Flow"], None] | None, tag: Any) -> None:
@@ -61,6 +61,7 @@ class Flow:
         self.order = (self.sig, fid)  # the allocation's order of flows
         self.sid = -1  # the signature's id in a network that interns them (chipsim.sim.fast_flows)
         self.rank = 0  # there: its place in the allocation's order as one int (signature's rank, then fid)
+        self.finish = -1  # there: when it reaches its target at its present rate (ps; -1: not known yet)
 
     @property
     def remaining_bytes(self) -> int:
