@@ -75,6 +75,7 @@ surrogates off or no shared experts every routed expert is computed exactly (qua
 from __future__ import annotations
 
 import math
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -202,6 +203,8 @@ class Spice(Policy):
         self._ids = ctx.trace_array("draft_ids")
         self._conf = ctx.trace_array("draft_conf")
         self._stamp: dict[tuple[int, int], int] = {}  # every expert in the buffer -> LRU stamp (see module doc)
+        # (stamp, key) of every stamp given, smallest first; one no longer in _stamp is dropped when it comes up
+        self._by_stamp: list[tuple[int, tuple[int, int]]] = []
         self._pos = 0
         self._token_ids = None
         self._token_conf = None
@@ -251,8 +254,21 @@ class Spice(Policy):
             return True
         pos = self._pos
         stamp = self._stamp
-        if past_only:
-            # only stamps behind the running layer: the victim order is then (stamp, key), compared as tuples
+        if past_only and not protect:
+            # only stamps behind the running layer, in (stamp, key) order: the smallest ones of _by_stamp
+            heap = self._by_stamp
+            victims = []
+            while heap and len(victims) < short:
+                s, k = heap[0]
+                if stamp.get(k) != s or k in victims:  # evicted or stamped again since
+                    heappop(heap)
+                elif s >= pos:
+                    break
+                else:
+                    victims.append(heappop(heap)[1])
+            if not victims:
+                return False
+        elif past_only:
             behind = [(s, k) for k, s in stamp.items() if s < pos and k not in protect]
             if not behind:
                 return False
@@ -279,15 +295,20 @@ class Spice(Policy):
 
     def _prefetch(self, ctx: SimContext, layer: int, expert: int, stamp: int) -> bool:
         key = (layer, expert)
-        if key in self._stamp:
-            if stamp > self._stamp[key]:
-                self._stamp[key] = stamp
+        old = self._stamp.get(key)
+        if old is not None:
+            if stamp > old:
+                self._set_stamp(key, stamp)
             return True
         # a prefetch may only push out experts whose use is behind us
         if not self._make_room(ctx, 1, past_only=True) or not ctx.prefetch(layer, expert):
             return False
-        self._stamp[key] = stamp
+        self._set_stamp(key, stamp)
         return True
+
+    def _set_stamp(self, key: tuple[int, int], stamp: int) -> None:
+        self._stamp[key] = stamp
+        heappush(self._by_stamp, (stamp, key))
 
     # ------------------------------------------------------------------------------ hooks
     def on_token_start(self, ctx: SimContext, t: int) -> None:
@@ -330,7 +351,7 @@ class Spice(Policy):
         for e in routed:
             key = (layer, e)
             if key in stamp:
-                stamp[key] = pos
+                self._set_stamp(key, pos)
                 execute.append(e)
             else:
                 misses.append(e)
@@ -370,7 +391,7 @@ class Spice(Policy):
             protect = {(layer, e) for e in routed}
             self._make_room(ctx, len(to_fetch), protect=protect)
             for e in to_fetch:
-                stamp[(layer, e)] = pos
+                self._set_stamp((layer, e), pos)
             execute.extend(to_fetch)
         self.fetched[t, layer] = len(to_fetch)
         return plan
