@@ -614,7 +614,11 @@ class Simulation:
         missing of it."""
         routed = self.trace_routed(t, layer)
         layers = self.rec.layers
-        hits = sum(1 for e in routed if (layer, e) in self._entries)
+        entries = self._entries
+        hits = 0
+        for e in routed:
+            if (layer, e) in entries:
+                hits += 1
         layers.hits[t, layer] = hits
         layers.overlap[t, layer] = hits == len(routed)
         with self.dma.batch():
@@ -648,15 +652,21 @@ class Simulation:
         remaining = list(plan.execute)
         entries = self._entries
         while remaining:
-            ready = [e for e in remaining if (layer, e) in entries and entries[(layer, e)].resident]
+            ready: list[int] = []
+            ready_entries: list[_Entry] = []
+            for e in remaining:
+                entry = entries.get((layer, e))
+                if entry is not None and entry.resident:
+                    ready.append(e)
+                    ready_entries.append(entry)
             if ready:
                 last = len(ready) == len(remaining)
                 work = extra + expert.times(len(ready)) + (combine if last else NO_WORK)
                 extra = NO_WORK
-                for e in ready:
-                    entry = entries[(layer, e)]
+                use = t * self.num_moe_layers + layer
+                for entry in ready_entries:
                     entry.used = True
-                    entry.last_use = t * self.num_moe_layers + layer
+                    entry.last_use = use
                 yield from self._compute(work, "L%d experts %s", layer, ready)
                 self._counts[_EXPERT_COMPUTES] += len(ready)
                 ready_set = set(ready)
