@@ -123,6 +123,9 @@ class SimContext(Protocol):
     def last_use(self, key: Key) -> int:
         """When a present expert was last computed, as token × MoE layers + layer; -1 if never."""
 
+    def resident_last_uses(self) -> list[tuple[int, Key]]:
+        """(last_use(key), key) of every arrived expert, in one call: an LRU order's sort keys."""
+
     def free_slots(self) -> int:
         """Slots neither held nor still draining an evicted transfer."""
 

@@ -101,17 +101,18 @@ class ExpertCache(Policy):
             return []
         pending = self._pending
         run_layer, run_needed = self._running
+        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) tuples from the engine in one call
+            ranked = [(use, key) for use, key in ctx.resident_last_uses()
+                      if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
+                      and not (key[0] == run_layer and key[1] in run_needed)]
+            if count == 1:
+                return [min(ranked)[1]] if ranked else []
+            return [key for _, key in sorted(ranked)[:count]]
         candidates = [
             key for key in ctx.resident_keys()
             if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
             and not (key[0] == run_layer and key[1] in run_needed)
         ]
-        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) compared as tuples, no call per key
-            last_use = ctx.last_use
-            ranked = [(last_use(key), key) for key in candidates]
-            if count == 1:
-                return [min(ranked)[1]] if ranked else []
-            return [key for _, key in heapq.nsmallest(count, ranked)]
         order = self._order  # a total order (ties broken by key), so min/nsmallest equal a full sort
         if count == 1:
             best = min(candidates, key=lambda key: order(ctx, key), default=None)

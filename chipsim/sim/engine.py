@@ -285,6 +285,9 @@ class Simulation:
     def last_use(self, key: tuple[int, int]) -> int:
         return self._entries[key].last_use
 
+    def resident_last_uses(self) -> list[tuple[int, tuple[int, int]]]:
+        return [(entry.last_use, key) for key, entry in self._entries.items() if entry.resident]
+
     def free_slots(self) -> int:
         return self.slots - len(self._entries) - self._zombies
 
