@@ -393,6 +393,7 @@ class DmaPath:
         finish = tr.finish_ps = now + self.latency_ps if latency else now
         self.bytes_moved += moved
         tr.state = DONE
+        tr.flow = None  # its flow is done: no transfer <-> flow cycle left for the cyclic garbage collector
         # one SimPy event per distinct landing time, however many transfers land then
         group = self._landing.get(finish)
         if group is None:

@@ -397,6 +397,9 @@ class Simulation:
         entry.parts_left -= 1
         if entry.parts_left:
             return
+        # every transfer has landed: drop the entry <-> transfer cycle, so that both go by reference counting
+        # once evicted instead of waiting for the cyclic garbage collector
+        entry.transfers.clear()
         if entry.evicted:
             self._zombies -= 1
             self._serve_pending_demands()
