@@ -306,7 +306,9 @@ def test_ctrl_c_stops_a_dask_sweep_at_once_with_one_line(tmp_path, presses):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert elapsed < 1.5 + 0.05 * presses
+    # closing the LocalCluster's worker processes is Dask's: 1.0-1.5 s on a quiet day on this 2-core VM, up to 1.9 s
+    # on a slow one; the sweep itself (4 points of 7 policies over 1,024 tokens) would run for minutes
+    assert elapsed < 3.0 + 0.05 * presses
     assert proc.returncode == 130 and err.decode().strip() == "chipsim: interrupted"
     _, alive = psutil.wait_procs(group, timeout=3.0)
     assert alive == []
