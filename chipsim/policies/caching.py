@@ -16,7 +16,6 @@ beside them.
 
 from __future__ import annotations
 
-import heapq
 
 import numpy as np
 
@@ -101,23 +100,17 @@ class ExpertCache(Policy):
             return []
         pending = self._pending
         run_layer, run_needed = self._running
-        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) tuples from the engine in one call
-            ranked = [(use, key) for use, key in ctx.resident_last_uses()
-                      if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
-                      and not (key[0] == run_layer and key[1] in run_needed)]
-            if count == 1:
-                return [min(ranked)[1]] if ranked else []
-            return [key for _, key in sorted(ranked)[:count]]
-        candidates = [
-            key for key in ctx.resident_keys()
-            if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
-            and not (key[0] == run_layer and key[1] in run_needed)
-        ]
-        order = self._order  # a total order (ties broken by key), so min/nsmallest equal a full sort
+        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) of every resident expert in one call
+            ranked = ctx.resident_last_uses()
+        else:
+            ranked = [(self._order(ctx, key), key) for key in ctx.resident_keys()]
+        # _order is a total order (ties broken by key), so the smallest of (order, key) equal a full sort's first
+        ranked = [(rank, key) for rank, key in ranked
+                  if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
+                  and not (key[0] == run_layer and key[1] in run_needed)]
         if count == 1:
-            best = min(candidates, key=lambda key: order(ctx, key), default=None)
-            return [] if best is None else [best]
-        return heapq.nsmallest(count, candidates, key=lambda key: order(ctx, key))
+            return [min(ranked)[1]] if ranked else []
+        return [key for _, key in sorted(ranked)[:count]]
 
     def choose_victims(self, ctx: SimContext, layer, needed, count):
         return self._victims(ctx, layer, needed, count)

@@ -249,12 +249,14 @@ class Spice(Policy):
         return sorted(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))
 
     def _make_room(self, ctx: SimContext, count: int, protect=(), past_only: bool = False) -> bool:
+        """Evict until `count` more experts fit. past_only (a prefetch's room): only experts stamped behind the
+        running layer may go; otherwise any but those in `protect`. False if too few could go."""
         short = count - self._room(ctx)
         if short <= 0:
             return True
         pos = self._pos
         stamp = self._stamp
-        if past_only and not protect:
+        if past_only:  # (a prefetch's room: nothing to protect)
             # only stamps behind the running layer, in (stamp, key) order: the smallest ones of _by_stamp
             heap = self._by_stamp
             victims = []
@@ -268,11 +270,6 @@ class Spice(Policy):
                     victims.append(heappop(heap)[1])
             if not victims:
                 return False
-        elif past_only:
-            behind = [(s, k) for k, s in stamp.items() if s < pos and k not in protect]
-            if not behind:
-                return False
-            victims = [min(behind)[1]] if short == 1 else [k for _, k in sorted(behind)[:short]]
         else:
             keys = [k for k in stamp if k not in protect]
             if not keys:

@@ -37,7 +37,7 @@ from chipsim.policies.base import LayerPlan, Policy
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
 from chipsim.sim.energy import ACTIONS
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork, Path
-from chipsim.sim.record import RecordedTimeline, RunRecorder, SimResult
+from chipsim.sim.record import RecordedTimeline, RunCounts, RunRecorder, SimResult
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
@@ -81,14 +81,6 @@ _SFU_OP: Final = ACTIONS.index("sfu_op")
 _VECTOR_OP: Final = ACTIONS.index("vector_op")
 _SRAM_READ_BIT: Final = ACTIONS.index("sram_read_bit")
 _SRAM_WRITE_BIT: Final = ACTIONS.index("sram_write_bit")
-
-# the run's counters (chipsim.sim.record.RunCounts) by their place in the engine's list
-_COUNTED: Final = ("prefetches_issued", "prefetches_dropped", "prefetches_unused", "fetches_total", "expert_computes")
-_PREFETCHES_ISSUED: Final = 0
-_PREFETCHES_DROPPED: Final = 1
-_PREFETCHES_UNUSED: Final = 2
-_FETCHES_TOTAL: Final = 3
-_EXPERT_COMPUTES: Final = 4
 
 # UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
 _UCIE_FETCH: Final = "ucie_io"
@@ -166,8 +158,9 @@ class Simulation:
         self._at_hbm, self._at_ucie, self._at_lpddr5x, self._at_pcie = (place["hbm"], place["ucie"],
                                                                         place["lpddr5x"], place["pcie"])
         self._fetch_places = [place[c] for c in self._fetch_components]
-        self._counts = [0] * len(_COUNTED)  # the run's counters (RunCounts), added to it when the run ends
-        self._peak_buffer_slots = 0
+        # the run's counters as plain ints (compiled code counts them natively); rec.counts gets them at the end
+        self._prefetches_issued = self._prefetches_dropped = self._prefetches_unused = 0
+        self._fetches_total = self._expert_computes = self._peak_buffer_slots = 0
         self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
@@ -312,10 +305,10 @@ class Simulation:
         if key in self._entries:
             return True
         if self.free_slots() <= 0:
-            self._counts[_PREFETCHES_DROPPED] += 1
+            self._prefetches_dropped += 1
             return False
         self._issue(key, PREFETCH)
-        self._counts[_PREFETCHES_ISSUED] += 1
+        self._prefetches_issued += 1
         return True
 
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
@@ -328,7 +321,7 @@ class Simulation:
         del self._entries[key]
         entry.evicted = True
         if entry.prefetched and not entry.used:
-            self._counts[_PREFETCHES_UNUSED] += 1
+            self._prefetches_unused += 1
         if not entry.resident:
             self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
             if stop_transfer and self._cancel_in_flight:
@@ -363,7 +356,7 @@ class Simulation:
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
                                                descriptors=len(self._part_bytes)))
         entry.parts_left = 1
-        self._counts[_FETCHES_TOTAL] += 1
+        self._fetches_total += 1
         held = len(self._entries) + self._zombies
         if held > self._peak_buffer_slots:
             self._peak_buffer_slots = held
@@ -583,7 +576,6 @@ class Simulation:
             if self._dma_recorder is not None:
                 self._dma_recorder.stopping = True
         token_start = self._now()
-        self._add_tally()  # what landed since the last token ended is still that token's
         self.rec.start_token()
         stall = 0
         with self.dma.batch():
@@ -674,7 +666,7 @@ class Simulation:
                     entry.used = True
                     entry.last_use = use
                 yield from self._compute(work, "L%d experts %s", layer, ready)
-                self._counts[_EXPERT_COMPUTES] += len(ready)
+                self._expert_computes += len(ready)
                 ready_set = set(ready)
                 remaining = [e for e in remaining if e not in ready_set]
             elif extra.ps:  # shared experts do not wait for routed ones
@@ -709,10 +701,10 @@ class Simulation:
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )
         self._add_tally()  # transfers that landed after the last token: charged to it
-        counts = self.rec.counts
-        for name, n in zip(_COUNTED, self._counts):
-            setattr(counts, name, getattr(counts, name) + n)
-        counts.peak_buffer_slots = max(counts.peak_buffer_slots, self._peak_buffer_slots)
+        self.rec.counts = RunCounts(prefetches_issued=self._prefetches_issued,
+                                    prefetches_dropped=self._prefetches_dropped,
+                                    prefetches_unused=self._prefetches_unused, fetches_total=self._fetches_total,
+                                    peak_buffer_slots=self._peak_buffer_slots, expert_computes=self._expert_computes)
         timeline = self._recorded_timeline() if self._dma_recorder is not None else None
         return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
 

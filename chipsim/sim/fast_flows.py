@@ -4,9 +4,9 @@ sorted at every allocation), the ticks scheduled as `Wake`s."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Final
+from typing import Any, Final
 
-from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Path, Signature
+from chipsim.sim.flows import _MEMO_MAX, Flow, FlowNetwork, Signature
 from chipsim.sim.wake import Loop, Wake, wake_in
 
 
@@ -29,29 +29,6 @@ class FastFlowNetwork(FlowNetwork):
         self._sigs: list[Signature] = []
         self._sig_rank: list[int] = []  # each signature's place among all interned ones, in the reference's order
 
-    def add(self, nbytes: int, path: Path, level: int = 0, cap: int = 0,
-            on_target: Callable[[Flow], None] | None = None, tag: Any = None, not_before: int = 0) -> Flow:
-        if nbytes <= 0 or not path:
-            raise ValueError("a flow moves at least one byte over at least one resource")
-        self._advance()
-        flow = Flow(self._next_fid, int(nbytes), path, int(level), int(cap), on_target, tag)
-        flow.not_before = int(not_before)
-        sid = self._sig_ids.get(flow.sig)
-        if sid is None:
-            sid = self._intern(flow.sig)
-        flow.sid = sid
-        self._next_fid += 1
-        self._insert(flow)
-        self._changed()
-        return flow
-
-    def resume(self, flow: Flow, target_units: int = 0) -> None:
-        self._advance()
-        flow.target = max(int(target_units), 0)
-        flow.finish = -1
-        self._insert(flow)
-        self._changed()
-
     def _intern(self, sig: Signature) -> int:
         """A new signature's id; every signature's rank again (the flows present re-ordered by it)."""
         sid = self._sig_ids[sig] = len(self._sigs)
@@ -67,9 +44,14 @@ class FastFlowNetwork(FlowNetwork):
         return sid
 
     def _insert(self, flow: Flow) -> None:
-        """Into the flows, in the reference's allocation order (signature, then fid): one int compared per flow."""
-        if flow.fid >= 1 << _FID_BITS:
-            raise OverflowError("more flows than the fast path's order key counts")
+        """Into the flows, in the reference's allocation order (signature, then fid): one int compared per flow. A
+        new flow's signature is interned first; a resumed one's finish time is not known at its new target."""
+        if flow.sid < 0:
+            sid = self._sig_ids.get(flow.sig)
+            flow.sid = self._intern(flow.sig) if sid is None else sid
+            if flow.fid >= 1 << _FID_BITS:
+                raise OverflowError("more flows than the fast path's order key counts")
+        flow.finish = -1
         key = flow.rank = (self._sig_rank[flow.sid] << _FID_BITS) | flow.fid
         flows = self.flows
         i = len(flows)

@@ -43,7 +43,7 @@ class Flow:
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
     __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before",
-                 "order", "sid", "rank", "finish")
+                 "sid", "rank", "finish")
 
     def __init__(self, fid: int, nbytes: int, path: Path, level: int, cap: int,
                  on_target: Callable[["Flow"], None] | None, tag: Any) -> None:
@@ -58,7 +58,6 @@ class Flow:
         self.tag = tag
         self.sig: Signature = (path, level, cap)
         self.not_before = 0  # ps: it does not reach its target earlier (an operation's own compute time)
-        self.order = (self.sig, fid)  # the allocation's order of flows
         self.sid = -1  # the signature's id in a network that interns them (chipsim.sim.fast_flows)
         self.rank = 0  # there: its place in the allocation's order as one int (signature's rank, then fid)
         self.finish = -1  # there: when it reaches its target at its present rate (ps; -1: not known yet)
@@ -110,7 +109,7 @@ class FlowNetwork:
         flow = Flow(self._next_fid, int(nbytes), path, int(level), int(cap), on_target, tag)
         flow.not_before = int(not_before)
         self._next_fid += 1
-        self.flows.append(flow)
+        self._insert(flow)
         self._changed()
         return flow
 
@@ -118,7 +117,7 @@ class FlowNetwork:
         """Put a flow that reached an earlier target (or was removed) back, to run on to `target_units`."""
         self._advance()
         flow.target = max(int(target_units), 0)
-        self.flows.append(flow)
+        self._insert(flow)
         self._changed()
 
     def set_target(self, flow: Flow, target_units: int) -> None:
@@ -160,6 +159,11 @@ class FlowNetwork:
         self._advance()
 
     # ------------------------------------------------------------------------------------ internals
+    def _insert(self, flow: Flow) -> None:
+        """A flow joins the network (added or resumed); the allocation sorts them (chipsim.sim.fast_flows inserts
+        each in order instead)."""
+        self.flows.append(flow)
+
     def _now(self) -> int:
         """The clock (chipsim.sim.fast_flows reads its own, typed, without a generic attribute lookup)."""
         return self.env.now
@@ -304,7 +308,8 @@ class FlowNetwork:
 
 
 def _order(flow: Flow) -> tuple[Signature, int]:
-    return flow.order
+    """The allocation's order of flows: by signature, then by id."""
+    return (flow.sig, flow.fid)
 
 
 class _Batch:
