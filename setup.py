@@ -31,6 +31,7 @@ def _constant(name: str):
 
 NAMES = tuple(_constant("COMPILED"))
 RECORD = _constant("RECORD")
+NATIVE_SOURCE = _constant("NATIVE_SOURCE")
 
 
 def _warn(why: str) -> None:
@@ -49,9 +50,30 @@ def _extensions() -> list:
     cwd = os.getcwd()
     os.chdir(ROOT)  # mypyc reads pyproject.toml's [tool.mypy] and writes its C files under build/
     try:
-        return mypycify([f"chipsim/sim/{name}.py" for name in NAMES], opt_level="3")
+        extensions = mypycify([f"chipsim/sim/{name}.py" for name in NAMES], opt_level="3")
     except BaseException as e:  # a type error in the compiled modules ends mypyc with SystemExit
         _warn(f"mypyc failed: {e}")
+        return []
+    finally:
+        os.chdir(cwd)
+    return extensions + _native_extension()
+
+
+def _native_extension() -> list:
+    """chipsim.sim.native (the fast path's event core in C) from its Cython source; without Cython the fast path
+    runs on the compiled Python classes instead."""
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("chipsim: Cython is not installed; the fast path runs without its C event core", file=sys.stderr)
+        return []
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return cythonize([Extension("chipsim.sim.native", [f"chipsim/sim/{NATIVE_SOURCE}"])], quiet=True,
+                         build_dir="build")
+    except BaseException as e:  # a Cython compile error
+        print(f"chipsim: Cython failed ({e}); the fast path runs without its C event core", file=sys.stderr)
         return []
     finally:
         os.chdir(cwd)
@@ -67,7 +89,8 @@ class OptionalBuildExt(build_ext):
             self.distribution.ext_modules = _extensions()
             if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
                 for path in SIM.iterdir():
-                    if path.name == RECORD or (path.name.split(".")[0] in NAMES and path.suffix in (".so", ".pyd")):
+                    if path.name == RECORD or (path.name.split(".")[0] in NAMES + ("native",)
+                                               and path.suffix in (".so", ".pyd")):
                         path.unlink()
         super().finalize_options()
 
@@ -82,8 +105,10 @@ class OptionalBuildExt(build_ext):
             return
         if self.extensions:
             record = Path(self.get_ext_fullpath("chipsim.sim.engine")).parent / RECORD
-            record.write_text(json.dumps({name: hashlib.sha256((SIM / f"{name}.py").read_bytes()).hexdigest()
-                                          for name in NAMES}, indent=1, sort_keys=True) + "\n")
+            digests = {name: hashlib.sha256((SIM / f"{name}.py").read_bytes()).hexdigest() for name in NAMES}
+            if any(ext.name == "chipsim.sim.native" for ext in self.extensions):
+                digests["native"] = hashlib.sha256((SIM / NATIVE_SOURCE).read_bytes()).hexdigest()
+            record.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
 # a stand-in, so that setuptools builds extensions (and tags the wheel for this platform); build_ext replaces it

@@ -22,7 +22,7 @@ from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
-from chipsim.sim.fast import FastSimulation
+from chipsim.sim.fast import fast_engine
 from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
@@ -160,7 +160,7 @@ TOKEN_BAR_MIN = 4096
 
 def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0,
              progress: bool = False) -> SimResult:
-    engine = FastSimulation if prep.config.hw.run.engine == "fast" else Simulation
+    engine = fast_engine() if prep.config.hw.run.engine == "fast" else Simulation
     sim = engine(prep.config.hw, prep.workload, prep.trace, policy,
                      max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events,
                      record_tokens=record_tokens)

@@ -4,6 +4,7 @@ import pytest
 import simpy
 
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
+from chipsim.sim.fast import native_available
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.flows import FlowNetwork
 from chipsim.sim.wake import Loop
@@ -11,12 +12,20 @@ from chipsim.sim.wake import Loop
 Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
 
-@pytest.fixture(params=["reference", "fast"], autouse=True)
+@pytest.fixture(params=["reference", "fast", "native"], autouse=True)
 def engine(request, monkeypatch):
-    """Every check here runs on the engine of record's DmaPath and on the fast path's FastDmaPath."""
+    """Every check here runs on the engine of record's DmaPath, on the fast path's FastDmaPath and on its C event core's
+    (chipsim.sim.native, where the install built it)."""
     if request.param == "fast":
         monkeypatch.setitem(globals(), "DmaPath", FastDmaPath)
         monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
+    elif request.param == "native":
+        if not native_available():
+            pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")
+        native = pytest.importorskip("chipsim.sim.native")
+        monkeypatch.setitem(globals(), "DmaPath", native.DmaPath)
+        monkeypatch.setitem(globals(), "FlowNetwork", native.FlowNetwork)
+        monkeypatch.setitem(globals(), "Environment", native.Loop)
     return request.param
 
 

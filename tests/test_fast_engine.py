@@ -4,15 +4,18 @@
 experts staged in SRAM, operations faster than their operand path, Thor without preemption or cancels), results
 identical to the picosecond, the byte and the picojoule, the recorded timeline included."""
 
+import copy
 import os
 
 import numpy as np
 import pytest
 
 import chipsim.policies  # noqa: F401  (registers every policy)
+import chipsim.sim
 from chipsim.errors import InputError
 from chipsim.policies.base import REGISTRY
 from chipsim.runner import prepare, simulate
+from chipsim.sim.fast import FastSimulation, NativeSimulation, fast_engine, native_available
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.metrics import per_token_energy_pj
 from chipsim.sim.record import differences
@@ -37,6 +40,12 @@ def _prepared(config: str, overrides: list[str], engine: str, policies):
                    [f"workload.max_tokens={TOKENS}", f"run.engine={engine}", *overrides], policies)
 
 
+def _fast_engines() -> list[type]:
+    """The fast path as `run.engine: fast` runs it (on chipsim.sim.native where it was built) and, where that is
+    native, its compiled Python classes too (what runs where Cython was not there at install)."""
+    return [FastSimulation, NativeSimulation] if native_available() else [FastSimulation]
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_policy_gives_the_reference_results_exactly(name):
     config, overrides = CONFIGS[name]
@@ -44,23 +53,34 @@ def test_every_policy_gives_the_reference_results_exactly(name):
     ref = _prepared(config, overrides, "reference", policies)
     fast = _prepared(config, overrides, "fast", policies)
     table = EnergyTable.from_config(ref.config.hw)
+    hw, workload, trace = fast.config.hw, fast.workload, fast.trace
     for p_ref, p_fast in zip(ref.policies, fast.policies):
-        a, b = simulate(ref, p_ref), simulate(fast, p_fast)
+        a = simulate(ref, p_ref)
         assert a.tokens == TOKENS
-        assert differences(a, b) == [], f"{name} {p_ref.label}"
-        energy_a, energy_b = per_token_energy_pj(a, table), per_token_energy_pj(b, table)
-        assert all(np.array_equal(energy_a[k], energy_b[k]) for k in energy_a), f"{name} {p_ref.label}"
+        energy_a = per_token_energy_pj(a, table)
+        for engine in _fast_engines():
+            b = engine(hw, workload, trace, copy.deepcopy(p_fast), max_tokens=TOKENS).run()
+            assert differences(a, b) == [], f"{name} {p_ref.label} {engine.__name__}"
+            energy_b = per_token_energy_pj(b, table)
+            assert all(np.array_equal(energy_a[k], energy_b[k]) for k in energy_a), f"{name} {p_ref.label}"
+
+
+def test_the_fast_path_runs_on_the_c_event_core_where_it_was_built():
+    assert fast_engine() is (NativeSimulation if native_available() else FastSimulation)
+    if native_available():
+        assert chipsim.sim.NATIVE and chipsim.sim.BUILD == "compiled (mypyc)"
 
 
 def test_the_recorded_timeline_is_the_same():
     config, overrides = CONFIGS["thor"]
-    runs = {}
-    for engine in ("reference", "fast"):
-        prep = _prepared(config, overrides, engine, ["apex"])
-        runs[engine] = simulate(prep, prep.policies[0], record_events=True, record_tokens=4)
-    ref, fast = runs["reference"].timeline, runs["fast"].timeline
-    assert ref.events == fast.events and ref.dma == fast.dma and ref.link == fast.link
+    prep = _prepared(config, overrides, "reference", ["apex"])
+    ref = simulate(prep, prep.policies[0], record_events=True, record_tokens=4).timeline
     assert len(ref.dma) > 0
+    fast_prep = _prepared(config, overrides, "fast", ["apex"])
+    for engine in _fast_engines():
+        fast = engine(fast_prep.config.hw, fast_prep.workload, fast_prep.trace, copy.deepcopy(fast_prep.policies[0]),
+                      max_tokens=TOKENS, record_events=True, record_tokens=4).run().timeline
+        assert ref.events == fast.events and ref.dma == fast.dma and ref.link == fast.link, engine.__name__
 
 
 def test_an_unknown_engine_is_refused_naming_the_key():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import simpy
 
+from chipsim.sim.fast import native_available
 from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.units import PS_PER_S
@@ -14,12 +15,19 @@ from chipsim.sim.wake import Loop
 Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
 
-@pytest.fixture(params=["reference", "fast"], autouse=True)
+@pytest.fixture(params=["reference", "fast", "native"], autouse=True)
 def engine(request, monkeypatch):
-    """Every check here runs on the engine of record's FlowNetwork and on the fast path's FastFlowNetwork."""
+    """Every check here runs on the engine of record's FlowNetwork, on the fast path's FastFlowNetwork and on its C
+    event core's (chipsim.sim.native, where the install built it)."""
     if request.param == "fast":
         monkeypatch.setitem(globals(), "FlowNetwork", FastFlowNetwork)
         monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
+    elif request.param == "native":
+        if not native_available():
+            pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")
+        native = pytest.importorskip("chipsim.sim.native")
+        monkeypatch.setitem(globals(), "FlowNetwork", native.FlowNetwork)
+        monkeypatch.setitem(globals(), "Environment", native.Loop)
     return request.param
 
 

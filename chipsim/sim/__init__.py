@@ -20,6 +20,7 @@ from pathlib import Path
 
 COMPILED = ("wake", "flows", "dma", "fast_flows", "fast_dma", "engine", "fast")
 RECORD = "_compiled_sources.json"  # written by setup.py next to the compiled modules: the sources they came from
+NATIVE_SOURCE = "native.pyx"  # the fast path's event core in C (Cython), built beside them where Cython is there
 _HERE = Path(__file__).resolve().parent
 
 
@@ -68,3 +69,18 @@ if BUILD not in (_COMPILED_STATE, _NOT_COMPILED_STATE):  # compiled, but not to 
     if "stale" in BUILD and not os.environ.get("CHIPSIM_STALE_WARNED"):
         os.environ["CHIPSIM_STALE_WARNED"] = "1"  # once, not again in worker processes
         print(f"chipsim: the event engine runs as {BUILD}; `pip install -e .` compiles it again", file=sys.stderr)
+
+
+def _native_state() -> bool:
+    """Whether chipsim.sim.native may run: built from native.pyx as it is now, with the rest compiled and run so."""
+    if BUILD != _COMPILED_STATE or not any((_HERE / f"native{suffix}").exists()
+                                           for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        return False
+    try:
+        recorded = json.loads((_HERE / RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded.get("native") == hashlib.sha256((_HERE / NATIVE_SOURCE).read_bytes()).hexdigest()
+
+
+NATIVE = _native_state()  # the fast path runs on chipsim.sim.native (chipsim.sim.fast.native_available)

@@ -72,9 +72,9 @@ def _flow(tr: Transfer) -> Flow:
 
 
 class DmaRecorder:
-    """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`):
-    which engine each transfer holds (lowest free id first), the spans of its setup and data phases on
-    that engine, and samples of the link's state. `stopping` takes no new transfers; once the held
+    """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`, and
+    chipsim.sim.native's: its path and transfers are typed Any here): which engine each transfer holds (lowest
+    free id first), the spans of its setup and data phases on that engine, and samples of the link's state. `stopping` takes no new transfers; once the held
     ones are done the path drops the recorder, so the rest of the run pays nothing."""
 
     __slots__ = ("free", "held", "spans", "link", "stopping")
@@ -83,27 +83,27 @@ class DmaRecorder:
         self.free = list(range(engines))  # heap of free engine ids
         self.held: dict[int, list[Any]] = {}  # tid -> [engine, phase, start ps, priority at start]
         # (engine, phase, transfer, start ps, end ps, priority at start)
-        self.spans: list[tuple[int, str, Transfer, int, int, int]] = []
+        self.spans: list[tuple[int, str, Any, int, int, int]] = []
         self.link: list[tuple[int, int, int]] = []  # (ps, transfers moving data, transfers waiting)
         self.stopping = False
 
-    def take(self, tr: Transfer, now: int, phase: str) -> None:
+    def take(self, tr: Any, now: int, phase: str) -> None:
         if not self.stopping:
             self.held[tr.tid] = [heappop(self.free), phase, now, tr.priority]
 
-    def next_phase(self, tr: Transfer, now: int, phase: str) -> None:
+    def next_phase(self, tr: Any, now: int, phase: str) -> None:
         h = self.held.get(tr.tid)
         if h is not None:
             self.spans.append((h[0], h[1], tr, h[2], now, h[3]))
             h[1], h[2], h[3] = phase, now, tr.priority
 
-    def release(self, tr: Transfer, now: int) -> None:
+    def release(self, tr: Any, now: int) -> None:
         h = self.held.pop(tr.tid, None)
         if h is not None:
             self.spans.append((h[0], h[1], tr, h[2], now, h[3]))
             heappush(self.free, h[0])
 
-    def sample(self, path: "DmaPath") -> None:
+    def sample(self, path: Any) -> None:
         if self.stopping and not self.held:
             path.recorder = None
             return

@@ -34,7 +34,7 @@ from chipsim.hw.compute import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy
-from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder, Transfer
+from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder
 from chipsim.sim.energy import ACTIONS
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork, Path
 from chipsim.sim.record import RecordedTimeline, RunCounts, RunRecorder, SimResult
@@ -104,7 +104,7 @@ class _Entry:
 
     def __init__(self, key: tuple[int, int], prefetched: bool) -> None:
         self.key = key
-        self.transfers: list[Transfer] = []
+        self.transfers: list[Any] = []  # chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         self.parts_left = 0
         self.evicted = False
         self.resident = False
@@ -119,8 +119,9 @@ class Simulation:
     """One policy replaying one trace on one hardware config."""
 
     # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python)
-    network_class: ClassVar[type[FlowNetwork]] = FlowNetwork
-    dma_class: ClassVar[type[DmaPath]] = DmaPath
+    # (typed Any: chipsim.sim.native's C classes stand in for them on the fast path)
+    network_class: ClassVar[Any] = FlowNetwork
+    dma_class: ClassVar[Any] = DmaPath
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
@@ -144,7 +145,7 @@ class Simulation:
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         self._stage_in_sram = hw.expert_buffer.location == "sram"
-        self.network = self._network(self.env, hw, comps, self._stage_in_sram)
+        self.network: Any = self._network(self.env, hw, comps, self._stage_in_sram)
         net = self.network
         self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
@@ -165,7 +166,7 @@ class Simulation:
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path(("lpddr5x", READ))
-        self.dma = self.dma_class(
+        self.dma: Any = self._dma_class()(
             self.env,
             bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
@@ -209,7 +210,7 @@ class Simulation:
             self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
 
     @classmethod
-    def _network(cls, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> FlowNetwork:
+    def _network(cls, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> Any:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
@@ -228,8 +229,15 @@ class Simulation:
             gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
             shared.append(0)
-        return cls.network_class(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
+        return cls._network_class()(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
                            [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
+
+    @classmethod
+    def _network_class(cls) -> Any:
+        return cls.network_class
+
+    def _dma_class(self) -> Any:
+        return self.dma_class
 
     @staticmethod
     def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, bool]]:
@@ -375,11 +383,11 @@ class Simulation:
         ledger.host_busy_ps += self._tally_host_busy_ps
         self._tally_busy_ps = self._tally_host_busy_ps = 0
 
-    def _on_fetch_done(self, tr: Transfer) -> None:
+    def _on_fetch_done(self, tr: Any) -> None:  # a chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         entry: _Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
         tally = self._tally_bytes
-        moved = tr.moved_bytes
+        moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
         for i in self._fetch_places:  # every byte of a fetch crosses every component of the path
             tally[i] += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
@@ -458,8 +466,7 @@ class Simulation:
     def _event(self) -> Any:
         return self.env.event()
 
-    @staticmethod
-    def _succeed(event: Any) -> None:
+    def _succeed(self, event: Any) -> None:
         event.succeed()
 
     def _process(self, generator: Generator[Any, Any, Any]) -> Any:

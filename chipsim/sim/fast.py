@@ -58,8 +58,7 @@ class FastSimulation(Simulation):
     def _event(self) -> Any:
         return pending(self.env)
 
-    @staticmethod
-    def _succeed(event: Any) -> None:
+    def _succeed(self, event: Any) -> None:
         trigger(event)
 
     def _process(self, generator: Generator[Any, Any, Any]) -> Any:
@@ -72,17 +71,103 @@ class FastSimulation(Simulation):
         return Resource(self.env, capacity)
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
-        """No flow in the network and nothing scheduled before `work` ends: nothing can start meanwhile. Each of
-        its operand streams, capped at its bytes over its time alone, then ends at exactly its own time, unless
-        that cap exceeds what the path gives one flow alone."""
-        if self.network.flows:
-            return False
         queue = self._loop._queue
-        if queue and queue[0][0] <= start + work.ps:
-            return False
-        hbm_ps = work.ps - work.fixed - work.sram_ps
-        if work.bytes and hbm_ps > 0 and -(-work.bytes * PS_PER_S // hbm_ps) > self._operand_alone_rate:
-            return False
-        sram_ps = work.sram_ps
-        return not (work.sram_bytes and sram_ps > 0 and self._sram_flow_path is not None
-                    and -(-work.sram_bytes * PS_PER_S // sram_ps) > self._sram_alone_rate)
+        return _alone_until_end(self, queue[0][0] if queue else -1, work, start)
+
+
+def _alone_until_end(sim: Any, next_event_ps: int, work: _Work, start: int) -> bool:
+    """No flow in the network and nothing scheduled before `work` ends (`next_event_ps`: the earliest pending
+    event, -1: none): nothing can start meanwhile. Each of its operand streams, capped at its bytes over its time
+    alone, then ends at exactly its own time, unless that cap exceeds what the path gives one flow alone."""
+    if sim.network.flows:
+        return False
+    if 0 <= next_event_ps <= start + work.ps:
+        return False
+    hbm_ps = work.ps - work.fixed - work.sram_ps
+    if work.bytes and hbm_ps > 0 and -(-work.bytes * PS_PER_S // hbm_ps) > sim._operand_alone_rate:
+        return False
+    sram_ps = work.sram_ps
+    return not (work.sram_bytes and sram_ps > 0 and sim._sram_flow_path is not None
+                and -(-work.sram_bytes * PS_PER_S // sram_ps) > sim._sram_alone_rate)
+
+
+class NativeSimulation(Simulation):
+    """FastSimulation on chipsim.sim.native's C event loop, flow network and DMA queue (built where Cython and a C
+    compiler were there at install; `native_available()` says). The same events in the same order: the same results.
+    """
+
+    def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
+                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
+        native = _native()
+        # its functions held here: a call per wake-up, not a module lookup too
+        self._wake_in: Any = native.wake_in
+        self._pending: Any = native.pending
+        self._trigger: Any = native.trigger
+        super().__init__(hw, workload, trace, policy, max_tokens, record_events, record_tokens)
+        self._operand_alone_rate = self.network.alone_rate(self._operand_flow_path)
+        self._sram_alone_rate = self.network.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
+
+    @classmethod
+    def _network_class(cls) -> Any:
+        return _native().FlowNetwork
+
+    def _dma_class(self) -> Any:
+        return _native().DmaPath
+
+    @staticmethod
+    def _environment() -> Any:
+        return _native().Loop()
+
+    def _now(self) -> int:
+        now: int = self.env.now
+        return now
+
+    def _timeout(self, delay_ps: int) -> Any:
+        return self._wake_in(self.env, delay_ps)
+
+    def _event(self) -> Any:
+        return self._pending(self.env)
+
+    def _succeed(self, event: Any) -> None:
+        self._trigger(event)
+
+    def _process(self, generator: Generator[Any, Any, Any]) -> Any:
+        return _native().Process(self.env, generator)
+
+    def _all_of(self, events: list[Any]) -> Any:
+        return _native().AllOf(self.env, events)
+
+    def _resource(self, capacity: int) -> Any:
+        return _native().Resource(self.env, capacity)
+
+    def _undisturbed(self, work: _Work, start: int) -> bool:
+        return _alone_until_end(self, self.env.next_time(), work, start)
+
+
+def _native() -> Any:
+    """chipsim.sim.native, imported once."""
+    if _NATIVE[0] is None:
+        import chipsim.sim.native
+        _NATIVE[0] = chipsim.sim.native
+    return _NATIVE[0]
+
+
+_NATIVE: list[Any] = [None]
+
+
+def native_available() -> bool:
+    """Whether chipsim.sim.native was built and may run: not when the engine runs as Python (CHIPSIM_PURE_PYTHON, a
+    stale build; chipsim.sim.BUILD)."""
+    import chipsim.sim
+    if not chipsim.sim.NATIVE:
+        return False
+    try:
+        _native()
+    except ImportError:
+        return False
+    return True
+
+
+def fast_engine() -> type[Simulation]:
+    """The fast path's engine: on chipsim.sim.native where it may run, else the compiled (or pure) Python classes."""
+    return NativeSimulation if native_available() else FastSimulation

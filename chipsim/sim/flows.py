@@ -201,51 +201,8 @@ class FlowNetwork:
             flow.rate = rate
 
     def _solve(self, sigs: tuple[Signature, ...]) -> tuple[int, ...]:
-        """Max-min fair rates (bytes/s) of flows with these (path, level, cap) signatures, level by level."""
         self.allocations += 1
-        n_res = len(self.capacity)
-        readers = [0] * n_res  # flows reading each resource: there, written bytes pay the turnaround
-        for path, _, _ in sigs:
-            for r, write in path:
-                if not write:
-                    readers[r] += 1
-        reads = [n > 0 for n in readers]
-        # weight (ppm) of each flow on each resource it crosses: written bytes cost more while reads run too
-        weights = [tuple((r, PPM + (self.turnaround_ppm[r] if write and reads[r] else 0)) for r, write in path)
-                   for path, _, _ in sigs]
-        residual = [(self.shared_capacity[r] if readers[r] > 1 else self.capacity[r]) * PPM  # left, ppm-weighted
-                    for r in range(n_res)]
-        rates = [0] * len(sigs)
-        for level in sorted({s[1] for s in sigs}):
-            active = [i for i, s in enumerate(sigs) if s[1] == level]
-            while active:
-                load = [0] * n_res  # Σ weights of the unfrozen flows on each resource
-                for i in active:
-                    for r, w in weights[i]:
-                        load[r] += w
-                # the fair rate each resource can still give every flow crossing it
-                level_rate, bottleneck = -1, -1
-                for r in range(n_res):
-                    if load[r]:
-                        fair = residual[r] // load[r]
-                        if level_rate < 0 or fair < level_rate:
-                            level_rate, bottleneck = fair, r
-                # flows whose own cap is below that rate freeze first, at their caps (the fair rate of the others
-                # can only rise once they are fixed)
-                frozen = [i for i in active if sigs[i][2] and sigs[i][2] <= level_rate]
-                if frozen:
-                    for i in frozen:
-                        rates[i] = sigs[i][2]
-                else:
-                    frozen = [i for i in active if any(r == bottleneck for r, _ in weights[i])]
-                    for i in frozen:
-                        rates[i] = level_rate
-                for i in frozen:
-                    for r, w in weights[i]:
-                        residual[r] = max(residual[r] - rates[i] * w, 0)
-                frozen_set = set(frozen)
-                active = [i for i in active if i not in frozen_set]
-        return tuple(rates)
+        return solve_rates(sigs, self.capacity, self.shared_capacity, self.turnaround_ppm)
 
     def _reschedule(self) -> None:
         self._arm(self._soonest(self._now()))
@@ -305,6 +262,56 @@ class FlowNetwork:
             if flow.on_target is not None:
                 flow.on_target(flow)
         self.end()
+
+
+def solve_rates(sigs: tuple[Signature, ...], capacity: list[int], shared_capacity: list[int],
+                turnaround_ppm: list[int]) -> tuple[int, ...]:
+    """Max-min fair rates (bytes/s) of flows with these (path, level, cap) signatures, level by level, on resources
+    of these capacities (shared: when read by two or more flows; turnaround: what a written byte costs more while
+    reads run, ppm). Every flow network solves with it (chipsim.sim.native too)."""
+    n_res = len(capacity)
+    readers = [0] * n_res  # flows reading each resource: there, written bytes pay the turnaround
+    for path, _, _ in sigs:
+        for r, write in path:
+            if not write:
+                readers[r] += 1
+    reads = [n > 0 for n in readers]
+    # weight (ppm) of each flow on each resource it crosses: written bytes cost more while reads run too
+    weights = [tuple((r, PPM + (turnaround_ppm[r] if write and reads[r] else 0)) for r, write in path)
+               for path, _, _ in sigs]
+    residual = [(shared_capacity[r] if readers[r] > 1 else capacity[r]) * PPM  # left, ppm-weighted
+                for r in range(n_res)]
+    rates = [0] * len(sigs)
+    for level in sorted({s[1] for s in sigs}):
+        active = [i for i, s in enumerate(sigs) if s[1] == level]
+        while active:
+            load = [0] * n_res  # Σ weights of the unfrozen flows on each resource
+            for i in active:
+                for r, w in weights[i]:
+                    load[r] += w
+            # the fair rate each resource can still give every flow crossing it
+            level_rate, bottleneck = -1, -1
+            for r in range(n_res):
+                if load[r]:
+                    fair = residual[r] // load[r]
+                    if level_rate < 0 or fair < level_rate:
+                        level_rate, bottleneck = fair, r
+            # flows whose own cap is below that rate freeze first, at their caps (the fair rate of the others
+            # can only rise once they are fixed)
+            frozen = [i for i in active if sigs[i][2] and sigs[i][2] <= level_rate]
+            if frozen:
+                for i in frozen:
+                    rates[i] = sigs[i][2]
+            else:
+                frozen = [i for i in active if any(r == bottleneck for r, _ in weights[i])]
+                for i in frozen:
+                    rates[i] = level_rate
+            for i in frozen:
+                for r, w in weights[i]:
+                    residual[r] = max(residual[r] - rates[i] * w, 0)
+            frozen_set = set(frozen)
+            active = [i for i in active if i not in frozen_set]
+    return tuple(rates)
 
 
 def _order(flow: Flow) -> tuple[Signature, int]:
