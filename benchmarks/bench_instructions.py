@@ -56,7 +56,8 @@ def main() -> None:
     import chipsim.sim
 
     compiled = chipsim.sim.BUILD.startswith("compiled")
-    print(f"{args.tokens} tokens of {os.path.relpath(args.config, ROOT)}; engine {chipsim.sim.BUILD}; "
+    build = chipsim.sim.BUILD + (", C event core" if chipsim.sim.NATIVE else "")
+    print(f"{args.tokens} tokens of {os.path.relpath(args.config, ROOT)}; engine {build}; "
           f"instructions inside {'Simulation.run' if compiled else 'the whole process'}")
     print(f"{'policy':14} {'instructions':>15} {'per token-layer':>16}")
     from chipsim.runner import prepare

@@ -46,7 +46,8 @@ def main() -> None:
         policies = list(defaults) + [p for p in EXTRA_POLICIES if p not in defaults]
     import chipsim.sim
 
-    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds; engine {chipsim.sim.BUILD}")
+    build = chipsim.sim.BUILD + (", C event core" if chipsim.sim.NATIVE else "")
+    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds; engine {build}")
     print(f"{'policy':14} {'engine':9} {'median':>8} {'min':>6} {'max':>6} {'token-layers/s':>15}")
     for engine in engines:
         prep = prepare(args.config, [f"workload.max_tokens={args.tokens}", f"run.engine={engine}"], policies)

@@ -80,7 +80,15 @@ def _native_state() -> bool:
         recorded = json.loads((_HERE / RECORD).read_text())
     except (OSError, ValueError):
         return False
-    return recorded.get("native") == hashlib.sha256((_HERE / NATIVE_SOURCE).read_bytes()).hexdigest()
+    if "native" not in recorded:  # the last install did not build it (no Cython): an older build's file stays unused
+        return False
+    if recorded["native"] == hashlib.sha256((_HERE / NATIVE_SOURCE).read_bytes()).hexdigest():
+        return True
+    if not os.environ.get("CHIPSIM_NATIVE_STALE_WARNED"):
+        os.environ["CHIPSIM_NATIVE_STALE_WARNED"] = "1"  # once, not again in worker processes
+        print(f"chipsim: chipsim/sim/{NATIVE_SOURCE} changed since it was built: the fast path runs without its C "
+              "event core (the same results, slower); `pip install -e .` builds it again", file=sys.stderr)
+    return False
 
 
 NATIVE = _native_state()  # the fast path runs on chipsim.sim.native (chipsim.sim.fast.native_available)

@@ -74,8 +74,9 @@ def _flow(tr: Transfer) -> Flow:
 class DmaRecorder:
     """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`, and
     chipsim.sim.native's: its path and transfers are typed Any here): which engine each transfer holds (lowest
-    free id first), the spans of its setup and data phases on that engine, and samples of the link's state. `stopping` takes no new transfers; once the held
-    ones are done the path drops the recorder, so the rest of the run pays nothing."""
+    free id first), the spans of its setup and data phases on that engine, and samples of the link's state.
+    `stopping` takes no new transfers; once the held ones are done the path drops the recorder, so the rest of
+    the run pays nothing."""
 
     __slots__ = ("free", "held", "spans", "link", "stopping")
 
