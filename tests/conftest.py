@@ -68,3 +68,14 @@ def tiny(request, tmp_path, monkeypatch) -> Tiny:
     shape = tiny_shape(getattr(request.module, "TINY_LAYERS", 3))
     monkeypatch.setitem(MODELS, shape.name, shape)
     return Tiny(shape, tmp_path)
+
+
+def native_core():
+    """chipsim.sim.native (the fast path's C event core), or the test is skipped where the install did not build it."""
+    from chipsim.sim.fast import native_available
+
+    if not native_available():
+        pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")
+    import chipsim.sim.native
+
+    return chipsim.sim.native

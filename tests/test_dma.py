@@ -4,10 +4,10 @@ import pytest
 import simpy
 
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath
-from chipsim.sim.fast import native_available
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.flows import FlowNetwork
 from chipsim.sim.wake import Loop
+from conftest import native_core
 
 Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
@@ -20,9 +20,7 @@ def engine(request, monkeypatch):
         monkeypatch.setitem(globals(), "DmaPath", FastDmaPath)
         monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
     elif request.param == "native":
-        if not native_available():
-            pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")
-        native = pytest.importorskip("chipsim.sim.native")
+        native = native_core()
         monkeypatch.setitem(globals(), "DmaPath", native.DmaPath)
         monkeypatch.setitem(globals(), "FlowNetwork", native.FlowNetwork)
         monkeypatch.setitem(globals(), "Environment", native.Loop)

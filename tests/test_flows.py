@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import simpy
 
-from chipsim.sim.fast import native_available
 from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.units import PS_PER_S
 from chipsim.sim.wake import Loop
+from conftest import native_core
 
 Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
 
@@ -23,9 +23,7 @@ def engine(request, monkeypatch):
         monkeypatch.setitem(globals(), "FlowNetwork", FastFlowNetwork)
         monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
     elif request.param == "native":
-        if not native_available():
-            pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")
-        native = pytest.importorskip("chipsim.sim.native")
+        native = native_core()
         monkeypatch.setitem(globals(), "FlowNetwork", native.FlowNetwork)
         monkeypatch.setitem(globals(), "Environment", native.Loop)
     return request.param
