@@ -37,15 +37,24 @@ def _has_extensions() -> bool:
 _COMPILED_STATE, _NOT_COMPILED_STATE = "compiled (mypyc)", "pure Python (not compiled)"
 
 
+def _recorded() -> dict[str, str]:
+    """The sources the last install compiled (their sha256 by module; "native": native.pyx), {} if none."""
+    try:
+        recorded: dict[str, str] = json.loads((_HERE / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded
+
+
+_RECORDED = _recorded()
+
+
 def _build_state() -> str:
     if not _has_extensions():
         return _NOT_COMPILED_STATE
     if os.environ.get("CHIPSIM_PURE_PYTHON"):
         return "pure Python (CHIPSIM_PURE_PYTHON is set)"
-    try:
-        recorded = json.loads((_HERE / RECORD).read_text())
-    except (OSError, ValueError):
-        recorded = {}
+    recorded = _RECORDED
     changed = [name for name, digest in source_digests().items() if recorded.get(name) != digest]
     if changed:
         return f"pure Python (stale: chipsim/sim/{changed[0]}.py changed since it was compiled)"
@@ -76,10 +85,7 @@ def _native_state() -> bool:
     if BUILD != _COMPILED_STATE or not any((_HERE / f"native{suffix}").exists()
                                            for suffix in importlib.machinery.EXTENSION_SUFFIXES):
         return False
-    try:
-        recorded = json.loads((_HERE / RECORD).read_text())
-    except (OSError, ValueError):
-        return False
+    recorded = _RECORDED
     if "native" not in recorded:  # the last install did not build it (no Cython): an older build's file stays unused
         return False
     if recorded["native"] == hashlib.sha256((_HERE / NATIVE_SOURCE).read_bytes()).hexdigest():

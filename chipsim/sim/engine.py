@@ -23,7 +23,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Final, Generator, Iterable, NamedTuple
+from typing import Any, Callable, Final, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
@@ -118,11 +118,6 @@ class _Entry:
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
-    # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python)
-    # (typed Any: chipsim.sim.native's C classes stand in for them on the fast path)
-    network_class: ClassVar[Any] = FlowNetwork
-    dma_class: ClassVar[Any] = DmaPath
-
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them)."""
@@ -166,6 +161,9 @@ class Simulation:
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path(("lpddr5x", READ))
+        # what one flow alone gets on the operand paths (the fast path's shortcut for an undisturbed operation)
+        self._operand_alone_rate = net.alone_rate(self._operand_flow_path)
+        self._sram_alone_rate = net.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
         self.dma: Any = self._dma_class()(
             self.env,
             bandwidth_bytes_per_s=None,
@@ -232,12 +230,14 @@ class Simulation:
         return cls._network_class()(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
                            [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
+    # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python; typed Any,
+    # as chipsim.sim.native's C classes stand in for them there)
     @classmethod
     def _network_class(cls) -> Any:
-        return cls.network_class
+        return FlowNetwork
 
     def _dma_class(self) -> Any:
-        return self.dma_class
+        return DmaPath
 
     @staticmethod
     def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, bool]]:

@@ -17,15 +17,13 @@ runs every policy on six configs through both and asserts identical results.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generator
+from typing import Any, Generator
 
 from chipsim.hw.config import HardwareConfig
 from chipsim.policies.base import Policy
-from chipsim.sim.dma import DmaPath
 from chipsim.sim.engine import Simulation, _Work
 from chipsim.sim.fast_dma import FastDmaPath
 from chipsim.sim.fast_flows import FastFlowNetwork
-from chipsim.sim.flows import FlowNetwork
 from chipsim.sim.wake import AllOf, Loop, Process, Resource, pending, trigger, wake_in
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S
@@ -35,15 +33,17 @@ from chipsim.workload.decode import DecodeWorkload
 class FastSimulation(Simulation):
     """chipsim.sim.engine.Simulation on the fast network and DMA queue, its waits as `Wake`s."""
 
-    network_class: ClassVar[type[FlowNetwork]] = FastFlowNetwork
-    dma_class: ClassVar[type[DmaPath]] = FastDmaPath
-
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
         super().__init__(hw, workload, trace, policy, max_tokens, record_events, record_tokens)
         self._loop: Loop = self.env  # the same clock, typed: compiled code reads it natively
-        self._operand_alone_rate = self.network.alone_rate(self._operand_flow_path)
-        self._sram_alone_rate = self.network.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
+
+    @classmethod
+    def _network_class(cls) -> Any:
+        return FastFlowNetwork
+
+    def _dma_class(self) -> Any:
+        return FastDmaPath
 
     @staticmethod
     def _environment() -> Any:
@@ -75,7 +75,7 @@ class FastSimulation(Simulation):
         return _alone_until_end(self, queue[0][0] if queue else -1, work, start)
 
 
-def _alone_until_end(sim: Any, next_event_ps: int, work: _Work, start: int) -> bool:
+def _alone_until_end(sim: Simulation, next_event_ps: int, work: _Work, start: int) -> bool:
     """No flow in the network and nothing scheduled before `work` ends (`next_event_ps`: the earliest pending
     event, -1: none): nothing can start meanwhile. Each of its operand streams, capped at its bytes over its time
     alone, then ends at exactly its own time, unless that cap exceeds what the path gives one flow alone."""
@@ -104,8 +104,6 @@ class NativeSimulation(Simulation):
         self._pending: Any = native.pending
         self._trigger: Any = native.trigger
         super().__init__(hw, workload, trace, policy, max_tokens, record_events, record_tokens)
-        self._operand_alone_rate = self.network.alone_rate(self._operand_flow_path)
-        self._sram_alone_rate = self.network.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
 
     @classmethod
     def _network_class(cls) -> Any:

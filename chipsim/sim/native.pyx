@@ -48,6 +48,21 @@ cdef Py_ssize_t MEMO_MAX = 1 << 14
 cdef object _PENDING = object()
 
 
+def _check_constants():
+    """The C values above restate chipsim's own constants: a change there must not leave them behind."""
+    from chipsim.sim import dma, fast_flows, flows
+    from chipsim.units import PS_PER_S as ps_per_s
+
+    ours = (DEMAND, PREFETCH, QUEUED, SETUP, ACTIVE, DRAINING, PAUSED, DONE, PS_PER_S, FID_BITS, MEMO_MAX)
+    theirs = (dma.DEMAND, dma.PREFETCH, dma.QUEUED, dma.SETUP, dma.ACTIVE, dma.DRAINING, dma.PAUSED, dma.DONE,
+              ps_per_s, fast_flows._FID_BITS, flows._MEMO_MAX)
+    if ours != theirs:
+        raise ImportError(f"chipsim.sim.native's constants {ours} differ from chipsim's {theirs}: rebuild it")
+
+
+_check_constants()
+
+
 cdef inline i128 ceil_div(i128 a, i128 b):
     """-(-a // b) for b > 0, as Python computes it."""
     cdef i128 q = a // b
@@ -707,7 +722,7 @@ cdef class FlowNetwork:
             else:
                 staying.append(flow)
         self.flows = staying
-        self._batch_depth += 1
+        self.begin()
         self._dirty = True  # the flows that reached their targets leave: re-allocate (and re-arm) at the end
         for flow in reached:
             flow.rate = 0
@@ -993,7 +1008,7 @@ cdef class DmaPath:
     cdef int _settle(self) except -1:
         if not self._batch_depth:
             self._touched = False
-            self.network._batch_depth += 1
+            self.network.begin()
             self._dispatch()
             self.network.end()
             self._reschedule_setups()
@@ -1109,7 +1124,7 @@ cdef class DmaPath:
         self._setup_tick_at = -1
         now = self.env.now
         in_setup = self.in_setup
-        self.network._batch_depth += 1
+        self.network.begin()
         while in_setup and (<Transfer>in_setup[0]).setup_end <= now:
             self._setup_over(_setup_pop(in_setup))
         self._dispatch()
