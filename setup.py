@@ -1,9 +1,10 @@
-"""Builds chipsim (the metadata is in pyproject.toml) and compiles its event engine, the modules listed in
-chipsim/sim/__init__.py's COMPILED, to C extensions with mypyc: the same code, about twice as fast.
+"""Builds chipsim (the metadata is in pyproject.toml) and compiles the modules listed in chipsim/_compiled.py's
+COMPILED (the event engine, the command-level DRAM model) to C extensions with mypyc: the same code, two to three
+times as fast; and the fast path's C event core from its Cython source.
 
 If mypyc or a C compiler is missing, or compiling fails, chipsim installs as pure Python (a warning says why).
-CHIPSIM_PURE_PYTHON=1 skips compiling. The sources compiled are recorded (chipsim/sim/_compiled_sources.json), so
-that an edited module is not run from its old compiled copy (chipsim/sim/__init__.py)."""
+CHIPSIM_PURE_PYTHON=1 skips compiling. The sources compiled are recorded (chipsim/_compiled_sources.json), so
+that an edited module is not run from its old compiled copy (chipsim/_compiled.py)."""
 
 import ast
 import functools
@@ -17,25 +18,28 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-SIM = ROOT / "chipsim" / "sim"
+PACKAGE = ROOT / "chipsim"
 
 
 def _constant(name: str):
-    """A constant of chipsim/sim/__init__.py, read without importing chipsim (its dependencies are not here)."""
-    tree = ast.parse((SIM / "__init__.py").read_text())
+    """A constant of chipsim/_compiled.py, read without importing chipsim (its dependencies are not here)."""
+    tree = ast.parse((PACKAGE / "_compiled.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             return ast.literal_eval(node.value)
-    raise RuntimeError(f"chipsim/sim/__init__.py has no {name}")
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"chipsim/_compiled.py has no {name}")
 
 
-NAMES = tuple(_constant("COMPILED"))
+SOURCES = [f"{package}/{name}.py" for package, names in _constant("COMPILED").items() for name in names]
 RECORD = _constant("RECORD")
 NATIVE_SOURCE = _constant("NATIVE_SOURCE")
 
 
 def _warn(why: str) -> None:
-    print(f"chipsim: the event engine is not compiled ({why}); it runs as pure Python", file=sys.stderr)
+    print(f"chipsim: the event engine and the DRAM model are not compiled ({why}); they run as pure Python",
+          file=sys.stderr)
 
 
 @functools.cache
@@ -50,7 +54,7 @@ def _extensions() -> list:
     cwd = os.getcwd()
     os.chdir(ROOT)  # mypyc reads pyproject.toml's [tool.mypy] and writes its C files under build/
     try:
-        extensions = mypycify([f"chipsim/sim/{name}.py" for name in NAMES], opt_level="3")
+        extensions = mypycify([f"chipsim/{source}" for source in SOURCES], opt_level="3")
     except BaseException as e:  # a type error in the compiled modules ends mypyc with SystemExit
         _warn(f"mypyc failed: {e}")
         return []
@@ -70,7 +74,7 @@ def _native_extension() -> list:
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        return cythonize([Extension("chipsim.sim.native", [f"chipsim/sim/{NATIVE_SOURCE}"])], quiet=True,
+        return cythonize([Extension("chipsim.sim.native", [f"chipsim/{NATIVE_SOURCE}"])], quiet=True,
                          build_dir="build")
     except BaseException as e:  # a Cython compile error
         print(f"chipsim: Cython failed ({e}); the fast path runs without its C event core", file=sys.stderr)
@@ -88,10 +92,14 @@ class OptionalBuildExt(build_ext):
         if not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}:
             self.distribution.ext_modules = _extensions()
             if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
-                for path in SIM.iterdir():
-                    if path.name == RECORD or (path.name.split(".")[0] in NAMES + ("native",)
-                                               and path.suffix in (".so", ".pyd")):
-                        path.unlink()
+                built = {Path(source).with_suffix("").as_posix() for source in SOURCES + [NATIVE_SOURCE]}
+                for path in [PACKAGE / RECORD, PACKAGE / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
+                    path.unlink(missing_ok=True)
+                for folder in {PACKAGE / Path(module).parent for module in built}:
+                    for path in folder.iterdir():
+                        module = f"{folder.name}/{path.name.split('.')[0]}"
+                        if module in built and path.suffix in (".so", ".pyd"):
+                            path.unlink()
         super().finalize_options()
 
     def run(self) -> None:
@@ -104,11 +112,12 @@ class OptionalBuildExt(build_ext):
             _warn(f"compiling failed: {e}")
             return
         if self.extensions:
-            record = Path(self.get_ext_fullpath("chipsim.sim.engine")).parent / RECORD
-            digests = {name: hashlib.sha256((SIM / f"{name}.py").read_bytes()).hexdigest() for name in NAMES}
-            if any(ext.name == "chipsim.sim.native" for ext in self.extensions):
-                digests["native"] = hashlib.sha256((SIM / NATIVE_SOURCE).read_bytes()).hexdigest()
+            record = Path(self.get_ext_fullpath("chipsim.sim.engine")).parent.parent / RECORD  # in chipsim/
+            built = SOURCES + ([NATIVE_SOURCE] if any(ext.name == "chipsim.sim.native" for ext in self.extensions)
+                               else [])
+            digests = {source: hashlib.sha256((PACKAGE / source).read_bytes()).hexdigest() for source in built}
             record.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+            (record.parent / "sim" / RECORD).unlink(missing_ok=True)  # an earlier build's, where it was before
 
 
 # a stand-in, so that setuptools builds extensions (and tags the wheel for this platform); build_ext replaces it

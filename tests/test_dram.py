@@ -188,3 +188,56 @@ def test_chipsim_dram_prints_a_streams_bandwidth_and_latency(capsys):
     assert 0 < row["bandwidth_gbps"] < row["peak_gbps"] and row["row_hits"] < 10  # random rows: nearly all misses
     assert cli.main(["dram", "hbm3", "--read-share", "1.5"]) == 2
     assert "--read-share must be within 0 ... 1" in capsys.readouterr().err
+
+
+def test_the_dram_model_runs_compiled_where_it_was_installed():
+    """`pip install -e .` compiles the controller and the streams with mypyc (setup.py), as it does the engine: a
+    clean install here, as in CI, must run them compiled, not fall back to Python without anyone noticing."""
+    import importlib.machinery
+    import os
+
+    import chipsim.dram
+    from chipsim.dram import controller, streams
+
+    if os.environ.get("CHIPSIM_PURE_PYTHON"):
+        pytest.skip("CHIPSIM_PURE_PYTHON is set")
+    assert chipsim.dram.BUILD == "compiled (mypyc)", chipsim.dram.BUILD
+    for module in (controller, streams):
+        assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
+
+
+def test_compiled_and_pure_python_dram_models_measure_the_same():
+    """The same streams through the compiled controller and through its .py file (CHIPSIM_PURE_PYTHON=1): every
+    figure identical, over the paths the controller takes (row conflicts, writes and their drain, two streams at
+    random paces, per-bank refresh, closed and capped pages, a second channel)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+import chipsim.dram
+from chipsim.dram.controller import ControllerConfig, simulate
+from chipsim.dram.standard import load_standard
+from chipsim.dram.streams import requests
+sys.stderr.write(chipsim.dram.BUILD)
+out = []
+for name, kind, share, streams, paces, cfg, channels in [
+        ("hbm3", "sequential", 0.7, 2, (3, 1), ControllerConfig(), 1),
+        ("hbm3", "random", 0.8, 1, (), ControllerConfig(page_policy="closed"), 2),
+        ("lpddr5", "sequential", 1.0, 3, (), ControllerConfig(refresh="per-bank"), 1),
+        ("hbm3", "random", 0.5, 1, (), ControllerConfig(page_policy="capped", page_cap=2), 1)]:
+    std = load_standard(name)
+    reqs = requests(std, 3000, kind=kind, read_share=share, channels=channels, streams=streams, paces=paces)
+    out.append([reqs[:50], simulate(std, reqs, channels=channels, controller=cfg).as_dict()])
+print(json.dumps(out))
+"""
+    outputs = {}
+    for pure in ("", "1"):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, CHIPSIM_PURE_PYTHON=pure))
+        outputs[pure] = json.loads(run.stdout)
+        assert run.stderr.startswith("pure Python" if pure else "compiled"), run.stderr
+    assert outputs[""] == outputs["1"]
+    assert all(result["reads"] + result["writes"] > 1000 for _, result in outputs[""])

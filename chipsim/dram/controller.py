@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from chipsim.dram.standard import ACT, COMMANDS, PRE, PREA, RD, REFA, REFB, WR, Standard
 
@@ -28,6 +30,7 @@ INF = 1 << 62
 COLUMN, ROW, ANY = range(3)  # which command bus slot a pick fills
 
 
+@mypyc_attr(native_class=False)  # a plain frozen dataclass (dataclasses.replace), also where compiled
 @dataclass(frozen=True)
 class ControllerConfig:
     read_buffer: int = 32  # Ramulator 2.1 controller default queue sizes and write watermarks
@@ -44,7 +47,7 @@ class ControllerConfig:
 class _Request:
     __slots__ = ("is_write", "nodes", "bank", "row", "arrive")
 
-    def __init__(self, is_write, nodes, row):
+    def __init__(self, is_write: bool, nodes: list[int], row: int) -> None:
         self.is_write = is_write
         self.nodes = nodes  # flat node id within the channel at every level (the channel itself: 0)
         self.bank = nodes[-1]
@@ -52,6 +55,7 @@ class _Request:
         self.arrive = 0
 
 
+@mypyc_attr(native_class=False)  # a plain dataclass (as_dict reads its __dict__), also where compiled
 @dataclass
 class DramResult:
     """What a stream measured: bandwidth, read latency, and the row-buffer outcome."""
@@ -74,23 +78,35 @@ class DramResult:
 class _Channel:
     """One channel's controller and the state of its banks."""
 
-    def __init__(self, std: Standard, cfg: ControllerConfig):
+    def __init__(self, std: Standard, cfg: ControllerConfig) -> None:
         self.std, self.cfg = std, cfg
-        counts = (1,) + std.org.counts[1:]  # nodes per parent at every level; a controller has one channel
+        counts: list[int] = [1] + list(std.org.counts[1:])  # nodes per parent at every level; one channel here
         self.nlevels = len(counts)
-        self.sizes = []
+        self.sizes: list[int] = []
         n = 1
         for c in counts:
             n *= c
             self.sizes.append(n)
         self.counts = counts
-        self.next_ok = [[0] * (size * NCMD) for size in self.sizes]  # earliest issue cycle per node and command
-        self.open_row = [-1] * self.sizes[-1]
+        # what the hot loops read of the standard and the config, as typed fields (compiled: read natively)
+        self.command_cycles: list[int] = list(std.command_cycles)
+        self.dual_command_bus: bool = std.dual_command_bus
+        self.read_latency: int = std.read_latency
+        self.read_buffer: int = cfg.read_buffer
+        self.write_buffer: int = cfg.write_buffer
+        self.write_high: float = cfg.write_high_watermark * cfg.write_buffer
+        self.write_low: float = cfg.write_low_watermark * cfg.write_buffer
+        self.page_policy: str = cfg.page_policy
+        self.page_cap: int = cfg.page_cap
+        self.per_bank_refresh: bool = cfg.refresh == "per-bank"
+        # earliest issue cycle per node and command
+        self.next_ok: list[list[int]] = [[0] * (size * NCMD) for size in self.sizes]
+        self.open_row: list[int] = [-1] * self.sizes[-1]
         # the constraints each issued command starts: (level, later command, latency, window, sibling)
-        self.updates = [[] for _ in range(NCMD)]
-        self.windows = {}
-        for c in std.constraints:
-            self.updates[c.before].append((c.level, c.after, c.latency, c.window, c.sibling))
+        self.updates: list[list[tuple[int, int, int, int, bool]]] = [[] for _ in range(NCMD)]
+        self.windows: dict[tuple[int, int, int, int, int], deque[int]] = {}
+        for con in std.constraints:
+            self.updates[con.before].append((con.level, con.after, con.latency, con.window, con.sibling))
         self.reads: list[_Request] = []
         self.writes: list[_Request] = []
         self.active: list[_Request] = []  # rows opened for them, column command to come (Ramulator's active buffer)
@@ -102,18 +118,18 @@ class _Channel:
         self.refresh_nodes = self.sizes[std.refresh_level]
         self.banks_per_refresh_node = self.sizes[-1] // self.refresh_nodes
         p = std.params
-        self.refresh_interval = {"all-bank": p.get("nREFI", INF), "per-bank": p.get("nREFIpb", INF)}.get(
+        self.refresh_interval: int = {"all-bank": p.get("nREFI", INF), "per-bank": p.get("nREFIpb", INF)}.get(
             cfg.refresh, INF)
         self.next_refresh = self.refresh_interval
-        self.refresh_bank = [0] * self.refresh_nodes
+        self.refresh_bank: list[int] = [0] * self.refresh_nodes
         self.refresh_queue: list[int] = []
         self.refresh_pending = False
-        self.to_close = []  # closed-page policy: banks to precharge
-        self.col_accesses = [0] * self.sizes[-1]  # capped policy: accesses to each bank's open row
+        self.to_close: list[int] = []  # closed-page policy: banks to precharge
+        self.col_accesses: list[int] = [0] * self.sizes[-1]  # capped policy: accesses to each bank's open row
         self.stats_acts = self.stats_conflicts = self.stats_refreshes = 0
 
     # ------------------------------------------------------------------ timing
-    def earliest(self, cmd: int, nodes) -> int:
+    def earliest(self, cmd: int, nodes: list[int]) -> int:
         t = 0
         next_ok = self.next_ok
         for lvl in range(self.nlevels):
@@ -122,7 +138,7 @@ class _Channel:
                 t = v
         return t
 
-    def issue(self, cmd: int, nodes, now: int, bus: bool = True) -> None:
+    def issue(self, cmd: int, nodes: list[int], now: int, bus: bool = True) -> None:
         """Record command `cmd` at `now`: every constraint it starts; `bus=False` for an auto-precharge, which
         takes no command slot."""
         next_ok = self.next_ok
@@ -146,12 +162,12 @@ class _Channel:
                 table[node * NCMD + after] = t
         if not bus:
             return
-        occupancy = self.std.command_cycles[cmd]
-        if self.std.dual_command_bus and cmd in (RD, WR):
+        occupancy = self.command_cycles[cmd]
+        if self.dual_command_bus and (cmd == RD or cmd == WR):
             self.col_bus_free = now + occupancy
         else:
             self.row_bus_free = now + occupancy
-            if not self.std.dual_command_bus:
+            if not self.dual_command_bus:
                 self.col_bus_free = now + occupancy
 
     def _banks_of(self, refresh_node: int) -> range:
@@ -169,23 +185,22 @@ class _Channel:
     # ------------------------------------------------------------------ queues
     def can_accept(self, req: _Request) -> bool:
         if req.is_write:
-            return len(self.writes) < self.cfg.write_buffer
-        return len(self.reads) < self.cfg.read_buffer
+            return len(self.writes) < self.write_buffer
+        return len(self.reads) < self.read_buffer
 
     def enqueue(self, req: _Request, now: int) -> None:
         req.arrive = now
         (self.writes if req.is_write else self.reads).append(req)
 
     def _set_write_mode(self) -> None:
-        cfg = self.cfg
         if not self.write_mode:
-            if len(self.writes) > cfg.write_high_watermark * cfg.write_buffer or not self.reads:
+            if len(self.writes) > self.write_high or not self.reads:
                 self.write_mode = True
-        elif len(self.writes) < cfg.write_low_watermark * cfg.write_buffer and self.reads:
+        elif len(self.writes) < self.write_low and self.reads:
             self.write_mode = False
 
     # ------------------------------------------------------------------ one cycle
-    def tick(self, now: int, completions: list) -> int:
+    def tick(self, now: int, completions: list[int]) -> int:
         """Issue what may issue at `now` (one command, or one column and one row command on a dual command bus),
         in the order a controller tries them: a column command of a request whose row is already opened for it
         (the active requests), the refresh commands, then the oldest ready request of the read or write queue.
@@ -197,7 +212,7 @@ class _Channel:
         if not row_free and not col_free:
             return min(self.row_bus_free, self.col_bus_free)
         self._refresh_due(now)
-        if self.std.dual_command_bus:
+        if self.dual_command_bus:
             if col_free and not self._active_column(now, completions) and not self.refresh_pending:
                 self._queued(now, completions, COLUMN)
             if row_free and not self._refresh_command(now) and not self.refresh_pending:
@@ -211,10 +226,10 @@ class _Channel:
                 w = free
         return w
 
-    def _col_cmd(self, req) -> int:
+    def _col_cmd(self, req: _Request) -> int:
         return WR if req.is_write else RD
 
-    def _active_column(self, now, completions) -> bool:
+    def _active_column(self, now: int, completions: list[int]) -> bool:
         for req in self.active:
             cmd = self._col_cmd(req)
             t = self.earliest(cmd, req.nodes)
@@ -226,7 +241,7 @@ class _Channel:
                 self.wake = t
         return False
 
-    def _queued(self, now, completions, slot: int) -> bool:
+    def _queued(self, now: int, completions: list[int], slot: int) -> bool:
         """The oldest ready request of the current queue whose next command fits `slot`; a request that would
         close a row an older queued request hits, or one opened for an active request, waits (Ramulator 2.1's
         FR-FCFS with row-hit protection)."""
@@ -235,11 +250,9 @@ class _Channel:
         if not queue:
             return False
         open_row = self.open_row
-        first_hit = {}  # bank -> arrival of the oldest queued request that hits its open row
-        for req in queue:
-            if open_row[req.bank] == req.row and req.bank not in first_hit:
-                first_hit[req.bank] = req.arrive
-        active_banks = {req.bank for req in self.active}
+        # built when a row conflict first needs them (most picks are row hits): nothing changes them during the scan
+        first_hit: dict[int, int] | None = None  # bank -> arrival of the oldest queued request that hits its open row
+        active_banks: set[int] | None = None
         for req in queue:
             bank = req.bank
             row = open_row[bank]
@@ -253,7 +266,18 @@ class _Channel:
                 cmd = ACT
             else:
                 # no closing a row an older queued request hits, or one opened for an active request
-                if slot == COLUMN or bank in active_banks or first_hit.get(bank, INF) <= req.arrive:
+                if slot == COLUMN:
+                    continue
+                if active_banks is None:
+                    active_banks = {r.bank for r in self.active}
+                if bank in active_banks:
+                    continue
+                if first_hit is None:
+                    first_hit = {}
+                    for r in queue:
+                        if open_row[r.bank] == r.row and r.bank not in first_hit:
+                            first_hit[r.bank] = r.arrive
+                if first_hit.get(bank, INF) <= req.arrive:
                     continue
                 cmd = PRE
             t = self.earliest(cmd, req.nodes)
@@ -261,7 +285,7 @@ class _Channel:
                 if t < self.wake:
                     self.wake = t
                 continue
-            if cmd in (RD, WR):
+            if cmd == RD or cmd == WR:
                 queue.remove(req)
                 self._column(req, cmd, now, completions)
             elif cmd == ACT:
@@ -277,21 +301,21 @@ class _Channel:
             return True
         return False
 
-    def _column(self, req, cmd, now, completions) -> None:
+    def _column(self, req: _Request, cmd: int, now: int, completions: list[int]) -> None:
         self.issue(cmd, req.nodes, now)
-        completions.append(-1 if req.is_write else now + self.std.read_latency - req.arrive)
-        policy = self.cfg.page_policy
+        completions.append(-1 if req.is_write else now + self.read_latency - req.arrive)
+        policy = self.page_policy
         if policy == "closed" and not any(
                 r.bank == req.bank and r.row == req.row for r in (*self.reads, *self.writes, *self.active)):
             self.to_close.append(req.bank)
         elif policy == "capped":
             bank = req.bank
-            if self.col_accesses[bank] >= self.cfg.page_cap:  # this access auto-precharges the row
+            if self.col_accesses[bank] >= self.page_cap:  # this access auto-precharges the row
                 self.issue(PRE, req.nodes, max(now, self.earliest(PRE, req.nodes)), bus=False)
                 self._closed(bank)
             else:
                 self.col_accesses[bank] += 1
-                if self.col_accesses[bank] >= self.cfg.page_cap and bank not in self.to_close:
+                if self.col_accesses[bank] >= self.page_cap and bank not in self.to_close:
                     self.to_close.append(bank)
 
     def _closed(self, bank: int) -> None:
@@ -314,7 +338,7 @@ class _Channel:
         an active request is not closed under it. Closed-page precharges go here too (row commands)."""
         if self.refresh_queue:
             node = self.refresh_queue[0]
-            per_bank = self.cfg.refresh == "per-bank"
+            per_bank = self.per_bank_refresh
             banks = ([self.refresh_bank[node] + node * self.banks_per_refresh_node] if per_bank
                      else list(self._banks_of(node)))
             nodes = self.bank_nodes(banks[0])
@@ -345,7 +369,7 @@ class _Channel:
             if per_bank:
                 self.refresh_bank[node] = (self.refresh_bank[node] + 1) % self.banks_per_refresh_node
             return True
-        capped = self.cfg.page_policy == "capped"
+        capped = self.page_policy == "capped"
         for i, bank in enumerate(self.to_close):
             row = self.open_row[bank]
             if row == -1 or (not capped and any(r.bank == bank and r.row == row
@@ -364,8 +388,8 @@ class _Channel:
         return False
 
 
-def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: int = 1, interval: int = 1,
-             controller: ControllerConfig = ControllerConfig(), warmup: int = 0,
+def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, offers_per_cycle: int = 1,
+             interval: int = 1, controller: ControllerConfig = ControllerConfig(), warmup: int = 0,
              window: tuple[int, int] | None = None) -> DramResult:
     """Run `requests` (chipsim.dram.streams: (is_write, channel, address below the channel, row, column))
     through `channels` controllers. The front end offers up to `offers_per_cycle` requests every `interval`
@@ -376,8 +400,9 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
     chans = [_Channel(std, controller) for _ in range(channels)]
     counts = std.org.counts[1:]
 
-    def nodes_of(addr):  # the address below the channel -> node ids at every level, the channel first
-        out, flat = [0], 0
+    def nodes_of(addr: tuple) -> list[int]:  # the address below the channel -> node ids at every level, channel first
+        out: list[int] = [0]
+        flat = 0
         for lvl, idx in enumerate(addr):
             flat = flat * counts[lvl] + idx
             out.append(flat)
@@ -388,14 +413,14 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
     sent = 0
     now = 0
     next_offer = 0
-    completions: list = []
+    completions: list[int] = []
     latencies: list[int] = []
     reads = writes = 0
     done = 0
     start_cycle = 0
     base = [0, 0, 0]
 
-    def totals():
+    def totals() -> list[int]:
         return [sum(c.stats_acts - c.stats_conflicts for c in chans), sum(c.stats_conflicts for c in chans),
                 sum(c.stats_refreshes for c in chans)]
 
@@ -460,10 +485,10 @@ def simulate(std: Standard, requests, *, channels: int = 1, offers_per_cycle: in
     tck_ns = std.tck_ps * 1e-3
     served = reads + writes
     misses, conflicts, refreshes = (a - b for a, b in zip(totals(), base))
-    lat = np.array(latencies, dtype=np.float64) * tck_ns if latencies else np.zeros(1)
+    lat_ns = np.array(latencies, dtype=np.float64) * tck_ns if latencies else np.zeros(1)
     return DramResult(
         cycles=cycles, reads=reads, writes=writes,
         bandwidth_gbps=served * std.org.burst_bytes / (cycles * tck_ns),
-        read_latency_avg_ns=float(lat.mean()), read_latency_p99_ns=float(np.percentile(lat, 99)),
+        read_latency_avg_ns=float(lat_ns.mean()), read_latency_p99_ns=float(np.percentile(lat_ns, 99)),
         row_hits=max(0, served - misses - conflicts), row_misses=misses, row_conflicts=conflicts,
         refreshes=refreshes)

@@ -26,7 +26,7 @@ def _mapping(std: Standard) -> list[str]:
     return ["channel"] + fast + ["column", "bank"] + slow + ["row"]
 
 
-def _stream_order(count: int, streams: int, paces: tuple, rng) -> list[int]:
+def _stream_order(count: int, streams: int, paces: tuple, rng: np.random.Generator) -> list[int]:
     """Which stream each request belongs to: in turn (no paces), or each request a stream drawn at random in
     proportion to the paces (seeded), so that streams of any rates drift over each other's banks as independent
     streams do rather than moving in lockstep."""
@@ -45,13 +45,14 @@ def requests(std: Standard, count: int, *, kind: str = "sequential", read_share:
     if paces and len(paces) != streams:
         raise ValueError(f"{len(paces)} paces for {streams} streams")
     rng = np.random.default_rng(seed)
-    writes = rng.random(count) >= read_share
-    levels = list(std.levels[1:])
-    sizes = dict(zip(std.levels, std.org.counts))
+    writes_drawn = rng.random(count) >= read_share
+    writes: list[bool] = writes_drawn.tolist()  # (plain bools: read one by one below)
+    levels: list[str] = list(std.levels[1:])
+    sizes: dict[str, int] = dict(zip(std.levels, std.org.counts))
     sizes["channel"] = channels
     sizes["column"] = std.org.columns
     sizes["row"] = std.org.rows
-    out = []
+    out: list[tuple] = []
     if kind == "random":
         fields = {name: rng.integers(0, sizes[name], count) for name in ["channel"] + levels + ["row", "column"]}
         for i in range(count):
@@ -60,18 +61,19 @@ def requests(std: Standard, count: int, *, kind: str = "sequential", read_share:
                         int(fields["column"][i])))
         return out
     order = _mapping(std)
-    rows_per_stream = max(1, std.org.rows // streams)
+    rows: int = std.org.rows
+    rows_per_stream = max(1, rows // streams)
     cursors = [0] * streams
     for i, s in enumerate(_stream_order(count, streams, tuple(paces), rng)):
         index = cursors[s]
         cursors[s] += 1
-        value = {}
+        value: dict[str, int] = {}
         for name in order:
             value[name] = index % sizes[name]
             index //= sizes[name]
-        value["row"] = (value["row"] + s * rows_per_stream) % std.org.rows
-        addr = tuple(value[name] for name in levels)
-        out.append((bool(writes[i]) or s in write_streams, value["channel"], addr, value["row"], value["column"]))
+        value["row"] = (value["row"] + s * rows_per_stream) % rows
+        addr = tuple([value[name] for name in levels])
+        out.append((writes[i] or s in write_streams, value["channel"], addr, value["row"], value["column"]))
     return out
 
 
