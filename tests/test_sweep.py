@@ -127,6 +127,24 @@ def test_sweeps_sharing_a_cache_simulate_a_shared_point_once(tmp_path):
     pd.testing.assert_frame_equal(shared_a, shared_b)
 
 
+def test_one_pool_fills_the_cache_for_several_sweeps_with_the_rows_each_sweep_makes(tmp_path):
+    """chipsim reproduce first simulates every experiment's results in one pool (sweep.fill_cache): a point two
+    sweeps share is simulated once, each sweep then only reads the cache, and its rows are those a sweep of its
+    own makes."""
+    cache = str(tmp_path / "cache")
+    specs = [(THOR, {BW: [16, 64]}, ["no-prefetch", "apex"], SHORT), (THOR, {BW: [64, 256]}, ["apex"], SHORT)]
+    assert sweep.fill_cache(specs, cache, jobs=2, progress=False) == 5  # 2 x 2, then (256, apex)
+    assert len(os.listdir(cache)) == 5
+    assert sweep.fill_cache(specs, cache, jobs=2, progress=False) == 0
+    for i, (config, grid, policies, overrides) in enumerate(specs):
+        filled = run_sweep(config, grid, policies, str(tmp_path / f"s{i}"), overrides=overrides, jobs=1,
+                           progress=False, cache_dir=cache)
+        own = run_sweep(config, grid, policies, str(tmp_path / f"own{i}"), overrides=overrides, jobs=1,
+                        progress=False)
+        assert filled.attrs["simulated"] == 0 and own.attrs["simulated"] == len(own)
+        pd.testing.assert_frame_equal(filled, own)
+
+
 def test_code_config_or_trace_change_invalidates(tmp_path, monkeypatch):
     model = MODELS["granite-3.1-3b-a800m"]
     trace = tmp_path / "t.npz"

@@ -39,7 +39,7 @@ import pandas as pd
 import yaml
 
 from chipsim.analysis.report import CSV_COLUMNS
-from chipsim.analysis.sweep import run_sweep
+from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.hw.config import load_config, parse_set, yaml_text
@@ -322,6 +322,17 @@ def sweeps(exp: dict, out_dir: str) -> list[tuple[str, str, str, dict, str | Non
     if len(exp["configs"]) == 1:
         return [(exp["configs"][0], exp["config_names"][0], root, exp["grid"], None)]
     return [(c, s, os.path.join(root, s), exp["grid"], None) for c, s in zip(exp["configs"], exp["config_names"])]
+
+
+def simulate_experiments(experiments: list[dict], out_dir: str, jobs: int = 0, extra_overrides=(),
+                         progress: bool = True) -> int:
+    """Simulate every result the experiments need that out_dir/cache/ lacks, all in one pool (their DRAM
+    calibrations first): `run_experiment` then reads them from the cache. Returns the number simulated."""
+    specs = []
+    for exp in experiments:
+        overrides = list(exp["overrides"]) + list(extra_overrides)
+        specs += [(config, grid, exp["policies"], overrides) for config, _, _, grid, _ in sweeps(exp, out_dir)]
+    return fill_cache(specs, os.path.join(out_dir, "cache"), jobs=jobs, progress=progress)
 
 
 def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:

@@ -41,7 +41,8 @@ from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, 
 from chipsim.errors import InputError
 from chipsim.files import check_output_dir, write_atomic
 from chipsim.pool import worker_pool
-from chipsim.hw.config import load_config, parse_set, yaml_text
+from chipsim.hw.config import load_config, memory_tiers, parse_set, yaml_text
+from chipsim.hw.paths import memory_timing
 from chipsim.runner import prepare, provenance, simulate, summarize_result
 
 BACKENDS = ("process", "dask")
@@ -171,6 +172,17 @@ def _run_task(task: dict) -> dict:
     prov = provenance(prep)
     return {"row": _normalize(row), "label": policy.label,
             **{k: prov[k] for k in ("config_sha256", "trace_sha256", "code_sha256")}}
+
+
+def _calibrate(task: dict) -> None:
+    """A point's memories calibrated by the command-level DRAM model (cached on disk by chipsim.dram.calibrate),
+    in a worker; a point that is bad input is left to `_prepare_points`, which names the problem."""
+    try:
+        hw = load_config(task["config"], task["overrides"]).hw
+        for name in memory_tiers(hw):
+            memory_timing(hw, name)
+    except InputError:
+        pass
 
 
 def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> str:
@@ -418,6 +430,91 @@ def _sweep_lock(out_dir: str):
         yield
 
 
+class _Pending:
+    """The (point, policy) results a sweep needs and cache_dir does not hold yet, with what each must match."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict] = {}  # key -> task (paths, not objects)
+        self.costs: dict[str, float] = {}
+        self.labels: dict[str, str] = {}
+        self.expected: dict[str, tuple] = {}  # key -> (config sha256, trace sha256)
+
+    def add(self, points: list[dict], cache_dir: str, results: dict[str, dict]) -> None:
+        """Every entry of `points` goes into `results` (from the cache) or here (to simulate), once per key."""
+        for point in points:
+            for entry in point["entries"]:
+                key = entry["key"]
+                if key in results or key in self.tasks:
+                    continue
+                cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
+                if cached is not None:
+                    results[key] = cached
+                else:
+                    self.tasks[key] = entry["task"]
+                    self.costs[key] = entry["cost"]
+                    self.labels[key] = entry["label"]
+                    self.expected[key] = (point["config_sha256"], point["trace_sha256"])
+
+    def run(self, cache_dir: str, code_sha: str, jobs: int, backend: str, scheduler, progress: bool,
+            results: dict[str, dict]) -> None:
+        """Simulate them (longest first), each result checked against what was planned, cached and put in
+        `results`."""
+        if not self.tasks:
+            return
+
+        def on_done(key: str, out: dict) -> None:
+            config_sha, trace_sha = self.expected[key]
+            if out["code_sha256"] != code_sha:
+                raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
+                                 f"{out['code_sha256'][:12]}, here {code_sha[:12]}): install the same version "
+                                 "everywhere")
+            if (out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha
+                    or out["label"] != self.labels[key]):
+                raise InputError(f"{self.tasks[key]['config']}: config or trace changed (or differs on a worker) "
+                                 "while the sweep ran; run it again")
+            row = out["row"]
+            entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
+                                "policy": self.labels[key]}, "row": row}
+            write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
+            results[key] = row
+
+        workers = min(jobs or os.cpu_count() or 1, len(self.tasks))
+        # longest first, so the workers finish together (the order of the outputs is fixed elsewhere, not by this)
+        ordered = dict(sorted(self.tasks.items(), key=lambda kv: -self.costs[kv[0]]))
+        if backend == "dask":
+            _run_dask(ordered, workers, scheduler, on_done, progress)
+        else:
+            _run_process(ordered, workers, on_done, progress)
+
+
+def fill_cache(sweeps: list[tuple[str, dict, list[str] | None, list[str]]], cache_dir: str, jobs: int = 0,
+               progress: bool = True) -> int:
+    """Simulate what several sweeps (config path, grid, policies, overrides) need and cache_dir lacks, all in one
+    pool (a point two of them share once), so that running each sweep then only reads the cache: the workers
+    stay busy from the first task to the last instead of waiting at the end of every sweep, and each worker
+    process starts once. Returns the number of results simulated. Bad input raises InputError, as run_sweep."""
+    code_sha = runner.code_sha256()
+    normal = [(os.path.abspath(config_path), _check_grid(grid), list(policies) if policies else None,
+               _absolute_overrides(overrides)) for config_path, grid, policies, overrides in sweeps]
+    # the points' DRAM calibrations first, in the pool too: preparing a point (below, here) runs any it lacks
+    calibrations = {}
+    for config_path, grid, _, overrides in normal:
+        for combo in itertools.product(*grid.values()):
+            task = {"config": config_path, "overrides": overrides + [_assignment(k, v) for k, v in zip(grid, combo)]}
+            calibrations[json.dumps(task, sort_keys=True)] = task
+    if len(calibrations) > 1 and jobs != 1:
+        with worker_pool(min(jobs or os.cpu_count() or 1, len(calibrations))) as pool:
+            list(pool.map(_calibrate, calibrations.values()))
+    pending = _Pending()
+    results: dict[str, dict] = {}
+    for config_path, grid, policies, overrides in normal:
+        points, _, _ = _prepare_points(config_path, overrides, policies, grid)
+        pending.add(points, cache_dir, results)
+    os.makedirs(cache_dir, exist_ok=True)
+    pending.run(cache_dir, code_sha, jobs, "process", None, progress, results)
+    return len(pending.tasks)
+
+
 def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, scheduler, progress, t0, cache_dir):
     points, code_sha, notes = _prepare_points(config_path, base_overrides, policies, grid)
     check_output_dir(out_dir, ("results.csv", "sweep.json"), "--out")
@@ -430,49 +527,10 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
         # everything checked: from here on files are written
         os.makedirs(cache_dir, exist_ok=True)
         results: dict[str, dict] = {}
-        to_run: dict[str, dict] = {}
-        labels: dict[str, str] = {}
-        expected: dict[str, tuple] = {}
-        costs: dict[str, float] = {}
-        for point in points:
-            for entry in point["entries"]:
-                key = entry["key"]
-                if key in results or key in to_run:
-                    continue
-                cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
-                if cached is not None:
-                    results[key] = cached
-                else:
-                    to_run[key] = entry["task"]
-                    costs[key] = entry["cost"]
-                    labels[key] = entry["label"]
-                    expected[key] = (point["config_sha256"], point["trace_sha256"])
+        pending = _Pending()
+        pending.add(points, cache_dir, results)
         reused = len(results)
-        local_code = code_sha
-
-        def on_done(key: str, out: dict) -> None:
-            config_sha, trace_sha = expected[key]
-            if out["code_sha256"] != local_code:
-                raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
-                                 f"{out['code_sha256'][:12]}, here {local_code[:12]}): install the same version "
-                                 "everywhere")
-            if out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha or out["label"] != labels[key]:
-                raise InputError(f"{to_run[key]['config']}: config or trace changed (or differs on a worker) "
-                                 "while the sweep ran; run it again")
-            row = out["row"]
-            entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
-                                "policy": labels[key]}, "row": row}
-            write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
-            results[key] = row
-
-        if to_run:
-            workers = min(jobs or os.cpu_count() or 1, len(to_run))
-            # longest first, so the workers finish together (the order of the outputs is fixed below, not by this)
-            to_run = dict(sorted(to_run.items(), key=lambda kv: -costs[kv[0]]))
-            if backend == "dask":
-                _run_dask(to_run, workers, scheduler, on_done, progress)
-            else:
-                _run_process(to_run, workers, on_done, progress)
+        pending.run(cache_dir, code_sha, jobs, backend, scheduler, progress, results)
 
         ordered = [(point, entry, results[entry["key"]]) for point in points for entry in point["entries"]]
         columns = list(grid) + ["point_id"] + csv_columns([row for _, _, row in ordered])
@@ -498,6 +556,6 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
         write_atomic(os.path.join(out_dir, "results.csv"), to_csv(table_rows, columns))
 
         df = pd.DataFrame([{c: r.get(c) for c in columns} for r in table_rows], columns=columns)
-        df.attrs.update({"simulated": len(to_run), "reused": reused, "points": len(points), "notes": notes,
+        df.attrs.update({"simulated": len(pending.tasks), "reused": reused, "points": len(points), "notes": notes,
                          "rows": len(table_rows), "seconds": time.perf_counter() - t0})
         return df
