@@ -11,7 +11,7 @@ from conftest import THOR
 from chipsim.cli import main
 from chipsim.errors import InputError
 from chipsim.policies import REGISTRY
-from chipsim.policies.base import Param, Policy, SimContext, make_policy
+from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, make_policy
 from chipsim.runner import prepare
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
@@ -73,6 +73,52 @@ def test_a_policy_reading_an_array_it_does_not_declare_is_stopped(tiny):
     prep = prepare(tiny.config(), [], ["no-prefetch"])
     with pytest.raises(RuntimeError, match="reads trace array 'promoe_rank', which it does not declare"):
         Simulation(prep.config.hw, prep.workload, prep.trace, Sneaky("sneaky")).run()
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_fetched(tiny, engine):
+    """The buffer keys experts by layer * experts + expert: an id outside 0..experts-1 must not alias another
+    layer's expert. Asked about, it is absent; prefetched or executed, the policy is stopped, naming it."""
+    from chipsim.sim.fast import fast_engine
+
+    engine_class = Simulation if engine == "reference" else fast_engine()
+    prep = prepare(tiny.config(), [], ["no-prefetch"])
+    n = prep.workload.model.num_experts
+    seen = []
+
+    class Asks(Policy):
+        name = "test-asks"
+
+        def on_layer_end(self, ctx, t, layer):
+            if layer == 1:  # its experts are in the buffer until the default end evicts them
+                for _, e in ctx.keys_of_layer(1):
+                    # (0, n + e) and (2, e - n) would have layer 1's expert e's index
+                    seen.append((ctx.present(1, e), ctx.resident(1, e), ctx.present(0, n + e),
+                                 ctx.resident(0, n + e), ctx.present(2, e - n), ctx.resident(2, e - n)))
+                    ctx.evict(0, n + e)  # no such expert: nothing to do
+            super().on_layer_end(ctx, t, layer)
+
+    engine_class(prep.config.hw, prep.workload, prep.trace, Asks("asks"), max_tokens=2).run()
+    assert seen and all(answers == (True, True, False, False, False, False) for answers in seen)
+
+    class Prefetches(Policy):
+        name = "test-prefetches"
+
+        def on_layer_start(self, ctx, t, layer):
+            ctx.prefetch(layer, n)
+
+    with pytest.raises(RuntimeError, match=f"policy prefetches prefetches expert {n} of MoE layer 0: the model has "
+                                           f"experts 0..{n - 1}"):
+        engine_class(prep.config.hw, prep.workload, prep.trace, Prefetches("prefetches"), max_tokens=2).run()
+
+    class Executes(Policy):
+        name = "test-executes"
+
+        def on_route(self, ctx, t, layer, routed):
+            return LayerPlan(execute=[-1])
+
+    with pytest.raises(RuntimeError, match="policy executes executes expert -1 of MoE layer 0"):
+        engine_class(prep.config.hw, prep.workload, prep.trace, Executes("executes"), max_tokens=2).run()
 
 
 def test_a_trace_with_only_the_core_arrays_replays_every_policy_that_reads_nothing_more(tiny, capsys):

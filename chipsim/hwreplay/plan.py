@@ -88,7 +88,7 @@ class PlanRecorder(Simulation):
         return super()._issue(key, priority)
 
     def evict(self, layer, expert, stop_transfer=True):
-        if (layer, expert) in self._entries:
+        if self.present(layer, expert):
             self.actions.append(["evict", self.t, self.layer, layer, expert])
         return super().evict(layer, expert, stop_transfer)
 

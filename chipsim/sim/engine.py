@@ -103,7 +103,7 @@ class _Entry:
                  "last_use")
 
     def __init__(self, key: tuple[int, int], prefetched: bool) -> None:
-        self.key = key
+        self.key = key  # (MoE layer, expert), as policies name it
         self.transfers: list[Any] = []  # chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         self.parts_left = 0
         self.evicted = False
@@ -150,6 +150,12 @@ class Simulation:
         self._tally_actions = [0] * len(ACTIONS)
         self._tally_busy_ps = 0
         self._tally_host_busy_ps = 0
+        # the counts every fetch and every arrays operation add to, as plain int fields (compiled: added natively,
+        # no int object made per addition); _add_tally spreads them over the lists above
+        self._tally_fetched = 0  # bytes landed: each crosses every component of the fetch path
+        self._tally_operand_bytes = 0  # operands streamed from HBM over the memory-to-compute link
+        self._tally_macs = self._tally_sfu_ops = self._tally_vector_ops = 0
+        self._tally_sram_read_bits = self._tally_sram_write_bits = 0
         place = {name: i for i, name in enumerate(self._components)}
         self._at_hbm, self._at_ucie, self._at_lpddr5x, self._at_pcie = (place["hbm"], place["ucie"],
                                                                         place["lpddr5x"], place["pcie"])
@@ -188,7 +194,9 @@ class Simulation:
                              f"format, fewer than top-{self.top_k}")
         # the trace arrays this policy may read: the core schema and what it declares
         self._readable = set(CORE_ARRAYS) | {spec.name for spec in policy.trace_arrays}
-        self._entries: dict[tuple[int, int], _Entry] = {}
+        # the buffer's experts by index (layer * num_experts + expert: an int hashes and compares far faster than a
+        # tuple), in the order they were issued; _Entry.key holds the (layer, expert) policies see
+        self._entries: dict[int, _Entry] = {}
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
         self._serving = False
@@ -271,23 +279,28 @@ class Simulation:
 
     def present(self, layer: int, expert: int) -> bool:
         """In the buffer: arrived or on its way."""
-        return (layer, expert) in self._entries
+        return 0 <= expert < self.num_experts and layer * self.num_experts + expert in self._entries
 
     def resident(self, layer: int, expert: int) -> bool:
-        entry = self._entries.get((layer, expert))
+        if not 0 <= expert < self.num_experts:
+            return False
+        entry = self._entries.get(layer * self.num_experts + expert)
         return entry is not None and entry.resident
 
     def resident_keys(self) -> list[tuple[int, int]]:
-        return [key for key, entry in self._entries.items() if entry.resident]
+        return [entry.key for entry in self._entries.values() if entry.resident]
 
     def keys_of_layer(self, layer: int) -> list[tuple[int, int]]:
-        return [key for key in self._entries if key[0] == layer]
+        return [entry.key for entry in self._entries.values() if entry.key[0] == layer]
 
     def last_use(self, key: tuple[int, int]) -> int:
-        return self._entries[key].last_use
+        entry = self._entries.get(key[0] * self.num_experts + key[1]) if 0 <= key[1] < self.num_experts else None
+        if entry is None:
+            raise KeyError(key)
+        return entry.last_use
 
     def resident_last_uses(self) -> list[tuple[int, tuple[int, int]]]:
-        return [(entry.last_use, key) for key, entry in self._entries.items() if entry.resident]
+        return [(entry.last_use, entry.key) for entry in self._entries.values() if entry.resident]
 
     def free_slots(self) -> int:
         return self.slots - len(self._entries) - self._zombies
@@ -309,24 +322,26 @@ class Simulation:
 
     def prefetch(self, layer: int, expert: int) -> bool:
         """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
-        key = (layer, expert)
-        if key in self._entries:
+        self._check_expert(layer, expert, "prefetches")
+        if layer * self.num_experts + expert in self._entries:
             return True
         if self.free_slots() <= 0:
             self._prefetches_dropped += 1
             return False
-        self._issue(key, PREFETCH)
+        self._issue((layer, expert), PREFETCH)
         self._prefetches_issued += 1
         return True
 
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
         """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
         stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
-        key = (layer, expert)
-        entry = self._entries.get(key)  # (get and del: compiled, dict.pop with a default is a generic call)
+        if not 0 <= expert < self.num_experts:
+            return  # no such expert: none in the buffer
+        index = layer * self.num_experts + expert
+        entry = self._entries.get(index)  # (get and del: compiled, dict.pop with a default is a generic call)
         if entry is None:
             return
-        del self._entries[key]
+        del self._entries[index]
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._prefetches_unused += 1
@@ -349,7 +364,8 @@ class Simulation:
         """Drop this layer's experts that are still on their way and not in `needed`."""
         needed = set(needed)
         for key in self.keys_of_layer(layer):
-            if key[1] not in needed and not self._entries[key].resident:
+            entry = self._entries.get(key[0] * self.num_experts + key[1])
+            if key[1] not in needed and entry is not None and not entry.resident:
                 self.evict(key[0], key[1])
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
@@ -357,9 +373,14 @@ class Simulation:
             self.evict(key[0], key[1], stop_transfers)
 
     # ======================================================================== internals
+    def _check_expert(self, layer: int, expert: int, what: str) -> None:
+        if not 0 <= expert < self.num_experts:
+            raise RuntimeError(f"policy {self.policy.label} {what} expert {expert} of MoE layer {layer}: the model has "
+                               f"experts 0..{self.num_experts - 1}")
+
     def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
         entry = _Entry(key, prefetched=(priority == PREFETCH))
-        self._entries[key] = entry
+        self._entries[key[0] * self.num_experts + key[1]] = entry
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
                                                descriptors=len(self._part_bytes)))
@@ -372,6 +393,19 @@ class Simulation:
 
     def _add_tally(self) -> None:
         """Add what was tallied since the last call to the current token's Ledger."""
+        tally, actions = self._tally_bytes, self._tally_actions
+        for i in self._fetch_places:
+            tally[i] += self._tally_fetched
+        tally[self._at_hbm] += self._tally_operand_bytes
+        tally[self._at_ucie] += self._tally_operand_bytes
+        actions[_MAC] += self._tally_macs
+        actions[_SFU_OP] += self._tally_sfu_ops
+        actions[_VECTOR_OP] += self._tally_vector_ops
+        actions[_SRAM_READ_BIT] += self._tally_sram_read_bits
+        actions[_SRAM_WRITE_BIT] += self._tally_sram_write_bits
+        self._tally_fetched = self._tally_operand_bytes = 0
+        self._tally_macs = self._tally_sfu_ops = self._tally_vector_ops = 0
+        self._tally_sram_read_bits = self._tally_sram_write_bits = 0
         ledger = self.rec.ledger
         for tally, counts, names in ((self._tally_bytes, ledger.bytes, self._components),
                                      (self._tally_actions, ledger.actions, ACTIONS)):
@@ -386,12 +420,10 @@ class Simulation:
     def _on_fetch_done(self, tr: Any) -> None:  # a chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         entry: _Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
-        tally = self._tally_bytes
         moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
-        for i in self._fetch_places:  # every byte of a fetch crosses every component of the path
-            tally[i] += moved
+        self._tally_fetched += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
-            self._tally_actions[_SRAM_WRITE_BIT] += 8 * moved
+            self._tally_sram_write_bits += 8 * moved
         if self.events is not None:
             lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
             self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self._now()))
@@ -413,18 +445,20 @@ class Simulation:
             ev, self._arrival_event = self._arrival_event, None
             self._succeed(ev)
 
-    def _demand(self, layer: int, expert: int, needed: set[int]) -> None:
-        key = (layer, expert)
-        entry = self._entries.get(key)
+    def _demand(self, layer: int, expert: int, execute: Iterable[int]) -> None:
+        """Fetch an expert the layer executes (`execute`: all of them), promote it if on its way, or, when the
+        buffer is full, queue it until the policy's victims make room."""
+        self._check_expert(layer, expert, "executes")
+        entry = self._entries.get(layer * self.num_experts + expert)
         if entry is not None:
             if not entry.resident:
                 for tr in entry.transfers:
                     self.dma.promote(tr)
             return
         if not self._pending_demands and self.free_slots() > 0:
-            self._issue(key, DEMAND)
+            self._issue((layer, expert), DEMAND)
             return
-        self._pending_demands.append((key, needed))
+        self._pending_demands.append(((layer, expert), set(execute)))
         self._serve_pending_demands()
 
     def _serve_pending_demands(self) -> None:
@@ -440,7 +474,7 @@ class Simulation:
     def _serve_pending_loop(self) -> None:
         while self._pending_demands:
             key, needed = self._pending_demands[0]
-            if key in self._entries:
+            if key[0] * self.num_experts + key[1] in self._entries:
                 self._pending_demands.pop(0)
                 continue
             if self.free_slots() <= 0:
@@ -503,15 +537,12 @@ class Simulation:
         """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
-        tally = self._tally_bytes
-        tally[self._at_hbm] += work.bytes  # operands are read from HBM and cross the HBM->compute UCIe link
-        tally[self._at_ucie] += work.bytes
-        actions = self._tally_actions
-        actions[_MAC] += work.macs
-        actions[_SFU_OP] += work.sfu_ops
-        actions[_VECTOR_OP] += work.vector_ops
-        actions[_SRAM_WRITE_BIT] += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
-        actions[_SRAM_READ_BIT] += 8 * (work.bytes + work.sram_bytes)
+        self._tally_operand_bytes += work.bytes  # read from HBM, across the HBM->compute UCIe link
+        self._tally_macs += work.macs
+        self._tally_sfu_ops += work.sfu_ops
+        self._tally_vector_ops += work.vector_ops
+        self._tally_sram_write_bits += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
+        self._tally_sram_read_bits += 8 * (work.bytes + work.sram_bytes)
         start = self._now()
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
@@ -529,9 +560,10 @@ class Simulation:
                 yield self._stream(work.sram_bytes, sram_ps, sram_path)  # the fetches landing there
         else:
             yield self._timeout(work.ps)
-        self._tally_busy_ps += self._now() - start
+        end = self._now()
+        self._tally_busy_ps += end - start
         if self.events is not None:
-            self.events.append(("arrays", label % label_args, start, self._now()))
+            self.events.append(("arrays", label % label_args, start, end))
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
         """Whether nothing can change `work`'s time, so that its fixed wait and operand flows may be one wait of
@@ -620,20 +652,21 @@ class Simulation:
         routed = self.trace_routed(t, layer)
         layers = self.rec.layers
         entries = self._entries
+        base = layer * self.num_experts  # (routed experts are checked against the model when the trace loads)
         hits = 0
         for e in routed:
-            if (layer, e) in entries:
+            if base + e in entries:
                 hits += 1
         layers.hits[t, layer] = hits
         layers.overlap[t, layer] = hits == len(routed)
         with self.dma.batch():
             plan = self.policy.on_route(self, t, layer, routed)
-            needed = set(plan.execute)
+            execute = plan.execute  # (a list, or what the policy gave: _run_experts copies it)
             demands = 0
-            for expert in plan.execute:
-                if (layer, expert) not in self._entries:
+            for expert in execute:
+                if not self.present(layer, expert):
                     demands += 1
-                self._demand(layer, expert, needed)
+                self._demand(layer, expert, execute)
         layers.demand_fetches[t, layer] = demands
         return plan
 
@@ -656,11 +689,12 @@ class Simulation:
         stall = 0
         remaining = list(plan.execute)
         entries = self._entries
+        base = layer * self.num_experts  # (each executed expert was checked by _demand)
         while remaining:
             ready: list[int] = []
             ready_entries: list[_Entry] = []
             for e in remaining:
-                entry = entries.get((layer, e))
+                entry = entries.get(base + e)
                 if entry is not None and entry.resident:
                     ready.append(e)
                     ready_entries.append(entry)

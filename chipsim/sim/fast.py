@@ -83,6 +83,12 @@ def _alone_until_end(sim: Simulation, next_event_ps: int, work: _Work, start: in
         return False
     if 0 <= next_event_ps <= start + work.ps:
         return False
+    return _within_alone_rates(sim, work)
+
+
+def _within_alone_rates(sim: Simulation, work: _Work) -> bool:
+    """Whether each of `work`'s operand streams, capped at its bytes over its time alone, gets that cap from its
+    path alone (then, with nothing else running, it ends at exactly its own time)."""
     hbm_ps = work.ps - work.fixed - work.sram_ps
     if work.bytes and hbm_ps > 0 and -(-work.bytes * PS_PER_S // hbm_ps) > sim._operand_alone_rate:
         return False
@@ -139,7 +145,9 @@ class NativeSimulation(Simulation):
         return _native().Resource(self.env, capacity)
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
-        return _alone_until_end(self, self.env.next_time(), work, start)
+        # _alone_until_end, its first two checks in one call into the C core
+        quiet: bool = self.network.quiet_until(start + work.ps)
+        return quiet and _within_alone_rates(self, work)
 
 
 def _native() -> Any:

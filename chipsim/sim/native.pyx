@@ -505,6 +505,11 @@ cdef class FlowNetwork:
         flow.rate = 0
         self._changed()
 
+    cpdef bint quiet_until(self, long long end):
+        """No flow, and nothing in the event queue at or before `end`: the fast path's check that an arrays
+        operation is alone until it ends (chipsim.sim.fast._alone_until_end), in one call."""
+        return not self.flows and not (self.env.size and self.env.heap[0].at <= end)
+
     def alone_rate(self, path):
         return min(self.capacity[r] for r, _ in path)
 
