@@ -369,8 +369,8 @@ class Simulation:
                 self.evict(key[0], key[1])
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
-        for key in self.keys_of_layer(layer):
-            self.evict(key[0], key[1], stop_transfers)
+        for entry in [entry for entry in self._entries.values() if entry.key[0] == layer]:
+            self.evict(layer, entry.key[1], stop_transfers)
 
     # ======================================================================== internals
     def _check_expert(self, layer: int, expert: int, what: str) -> None:
@@ -382,8 +382,8 @@ class Simulation:
         entry = _Entry(key, prefetched=(priority == PREFETCH))
         self._entries[key[0] * self.num_experts + key[1]] = entry
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
-        entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, tag=entry,
-                                               descriptors=len(self._part_bytes)))
+        # (positional: a call with keywords takes the generic path into the C core's DmaPath)
+        entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes)))
         entry.parts_left = 1
         self._fetches_total += 1
         held = len(self._entries) + self._zombies
@@ -448,8 +448,7 @@ class Simulation:
     def _demand(self, layer: int, expert: int, execute: Iterable[int]) -> None:
         """Fetch an expert the layer executes (`execute`: all of them), promote it if on its way, or, when the
         buffer is full, queue it until the policy's victims make room."""
-        self._check_expert(layer, expert, "executes")
-        entry = self._entries.get(layer * self.num_experts + expert)
+        entry = self._entries.get(layer * self.num_experts + expert)  # (_route checked the expert)
         if entry is not None:
             if not entry.resident:
                 for tr in entry.transfers:
@@ -664,7 +663,8 @@ class Simulation:
             execute = plan.execute  # (a list, or what the policy gave: _run_experts copies it)
             demands = 0
             for expert in execute:
-                if not self.present(layer, expert):
+                self._check_expert(layer, expert, "executes")
+                if base + expert not in entries:
                     demands += 1
                 self._demand(layer, expert, execute)
         layers.demand_fetches[t, layer] = demands
