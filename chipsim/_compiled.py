@@ -35,12 +35,6 @@ def source_digest(relative: str) -> str:
     return hashlib.sha256((_ROOT / relative).read_bytes()).hexdigest()
 
 
-def source_digests() -> dict[str, str]:
-    """Every compiled module's source as it is now, by its path under chipsim/ (the record's keys)."""
-    return {f"{package}/{name}.py": source_digest(f"{package}/{name}.py")
-            for package, names in COMPILED.items() for name in names}
-
-
 def _read_record() -> dict[str, str]:
     try:
         recorded: dict[str, str] = json.loads((_ROOT / RECORD).read_text())

@@ -491,8 +491,9 @@ def fill_cache(sweeps: list[tuple[str, dict, list[str] | None, list[str]]], cach
                progress: bool = True) -> int:
     """Simulate what several sweeps (config path, grid, policies, overrides) need and cache_dir lacks, all in one
     pool (a point two of them share once), so that running each sweep then only reads the cache: the workers
-    stay busy from the first task to the last instead of waiting at the end of every sweep, and each worker
-    process starts once. Returns the number of results simulated. Bad input raises InputError, as run_sweep."""
+    stay busy from the first task to the last instead of idling at the end of every sweep. The points' DRAM
+    calibrations run first, in a pool of their own, rather than one by one where the points are prepared.
+    Returns the number of results simulated. Bad input raises InputError, as run_sweep."""
     code_sha = runner.code_sha256()
     normal = [(os.path.abspath(config_path), _check_grid(grid), list(policies) if policies else None,
                _absolute_overrides(overrides)) for config_path, grid, policies, overrides in sweeps]

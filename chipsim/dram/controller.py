@@ -94,8 +94,8 @@ class _Channel:
         self.read_latency: int = std.read_latency
         self.read_buffer: int = cfg.read_buffer
         self.write_buffer: int = cfg.write_buffer
-        self.write_high: float = cfg.write_high_watermark * cfg.write_buffer
-        self.write_low: float = cfg.write_low_watermark * cfg.write_buffer
+        self.write_high = float(cfg.write_high_watermark * cfg.write_buffer)
+        self.write_low = float(cfg.write_low_watermark * cfg.write_buffer)
         self.page_policy: str = cfg.page_policy
         self.page_cap: int = cfg.page_cap
         self.per_bank_refresh: bool = cfg.refresh == "per-bank"

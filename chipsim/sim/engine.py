@@ -448,7 +448,7 @@ class Simulation:
     def _demand(self, layer: int, expert: int, execute: Iterable[int]) -> None:
         """Fetch an expert the layer executes (`execute`: all of them), promote it if on its way, or, when the
         buffer is full, queue it until the policy's victims make room."""
-        entry = self._entries.get(layer * self.num_experts + expert)  # (_route checked the expert)
+        entry = self._entries.get(layer * self.num_experts + expert)  # (_route checked the expert id)
         if entry is not None:
             if not entry.resident:
                 for tr in entry.transfers:
@@ -689,7 +689,7 @@ class Simulation:
         stall = 0
         remaining = list(plan.execute)
         entries = self._entries
-        base = layer * self.num_experts  # (each executed expert was checked by _demand)
+        base = layer * self.num_experts  # (_route checked each executed expert)
         while remaining:
             ready: list[int] = []
             ready_entries: list[_Entry] = []
