@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Collection, Protocol
 
 import numpy as np
 
@@ -123,8 +123,9 @@ class SimContext(Protocol):
     def last_use(self, key: Key) -> int:
         """When a present expert was last computed, as token × MoE layers + layer; -1 if never."""
 
-    def resident_last_uses(self) -> list[tuple[int, Key]]:
-        """(last_use(key), key) of every arrived expert, in one call: an LRU order's sort keys."""
+    def least_recently_used(self, count: int, protect: list[tuple[int, Collection[int]]]) -> list[Key]:
+        """The `count` arrived experts used longest ago (ordered by (last_use(key), key): never used first, ties by
+        key), leaving out every expert of `protect`'s (layer, experts): an LRU cache's victims, in one call."""
 
     def free_slots(self) -> int:
         """Slots neither held nor still draining an evicted transfer."""

@@ -100,10 +100,9 @@ class ExpertCache(Policy):
             return []
         pending = self._pending
         run_layer, run_needed = self._running
-        if type(self)._order is ExpertCache._order:  # LRU: (last use, key) of every resident expert in one call
-            ranked = ctx.resident_last_uses()
-        else:
-            ranked = [(self._order(ctx, key), key) for key in ctx.resident_keys()]
+        if type(self)._order is ExpertCache._order:  # LRU: the engine ranks and filters in one call
+            return ctx.least_recently_used(count, [(layer, needed), (run_layer, run_needed), *pending.items()])
+        ranked = [(self._order(ctx, key), key) for key in ctx.resident_keys()]
         # _order is a total order (ties broken by key), so the smallest of (order, key) equal a full sort's first
         ranked = [(rank, key) for rank, key in ranked
                   if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())

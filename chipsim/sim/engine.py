@@ -23,7 +23,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, Final, Generator, Iterable, NamedTuple
+from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
@@ -299,8 +299,24 @@ class Simulation:
             raise KeyError(key)
         return entry.last_use
 
-    def resident_last_uses(self) -> list[tuple[int, tuple[int, int]]]:
-        return [(entry.last_use, entry.key) for entry in self._entries.values() if entry.resident]
+    def least_recently_used(self, count: int, protect: list[tuple[int, Collection[int]]]) -> list[tuple[int, int]]:
+        """The `count` arrived experts used longest ago ((last use, key) order), none of `protect`'s."""
+        if count <= 0:
+            return []
+        ranked: list[tuple[int, tuple[int, int]]] = []
+        for entry in self._entries.values():
+            if not entry.resident:
+                continue
+            layer, expert = entry.key
+            for protected_layer, experts in protect:
+                if layer == protected_layer and expert in experts:
+                    break
+            else:
+                ranked.append((entry.last_use, entry.key))
+        if count == 1:  # (last use, key) is a total order: the smallest is a full sort's first
+            return [min(ranked)[1]] if ranked else []
+        ranked.sort()
+        return [key for _, key in ranked[:count]]
 
     def free_slots(self) -> int:
         return self.slots - len(self._entries) - self._zombies
