@@ -92,13 +92,12 @@ class OptionalBuildExt(build_ext):
         if not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}:
             self.distribution.ext_modules = _extensions()
             if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
-                built = {Path(source).with_suffix("").as_posix() for source in SOURCES + [NATIVE_SOURCE]}
                 for path in [PACKAGE / RECORD, PACKAGE / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
                     path.unlink(missing_ok=True)
-                for folder in {PACKAGE / Path(module).parent for module in built}:
-                    for path in folder.iterdir():
-                        module = f"{folder.name}/{path.name.split('.')[0]}"
-                        if module in built and path.suffix in (".so", ".pyd"):
+                for source in SOURCES + [NATIVE_SOURCE]:
+                    stem = PACKAGE / Path(source).with_suffix("")
+                    for path in stem.parent.glob(f"{stem.name}.*"):
+                        if path.suffix in (".so", ".pyd"):
                             path.unlink()
         super().finalize_options()
 

@@ -98,15 +98,13 @@ class ExpertCache(Policy):
     def _victims(self, ctx: SimContext, layer, needed, count: int) -> list[tuple[int, int]]:
         if count <= 0:
             return []
-        pending = self._pending
-        run_layer, run_needed = self._running
+        # never victims: the layer's needed experts, the running layer's, the predictions still pending
+        protect = [(layer, needed), self._running, *self._pending.items()]
         if type(self)._order is ExpertCache._order:  # LRU: the engine ranks and filters in one call
-            return ctx.least_recently_used(count, [(layer, needed), (run_layer, run_needed), *pending.items()])
-        ranked = [(self._order(ctx, key), key) for key in ctx.resident_keys()]
+            return ctx.least_recently_used(count, protect)
         # _order is a total order (ties broken by key), so the smallest of (order, key) equal a full sort's first
-        ranked = [(rank, key) for rank, key in ranked
-                  if not (key[0] == layer and key[1] in needed) and key[1] not in pending.get(key[0], ())
-                  and not (key[0] == run_layer and key[1] in run_needed)]
+        ranked = [(self._order(ctx, key), key) for key in ctx.resident_keys()
+                  if not any(key[0] == lay and key[1] in experts for lay, experts in protect)]
         if count == 1:
             return [min(ranked)[1]] if ranked else []
         return [key for _, key in sorted(ranked)[:count]]

@@ -279,12 +279,10 @@ class Simulation:
 
     def present(self, layer: int, expert: int) -> bool:
         """In the buffer: arrived or on its way."""
-        return 0 <= expert < self.num_experts and layer * self.num_experts + expert in self._entries
+        return self._entry(layer, expert) is not None
 
     def resident(self, layer: int, expert: int) -> bool:
-        if not 0 <= expert < self.num_experts:
-            return False
-        entry = self._entries.get(layer * self.num_experts + expert)
+        entry = self._entry(layer, expert)
         return entry is not None and entry.resident
 
     def resident_keys(self) -> list[tuple[int, int]]:
@@ -294,7 +292,7 @@ class Simulation:
         return [entry.key for entry in self._entries.values() if entry.key[0] == layer]
 
     def last_use(self, key: tuple[int, int]) -> int:
-        entry = self._entries.get(key[0] * self.num_experts + key[1]) if 0 <= key[1] < self.num_experts else None
+        entry = self._entry(key[0], key[1])
         if entry is None:
             raise KeyError(key)
         return entry.last_use
@@ -351,13 +349,10 @@ class Simulation:
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
         """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
         stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
-        if not 0 <= expert < self.num_experts:
-            return  # no such expert: none in the buffer
-        index = layer * self.num_experts + expert
-        entry = self._entries.get(index)  # (get and del: compiled, dict.pop with a default is a generic call)
+        entry = self._entry(layer, expert)  # (get and del: compiled, dict.pop with a default is a generic call)
         if entry is None:
             return
-        del self._entries[index]
+        del self._entries[layer * self.num_experts + expert]
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._prefetches_unused += 1
@@ -379,16 +374,22 @@ class Simulation:
     def cancel_unneeded(self, layer: int, needed: Iterable[int]) -> None:
         """Drop this layer's experts that are still on their way and not in `needed`."""
         needed = set(needed)
-        for key in self.keys_of_layer(layer):
-            entry = self._entries.get(key[0] * self.num_experts + key[1])
-            if key[1] not in needed and entry is not None and not entry.resident:
-                self.evict(key[0], key[1])
+        for entry in [entry for entry in self._entries.values() if entry.key[0] == layer]:
+            if entry.key[1] not in needed and not entry.resident:
+                self.evict(layer, entry.key[1])
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
         for entry in [entry for entry in self._entries.values() if entry.key[0] == layer]:
             self.evict(layer, entry.key[1], stop_transfers)
 
     # ======================================================================== internals
+    def _entry(self, layer: int, expert: int) -> _Entry | None:
+        """The buffer's entry of an expert (None: not in the buffer, or no such expert: its id never aliases
+        another layer's)."""
+        if not 0 <= expert < self.num_experts:
+            return None
+        return self._entries.get(layer * self.num_experts + expert)
+
     def _check_expert(self, layer: int, expert: int, what: str) -> None:
         if not 0 <= expert < self.num_experts:
             raise RuntimeError(f"policy {self.policy.label} {what} expert {expert} of MoE layer {layer}: the model has "
