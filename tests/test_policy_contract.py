@@ -84,7 +84,7 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
     engine_class = Simulation if engine == "reference" else fast_engine()
     prep = prepare(tiny.config(), [], ["no-prefetch"])
     n = prep.workload.model.num_experts
-    seen = []
+    seen, layers_out = [], []
 
     class Asks(Policy):
         name = "test-asks"
@@ -95,11 +95,16 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
                     # (0, n + e) and (2, e - n) would have layer 1's expert e's index
                     seen.append((ctx.present(1, e), ctx.resident(1, e), ctx.present(0, n + e),
                                  ctx.resident(0, n + e), ctx.present(2, e - n), ctx.resident(2, e - n)))
-                    ctx.evict(0, n + e)  # no such expert: nothing to do
+                    # no such expert, no such layer: nothing to do
+                    ctx.evict(0, n + e)
+                    ctx.evict(-1, e)
+                    ctx.evict(ctx.num_moe_layers, e)
+                    layers_out.append((ctx.present(-1, e), ctx.resident(ctx.num_moe_layers, e)))
             super().on_layer_end(ctx, t, layer)
 
     engine_class(prep.config.hw, prep.workload, prep.trace, Asks("asks"), max_tokens=2).run()
     assert seen and all(answers == (True, True, False, False, False, False) for answers in seen)
+    assert layers_out and not any(any(answers) for answers in layers_out)
 
     class Prefetches(Policy):
         name = "test-prefetches"
@@ -110,6 +115,17 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
     with pytest.raises(RuntimeError, match=f"policy prefetches prefetches expert {n} of MoE layer 0: the model has "
                                            f"experts 0..{n - 1}"):
         engine_class(prep.config.hw, prep.workload, prep.trace, Prefetches("prefetches"), max_tokens=2).run()
+
+    class BeyondTheModel(Policy):
+        name = "test-beyond"
+
+        def on_layer_start(self, ctx, t, layer):
+            ctx.prefetch(ctx.num_moe_layers, 0)
+
+    layers = prep.workload.model.num_moe_layers
+    with pytest.raises(RuntimeError, match=f"policy beyond prefetches expert 0 of MoE layer {layers}: the model has "
+                                           f"MoE layers 0..{layers - 1}"):
+        engine_class(prep.config.hw, prep.workload, prep.trace, BeyondTheModel("beyond"), max_tokens=2).run()
 
     class Executes(Policy):
         name = "test-executes"

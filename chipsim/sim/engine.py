@@ -197,13 +197,23 @@ class Simulation:
         # the buffer's experts by index (layer * num_experts + expert: an int hashes and compares far faster than a
         # tuple), in the order they were issued; _Entry.key holds the (layer, expert) policies see
         self._entries: dict[int, _Entry] = {}
+        # the same entries by index (None: not in the buffer), for lookups: a list read by a plain int is far cheaper
+        # than a dict's (no int object, no hash); the dict keeps the issue order that policies see
+        self._slot_of: list[_Entry | None] = [None] * (self.num_moe_layers * self.num_experts)
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
         self._serving = False
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
+        self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
+        # what routing found and each layer's stall, per (token, MoE layer) at t * layers + layer: plain lists as the
+        # run goes (a store into a numpy array from compiled code is a generic call), into rec.layers at its end
+        cells = n_tokens * self.num_moe_layers
+        self._layer_hits = [0] * cells
+        self._layer_demands = [0] * cells
+        self._layer_stall = [0] * cells
         self.host = self._resource(1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
         self.events: list[tuple[str, str, int, int]] | None = [] if record_events else None
@@ -337,7 +347,7 @@ class Simulation:
     def prefetch(self, layer: int, expert: int) -> bool:
         """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
         self._check_expert(layer, expert, "prefetches")
-        if layer * self.num_experts + expert in self._entries:
+        if self._slot_of[layer * self.num_experts + expert] is not None:
             return True
         if self.free_slots() <= 0:
             self._prefetches_dropped += 1
@@ -352,7 +362,9 @@ class Simulation:
         entry = self._entry(layer, expert)  # (get and del: compiled, dict.pop with a default is a generic call)
         if entry is None:
             return
-        del self._entries[layer * self.num_experts + expert]
+        index = layer * self.num_experts + expert
+        del self._entries[index]
+        self._slot_of[index] = None
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._prefetches_unused += 1
@@ -386,18 +398,23 @@ class Simulation:
     def _entry(self, layer: int, expert: int) -> _Entry | None:
         """The buffer's entry of an expert (None: not in the buffer, or no such expert: its id never aliases
         another layer's)."""
-        if not 0 <= expert < self.num_experts:
+        if not (0 <= expert < self.num_experts and 0 <= layer < self.num_moe_layers):
             return None
-        return self._entries.get(layer * self.num_experts + expert)
+        return self._slot_of[layer * self.num_experts + expert]
 
     def _check_expert(self, layer: int, expert: int, what: str) -> None:
         if not 0 <= expert < self.num_experts:
             raise RuntimeError(f"policy {self.policy.label} {what} expert {expert} of MoE layer {layer}: the model has "
                                f"experts 0..{self.num_experts - 1}")
+        if not 0 <= layer < self.num_moe_layers:
+            raise RuntimeError(f"policy {self.policy.label} {what} expert {expert} of MoE layer {layer}: the model has "
+                               f"MoE layers 0..{self.num_moe_layers - 1}")
 
     def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
         entry = _Entry(key, prefetched=(priority == PREFETCH))
-        self._entries[key[0] * self.num_experts + key[1]] = entry
+        index = key[0] * self.num_experts + key[1]
+        self._entries[index] = entry
+        self._slot_of[index] = entry
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes)))
@@ -465,7 +482,7 @@ class Simulation:
     def _demand(self, layer: int, expert: int, execute: Iterable[int]) -> None:
         """Fetch an expert the layer executes (`execute`: all of them), promote it if on its way, or, when the
         buffer is full, queue it until the policy's victims make room."""
-        entry = self._entries.get(layer * self.num_experts + expert)  # (_route checked the expert id)
+        entry = self._slot_of[layer * self.num_experts + expert]  # (_route checked the expert id)
         if entry is not None:
             if not entry.resident:
                 for tr in entry.transfers:
@@ -490,7 +507,7 @@ class Simulation:
     def _serve_pending_loop(self) -> None:
         while self._pending_demands:
             key, needed = self._pending_demands[0]
-            if key[0] * self.num_experts + key[1] in self._entries:
+            if self._slot_of[key[0] * self.num_experts + key[1]] is not None:
                 self._pending_demands.pop(0)
                 continue
             if self.free_slots() <= 0:
@@ -657,7 +674,7 @@ class Simulation:
         yield from self._compute(cost.pre, "L%d attention+router", layer)
         plan = self._route(t, layer)
         stall = yield from self._run_experts(t, layer, plan, cost)
-        self.rec.layers.stall_ps[t, layer] = stall
+        self._layer_stall[t * self.num_moe_layers + layer] = stall
         with self.dma.batch():
             self.policy.on_layer_end(self, t, layer)
         return stall
@@ -666,25 +683,24 @@ class Simulation:
         """Routing is known: record what the buffer held, ask the policy what runs, demand-fetch what is
         missing of it."""
         routed = self.trace_routed(t, layer)
-        layers = self.rec.layers
-        entries = self._entries
+        slot_of = self._slot_of
         base = layer * self.num_experts  # (routed experts are checked against the model when the trace loads)
         hits = 0
         for e in routed:
-            if base + e in entries:
+            if slot_of[base + e] is not None:
                 hits += 1
-        layers.hits[t, layer] = hits
-        layers.overlap[t, layer] = hits == len(routed)
+        cell = t * self.num_moe_layers + layer
+        self._layer_hits[cell] = hits  # (overlap: hits == routed experts, at the end)
         with self.dma.batch():
             plan = self.policy.on_route(self, t, layer, routed)
             execute = plan.execute  # (a list, or what the policy gave: _run_experts copies it)
             demands = 0
             for expert in execute:
                 self._check_expert(layer, expert, "executes")
-                if base + expert not in entries:
+                if slot_of[base + expert] is None:
                     demands += 1
                 self._demand(layer, expert, execute)
-        layers.demand_fetches[t, layer] = demands
+        self._layer_demands[cell] = demands
         return plan
 
     def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost) -> Generator[Any, Any, int]:
@@ -705,13 +721,13 @@ class Simulation:
                 combine_later, combine = combine, NO_WORK
         stall = 0
         remaining = list(plan.execute)
-        entries = self._entries
+        slot_of = self._slot_of
         base = layer * self.num_experts  # (_route checked each executed expert)
         while remaining:
             ready: list[int] = []
             ready_entries: list[_Entry] = []
             for e in remaining:
-                entry = entries.get(base + e)
+                entry = slot_of[base + e]
                 if entry is not None and entry.resident:
                     ready.append(e)
                     ready_entries.append(entry)
@@ -759,12 +775,22 @@ class Simulation:
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )
         self._add_tally()  # transfers that landed after the last token: charged to it
+        self._record_layers()
         self.rec.counts = RunCounts(prefetches_issued=self._prefetches_issued,
                                     prefetches_dropped=self._prefetches_dropped,
                                     prefetches_unused=self._prefetches_unused, fetches_total=self._fetches_total,
                                     peak_buffer_slots=self._peak_buffer_slots, expert_computes=self._expert_computes)
         timeline = self._recorded_timeline() if self._dma_recorder is not None else None
         return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+
+    def _record_layers(self) -> None:
+        """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer)."""
+        layers = self.rec.layers
+        shape = layers.hits.shape
+        layers.hits[...] = np.array(self._layer_hits, dtype=np.int64).reshape(shape)
+        layers.demand_fetches[...] = np.array(self._layer_demands, dtype=np.int64).reshape(shape)
+        layers.stall_ps[...] = np.array(self._layer_stall, dtype=np.int64).reshape(shape)
+        layers.overlap[...] = layers.hits == self._routed_per_layer
 
     def _recorded_timeline(self) -> RecordedTimeline:
         """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
