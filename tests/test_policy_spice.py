@@ -324,14 +324,14 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
         def on_layer_end(ctx, t, layer, _orig=original_end):
             _orig(ctx, t, layer)
             occupancy.append(ctx.slots - ctx.free_slots())
-            assert set(policy._stamp) == {entry.key for entry in ctx._entries.values()}
+            assert set(policy._stamp) == {entry.key for entry in ctx._in_buffer()}
 
         policy.on_layer_end = on_layer_end
 
         class Recording(Simulation):
             def _issue(self, key, priority):
                 entry = super()._issue(key, priority)
-                occupancy.append(len(self._entries) + self._zombies)
+                occupancy.append(self._held + self._zombies)
                 return entry
 
         sim = Recording(prep.config.hw, prep.workload, prep.trace, policy)

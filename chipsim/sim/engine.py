@@ -99,11 +99,12 @@ class _LayerCost(NamedTuple):
 class _Entry:
     """One expert's slot in the buffer and the DMA transfer that fills it."""
 
-    __slots__ = ("key", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
-                 "last_use")
+    __slots__ = ("key", "index", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
+                 "last_use", "prev", "next", "layer_prev", "layer_next")
 
-    def __init__(self, key: tuple[int, int], prefetched: bool) -> None:
+    def __init__(self, key: tuple[int, int], index: int, prefetched: bool) -> None:
         self.key = key  # (MoE layer, expert), as policies name it
+        self.index = index  # layer * experts + expert
         self.transfers: list[Any] = []  # chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         self.parts_left = 0
         self.evicted = False
@@ -112,6 +113,11 @@ class _Entry:
         self.prefetched = prefetched
         self.used = False
         self.last_use = -1
+        # neighbours in issue order, in the whole buffer and within its layer (None at the ends; cleared when evicted)
+        self.prev: _Entry | None = None
+        self.next: _Entry | None = None
+        self.layer_prev: _Entry | None = None
+        self.layer_next: _Entry | None = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # chipsim.hwreplay.plan.PlanRecorder records its decisions
@@ -194,12 +200,16 @@ class Simulation:
                              f"format, fewer than top-{self.top_k}")
         # the trace arrays this policy may read: the core schema and what it declares
         self._readable = set(CORE_ARRAYS) | {spec.name for spec in policy.trace_arrays}
-        # the buffer's experts by index (layer * num_experts + expert: an int hashes and compares far faster than a
-        # tuple), in the order they were issued; _Entry.key holds the (layer, expert) policies see
-        self._entries: dict[int, _Entry] = {}
-        # the same entries by index (None: not in the buffer), for lookups: a list read by a plain int is far cheaper
-        # than a dict's (no int object, no hash); the dict keeps the issue order that policies see
+        # the buffer's experts by index, layer * num_experts + expert (None: not in the buffer): a list read by a
+        # plain int, no int object made, no hash; _Entry.key holds the (layer, expert) policies see
         self._slot_of: list[_Entry | None] = [None] * (self.num_moe_layers * self.num_experts)
+        # the same entries in the order they were issued, the order policies see them in: linked through the entries,
+        # over the whole buffer and within each MoE layer (a layer's entries without walking the buffer)
+        self._held = 0
+        self._first: _Entry | None = None
+        self._last: _Entry | None = None
+        self._layer_first: list[_Entry | None] = [None] * self.num_moe_layers
+        self._layer_last: list[_Entry | None] = [None] * self.num_moe_layers
         self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
         self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
         self._serving = False
@@ -296,10 +306,10 @@ class Simulation:
         return entry is not None and entry.resident
 
     def resident_keys(self) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._entries.values() if entry.resident]
+        return [entry.key for entry in self._in_buffer() if entry.resident]
 
     def keys_of_layer(self, layer: int) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._entries.values() if entry.key[0] == layer]
+        return [entry.key for entry in self._of_layer(layer)]
 
     def last_use(self, key: tuple[int, int]) -> int:
         entry = self._entry(key[0], key[1])
@@ -311,23 +321,34 @@ class Simulation:
         """The `count` arrived experts used longest ago ((last use, key) order), none of `protect`'s."""
         if count <= 0:
             return []
-        ranked: list[tuple[int, tuple[int, int]]] = []
-        for entry in self._entries.values():
-            if not entry.resident:
-                continue
-            layer, expert = entry.key
-            for protected_layer, experts in protect:
-                if layer == protected_layer and expert in experts:
-                    break
-            else:
-                ranked.append((entry.last_use, entry.key))
-        if count == 1:  # (last use, key) is a total order: the smallest is a full sort's first
-            return [min(ranked)[1]] if ranked else []
-        ranked.sort()
-        return [key for _, key in ranked[:count]]
+        n = self.num_experts
+        protected: set[int] = set()
+        for protected_layer, experts in protect:
+            base = protected_layer * n
+            for e in experts:
+                if 0 <= e < n:  # (an id outside the model never aliases another layer's expert)
+                    protected.add(base + e)
+        # (last use, layer, expert) as one int, last_use * cells + index: the same order, sorted as plain ints
+        # rather than as tuples compared item by item
+        cells = self.num_moe_layers * n
+        ranked: list[int] = []
+        entry = self._first
+        while entry is not None:
+            if entry.resident and entry.index not in protected:
+                ranked.append(entry.last_use * cells + entry.index)
+            entry = entry.next
+        if count == 1:  # (a total order: the smallest is a full sort's first)
+            ranked = [min(ranked)] if ranked else []
+        else:
+            ranked.sort()
+        victims = []
+        for rank in ranked[:count]:
+            index = rank % cells
+            victims.append((index // n, index % n))
+        return victims
 
     def free_slots(self) -> int:
-        return self.slots - len(self._entries) - self._zombies
+        return self.slots - self._held - self._zombies
 
     def link_queued_bytes(self) -> int:
         return self.dma.queued_bytes()
@@ -359,12 +380,10 @@ class Simulation:
     def evict(self, layer: int, expert: int, stop_transfer: bool = True) -> None:
         """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
         stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
-        entry = self._entry(layer, expert)  # (get and del: compiled, dict.pop with a default is a generic call)
+        entry = self._entry(layer, expert)
         if entry is None:
             return
-        index = layer * self.num_experts + expert
-        del self._entries[index]
-        self._slot_of[index] = None
+        self._unlink(entry)
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._prefetches_unused += 1
@@ -386,15 +405,80 @@ class Simulation:
     def cancel_unneeded(self, layer: int, needed: Iterable[int]) -> None:
         """Drop this layer's experts that are still on their way and not in `needed`."""
         needed = set(needed)
-        for entry in [entry for entry in self._entries.values() if entry.key[0] == layer]:
+        for entry in self._of_layer(layer):
             if entry.key[1] not in needed and not entry.resident:
                 self.evict(layer, entry.key[1])
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
-        for entry in [entry for entry in self._entries.values() if entry.key[0] == layer]:
+        for entry in self._of_layer(layer):
             self.evict(layer, entry.key[1], stop_transfers)
 
     # ======================================================================== internals
+    def _of_layer(self, layer: int) -> list[_Entry]:
+        """A MoE layer's entries in issue order (a copy: the caller may evict them as it goes)."""
+        entries: list[_Entry] = []
+        if not 0 <= layer < self.num_moe_layers:
+            return entries
+        entry = self._layer_first[layer]
+        while entry is not None:
+            entries.append(entry)
+            entry = entry.layer_next
+        return entries
+
+    def _in_buffer(self) -> list[_Entry]:
+        """Every entry in issue order."""
+        entries: list[_Entry] = []
+        entry = self._first
+        while entry is not None:
+            entries.append(entry)
+            entry = entry.next
+        return entries
+
+    def _link(self, entry: _Entry) -> None:
+        """Into the buffer: found by its index, last in issue order."""
+        self._slot_of[entry.index] = entry
+        self._held += 1
+        last = self._last
+        entry.prev = last
+        if last is None:
+            self._first = entry
+        else:
+            last.next = entry
+        self._last = entry
+        layer = entry.key[0]
+        last = self._layer_last[layer]
+        entry.layer_prev = last
+        if last is None:
+            self._layer_first[layer] = entry
+        else:
+            last.layer_next = entry
+        self._layer_last[layer] = entry
+
+    def _unlink(self, entry: _Entry) -> None:
+        """Out of the buffer; its links cleared (no reference cycle is left for the garbage collector)."""
+        self._slot_of[entry.index] = None
+        self._held -= 1
+        prev, nxt = entry.prev, entry.next
+        if prev is None:
+            self._first = nxt
+        else:
+            prev.next = nxt
+        if nxt is None:
+            self._last = prev
+        else:
+            nxt.prev = prev
+        layer = entry.key[0]
+        prev, nxt = entry.layer_prev, entry.layer_next
+        if prev is None:
+            self._layer_first[layer] = nxt
+        else:
+            prev.layer_next = nxt
+        if nxt is None:
+            self._layer_last[layer] = prev
+        else:
+            nxt.layer_prev = prev
+        entry.prev = entry.next = entry.layer_prev = entry.layer_next = None
+
     def _entry(self, layer: int, expert: int) -> _Entry | None:
         """The buffer's entry of an expert (None: not in the buffer, or no such expert: its id never aliases
         another layer's)."""
@@ -411,16 +495,14 @@ class Simulation:
                                f"MoE layers 0..{self.num_moe_layers - 1}")
 
     def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
-        entry = _Entry(key, prefetched=(priority == PREFETCH))
-        index = key[0] * self.num_experts + key[1]
-        self._entries[index] = entry
-        self._slot_of[index] = entry
+        entry = _Entry(key, key[0] * self.num_experts + key[1], priority == PREFETCH)
+        self._link(entry)
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
         entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes)))
         entry.parts_left = 1
         self._fetches_total += 1
-        held = len(self._entries) + self._zombies
+        held = self._held + self._zombies
         if held > self._peak_buffer_slots:
             self._peak_buffer_slots = held
         return entry
@@ -771,7 +853,7 @@ class Simulation:
         if not process.triggered:
             raise RuntimeError(
                 f"policy {self.policy.label} stalled for good at t={self._now()} ps: the layer waits for experts "
-                f"that can never arrive (buffer of {self.slots} slots full: {len(self._entries)} entries, "
+                f"that can never arrive (buffer of {self.slots} slots full: {self._held} entries, "
                 f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
             )
         self._add_tally()  # transfers that landed after the last token: charged to it
