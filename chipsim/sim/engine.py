@@ -322,29 +322,27 @@ class Simulation:
         if count <= 0:
             return []
         n = self.num_experts
-        protected: set[int] = set()
-        for protected_layer, experts in protect:
-            base = protected_layer * n
-            for e in experts:
-                if 0 <= e < n:  # (an id outside the model never aliases another layer's expert)
-                    protected.add(base + e)
-        # (last use, layer, expert) as one int, last_use * cells + index: the same order, sorted as plain ints
-        # rather than as tuples compared item by item
+        # every arrived expert as one int, last_use * cells + index: sorted as plain ints in (last use, layer,
+        # expert) order; the protected are skipped as they come up, so only the first few are checked
         cells = self.num_moe_layers * n
         ranked: list[int] = []
         entry = self._first
         while entry is not None:
-            if entry.resident and entry.index not in protected:
+            if entry.resident:
                 ranked.append(entry.last_use * cells + entry.index)
             entry = entry.next
-        if count == 1:  # (a total order: the smallest is a full sort's first)
-            ranked = [min(ranked)] if ranked else []
-        else:
-            ranked.sort()
-        victims = []
-        for rank in ranked[:count]:
+        ranked.sort()
+        victims: list[tuple[int, int]] = []
+        for rank in ranked:
             index = rank % cells
-            victims.append((index // n, index % n))
+            layer, expert = index // n, index % n
+            for protected_layer, experts in protect:
+                if layer == protected_layer and expert in experts:
+                    break
+            else:
+                victims.append((layer, expert))
+                if len(victims) == count:
+                    break
         return victims
 
     def free_slots(self) -> int:
