@@ -152,6 +152,8 @@ class Spice(Policy):
         m = ctx.workload.model
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self._L = L
+        self._E = ctx.num_experts
+        self._cells = L * ctx.num_experts  # (MoE layer, expert) pairs: a stamp's heap entry is stamp * cells + index
         self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
         if self.slots == 0:
             self.capacity = ctx.slots
@@ -203,8 +205,9 @@ class Spice(Policy):
         self._ids = ctx.trace_array("draft_ids")
         self._conf = ctx.trace_array("draft_conf")
         self._stamp: dict[tuple[int, int], int] = {}  # every expert in the buffer -> LRU stamp (see module doc)
-        # (stamp, key) of every stamp given, smallest first; one no longer in _stamp is dropped when it comes up
-        self._by_stamp: list[tuple[int, tuple[int, int]]] = []
+        # every stamp given, as stamp * cells + layer * experts + expert (plain ints, compared as fast as ints are; the
+        # same order as (stamp, key)), smallest first; one no longer in _stamp is dropped when it comes up
+        self._by_stamp: list[int] = []
         self._pos = 0
         self._token_ids = None
         self._token_conf = None
@@ -259,15 +262,18 @@ class Spice(Policy):
         if past_only:  # (a prefetch's room: nothing to protect)
             # only stamps behind the running layer, in (stamp, key) order: the smallest ones of _by_stamp
             heap = self._by_stamp
+            cells, n = self._cells, self._E
             victims = []
             while heap and len(victims) < short:
-                s, k = heap[0]
+                s, index = divmod(heap[0], cells)
+                k = (index // n, index % n)
                 if stamp.get(k) != s or k in victims:  # evicted or stamped again since
                     heappop(heap)
                 elif s >= pos:
                     break
                 else:
-                    victims.append(heappop(heap)[1])
+                    heappop(heap)
+                    victims.append(k)
             if not victims:
                 return False
         else:
@@ -305,7 +311,7 @@ class Spice(Policy):
 
     def _set_stamp(self, key: tuple[int, int], stamp: int) -> None:
         self._stamp[key] = stamp
-        heappush(self._by_stamp, (stamp, key))
+        heappush(self._by_stamp, stamp * self._cells + key[0] * self._E + key[1])
 
     # ------------------------------------------------------------------------------ hooks
     def on_token_start(self, ctx: SimContext, t: int) -> None:

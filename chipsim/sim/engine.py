@@ -194,6 +194,9 @@ class Simulation:
         self.expert_format = fmt
         self._part_bytes = fmt.part_bytes
         self._fetch_bytes = fmt.fetch_bytes
+        # fetch_estimate_ps's constants: a setup per part, the path's latency, its bottleneck bandwidth
+        self._fetch_fixed_ps = ns_to_ps(hw.dma.setup_ns) * len(self._part_bytes) + ns_to_ps(path.latency_ns)
+        self._fetch_bytes_per_s = gbps_to_bytes_per_s(path.bandwidth_gbps)
         self.slots = workload.buffer_bytes // fmt.slot_bytes
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
@@ -353,10 +356,7 @@ class Simulation:
 
     def fetch_estimate_ps(self) -> int:
         """When an expert fetched now would land if it queued behind every byte already on the link."""
-        path = self.path_timing
-        nbytes = self.link_queued_bytes() + self.expert_format.fetch_bytes
-        return (ns_to_ps(self.hw.dma.setup_ns) * len(self._part_bytes) + ns_to_ps(path.latency_ns)
-                + transfer_ps(nbytes, gbps_to_bytes_per_s(path.bandwidth_gbps)))
+        return self._fetch_fixed_ps + transfer_ps(self.dma.queued_bytes() + self._fetch_bytes, self._fetch_bytes_per_s)
 
     def host_estimate_ps(self) -> int:
         """When an expert handed to the host CPU now would be done, counting the host's queue."""
