@@ -99,7 +99,7 @@ class _LayerCost(NamedTuple):
 class _Entry:
     """One expert's slot in the buffer and the DMA transfer that fills it."""
 
-    __slots__ = ("key", "index", "transfers", "parts_left", "evicted", "resident", "arrival_ps", "prefetched", "used",
+    __slots__ = ("key", "index", "transfers", "parts_left", "evicted", "resident", "prefetched", "used",
                  "last_use", "prev", "next", "layer_prev", "layer_next")
 
     def __init__(self, key: tuple[int, int], index: int, prefetched: bool) -> None:
@@ -109,7 +109,6 @@ class _Entry:
         self.parts_left = 0
         self.evicted = False
         self.resident = False
-        self.arrival_ps = -1
         self.prefetched = prefetched
         self.used = False
         self.last_use = -1
@@ -552,7 +551,6 @@ class Simulation:
             self._serve_pending_demands()
             return
         entry.resident = True
-        entry.arrival_ps = self._now()
         if self._pending_demands:
             self._serve_pending_demands()
         if self._arrival_event is not None and key[0] == self._waiting_layer:
@@ -650,12 +648,7 @@ class Simulation:
         """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
-        self._tally_operand_bytes += work.bytes  # read from HBM, across the HBM->compute UCIe link
-        self._tally_macs += work.macs
-        self._tally_sfu_ops += work.sfu_ops
-        self._tally_vector_ops += work.vector_ops
-        self._tally_sram_write_bits += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
-        self._tally_sram_read_bits += 8 * (work.bytes + work.sram_bytes)
+        self._tally_work(work)
         start = self._now()
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
@@ -677,6 +670,15 @@ class Simulation:
         self._tally_busy_ps += end - start
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, end))
+
+    def _tally_work(self, work: _Work) -> None:
+        """What arrays work moves and does, into the token's tallies (its time is added once it has run)."""
+        self._tally_operand_bytes += work.bytes  # read from HBM, across the HBM->compute UCIe link
+        self._tally_macs += work.macs
+        self._tally_sfu_ops += work.sfu_ops
+        self._tally_vector_ops += work.vector_ops
+        self._tally_sram_write_bits += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
+        self._tally_sram_read_bits += 8 * (work.bytes + work.sram_bytes)
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
         """Whether nothing can change `work`'s time, so that its fixed wait and operand flows may be one wait of

@@ -109,6 +109,7 @@ class NativeSimulation(Simulation):
         self._wake_in: Any = native.wake_in
         self._pending: Any = native.pending
         self._trigger: Any = native.trigger
+        self._operation: Any = native.operation
         super().__init__(hw, workload, trace, policy, max_tokens, record_events, record_tokens)
 
     @classmethod
@@ -144,10 +145,18 @@ class NativeSimulation(Simulation):
     def _resource(self, capacity: int) -> Any:
         return _native().Resource(self.env, capacity)
 
-    def _undisturbed(self, work: _Work, start: int) -> bool:
-        # _alone_until_end, its first two checks in one call into the C core
-        quiet: bool = self.network.quiet_until(start + work.ps)
-        return quiet and _within_alone_rates(self, work)
+    def _compute(self, work: _Work, label: str, *label_args: object) -> Generator[Any, Any, None]:
+        """Simulation._compute as one C operation (chipsim.sim.native.Operation): the same check that it is alone until
+        it ends, the same fixed wait and operand streams, no generator, event or callback of its own; it hands back
+        the time it took."""
+        self._tally_work(work)
+        busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
+                                          self._operand_alone_rate, work.sram_bytes, work.sram_ps,
+                                          self._sram_flow_path, self._sram_alone_rate)
+        self._tally_busy_ps += busy
+        if self.events is not None:
+            end = self._now()
+            self.events.append(("arrays", label % label_args, end - busy, end))
 
 
 def _native() -> Any:

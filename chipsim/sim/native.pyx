@@ -30,6 +30,7 @@ cdef enum:
     K_FLOW_TICK = 1  # a FlowNetwork's tick (value: its generation)
     K_DMA_SETUP = 2  # a DmaPath's end of setup (value: that time)
     K_DMA_LANDING = 3  # a DmaPath's landing (value: that time)
+    K_OPERATION = 4  # an Operation's next step (its fixed time over, or an operand stream done)
 
 # chipsim.sim.dma's priorities and transfer states
 cdef enum:
@@ -194,6 +195,8 @@ cdef class Loop:
                         callback(wake)
             elif e.kind == K_FLOW_TICK:
                 (<FlowNetwork>obj)._on_tick(e.value)
+            elif e.kind == K_OPERATION:
+                (<Operation>obj)._step()
             elif e.kind == K_DMA_SETUP:
                 (<DmaPath>obj)._on_setup_tick(e.value)
             else:
@@ -405,6 +408,7 @@ cdef class Flow:
     cdef public long long rank
     cdef public long long finish
     cdef DmaPath _owner  # a DMA transfer's flow: its path is told directly (no on_target call)
+    cdef Operation _op  # an arrays operation's operand stream: the operation is told directly
 
     @property
     def remaining(self):
@@ -733,6 +737,8 @@ cdef class FlowNetwork:
             flow.rate = 0
             if flow._owner is not None:
                 flow._owner._flow_reached(flow)
+            elif flow._op is not None:
+                flow._op._stream_reached()
             elif flow.on_target is not None:
                 flow.on_target(flow)
         self.end()
@@ -741,6 +747,96 @@ cdef class FlowNetwork:
 
 def _rank(Flow flow):
     return flow.rank
+
+
+# ============================================================================================== arrays operations
+cdef class Operation(Wake):
+    """An arrays operation as chipsim.sim.engine.Simulation._compute runs it on the fast path, one object instead of a
+    generator, an event and a flow callback per operand stream: alone until it ends (`quiet_until` and its streams
+    within what their paths give one flow), one wait of its time; else its fixed part, then its HBM operand stream,
+    then its SRAM one, each a flow capped at its bytes over its time alone. The same queue entries at the same times
+    as that generator's: a process yielding it resumes when it ends, and receives the time it took (ps)."""
+
+    cdef FlowNetwork network
+    cdef long long start
+    cdef long long hbm_bytes
+    cdef long long hbm_ps
+    cdef tuple hbm_path
+    cdef long long sram_bytes
+    cdef long long sram_ps
+    cdef tuple sram_path  # None: no SRAM stream (left, or none)
+
+    cdef int _stream(self, long long nbytes, long long alone_ps, tuple path) except -1:
+        """chipsim.sim.engine.Simulation._stream: a flow that alone ends after exactly `alone_ps`."""
+        cdef long long cap = <long long>ceil_div(<i128>nbytes * PS_PER_S, alone_ps)
+        cdef Flow flow = self.network._add(nbytes, path, 0, cap, None, None, self.env.now + alone_ps, None)
+        flow._op = self
+        return 0
+
+    cdef int _step(self) except -1:
+        """The fixed time is over, or a stream is done: the next stream, or the end."""
+        cdef tuple path
+        if self.hbm_path is not None:
+            path, self.hbm_path = self.hbm_path, None
+            self._stream(self.hbm_bytes, self.hbm_ps, path)
+        elif self.sram_path is not None:
+            path, self.sram_path = self.sram_path, None
+            self._stream(self.sram_bytes, self.sram_ps, path)
+        else:  # done: the waiting process resumes now, as it would on the last stream's event
+            self._value = self.env.now - self.start
+            callbacks = self.callbacks
+            self.callbacks = None
+            for callback in callbacks:
+                callback(self)
+        return 0
+
+    cdef int _stream_reached(self) except -1:
+        # the stream's own event, triggered now (processed after what is already scheduled for now)
+        self.env.push(self.env.now, NORMAL, K_OPERATION, self, 0)
+        return 0
+
+
+cdef inline bint _within_alone_rate(long long nbytes, long long alone_ps, long long alone_rate):
+    """chipsim.sim.fast._within_alone_rates for one stream."""
+    return not (nbytes and alone_ps > 0 and ceil_div(<i128>nbytes * PS_PER_S, alone_ps) > alone_rate)
+
+
+cpdef Operation operation(FlowNetwork network, long long ps, long long fixed, long long hbm_bytes, tuple hbm_path,
+                          long long hbm_alone_rate, long long sram_bytes, long long sram_ps, object sram_path,
+                          long long sram_alone_rate):
+    """Start an arrays operation now (chipsim.sim.engine._Work's time, fixed part, HBM operand bytes, SRAM operand
+    bytes and time; `sram_path` None without experts staged in SRAM) and return it for a process to yield."""
+    cdef Loop env = network.env
+    cdef Operation op = Operation.__new__(Operation)
+    cdef long long start = env.now
+    cdef long long hbm_ps = ps - fixed - sram_ps
+    cdef bint streams_hbm = hbm_bytes != 0 and hbm_ps > 0
+    cdef bint streams_sram = sram_bytes != 0 and sram_ps > 0 and sram_path is not None
+    op.env = env
+    op.callbacks = []
+    op._ok = True
+    op.network = network
+    op.start = start
+    op.hbm_path = op.sram_path = None
+    if (network.quiet_until(start + ps) and _within_alone_rate(hbm_bytes, hbm_ps, hbm_alone_rate)
+            and (sram_path is None or _within_alone_rate(sram_bytes, sram_ps, sram_alone_rate))):
+        op._value = ps  # alone until it ends: one wait of its time
+        env.push(start + ps, NORMAL, K_WAKE, op, 0)
+    elif streams_hbm or streams_sram:
+        op._value = _PENDING
+        fixed += (0 if streams_hbm else hbm_ps) + (0 if streams_sram else sram_ps)
+        if streams_hbm:
+            op.hbm_bytes, op.hbm_ps, op.hbm_path = hbm_bytes, hbm_ps, hbm_path
+        if streams_sram:
+            op.sram_bytes, op.sram_ps, op.sram_path = sram_bytes, sram_ps, sram_path
+        if fixed:
+            env.push(start + fixed, NORMAL, K_OPERATION, op, 0)
+        else:
+            op._step()
+    else:
+        op._value = ps
+        env.push(start + ps, NORMAL, K_WAKE, op, 0)
+    return op
 
 
 # ============================================================================================== the DMA queue
