@@ -219,6 +219,7 @@ class Simulation:
         self._arrival_event: Any = None
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
+        self._token_routed: list[list[int]] = []
         self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
         # what routing found and each layer's stall, per (token, MoE layer) at t * layers + layer: plain lists as the
         # run goes (a store into a numpy array from compiled code is a generic call), into rec.layers at its end
@@ -730,6 +731,7 @@ class Simulation:
             if self._dma_recorder is not None:
                 self._dma_recorder.stopping = True
         token_start = self._now()
+        self._token_routed = self._routed[t]  # this token's routing, per MoE layer
         self.rec.start_token()
         stall = 0
         with self.dma.batch():
@@ -764,7 +766,7 @@ class Simulation:
     def _route(self, t: int, layer: int) -> LayerPlan:
         """Routing is known: record what the buffer held, ask the policy what runs, demand-fetch what is
         missing of it."""
-        routed = self.trace_routed(t, layer)
+        routed = list(self._token_routed[layer])  # (a copy: the policy may keep or change it)
         slot_of = self._slot_of
         base = layer * self.num_experts  # (routed experts are checked against the model when the trace loads)
         hits = 0
@@ -808,11 +810,14 @@ class Simulation:
         while remaining:
             ready: list[int] = []
             ready_entries: list[_Entry] = []
+            waiting: list[int] = []
             for e in remaining:
                 entry = slot_of[base + e]
                 if entry is not None and entry.resident:
                     ready.append(e)
                     ready_entries.append(entry)
+                else:
+                    waiting.append(e)
             if ready:
                 last = len(ready) == len(remaining)
                 work = extra + expert.times(len(ready)) + (combine if last else NO_WORK)
@@ -823,8 +828,7 @@ class Simulation:
                     entry.last_use = use
                 yield from self._compute(work, "L%d experts %s", layer, ready)
                 self._expert_computes += len(ready)
-                ready_set = set(ready)
-                remaining = [e for e in remaining if e not in ready_set]
+                remaining = waiting
             elif extra.ps:  # shared experts do not wait for routed ones
                 yield from self._compute(extra, "L%d shared", layer)
                 extra = NO_WORK

@@ -461,7 +461,8 @@ cdef class FlowNetwork:
     cdef dict _sig_ids
     cdef list _sigs
     cdef list _sig_rank
-    cdef dict _sid_by_path  # id(path) -> [(path, level, cap, sid), ...]: a signature's id without hashing it
+    cdef dict _sid_by_path  # id(path) -> {(level, cap): sid}: a signature's id without hashing its path
+    cdef list _paths_seen  # each path _sid_by_path knows, held so that its id is not reused
 
     def __init__(self, Loop env, names, capacities, turnaround_ppm=None, shared_capacities=None):
         if len(names) != len(capacities) or any(int(c) <= 0 for c in capacities):
@@ -487,6 +488,7 @@ cdef class FlowNetwork:
         self._sigs = []
         self._sig_rank = []
         self._sid_by_path = {}
+        self._paths_seen = []
 
     # ------------------------------------------------------------------------------------ public
     def path(self, *hops):
@@ -548,7 +550,7 @@ cdef class FlowNetwork:
         flow.rate = 0
         flow.on_target = on_target
         flow.tag = tag
-        flow.sig = (path, level, cap)
+        flow.sig = None  # (path, level, cap), made only when its id is not found without it (_sid_of)
         flow.not_before = not_before
         flow.sid = -1
         flow.rank = 0
@@ -590,21 +592,28 @@ cdef class FlowNetwork:
         return sid
 
     cdef long long _sid_of(self, Flow flow) except -1:
-        """Its signature's id: looked up by its path's identity (each entry holds its path, so the id is not
-        reused while it is there), else by the signature, else a new one."""
-        cdef tuple known
+        """Its signature's id: looked up by its path's identity and its (level, cap), else by the signature, else a
+        new one."""
+        cdef dict known
         key = id(flow.path)
-        entries = self._sid_by_path.get(key)
-        if entries is None:
-            entries = self._sid_by_path[key] = []
-        for known in entries:
-            if known[0] is flow.path and known[1] == flow.level and known[2] == flow.cap:
-                return known[3]
+        known = self._sid_by_path.get(key)
+        if known is None:
+            known = self._sid_by_path[key] = {}
+            self._paths_seen.append(flow.path)
+        # (level, cap) as one int where the level is small (a DMA priority, 0 for an operand stream)
+        if 0 <= flow.level < 4 and 0 <= flow.cap < (<long long>1 << 60):
+            pair = (flow.cap << 2) | flow.level
+        else:
+            pair = (flow.level, flow.cap)
+        sid = known.get(pair)
+        if sid is not None:
+            return sid
+        flow.sig = (flow.path, flow.level, flow.cap)
         sid = self._sig_ids.get(flow.sig)
         if sid is None:
             sid = self._intern(flow.sig)
-        if len(entries) < 64:  # a path's few (level, cap) pairs; a run of ever-new caps is looked up by signature
-            entries.append((flow.path, flow.level, flow.cap, sid))
+        if len(known) < 4096:  # a path's (level, cap) pairs; beyond, a run of ever-new caps is looked up by signature
+            known[pair] = sid
         return sid
 
     cdef int _insert(self, Flow flow) except -1:
