@@ -204,7 +204,10 @@ class Spice(Policy):
 
         self._ids = ctx.trace_array("draft_ids")
         self._conf = ctx.trace_array("draft_conf")
-        self._stamp: dict[tuple[int, int], int] = {}  # every expert in the buffer -> LRU stamp (see module doc)
+        # every expert in the buffer -> LRU stamp (see module doc), by index: layer * experts + expert (an int hashes and
+        # compares faster than a (layer, expert) tuple)
+        self._stamp: dict[int, int] = {}
+        self._room_base = self.capacity - ctx.slots  # room = this + the engine's free slots
         # every stamp given, as stamp * cells + layer * experts + expert (plain ints, compared as fast as ints are; the
         # same order as (stamp, key)), smallest first; one no longer in _stamp is dropped when it comes up
         self._by_stamp: list[int] = []
@@ -243,75 +246,81 @@ class Spice(Policy):
 
     # ------------------------------------------------------------------------------ cache
     def _room(self, ctx: SimContext) -> int:
-        return self.capacity - (ctx.slots - ctx.free_slots())
+        """Experts the cache may still take: its capacity less the slots held (arrived, on their way, stopping)."""
+        return self._room_base + ctx.free_slots()
 
-    def _victim_order(self, keys):
+    def _victim_order(self, indices):
         """LRU first (stamps at or before the running layer), then pending predictions, farthest ahead first."""
         pos = self._pos
         stamp = self._stamp
-        return sorted(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))
+        return sorted(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))
+
+    def _evict(self, ctx: SimContext, victims) -> None:
+        n = self._E
+        for index in victims:
+            del self._stamp[index]
+            ctx.evict(index // n, index % n)
 
     def _make_room(self, ctx: SimContext, count: int, protect=(), past_only: bool = False) -> bool:
         """Evict until `count` more experts fit. past_only (a prefetch's room): only experts stamped behind the
         running layer may go; otherwise any but those in `protect`. False if too few could go."""
-        short = count - self._room(ctx)
+        short = count - self._room_base - ctx.free_slots()
         if short <= 0:
             return True
         pos = self._pos
         stamp = self._stamp
         if past_only:  # (a prefetch's room: nothing to protect)
-            # only stamps behind the running layer, in (stamp, key) order: the smallest ones of _by_stamp
+            # only stamps behind the running layer, in (stamp, index) order: the smallest ones of _by_stamp
             heap = self._by_stamp
-            cells, n = self._cells, self._E
+            cells = self._cells
             victims = []
             while heap and len(victims) < short:
                 s, index = divmod(heap[0], cells)
-                k = (index // n, index % n)
-                if stamp.get(k) != s or k in victims:  # evicted or stamped again since
+                if stamp.get(index) != s or index in victims:  # evicted or stamped again since
                     heappop(heap)
                 elif s >= pos:
                     break
                 else:
                     heappop(heap)
-                    victims.append(k)
+                    victims.append(index)
             if not victims:
                 return False
-        else:
-            keys = [k for k in stamp if k not in protect]
-            if not keys:
+        else:  # protect: indices
+            indices = [i for i in stamp if i not in protect]
+            if not indices:
                 return False
             if short == 1:  # the common case (one prefetch at a time): no need to sort
-                victims = [min(keys, key=lambda k: (0, stamp[k], k) if stamp[k] <= pos else (1, -stamp[k], k))]
+                victims = [min(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))]
             else:
-                victims = self._victim_order(keys)[:short]
-        for key in victims:
-            del self._stamp[key]
-            ctx.evict(*key)
-        return self._room(ctx) >= count
+                victims = self._victim_order(indices)[:short]
+        self._evict(ctx, victims)
+        return self._room_base + ctx.free_slots() >= count
 
     def choose_victims(self, ctx: SimContext, layer, needed, count):
-        keys = [k for k in self._stamp if not (k[0] == layer and k[1] in needed)]
-        victims = self._victim_order(keys)[:count]
-        for key in victims:
-            del self._stamp[key]
-        return victims
+        n = self._E
+        base = layer * n
+        indices = [i for i in self._stamp if not (base <= i < base + n and i - base in needed)]
+        victims = self._victim_order(indices)[:count]
+        for index in victims:
+            del self._stamp[index]
+        return [(index // n, index % n) for index in victims]
 
     def _prefetch(self, ctx: SimContext, layer: int, expert: int, stamp: int) -> bool:
-        key = (layer, expert)
-        old = self._stamp.get(key)
+        index = layer * self._E + expert
+        old = self._stamp.get(index)
         if old is not None:
             if stamp > old:
-                self._set_stamp(key, stamp)
+                self._set_stamp(index, stamp)
             return True
         # a prefetch may only push out experts whose use is behind us
         if not self._make_room(ctx, 1, past_only=True) or not ctx.prefetch(layer, expert):
             return False
-        self._set_stamp(key, stamp)
+        self._set_stamp(index, stamp)
         return True
 
-    def _set_stamp(self, key: tuple[int, int], stamp: int) -> None:
-        self._stamp[key] = stamp
-        heappush(self._by_stamp, stamp * self._cells + key[0] * self._E + key[1])
+    def _set_stamp(self, index: int, stamp: int) -> None:
+        self._stamp[index] = stamp
+        heappush(self._by_stamp, stamp * self._cells + index)
 
     # ------------------------------------------------------------------------------ hooks
     def on_token_start(self, ctx: SimContext, t: int) -> None:
@@ -350,11 +359,11 @@ class Spice(Policy):
         pos = t * self._L + layer
         self._pos = pos
         stamp = self._stamp
+        base = layer * self._E
         execute, misses = [], []
         for e in routed:
-            key = (layer, e)
-            if key in stamp:
-                self._set_stamp(key, pos)
+            if base + e in stamp:
+                self._set_stamp(base + e, pos)
                 execute.append(e)
             else:
                 misses.append(e)
@@ -362,7 +371,7 @@ class Spice(Policy):
             routed_set = set(routed)
             for key in ctx.keys_of_layer(layer):
                 if key[1] not in routed_set and not ctx.resident(*key):
-                    stamp.pop(key, None)
+                    stamp.pop(base + key[1], None)
                     ctx.evict(*key)
         plan = LayerPlan(execute=execute)
         if not misses:
@@ -391,10 +400,10 @@ class Spice(Policy):
                 choice = "fetch"
             self.miss_log.append((t, layer, e, fetch_ps, host_ps, choice))
         if to_fetch:
-            protect = {(layer, e) for e in routed}
+            protect = {base + e for e in routed}
             self._make_room(ctx, len(to_fetch), protect=protect)
             for e in to_fetch:
-                self._set_stamp((layer, e), pos)
+                self._set_stamp(base + e, pos)
             execute.extend(to_fetch)
         self.fetched[t, layer] = len(to_fetch)
         return plan
@@ -403,9 +412,7 @@ class Spice(Policy):
         """Nothing is staged out per layer; only the slot budget is honoured (after cancelled transfers)."""
         over = len(self._stamp) - self.capacity
         if over > 0:
-            for key in self._victim_order(list(self._stamp))[:over]:
-                del self._stamp[key]
-                ctx.evict(*key)
+            self._evict(ctx, self._victim_order(list(self._stamp))[:over])
 
     # ------------------------------------------------------------------------------ results
     def extra_metrics(self) -> dict:
