@@ -156,21 +156,35 @@ class ExpertCache(Policy):
             # one victim search for all of them: the same victims as one search per expert, since the
             # candidates (resident, unprotected) do not change while the prefetches are issued
             self._make_room(ctx, -1, (), len(missing))
+        room = self._room(ctx)  # (read once: each prefetch issued takes one slot, nothing else changes it here)
         for expert in missing:
-            if self._room(ctx) < 1 or not ctx.prefetch(nxt, expert):
+            if room < 1:
                 self._prefetch_refused += 1
                 break  # no room that is not protected: the rest are fetched on demand
+            if expert in issued:  # (a repeated prediction: already on its way)
+                continue
+            if not ctx.prefetch(nxt, expert):
+                self._prefetch_refused += 1
+                break
             issued.add(expert)
+            room -= 1
         return issued
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._pending.pop(layer, None)
         execute, dropped = self._select(ctx, t, layer, routed)
-        self._hits[t, layer] = sum(1 for e in execute if ctx.resident(layer, e))
+        hits = 0
+        for e in execute:
+            if ctx.resident(layer, e):
+                hits += 1
+        self._hits[t, layer] = hits
         self._executed[t, layer] = len(execute)
         self._note_use(ctx, layer, execute)
         ctx.cancel_unneeded(layer, execute)  # mispredicted prefetches still on their way stop
-        misses = sum(1 for e in execute if not ctx.present(layer, e))
+        misses = 0
+        for e in execute:
+            if not ctx.present(layer, e):
+                misses += 1
         self._running = (layer, frozenset(execute))  # no victim, not even for a prefetch, until the layer ends
         self._make_room(ctx, layer, self._running[1], misses)
         self._reserved = misses  # the engine issues these demand fetches once this hook returns

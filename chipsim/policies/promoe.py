@@ -77,7 +77,11 @@ class ProMoE(ExpertCache):
             self._has_pred[t, layer] = True
             self._recall_hits[t, layer] = len(set(pred) & set(routed))
         issued = self._issued.pop(layer, set())
-        self._cache_hits[t, layer] = sum(1 for e in routed if e not in issued and ctx.resident(layer, e))
+        cache_hits = 0
+        for e in routed:
+            if e not in issued and ctx.resident(layer, e):
+                cache_hits += 1
+        self._cache_hits[t, layer] = cache_hits
         plan = super().on_route(ctx, t, layer, routed)  # also prefetches layer + 1
         self._issued[layer + 1] = self._issued_next
         return plan
