@@ -338,15 +338,23 @@ class Spice(Policy):
         else:
             limit, floor = 1, 1
         ids, conf = self._token_ids, self._token_conf
+        stamps, n = self._stamp, self._E
         reached = 0
         for d in range(1, limit + 1):
             target = layer + d
             if d > floor and conf[target][d - 1] < self.confidence:
                 break
             stamp = t * L + target
+            base = target * n
             ok = True
             for e in ids[target][d - 1]:
-                if e != NO_EXPERT and not self._prefetch(ctx, target, e, stamp):
+                if e == NO_EXPERT:
+                    continue
+                old = stamps.get(base + e)
+                if old is not None:  # cached already (most are): only its stamp may move ahead, as in _prefetch
+                    if stamp > old:
+                        self._set_stamp(base + e, stamp)
+                elif not self._prefetch(ctx, target, e, stamp):
                     ok = False
                     break
             reached = d
