@@ -239,25 +239,27 @@ def d_min_bandwidth(make, routed):
 
 
 def record_depths(policy, sim):
-    """Deepest layer ahead whose experts the policy staged (or found already staged), per on_layer_start."""
+    """Per on_layer_start, the deepest layer ahead all of whose predicted experts are in the buffer, stamped for
+    this token's use of that layer (by this hook or an earlier one of the token, which looked less far ahead),
+    read from the buffer and the stamps after the hook; it must be the depth the policy reports."""
     seen = {}
-    original_start, original_prefetch = policy.on_layer_start, policy._prefetch
-    current = {}
+    original_start = policy.on_layer_start
 
     def on_layer_start(ctx, t, layer):
-        current["at"] = (t, layer)
-        seen[(t, layer)] = 0
         original_start(ctx, t, layer)
-
-    def prefetch(ctx, layer, expert, stamp):
-        t, at = current["at"]
-        ok = original_prefetch(ctx, layer, expert, stamp)
-        assert ok and ctx.present(layer, expert)
-        seen[(t, at)] = max(seen[(t, at)], layer - at)
-        return ok
+        L, n = ctx.num_moe_layers, ctx.num_experts
+        depth = 0
+        for d in range(1, min(L - layer, len(policy._token_ids[layer]) + 1)):  # (the draft's depth)
+            target = layer + d
+            experts = [e for e in policy._token_ids[target][d - 1] if e != tf.NO_EXPERT]
+            if not all(ctx.present(target, e) and policy._stamp.get(target * n + e, -1) >= t * L + target
+                       for e in experts):
+                break
+            depth = d
+        assert policy.depth[t, layer] == depth, (t, layer)
+        seen[(t, layer)] = depth
 
     policy.on_layer_start = on_layer_start
-    policy._prefetch = prefetch
     return seen
 
 
