@@ -827,11 +827,12 @@ cpdef Operation operation(FlowNetwork network, long long ps, long long fixed, lo
     op.network = network
     op.start = start
     op.hbm_path = op.sram_path = None
-    if (network.quiet_until(start + ps) and _within_alone_rate(hbm_bytes, hbm_ps, hbm_alone_rate)
-            and (sram_path is None or _within_alone_rate(sram_bytes, sram_ps, sram_alone_rate))):
-        op._value = ps  # alone until it ends: one wait of its time
+    cdef bint alone = (network.quiet_until(start + ps) and _within_alone_rate(hbm_bytes, hbm_ps, hbm_alone_rate)
+                       and (sram_path is None or _within_alone_rate(sram_bytes, sram_ps, sram_alone_rate)))
+    if alone or not (streams_hbm or streams_sram):  # alone until it ends, or nothing streams: one wait of its time
+        op._value = ps
         env.push(start + ps, NORMAL, K_WAKE, op, 0)
-    elif streams_hbm or streams_sram:
+    else:
         op._value = _PENDING
         fixed += (0 if streams_hbm else hbm_ps) + (0 if streams_sram else sram_ps)
         if streams_hbm:
@@ -842,9 +843,6 @@ cpdef Operation operation(FlowNetwork network, long long ps, long long fixed, lo
             env.push(start + fixed, NORMAL, K_OPERATION, op, 0)
         else:
             op._step()
-    else:
-        op._value = ps
-        env.push(start + ps, NORMAL, K_WAKE, op, 0)
     return op
 
 
