@@ -137,6 +137,43 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
         engine_class(prep.config.hw, prep.workload, prep.trace, Executes("executes"), max_tokens=2).run()
 
 
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_cancel_unneeded_drops_only_this_layers_experts_still_on_their_way_and_names_them(tiny, engine):
+    """At layer 1's routing, three of its experts and one of layer 2's are on their way (prefetched by layer 1's
+    start, no time has passed) and one of layer 1's has arrived (prefetched a layer earlier). Keeping the first
+    of the three drops the other two, returned in issue order; the arrived one and layer 2's stay."""
+    from chipsim.sim.fast import fast_engine
+
+    engine_class = Simulation if engine == "reference" else fast_engine()
+    prep = prepare(tiny.config(), [], ["no-prefetch"])
+    answers = []
+
+    class Cancels(Policy):
+        name = "test-cancels"
+        caches_across_tokens = True
+
+        def on_layer_start(self, ctx, t, layer):
+            if t == 0 and layer == 0:
+                ctx.prefetch(1, 0)
+            if t == 0 and layer == 1:
+                for e in (3, 1, 2):
+                    ctx.prefetch(1, e)
+                ctx.prefetch(2, 1)
+
+        def on_route(self, ctx, t, layer, routed):
+            if t == 0 and layer == 1:
+                arrived = ctx.resident(1, 0)
+                dropped = ctx.cancel_unneeded(1, [3])
+                answers.append((arrived, dropped, sorted(e for _, e in ctx.keys_of_layer(1)), ctx.present(2, 1)))
+            return LayerPlan(execute=list(routed))
+
+        def choose_victims(self, ctx, layer, needed, count):
+            return ctx.least_recently_used(count, [(layer, needed)])
+
+    engine_class(prep.config.hw, prep.workload, prep.trace, Cancels("cancels"), max_tokens=1).run()
+    assert answers == [(True, [1, 2], [0, 3], True)]
+
+
 def test_a_trace_with_only_the_core_arrays_replays_every_policy_that_reads_nothing_more(tiny, capsys):
     """No predictor outputs at all, plus an array no policy reads: the policies that need nothing more run;
     one that needs a missing array is refused before anything runs, in one line naming it and the array."""

@@ -150,8 +150,9 @@ class SimContext(Protocol):
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
         """Evict every present expert of one MoE layer."""
 
-    def cancel_unneeded(self, layer: int, needed) -> None:
-        """Evict this layer's experts still on their way that are not in `needed`."""
+    def cancel_unneeded(self, layer: int, needed) -> list[int]:
+        """Evict this layer's experts still on their way that are not in `needed`; the experts evicted, in issue
+        order."""
 
 
 @dataclass(frozen=True)

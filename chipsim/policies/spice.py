@@ -261,40 +261,47 @@ class Spice(Policy):
             del self._stamp[index]
             ctx.evict(index // n, index % n)
 
-    def _make_room(self, ctx: SimContext, count: int, protect=(), past_only: bool = False) -> bool:
-        """Evict until `count` more experts fit. past_only (a prefetch's room): only experts stamped behind the
-        running layer may go; otherwise any but those in `protect`. False if too few could go."""
+    def _evict_past(self, ctx: SimContext, short: int) -> int:
+        """A prefetch's room: evict up to `short` experts stamped behind the running layer, oldest first (the
+        smallest (stamp, index) of _by_stamp). The room after; 0 if none could go."""
+        stamp = self._stamp
+        heap = self._by_stamp
+        cells = self._cells
+        n = self._E
+        behind = self._pos * cells  # an entry below it was stamped before the running layer
+        evicted = 0
+        while heap and evicted < short:
+            top = heap[0]
+            s = top // cells
+            index = top - s * cells
+            if stamp.get(index) != s:  # evicted or stamped again since (this entry is stale)
+                heappop(heap)
+            elif top >= behind:
+                break
+            else:
+                heappop(heap)  # (a repeat of this entry is stale once its stamp is gone)
+                del stamp[index]
+                ctx.evict(index // n, index - index // n * n)
+                evicted += 1
+        if not evicted:
+            return 0
+        return self._room_base + ctx.free_slots()
+
+    def _make_room(self, ctx: SimContext, count: int, protect) -> None:
+        """A demand fetch's room: evict until `count` more experts fit, any but those in `protect` (indices)."""
         short = count - self._room_base - ctx.free_slots()
         if short <= 0:
-            return True
+            return
         pos = self._pos
         stamp = self._stamp
-        if past_only:  # (a prefetch's room: nothing to protect)
-            # only stamps behind the running layer, in (stamp, index) order: the smallest ones of _by_stamp
-            heap = self._by_stamp
-            cells = self._cells
-            victims = []
-            while heap and len(victims) < short:
-                s, index = divmod(heap[0], cells)
-                if stamp.get(index) != s or index in victims:  # evicted or stamped again since
-                    heappop(heap)
-                elif s >= pos:
-                    break
-                else:
-                    heappop(heap)
-                    victims.append(index)
-            if not victims:
-                return False
-        else:  # protect: indices
-            indices = [i for i in stamp if i not in protect]
-            if not indices:
-                return False
-            if short == 1:  # the common case (one prefetch at a time): no need to sort
-                victims = [min(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))]
-            else:
-                victims = self._victim_order(indices)[:short]
+        indices = [i for i in stamp if i not in protect]
+        if not indices:
+            return
+        if short == 1:  # the common case (one miss): no need to sort
+            victims = [min(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))]
+        else:
+            victims = self._victim_order(indices)[:short]
         self._evict(ctx, victims)
-        return self._room_base + ctx.free_slots() >= count
 
     def choose_victims(self, ctx: SimContext, layer, needed, count):
         n = self._E
@@ -304,19 +311,6 @@ class Spice(Policy):
         for index in victims:
             del self._stamp[index]
         return [(index // n, index % n) for index in victims]
-
-    def _prefetch(self, ctx: SimContext, layer: int, expert: int, stamp: int) -> bool:
-        index = layer * self._E + expert
-        old = self._stamp.get(index)
-        if old is not None:
-            if stamp > old:
-                self._set_stamp(index, stamp)
-            return True
-        # a prefetch may only push out experts whose use is behind us
-        if not self._make_room(ctx, 1, past_only=True) or not ctx.prefetch(layer, expert):
-            return False
-        self._set_stamp(index, stamp)
-        return True
 
     def _set_stamp(self, index: int, stamp: int) -> None:
         self._stamp[index] = stamp
@@ -339,24 +333,36 @@ class Spice(Policy):
             limit, floor = 1, 1
         ids, conf = self._token_ids, self._token_conf
         stamps, n = self._stamp, self._E
+        heap, cells = self._by_stamp, self._cells
+        # the experts the cache may still take, counted down as each prefetch takes a slot (nothing else moves
+        # while this hook runs) and read again after evictions, which may free fewer slots (transfers stopping) or
+        # let a waiting demand fetch take one
+        room = self._room_base + ctx.free_slots()
+        confidence, no_expert = self.confidence, NO_EXPERT
         reached = 0
         for d in range(1, limit + 1):
             target = layer + d
-            if d > floor and conf[target][d - 1] < self.confidence:
+            if d > floor and conf[target][d - 1] < confidence:
                 break
             stamp = t * L + target
             base = target * n
             ok = True
             for e in ids[target][d - 1]:
-                if e == NO_EXPERT:
+                if e == no_expert:
                     continue
-                old = stamps.get(base + e)
-                if old is not None:  # cached already (most are): only its stamp may move ahead, as in _prefetch
-                    if stamp > old:
-                        self._set_stamp(base + e, stamp)
-                elif not self._prefetch(ctx, target, e, stamp):
-                    ok = False
-                    break
+                index = base + e
+                old = stamps.get(index)
+                if old is None:  # not cached: prefetch it, pushing out only experts whose use is behind us
+                    if room <= 0:
+                        room = self._evict_past(ctx, 1 - room)
+                    if room <= 0 or not ctx.prefetch(target, e):
+                        ok = False
+                        break
+                    room -= 1
+                elif stamp <= old:  # cached (most are): only its stamp may move ahead
+                    continue
+                stamps[index] = stamp
+                heappush(heap, stamp * cells + index)
             reached = d
             if not ok:
                 self.depth_cut_by_buffer += 1
@@ -367,20 +373,20 @@ class Spice(Policy):
         pos = t * self._L + layer
         self._pos = pos
         stamp = self._stamp
+        heap, cells = self._by_stamp, self._cells
         base = layer * self._E
         execute, misses = [], []
         for e in routed:
-            if base + e in stamp:
-                self._set_stamp(base + e, pos)
+            index = base + e
+            if index in stamp:
+                stamp[index] = pos
+                heappush(heap, pos * cells + index)
                 execute.append(e)
             else:
                 misses.append(e)
-        if self.schedule:
-            routed_set = set(routed)
-            for key in ctx.keys_of_layer(layer):
-                if key[1] not in routed_set and not ctx.resident(*key):
-                    stamp.pop(base + key[1], None)
-                    ctx.evict(*key)
+        if self.schedule:  # this layer's prefetches still on their way that the router did not pick stop
+            for e in ctx.cancel_unneeded(layer, routed):
+                stamp.pop(base + e, None)
         plan = LayerPlan(execute=execute)
         if not misses:
             return plan

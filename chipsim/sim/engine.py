@@ -400,12 +400,15 @@ class Simulation:
         if self._pending_demands:
             self._serve_pending_demands()
 
-    def cancel_unneeded(self, layer: int, needed: Iterable[int]) -> None:
-        """Drop this layer's experts that are still on their way and not in `needed`."""
+    def cancel_unneeded(self, layer: int, needed: Iterable[int]) -> list[int]:
+        """Drop this layer's experts that are still on their way and not in `needed`; the experts dropped."""
         needed = set(needed)
+        dropped: list[int] = []
         for entry in self._of_layer(layer):
             if entry.key[1] not in needed and not entry.resident:
+                dropped.append(entry.key[1])
                 self.evict(layer, entry.key[1])
+        return dropped
 
     def evict_layer(self, layer: int, stop_transfers: bool = True) -> None:
         for entry in self._of_layer(layer):

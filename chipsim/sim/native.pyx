@@ -1101,12 +1101,19 @@ cdef class DmaPath:
 
     def queued_bytes(self):
         cdef Transfer t
+        cdef long long total = 0  # bytes: far below 2^63
         self.network._advance()
-        total = sum([(<Transfer>t).nbytes for t in self.queue_demand])
-        total += sum([(<Transfer>t).nbytes for t in self.queue_prefetch])
-        total += sum([(<Transfer>t).nbytes for t in self.in_setup if not (<Transfer>t).cancelled])
-        total += sum([(<Transfer>t).flow.remaining_bytes for t in self.flowing])
-        total += sum([ceil_div((<Transfer>t)._remaining, PS_PER_S) for t in self.paused])
+        for t in self.queue_demand:
+            total += t.nbytes
+        for t in self.queue_prefetch:
+            total += t.nbytes
+        for t in self.in_setup:
+            if not t.cancelled:
+                total += t.nbytes
+        for t in self.flowing:
+            total += <long long>ceil_div(t.flow._remaining, PS_PER_S)
+        for t in self.paused:
+            total += <long long>ceil_div(t._remaining, PS_PER_S)
         return total
 
     def _now(self):
