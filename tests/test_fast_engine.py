@@ -16,6 +16,7 @@ from chipsim.errors import InputError
 from chipsim.policies.base import REGISTRY
 from chipsim.runner import prepare, simulate
 from chipsim.sim.fast import FastSimulation, NativeSimulation, fast_engine, native_available
+from conftest import native_core
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.metrics import per_token_energy_pj
 from chipsim.sim.record import differences
@@ -131,3 +132,34 @@ def test_pure_python_and_compiled_print_the_same_run(tmp_path):
         if pure:
             assert run.stderr.startswith("pure Python (CHIPSIM_PURE_PYTHON is set)") and ".py" in run.stderr
     assert outputs[""] == outputs["1"] and "apex" in outputs[""]
+
+
+@pytest.mark.parametrize("core", ["fast", "native"])
+def test_a_finished_process_is_freed_by_reference_counting(core):
+    """A process (a host-CPU job is one per expert) holds its resume callback, a method bound to itself: when its
+    generator returns it lets go of it, so finished processes never pile up for the cyclic garbage collector."""
+    import gc
+    import weakref
+
+    from chipsim.sim.wake import Loop
+
+    loop_class = Loop if core == "fast" else native_core().Loop
+    env = loop_class()
+
+    def job(delay):
+        yield env.timeout(delay)
+        return delay
+
+    processes = [env.process(job(d)) for d in (5, 7)]
+    env.run()
+    assert [p.value for p in processes] == [5, 7]
+    gc.disable()
+    try:
+        gen = job(1)
+        process = env.process(gen)
+        env.run()
+        watch = weakref.ref(gen)  # the generator: a process object itself may take no weak reference
+        del process, gen
+        assert watch() is None
+    finally:
+        gc.enable()

@@ -248,10 +248,11 @@ def record_depths(policy, sim):
     def on_layer_start(ctx, t, layer):
         original_start(ctx, t, layer)
         L, n = ctx.num_moe_layers, ctx.num_experts
+        drafts = ctx.trace_array("draft_ids")[t]  # (L, D, k)
         depth = 0
-        for d in range(1, min(L - layer, len(policy._token_ids[layer]) + 1)):  # (the draft's depth)
+        for d in range(1, min(L - layer, drafts.shape[1] + 1)):  # (the draft's depth)
             target = layer + d
-            experts = [e for e in policy._token_ids[target][d - 1] if e != tf.NO_EXPERT]
+            experts = [int(e) for e in drafts[target, d - 1] if e != tf.NO_EXPERT]
             if not all(ctx.present(target, e) and policy._stamp.get(target * n + e, -1) >= t * L + target
                        for e in experts):
                 break

@@ -256,7 +256,9 @@ def test_a_closed_pipe_ends_quietly():
 def test_ctrl_c_stops_a_parallel_run_at_once_with_one_line(presses):
     """The terminal sends SIGINT to the whole process group: parent and workers. The run ends within a
     second, workers included, says so in one line; a second Ctrl-C while it stops changes nothing."""
-    proc = subprocess.Popen([sys.executable, "-m", "chipsim.cli", "run", THOR, "--jobs", "2"],
+    # all 2,560 tokens of the trace: the run lasts well past the 3 s below even on a fast machine (~6 s)
+    proc = subprocess.Popen([sys.executable, "-m", "chipsim.cli", "run", THOR, "--jobs", "2", "--set",
+                             "workload.max_tokens=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     time.sleep(3.0)  # the two workers are simulating

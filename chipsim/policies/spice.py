@@ -75,7 +75,7 @@ surrogates off or no shared experts every routed expert is computed exactly (qua
 from __future__ import annotations
 
 import math
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
@@ -140,6 +140,18 @@ class Spice(Policy):
                         maximum=1 << 31),
     }
 
+    # the parameters, set from `params` by Policy.__init__ (declared for the type checker)
+    confidence: float
+    max_depth: int
+    slots: int
+    lore_rank: int
+    lore_form: str
+    deep: bool
+    cpu_fallback: bool
+    surrogate: bool
+    schedule: bool
+    warmup: int
+
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
         self.surrogate_op = None
@@ -202,18 +214,23 @@ class Spice(Policy):
         else:
             self.surrogate_note = "none: surrogate disabled (policies.spice.surrogate = false)"
 
-        self._ids = ctx.trace_array("draft_ids")
+        self._ids = ctx.trace_array("draft_ids")  # uint8 (T, L, D, k), as the trace format checks on loading
+        _, _, depths, k = self._ids.shape
+        self._draft_row = k  # one draft's k ids, a row of a token's bytes
+        self._draft_layer = depths * k  # one layer's drafts
         self._conf = ctx.trace_array("draft_conf")
         # every expert in the buffer -> LRU stamp (see module doc), by index: layer * experts + expert (an int hashes and
         # compares faster than a (layer, expert) tuple)
         self._stamp: dict[int, int] = {}
         self._room_base = self.capacity - ctx.slots  # room = this + the engine's free slots
-        # every stamp given, as stamp * cells + layer * experts + expert (plain ints, compared as fast as ints are; the
-        # same order as (stamp, key)), smallest first; one no longer in _stamp is dropped when it comes up
+        # the cached experts by stamp, as stamp * cells + layer * experts + expert (plain ints, compared as fast as ints
+        # are; the same order as (stamp, key)), smallest first. An expert's entry is pushed when it comes in and moved
+        # lazily: a stamp only grows, so an entry at or below its expert's stamp keeps the smallest live one on top once
+        # entries found behind their stamps move up to them (_evict_past); one whose expert has gone is dropped
         self._by_stamp: list[int] = []
         self._pos = 0
-        self._token_ids = None
-        self._token_conf = None
+        self._token_ids = b""
+        self._token_conf: list[list[float]] = []
         # per token-layer counters
         self.depth = np.zeros((T, L), dtype=np.int16)
         self.misses = np.zeros((T, L), dtype=np.int16)
@@ -249,11 +266,15 @@ class Spice(Policy):
         """Experts the cache may still take: its capacity less the slots held (arrived, on their way, stopping)."""
         return self._room_base + ctx.free_slots()
 
-    def _victim_order(self, indices):
-        """LRU first (stamps at or before the running layer), then pending predictions, farthest ahead first."""
+    def _victim_keys(self, indices) -> list[tuple[int, int, int]]:
+        """Each index's place in the victim order, the index last: LRU first (stamps at or before the running
+        layer), then pending predictions, farthest ahead first."""
         pos = self._pos
         stamp = self._stamp
-        return sorted(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))
+        return [(0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i) for i in indices]
+
+    def _victim_order(self, indices) -> list[int]:
+        return [key[2] for key in sorted(self._victim_keys(indices))]
 
     def _evict(self, ctx: SimContext, victims) -> None:
         n = self._E
@@ -274,8 +295,11 @@ class Spice(Policy):
             top = heap[0]
             s = top // cells
             index = top - s * cells
-            if stamp.get(index) != s:  # evicted or stamped again since (this entry is stale)
+            now = stamp.get(index)
+            if now is None:  # evicted since
                 heappop(heap)
+            elif now != s:  # stamped again since (stamps only grow): the entry moves to where its stamp is now
+                heapreplace(heap, now * cells + index)
             elif top >= behind:
                 break
             else:
@@ -292,13 +316,11 @@ class Spice(Policy):
         short = count - self._room_base - ctx.free_slots()
         if short <= 0:
             return
-        pos = self._pos
-        stamp = self._stamp
-        indices = [i for i in stamp if i not in protect]
+        indices = [i for i in self._stamp if i not in protect]
         if not indices:
             return
         if short == 1:  # the common case (one miss): no need to sort
-            victims = [min(indices, key=lambda i: (0, stamp[i], i) if stamp[i] <= pos else (1, -stamp[i], i))]
+            victims = [min(self._victim_keys(indices))[2]]
         else:
             victims = self._victim_order(indices)[:short]
         self._evict(ctx, victims)
@@ -318,7 +340,8 @@ class Spice(Policy):
 
     # ------------------------------------------------------------------------------ hooks
     def on_token_start(self, ctx: SimContext, t: int) -> None:
-        self._token_ids = self._ids[t].tolist()  # (L, D, k)
+        # (L, D, k) as bytes: iterating bytes gives ints, with no list made per draft (a token's tolist() is ~30 us)
+        self._token_ids = self._ids[t].tobytes()
         self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
@@ -332,6 +355,7 @@ class Spice(Policy):
         else:
             limit, floor = 1, 1
         ids, conf = self._token_ids, self._token_conf
+        row, per_layer = self._draft_row, self._draft_layer
         stamps, n = self._stamp, self._E
         heap, cells = self._by_stamp, self._cells
         # the experts the cache may still take, counted down as each prefetch takes a slot (nothing else moves
@@ -347,7 +371,8 @@ class Spice(Policy):
             stamp = t * L + target
             base = target * n
             ok = True
-            for e in ids[target][d - 1]:
+            start = target * per_layer + (d - 1) * row
+            for e in ids[start:start + row]:
                 if e == no_expert:
                     continue
                 index = base + e
@@ -359,10 +384,10 @@ class Spice(Policy):
                         ok = False
                         break
                     room -= 1
-                elif stamp <= old:  # cached (most are): only its stamp may move ahead
-                    continue
-                stamps[index] = stamp
-                heappush(heap, stamp * cells + index)
+                    stamps[index] = stamp
+                    heappush(heap, stamp * cells + index)
+                elif stamp > old:  # cached (most are): only its stamp may move ahead (its heap entry moves lazily)
+                    stamps[index] = stamp
             reached = d
             if not ok:
                 self.depth_cut_by_buffer += 1
@@ -373,14 +398,12 @@ class Spice(Policy):
         pos = t * self._L + layer
         self._pos = pos
         stamp = self._stamp
-        heap, cells = self._by_stamp, self._cells
         base = layer * self._E
         execute, misses = [], []
         for e in routed:
             index = base + e
             if index in stamp:
-                stamp[index] = pos
-                heappush(heap, pos * cells + index)
+                stamp[index] = pos  # never behind its stamp: a prefetch stamped it for this position at most
                 execute.append(e)
             else:
                 misses.append(e)
@@ -391,7 +414,7 @@ class Spice(Policy):
         if not misses:
             return plan
         self.misses[t, layer] = len(misses)
-        first = self._token_ids[layer][0][0]
+        first = self._token_ids[layer * self._draft_layer]  # the depth-1 draft's first id
         predicted = first != NO_EXPERT
         low = predicted and self._token_conf[layer][0] < self.confidence
         if low:
@@ -402,7 +425,7 @@ class Spice(Policy):
         fetch_base = ctx.fetch_estimate_ps() + self._t_acc
         host_base = ctx.host_estimate_ps()
         host_one = ctx.host_timing.total_ps
-        to_fetch = []
+        to_fetch: list[int] = []
         for e in misses:
             fetch_ps = fetch_base + len(to_fetch) * self._fetch_one_ps
             host_ps = host_base + len(plan.on_host) * host_one
@@ -432,11 +455,10 @@ class Spice(Policy):
     def extra_metrics(self) -> dict:
         w = self._warm
         sl = slice(w, None)
-        per_token = lambda a: float(a[sl].sum(axis=1).mean())  # noqa: E731
         looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
         return {
-            "spice_fetched_misses_per_token": per_token(self.fetched),
-            "spice_low_confidence_misses_per_token": per_token(self.low_conf),
+            "spice_fetched_misses_per_token": float(self.fetched[sl].sum(axis=1).mean()),
+            "spice_low_confidence_misses_per_token": float(self.low_conf[sl].sum(axis=1).mean()),
             "mean_prefetch_depth": float(looked.mean()),
             "spice_d_min": int(self.d_min),
             "spice_depth_cut_by_buffer": int(self.depth_cut_by_buffer),

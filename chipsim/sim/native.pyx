@@ -291,6 +291,9 @@ cdef class Process(Wake):
                 event = generator.send(event._value)
             except StopIteration as stop:
                 self._value = stop.value
+                # let go of the bound method (a cycle through self) and the generator, so that a finished process
+                # goes by reference counting, not by the cyclic garbage collector
+                self._resume_callback = self._generator = None
                 self.env.push(self.env.now, NORMAL, K_WAKE, self, 0)
                 return
             if event.callbacks is not None:  # not yet processed: resume when it is

@@ -120,8 +120,8 @@ class Process(Wake):
     def __init__(self, env: Loop, generator: Generator[Any, Any, Any]) -> None:
         super().__init__(env)
         self._value = _PENDING
-        self._generator = generator
-        self._resume_callback = self._resume  # made once, not at every yield
+        self._generator: Any = generator
+        self._resume_callback: Any = self._resume  # made once, not at every yield
         env._push(env.now, _URGENT, Wake(env, self._resume_callback))
 
     def _resume(self, event: Any) -> None:
@@ -131,6 +131,9 @@ class Process(Wake):
                 event = generator.send(event._value)
             except StopIteration as stop:
                 self._value = stop.value
+                # let go of the bound method (a cycle through self) and the generator, so that a finished process
+                # goes by reference counting, not by the cyclic garbage collector
+                self._resume_callback = self._generator = None
                 env = self.env
                 env._push(env.now, _NORMAL, self)
                 return
