@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from chipsim.hwreplay.nvml import Gpu, window
 from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
@@ -177,7 +178,7 @@ def _sync_api(device):
 
 
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
-           first_dense: int, graphs: bool = False, dispatch_tokens: int = 0) -> dict:
+           first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
@@ -186,6 +187,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs=True (CUDA only) launches each simulator op group (a layer's attention, its router, its shared
     experts, one expert in one slot, a combine, the head) as one captured CUDA graph instead of kernel by
     kernel; the config then charges compute.op_group_launch_ns per group.
+    gpu (chipsim.hwreplay.nvml): the board's energy is read before the first token is enqueued and once the last
+    has run ("energy": joules, seconds, mean watts over all tokens, warm-up included).
     """
     Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
@@ -306,6 +309,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     start = Event(enable_timing=True)
     gc_was = gc.isenabled()
     gc.disable()
+    before = gpu.read() if gpu is not None else None
     t_host0 = time.perf_counter()
     try:
         with use(cs):
@@ -313,6 +317,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         enqueue(prog, host_at_token)
         synchronize()
         t_host = time.perf_counter() - t_host0
+        energy = window(before, gpu.read(), t_host) if gpu is not None and before is not None else None
         marks = [start] + token_events  # read now: the check below records the token events again
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
         # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
@@ -333,4 +338,4 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
             "program_steps": len(prog), "kernel_launch": "graph" if graphs else "eager", "gemv": step.gemv,
-            "host_dispatch_ms": dispatch_ms}
+            "host_dispatch_ms": dispatch_ms, "energy": energy}

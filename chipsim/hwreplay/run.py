@@ -44,6 +44,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.nvml import open_gpu
 
     t0 = time.perf_counter()
     base, plans = plans_for(config, contexts, policies, jobs, overrides)
@@ -51,6 +52,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     m = base.workload.model
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
     device = torch.device(device)
+    gpu = open_gpu(device.index or 0) if device.type == "cuda" else None  # the board's energy counter, where NVML is
     expert_elems = base.workload.expert_bytes // 2
     t1 = time.perf_counter()
     host = torch.empty((m.num_moe_layers, m.num_experts, expert_elems), dtype=torch.bfloat16,
@@ -67,10 +69,13 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
-            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, dispatch_tokens=dispatch_tokens)
+            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, dispatch_tokens=dispatch_tokens,
+                         gpu=gpu)
             # further replays of the same plan: the run-to-run spread on one machine
-            res["repeat_latency_ms"] = [replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs)["latency_ms"]
-                                        for _ in range(repeats - 1)]
+            again = [replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, gpu=gpu)
+                     for _ in range(repeats - 1)]
+            res["repeat_latency_ms"] = [r["latency_ms"] for r in again]
+            res["repeat_energy"] = [r["energy"] for r in again]
             warm = hw.workload.warmup_tokens
             lat = res["latency_ms"][warm:]
             mean = sum(lat) / len(lat)
@@ -79,7 +84,9 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                 f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token"
                 + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
                 + (f", host alone {sorted(res['host_dispatch_ms'])[len(res['host_dispatch_ms']) // 2]:.2f} ms/token"
-                   if res["host_dispatch_ms"] else ""))
+                   if res["host_dispatch_ms"] else "")
+                + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
+                          for e in [res["energy"], *res["repeat_energy"]] if e))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           "kernels_per_group": step.kernels_per_group, **res})
         del step

@@ -1,0 +1,126 @@
+"""Single-op energy microbenchmarks of the H200, read from the board's NVML energy counter (the device machine,
+torch with CUDA, nvidia-ml-py; nothing here runs a model or a decode step). Each window runs one thing for
+`--seconds` and reads the counter before and after it; each is measured `--repeats` times.
+
+- idle: nothing on the GPU, first before any work (its clocks down), then right after a load (clocks still up);
+- host-to-device copies of 256 MiB from pinned memory, back to back and paced by the host to about 1/2, 1/4 and
+  1/8 of that rate (the GPU idle between copies): power against bytes per second gives the copy's energy per
+  byte (the slope) over the board's power with the copy engine idle (the intercept);
+- a GEMV (torch.mv, BF16, a 1 GiB weight matrix: HBM-bound, ~1 FLOP per byte): power over bytes read per second;
+- a GEMM (torch.mm, BF16, 8192^3: compute-bound, ~2,700 FLOPs per byte of operands): power over MACs per second.
+
+    python validation/energy/probe_energy.py > validation/energy/h200-energy-probe.json
+
+The energy table (chipsim/hwreplay/energy_table.py) is derived from these windows alone; no decode step is fitted.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from chipsim.hwreplay.nvml import open_gpu, window  # noqa: E402
+
+MIB = 2**20
+
+
+def measured(gpu, run, seconds: float) -> dict:
+    """Call run() until `seconds` have passed (each call ends synchronised); the board's energy over that time."""
+    torch.cuda.synchronize()
+    before, t0 = gpu.read(), time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < seconds:
+        run()
+        calls += 1
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    out = window(before, gpu.read(), elapsed)
+    out["calls"] = calls
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    gpu = open_gpu()
+    if gpu is None or not torch.cuda.is_available():
+        sys.exit("probe_energy: needs a CUDA GPU and NVML (pip package nvidia-ml-py)")
+    dev = torch.device("cuda")
+    rows = []
+
+    def record(kind: str, run, **fields) -> dict:
+        for repeat in range(a.repeats):
+            row = {"kind": kind, "repeat": repeat, **fields, **measured(gpu, run, a.seconds)}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        return rows[-1]
+
+    record("idle_cold", lambda: time.sleep(0.05))
+
+    # host-to-device copies: one 256 MiB copy per call, then (paced) the host sleeps the copy's time times `gap`
+    nbytes = 256 * MIB
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    for _ in range(3):
+        dst.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    copy_s = (time.perf_counter() - t0) / 10
+    for gap in (0, 1, 3, 7):
+        def copy(gap=gap):
+            dst.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            if gap:
+                time.sleep(gap * copy_s)
+        record("h2d_copy", copy, bytes_per_call=nbytes, host_gap_copies=gap)
+    del host, dst
+
+    # GEMV: HBM-bound. 20 per call keeps the queue full between the host's synchronisations
+    rows_, cols = 8192, 65536
+    w = torch.randn(rows_, cols, dtype=torch.bfloat16, device=dev)
+    x = torch.randn(cols, dtype=torch.bfloat16, device=dev)
+
+    def gemv():
+        for _ in range(20):
+            torch.mv(w, x)
+        torch.cuda.synchronize()
+    gemv()
+    record("gemv", gemv, bytes_per_call=20 * w.numel() * 2, macs_per_call=20 * w.numel(), shape=[rows_, cols])
+    del w, x
+
+    # GEMM: compute-bound
+    n = 8192
+    p = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    q = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+
+    def gemm():
+        for _ in range(10):
+            torch.mm(p, q)
+        torch.cuda.synchronize()
+    gemm()
+    record("gemm", gemm, bytes_per_call=10 * 3 * n * n * 2, macs_per_call=10 * n**3, shape=[n, n, n])
+    del p, q
+    torch.cuda.empty_cache()
+
+    record("idle_warm", lambda: time.sleep(0.05))
+    record("idle_settled", lambda: time.sleep(0.05))
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm,clocks.max.mem",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"machine": {**gpu.describe(), "torch": torch.__version__, "nvidia_smi": smi,
+                                  "copy_seconds_256mib": round(copy_s, 6)},
+                      "seconds_per_window": a.seconds, "windows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
