@@ -2,6 +2,7 @@
 same code again, the FIFO/no-cancel DMA modes behave as a CUDA copy stream, and the harness runs a plan's
 copies and kernels (on CPU tensors) moving exactly the plan's bytes."""
 
+import importlib.util
 import json
 import os
 
@@ -272,3 +273,52 @@ def test_an_op_key_names_its_shape_exactly():
             assert f == {"elements": p.elements, "read_bytes": p.weight_bytes}
             want = am.vector(p.name, p.elements, p.weight_bytes)
         assert am.op_for_key(p.key, p.groups).duration_ps == want.duration_ps
+
+
+class _CountingNvml:
+    """NVML's calls as pynvml names them, over a counter that gains 2,500 mJ between two energy readings."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def __init__(self):
+        self.energy_mj = 1_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.energy_mj += 2_500
+        return self.energy_mj - 2_500
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 80_000
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 1980 if clock == self.NVML_CLOCK_SM else 3201
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 40
+
+
+def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
+    """2,500 mJ over 0.5 s: 2.5 J at 5 W. A replay reads the counter once before its first token and once after its
+    last, and records that window; with no counter (this machine has no NVML) it records none."""
+    from chipsim.hwreplay.nvml import Gpu, open_gpu, window
+
+    gpu = Gpu(_CountingNvml(), handle=None)
+    first, second = gpu.read(), gpu.read()
+    assert (first.energy_mj, second.energy_mj, first.sm_clock_mhz, first.mem_clock_mhz) == (1_000, 3_500, 1980, 3201)
+    w = window(first, second, 0.5)
+    assert (w["energy_j"], w["power_w"], w["sm_clock_mhz"]) == (2.5, 5.0, [1980, 1980])
+
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    prep = prepare(_config(tmp_path), ["workload.max_tokens=2"], ["lru"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_elems), dtype=torch.bfloat16)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, step.expert_elems), dtype=torch.bfloat16)
+    res = replay(plan, step, host, slots, m.first_dense_layers, gpu=Gpu(_CountingNvml(), handle=None))
+    assert res["energy"]["energy_j"] == 2.5 and res["energy"]["seconds"] > 0
+    assert replay(plan, step, host, slots, m.first_dense_layers)["energy"] is None
+    if importlib.util.find_spec("pynvml") is None:
+        assert open_gpu() is None
