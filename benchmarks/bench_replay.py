@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from chipsim.runner import prepare, simulate  # noqa: E402
+from machine import describe  # noqa: E402  (benchmarks/machine.py)
 
 EXTRA_POLICIES = ["spice", "lru"]
 
@@ -47,7 +48,8 @@ def main() -> None:
     import chipsim.sim
 
     build = chipsim.sim.BUILD + (", C event core" if chipsim.sim.NATIVE else "")
-    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds; engine {build}")
+    print(f"{args.tokens} tokens, median of {args.repeats} runs (min, max), wall seconds; engine {build}; "
+          f"machine {describe()}")
     print(f"{'policy':14} {'engine':9} {'median':>8} {'min':>6} {'max':>6} {'token-layers/s':>15}")
     for engine in engines:
         prep = prepare(args.config, [f"workload.max_tokens={args.tokens}", f"run.engine={engine}"], policies)
