@@ -322,3 +322,41 @@ def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
     assert replay(plan, step, host, slots, m.first_dense_layers)["energy"] is None
     if importlib.util.find_spec("pynvml") is None:
         assert open_gpu() is None
+
+
+def _probe_window(kind, power_w, seconds, calls=1, **per_call):
+    return {"kind": kind, "seconds": seconds, "energy_j": power_w * seconds, "calls": calls, **per_call}
+
+
+def test_the_energy_table_comes_back_from_windows_made_with_it():
+    """Windows drawn from a known table (idle 80 W, copies 10 pJ/bit over 85 W, HBM 12 pJ/bit, a MAC 0.5 pJ) give that
+    table back: the copies' line by least squares, HBM and MAC from the GEMV's and the GEMM's power above idle."""
+    from chipsim.hwreplay.energy_table import derive
+
+    per_byte_copy, per_byte_hbm, per_mac = 10e-12 * 8, 12e-12 * 8, 0.5e-12
+    windows = [_probe_window("idle_cold", 75.0, 2.0), _probe_window("idle_warm", 80.0, 2.0),
+               _probe_window("idle_warm", 80.0, 3.0)]
+    for rate in (50e9, 25e9, 12.5e9, 6.25e9):  # bytes per second
+        windows.append(_probe_window("h2d_copy", 85.0 + per_byte_copy * rate, 2.0, calls=int(rate * 2 / 1e8),
+                                     bytes_per_call=1e8))
+    gemv_power = 80.0 + 3.2e12 * per_byte_hbm + 1.6e12 * per_mac  # 388 W
+    gemm_power = 80.0 + 2e11 * per_byte_hbm + 4e14 * per_mac  # 299.2 W
+    windows.append(_probe_window("gemv", gemv_power, 2.0, calls=200, bytes_per_call=3.2e10, macs_per_call=1.6e10))
+    windows.append(_probe_window("gemm", gemm_power, 1.0, calls=100, bytes_per_call=2e9, macs_per_call=4e12))
+    fit = derive({"windows": windows})
+    assert fit.idle_w == pytest.approx(80.0) and fit.idle_cold_w == pytest.approx(75.0)
+    assert fit.copy_idle_w == pytest.approx(85.0) and fit.pcie_pj_per_bit == pytest.approx(10.0)
+    assert fit.hbm_pj_per_bit == pytest.approx(12.0) and fit.mac_pj == pytest.approx(0.5)
+    assert fit.copy_rates_gbps == pytest.approx((50.0, 25.0, 12.5, 6.25))
+    assert max(abs(r) for r in fit.copy_residuals_w) < 1e-9
+
+
+def test_an_energy_probe_missing_a_window_or_a_spread_of_rates_is_refused_naming_it():
+    from chipsim.hwreplay.energy_table import derive
+
+    idle = [_probe_window("idle_cold", 75.0, 2.0), _probe_window("idle_warm", 80.0, 2.0)]
+    with pytest.raises(InputError, match="no 'h2d_copy' window"):
+        derive({"windows": idle})
+    same_rate = [_probe_window("h2d_copy", 89.0, 2.0, calls=1000, bytes_per_call=1e8)] * 2
+    with pytest.raises(InputError, match="rates at least 10 % apart"):
+        derive({"windows": idle + same_rate})
