@@ -140,18 +140,6 @@ class Spice(Policy):
                         maximum=1 << 31),
     }
 
-    # the parameters, set from `params` by Policy.__init__ (declared for the type checker)
-    confidence: float
-    max_depth: int
-    slots: int
-    lore_rank: int
-    lore_form: str
-    deep: bool
-    cpu_fallback: bool
-    surrogate: bool
-    schedule: bool
-    warmup: int
-
     def __init__(self, label: str, **params):
         super().__init__(label, **params)
         self.surrogate_op = None
@@ -305,15 +293,13 @@ class Spice(Policy):
             else:
                 heappop(heap)  # (a repeat of this entry is stale once its stamp is gone)
                 del stamp[index]
-                ctx.evict(index // n, index - index // n * n)
+                ctx.evict(index // n, index % n)
                 evicted += 1
-        if not evicted:
-            return 0
-        return self._room_base + ctx.free_slots()
+        return self._room(ctx) if evicted else 0
 
     def _make_room(self, ctx: SimContext, count: int, protect) -> None:
         """A demand fetch's room: evict until `count` more experts fit, any but those in `protect` (indices)."""
-        short = count - self._room_base - ctx.free_slots()
+        short = count - self._room(ctx)
         if short <= 0:
             return
         indices = [i for i in self._stamp if i not in protect]
@@ -361,7 +347,7 @@ class Spice(Policy):
         # the experts the cache may still take, counted down as each prefetch takes a slot (nothing else moves
         # while this hook runs) and read again after evictions, which may free fewer slots (transfers stopping) or
         # let a waiting demand fetch take one
-        room = self._room_base + ctx.free_slots()
+        room = self._room(ctx)
         confidence, no_expert = self.confidence, NO_EXPERT
         reached = 0
         for d in range(1, limit + 1):
