@@ -317,7 +317,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         enqueue(prog, host_at_token)
         synchronize()
         t_host = time.perf_counter() - t_host0
-        energy = window(before, gpu.read(), t_host) if gpu is not None and before is not None else None
+        energy = window(before, gpu.read(), t_host) if gpu is not None else None
         marks = [start] + token_events  # read now: the check below records the token events again
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
         # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
