@@ -170,10 +170,10 @@ def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path
     assert step.expert_elems == elems
     host = torch.zeros((m.num_moe_layers, m.num_experts, elems), dtype=torch.bfloat16)
     host[3, 7].fill_(1.5)  # one expert carries a mark: it must land in the slot the plan gave it
-    for policy in prep.policies:
+    for policy, segments in [(p, s) for p in prep.policies for s in (False, True)]:
         plan = build_plan(prep, policy)
         slots = torch.zeros((plan.slots, elems), dtype=torch.bfloat16)
-        res = replay(plan, step, host, slots, m.first_dense_layers)
+        res = replay(plan, step, host, slots, m.first_dense_layers, segments=segments, stalls=segments)
         assert res["copied_bytes"] == plan.fetch_bytes
         assert res["copies"] == plan.fetches * len(plan.part_bytes)
         assert len(res["latency_ms"]) == plan.tokens
@@ -183,6 +183,34 @@ def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path
                 final[a[6]] = (a[3], a[4])
         for slot, key in final.items():  # every copy landed in the slot the plan gave it
             assert bool((slots[slot] == (1.5 if key == (3, 7) else 0.0)).all()), (policy.label, slot, key)
+        if segments and policy.label == "lru":  # no prefetch: a layer waits for copies exactly where it issued some
+            issued = {(a[1], a[3]) for a in plan.actions if a[0] == "issue"}
+            assert {(t, layer) for t, layer, _ in res["stall_ms"]} == issued
+            assert all(ms >= 0 for *_, ms in res["stall_ms"])
+
+
+def test_a_segment_replay_launches_each_run_of_compute_between_copy_synchronisations_once(tmp_path):
+    """With segments, consecutive op groups become one program step: a token with no copy is one run of compute
+    from its first layer to its head, and each copy the plan issues adds at most two boundaries (the issue point
+    and the wait for it)."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    prep = prepare(_config(tmp_path), ["workload.max_tokens=3"], ["lru"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    elems = prep.workload.expert_bytes // 2
+    host = torch.zeros((m.num_moe_layers, m.num_experts, elems), dtype=torch.bfloat16)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, elems), dtype=torch.bfloat16)
+    by_group = replay(plan, step, host, slots, m.first_dense_layers)
+    merged = replay(plan, step, host, slots, m.first_dense_layers, segments=True)
+    assert merged["launches_per_token"] == by_group["launches_per_token"]  # the same kernels, on a CPU
+    issues = sum(1 for a in plan.actions if a[0] == "issue")
+    # the merged program: per issue a marker, a wait and a copy entry and its done event (4 steps), per wait
+    # on the compute side one step, per token one "tok" step, and between them runs of compute
+    assert merged["program_steps"] < by_group["program_steps"]
+    assert merged["program_steps"] <= 4 * issues + 2 * issues + 2 * plan.tokens
 
 
 def test_hwcompare_recomputes_a_case_and_reports_its_error(tmp_path):
@@ -217,25 +245,49 @@ def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
 
 
 def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
+    """Every value of hwconfigs/h200-pcie5.yaml comes back from the committed single-op measurements: the copy and
+    kernel microbenchmarks, the long-context kernel shapes and the energy probe (its header names the command)."""
     import yaml
 
+    from chipsim.hwreplay.energy_table import derive
     from chipsim.hwreplay.h200config import render
 
-    with open(os.path.join(ROOT, "validation", "h200-microbench.json")) as f:
-        mb = json.load(f)
+    def load(*parts):
+        with open(os.path.join(ROOT, *parts)) as f:
+            return json.load(f)
+
+    mb = load("validation", "h200-microbench.json")
+    long_ops = load("validation", "compute", "h200-op-times-long.json")
+    fit = derive(load("validation", "energy", "h200-energy-probe.json"))
     with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
-        committed = yaml.safe_load(f)
+        text = f.read()
+    committed = yaml.safe_load(text)
+    assert "--op-times-extra validation/compute/h200-op-times-long.json" in text.splitlines()[2]
+    assert "--energy-probe validation/energy/h200-energy-probe.json" in text.splitlines()[2]
     launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
     assert len(launches) == 1  # every committed replay ran the same way, and the config says which
     mode = launches.pop()
-    assert yaml.safe_load(render(mb, mode)) == committed  # every value, nothing edited by hand
+    rendered = render(mb, mode, (("validation/compute/h200-op-times-long.json", long_ops),), fit,
+                      "validation/energy/h200-energy-probe.json")
+    assert yaml.safe_load(rendered) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
     per_kernel = tiny["gpu_us_per_kernel"] if mode == "eager" else tiny["graph_us_per_kernel"]
     assert committed["compute"]["op_overhead_cycles"] == round(per_kernel * committed["compute"]["clock_mhz"])
     field = "eager_us" if mode == "eager" else "graph_us"
-    assert committed["compute"]["op_times_ns"] == {r["key"]: round(r[field] * 1e3, 1) for r in mb["op_times"]}
+    profiled = {r["key"]: round(r[field] * 1e3, 1) for r in mb["op_times"]}  # the main file's shapes keep its times
+    for r in long_ops["op_times"]:
+        profiled.setdefault(r["key"], round(r[field] * 1e3, 1))
+    assert committed["compute"]["op_times_ns"] == profiled
     assert committed["links"]["pcie"]["bandwidth_gbps"] == mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"]
     assert committed["dma"]["setup_ns"] == round(mb["h2d_pinned_queued16_fit"]["intercept_us"] * 1e3, 1)
+    # energy: the board's idle power over the SMs, the busy SMs' power while they run, a copied bit's energy
+    # split between the link and its HBM write
+    arrays = committed["compute"]["arrays"]
+    assert committed["compute"]["leakage_power_w_per_array"] * arrays == pytest.approx(fit.idle_w, abs=0.01)
+    assert committed["compute"]["clock_power_w_per_array"] * arrays == pytest.approx(fit.busy_w, abs=0.01)
+    assert committed["compute"]["clock_gated_when_idle"] is True
+    hbm, pcie = committed["memory"]["hbm"]["energy_pj_per_bit"], committed["links"]["pcie"]["energy_pj_per_bit"]
+    assert hbm + pcie == pytest.approx(fit.pcie_pj_per_bit, abs=1e-3)
 
 
 @pytest.mark.parametrize("name", MEASUREMENTS)
@@ -329,22 +381,26 @@ def _probe_window(kind, power_w, seconds, calls=1, **per_call):
 
 
 def test_the_energy_table_comes_back_from_windows_made_with_it():
-    """Windows drawn from a known table (idle 80 W, copies 10 pJ/bit over 85 W, HBM 12 pJ/bit, a MAC 0.5 pJ) give that
-    table back: the copies' line by least squares, HBM and MAC from the GEMV's and the GEMM's power above idle."""
+    """Windows drawn from a known table (idle 80 W, SMs busy 60 W, copies 10 pJ/bit over 85 W, HBM 12 pJ/bit, a MAC
+    0.5 pJ) give that table back: idle from the resting windows only (the warm one after the GEMM is not idle's),
+    the copies' line by least squares, busy, HBM and MAC from the three kernels' power above idle."""
     from chipsim.hwreplay.energy_table import derive
 
-    per_byte_copy, per_byte_hbm, per_mac = 10e-12 * 8, 12e-12 * 8, 0.5e-12
-    windows = [_probe_window("idle_cold", 75.0, 2.0), _probe_window("idle_warm", 80.0, 2.0),
-               _probe_window("idle_warm", 80.0, 3.0)]
+    per_byte_copy, per_byte_hbm, per_mac, busy = 10e-12 * 8, 12e-12 * 8, 0.5e-12, 60.0
+    windows = [_probe_window("idle_cold", 80.0, 2.0), _probe_window("idle_settled", 80.0, 3.0),
+               _probe_window("idle_warm", 95.0, 2.0), _probe_window("tiny_kernels", 81.5, 2.0)]
     for rate in (50e9, 25e9, 12.5e9, 6.25e9):  # bytes per second
         windows.append(_probe_window("h2d_copy", 85.0 + per_byte_copy * rate, 2.0, calls=int(rate * 2 / 1e8),
                                      bytes_per_call=1e8))
-    gemv_power = 80.0 + 3.2e12 * per_byte_hbm + 1.6e12 * per_mac  # 388 W
-    gemm_power = 80.0 + 2e11 * per_byte_hbm + 4e14 * per_mac  # 299.2 W
+    small_power = 80.0 + busy + 6e11 * per_byte_hbm + 3e11 * per_mac  # 197.75 W
+    gemv_power = 80.0 + busy + 3.2e12 * per_byte_hbm + 1.6e12 * per_mac  # 448 W
+    gemm_power = 80.0 + busy + 2e11 * per_byte_hbm + 4e14 * per_mac  # 359.2 W
+    windows.append(_probe_window("gemv_small", small_power, 2.0, calls=100, bytes_per_call=1.2e10, macs_per_call=6e9))
     windows.append(_probe_window("gemv", gemv_power, 2.0, calls=200, bytes_per_call=3.2e10, macs_per_call=1.6e10))
     windows.append(_probe_window("gemm", gemm_power, 1.0, calls=100, bytes_per_call=2e9, macs_per_call=4e12))
     fit = derive({"windows": windows})
-    assert fit.idle_w == pytest.approx(80.0) and fit.idle_cold_w == pytest.approx(75.0)
+    assert fit.idle_w == pytest.approx(80.0) and fit.idle_warm_w == pytest.approx(95.0)
+    assert fit.busy_w == pytest.approx(60.0) and fit.tiny_above_idle_w == pytest.approx(1.5)
     assert fit.copy_idle_w == pytest.approx(85.0) and fit.pcie_pj_per_bit == pytest.approx(10.0)
     assert fit.hbm_pj_per_bit == pytest.approx(12.0) and fit.mac_pj == pytest.approx(0.5)
     assert fit.copy_rates_gbps == pytest.approx((50.0, 25.0, 12.5, 6.25))
@@ -354,9 +410,57 @@ def test_the_energy_table_comes_back_from_windows_made_with_it():
 def test_an_energy_probe_missing_a_window_or_a_spread_of_rates_is_refused_naming_it():
     from chipsim.hwreplay.energy_table import derive
 
-    idle = [_probe_window("idle_cold", 75.0, 2.0), _probe_window("idle_warm", 80.0, 2.0)]
+    idle = [_probe_window("idle_cold", 75.0, 2.0), _probe_window("idle_settled", 75.0, 2.0),
+            _probe_window("idle_warm", 80.0, 2.0)]
     with pytest.raises(InputError, match="no 'h2d_copy' window"):
         derive({"windows": idle})
     same_rate = [_probe_window("h2d_copy", 89.0, 2.0, calls=1000, bytes_per_call=1e8)] * 2
     with pytest.raises(InputError, match="rates at least 10 % apart"):
         derive({"windows": idle + same_rate})
+    copies = [_probe_window("h2d_copy", 89.0, 2.0, calls=c, bytes_per_call=1e8) for c in (1000, 500)]
+    with pytest.raises(InputError, match="no 'gemv_small' window"):  # a probe from before the busy-power kernels
+        derive({"windows": idle + copies + [_probe_window("gemv", 400.0, 2.0, calls=1, bytes_per_call=1e9,
+                                                          macs_per_call=5e8)]})
+    alike = [_probe_window(k, 300.0, 2.0, calls=1, bytes_per_call=1e9, macs_per_call=5e8)
+             for k in ("gemv_small", "gemv", "gemm")]
+    with pytest.raises(InputError, match="too alike"):
+        derive({"windows": idle + copies + alike})
+
+
+def test_hwcompare_sets_the_boards_energy_and_each_layers_stall_beside_the_simulators(tmp_path):
+    """A compute-bound case (validation/regimes/cached): the measured energy per token is each replay's window over
+    all its tokens, averaged; the simulated one is the simulator's ledger less the host's entries; every (token, MoE
+    layer) after the warm-up has one measured stall (0 where it waited for no copy) beside the simulator's."""
+    from chipsim.hwreplay import compare
+    from chipsim.hwreplay.energy_table import BOARD_EXCLUDES
+
+    with open(os.path.join(ROOT, "validation", "regimes", "cached", "h200-pcie5.json")) as f:
+        meas = json.load(f)
+    meas["cases"] = [c for c in meas["cases"] if c["context_length"] == 1024 and c["policy"] == "lru"]
+    meas["config"] = os.path.join(ROOT, meas["config"])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(meas))
+    (row,) = compare.compare_file(str(path))["rows"]
+    case, warm = meas["cases"][0], meas["warmup_tokens"]
+    windows = [case["energy"], *case["repeat_energy"]]
+    assert row["measured_mj"] == pytest.approx(sum(1e3 * w["energy_j"] / len(case["latency_ms"]) for w in windows) / 2)
+    prep = prepare(meas["config"], [*meas["overrides"], "workload.context_length=1024"], ["lru"])
+    plan = build_plan(prep, prep.policies[0])
+    board = [sum(v for k, v in t.items() if k not in BOARD_EXCLUDES) for t in plan.sim_energy_mj]
+    assert row["simulated_mj"] == pytest.approx(sum(board) / len(board))
+    assert "lpddr5x" in plan.sim_energy_mj[0] and "static_arrays" in plan.sim_energy_mj[0]
+    layers = prep.workload.model.num_moe_layers
+    assert len(row["measured_stalls_ms"]) == len(row["simulated_stalls_ms"]) == (plan.tokens - warm) * layers
+    assert sum(row["measured_stalls_ms"]) == pytest.approx(sum(ms for t, _, ms in case["stall_ms"] if t >= warm))
+    assert sum(row["simulated_stalls_ms"]) == pytest.approx(sum(map(sum, plan.sim_stall_ms[warm:])))
+
+
+def test_hwcompare_refuses_a_regime_without_cases_naming_it(tmp_path, capsys):
+    from chipsim.cli import main
+
+    path = os.path.join(ROOT, "validation", "regimes", "cached", "h200-pcie5.json")
+    rc = main(["hwcompare", os.path.join(ROOT, "validation", "h200-pcie5-phi-mini-moe.json"), "--jobs", "1",
+               "--regime", "long", f"{path}@99999"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--regime long: no case" in err[0]

@@ -18,6 +18,7 @@ from chipsim.errors import InputError, OneLineParser
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
+from chipsim.hwreplay.energy_table import board_mj
 from chipsim.hwreplay.ops import key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
@@ -37,6 +38,41 @@ def _resolve(config: str, measurement_path: str) -> str:
 
 # the simulator without the profiled operators: every op from the array model, no per-group launch
 ARRAY_MODEL_ONLY = ("compute.op_times_ns={}", "compute.op_group_launch_ns=0")
+
+
+def _energy_fields(case: dict, plan) -> dict:
+    """The board's measured energy per token (each replay's window over all its tokens, warm-up included) beside
+    the simulator's board part over the same tokens; nothing where the replay read no counter."""
+    windows = [e for e in [case.get("energy"), *case.get("repeat_energy", [])] if e]
+    if not windows:
+        return {}
+    per_token = [1e3 * e["energy_j"] / len(case["latency_ms"]) for e in windows]
+    measured = statistics.fmean(per_token)
+    simulated = statistics.fmean(board_mj(t) for t in plan.sim_energy_mj)
+    return {"measured_mj": measured, "measured_mj_min": min(per_token), "measured_mj_max": max(per_token),
+            "measured_w": statistics.fmean(e["power_w"] for e in windows), "simulated_mj": simulated,
+            "energy_error_pct": 100.0 * (simulated - measured) / measured}
+
+
+def _stall_fields(case: dict, plan, warm: int) -> dict:
+    """Every measured (token, MoE layer)'s stall after the warm-up, a layer that waited for no copy counting 0,
+    beside the simulator's, in the same order."""
+    if "stall_ms" not in case:
+        return {}
+    layers = len(plan.sim_stall_ms[0])
+    measured = [[0.0] * layers for _ in plan.sim_stall_ms]
+    for t, layer, ms in case["stall_ms"]:
+        measured[t][layer] += ms
+    flat = [x for row in measured[warm:] for x in row]
+    sim = [x for row in plan.sim_stall_ms[warm:] for x in row]
+    return {"measured_stalls_ms": flat, "simulated_stalls_ms": sim}
+
+
+def _spread_pct(case: dict, warm: int) -> float:
+    """The largest difference between the replays of one plan, % of their mean latency."""
+    runs = [case["latency_ms"][warm:], *[r[warm:] for r in case.get("repeat_latency_ms", [])]]
+    means = [statistics.fmean(r) for r in runs]
+    return 100.0 * (max(means) - min(means)) / statistics.fmean(means)
 
 
 def _case_row(job) -> dict:
@@ -60,11 +96,14 @@ def _case_row(job) -> dict:
         "measured_plan_bytes": case["plan"]["fetch_bytes"],
         "decisions_match": plan.digest() == case["plan"]["digest"],
         "host_enqueue_ms": statistics.fmean(case["host_enqueue_ms"][warm:]),
-        "tokens": len(measured),
+        "tokens": len(measured), "replays": 1 + len(case.get("repeat_latency_ms", [])),
+        "spread_pct": _spread_pct(case, warm), "kernel_launch": case.get("kernel_launch", "eager"),
+        **_energy_fields(case, plan), **_stall_fields(case, plan, warm),
     }
 
 
-def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
+def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
+    """Every case of one measurement file re-simulated (`contexts`: only these context lengths)."""
     try:
         with open(path) as f:
             meas = json.load(f)
@@ -77,7 +116,7 @@ def compare_file(path: str, overrides=(), jobs: int = 1) -> dict:
     warm = int(meas["warmup_tokens"])
     overrides = (*meas.get("overrides", []), *overrides)  # the settings the replay ran with
     work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
-            for case in meas["cases"]]
+            for case in meas["cases"] if contexts is None or case["context_length"] in contexts]
     if jobs > 1 and len(work) > 1:
         with worker_pool(min(jobs, len(work))) as pool:
             rows = list(pool.map(_case_row, work))
@@ -123,6 +162,106 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
                    f"{same}/{len(rows)} | {sum(r['profiled_ops'] for r in rows)}/"
                    f"{sum(r['profiled_ops'] + r['modelled_ops'] for r in rows)} |")
     return out
+
+
+def energy_mape(rows) -> float:
+    rs = [r for r in rows if "energy_error_pct" in r]
+    return statistics.fmean(abs(r["energy_error_pct"]) for r in rs) if rs else float("nan")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def regime_summary_lines(regimes: list[tuple[str, list]]) -> list[str]:
+    """One row per regime: latency and energy against the simulator, the replays' own spread."""
+    out = ["| regime | cases | latency MAPE | worst latency error | energy MAPE (board) | worst energy error | "
+           "replays per case | largest spread between replays | decisions same, bytes exact |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rows in regimes:
+        worst = max(rows, key=lambda r: abs(r["error_pct"]))
+        er = [r for r in rows if "energy_error_pct" in r]
+        worst_e = max(er, key=lambda r: abs(r["energy_error_pct"])) if er else None
+        exact = sum(r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] and r["decisions_match"]
+                    for r in rows)
+        out.append(f"| {name} | {len(rows)} | {mape(rows):.1f} % | {worst['error_pct']:+.1f} % ({worst['model']}, "
+                   f"{worst['policy']} @{worst['context_length']}) | "
+                   + (f"{energy_mape(er):.1f} % | {worst_e['energy_error_pct']:+.1f} % ({worst_e['model']}, "
+                      f"{worst_e['policy']} @{worst_e['context_length']}) | " if worst_e else "not measured | | ")
+                   + f"{min(r['replays'] for r in rows)}–{max(r['replays'] for r in rows)} | "
+                   f"{max(r['spread_pct'] for r in rows):.1f} % | {exact}/{len(rows)} |")
+    return out
+
+
+def regime_case_lines(rows: list[dict]) -> list[str]:
+    out = ["| model | context | policy | launch | measured ms/token | simulated | error | board mJ/token measured "
+           "(min–max) | at W | simulated | error | stall ms per layer, measured: mean, p90, p99 | simulated |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        e = (f"{r['measured_mj']:.1f} ({r['measured_mj_min']:.0f}–{r['measured_mj_max']:.0f}) | {r['measured_w']:.0f} | "
+             f"{r['simulated_mj']:.1f} | {r['energy_error_pct']:+.1f} %" if "measured_mj" in r else "| | |")
+        if "measured_stalls_ms" in r:
+            m, sm = r["measured_stalls_ms"], r["simulated_stalls_ms"]
+            st = (f"{statistics.fmean(m):.4f}, {_pct(m, 0.9):.4f}, {_pct(m, 0.99):.4f} | "
+                  f"{statistics.fmean(sm):.4f}, {_pct(sm, 0.9):.4f}, {_pct(sm, 0.99):.4f}")
+        else:
+            st = "| "
+        out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {r['kernel_launch']} | "
+                   f"{r['measured_ms']:.3f} | {r['simulated_ms']:.3f} | {r['error_pct']:+.1f} % | {e} | {st} |")
+    return out
+
+
+def stall_figure(name: str, rows: list[dict], path: str) -> bool:
+    """Per-layer stall distributions (CDFs of every measured token and MoE layer) of replay and simulator, one panel
+    per case; False where no case of the regime timed its stalls."""
+    rows = [r for r in rows if "measured_stalls_ms" in r]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(rows))
+    nrows = -(-len(rows) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.8 * nrows), squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        for key, label, style in (("measured_stalls_ms", "replay (H200)", "-"), ("simulated_stalls_ms", "simulator", "--")):
+            xs = sorted(r[key])
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], style, label=label)
+        ax.set_title(f"{r['model'][:16]} @{r['context_length']} {r['policy']}", fontsize=8)
+        ax.set_xlabel("stall per MoE layer (ms)", fontsize=8)
+        ax.set_ylabel("fraction of layers", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{name}: per-layer stall distributions", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report_dir: str) -> list[str]:
+    """VALIDATION.md's regimes: the summary, then each regime's cases and, where stalls were timed, its figure."""
+    if not regimes:
+        return []
+    lines = ["## Regimes", "", "Each regime is replayed and re-simulated on its own; the energy is the GPU board's "
+             "(NVML total-energy counter read around each replay, warm-up tokens included) against the simulator's "
+             "board part (every ledger entry but the host DRAM's and the host CPU's) with the energy table of "
+             "hwconfigs/h200-pcie5.yaml, derived from single-op microbenchmarks only.", ""]
+    lines += regime_summary_lines(regimes) + [""]
+    for name, rows in regimes:
+        lines += [f"### {name}", ""] + regime_case_lines(rows) + [""]
+        if figure_dir:
+            slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+            path = os.path.join(figure_dir, f"stalls-{slug}.png")
+            if stall_figure(name, rows, path):
+                lines += [f"![{name}: per-layer stalls]({os.path.relpath(path, report_dir)})", ""]
+    return lines
 
 
 def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
@@ -211,7 +350,7 @@ def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
 
 def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
            profile_check: list[dict] | None = None, pcie: dict | None = None,
-           cycle_level: list[str] | None = None) -> str:
+           cycle_level: list[str] | None = None, regimes: list[str] | None = None) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
@@ -223,6 +362,7 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
     for model in dict.fromkeys(r["model"] for r in rows):
         groups[model] = [r for r in rows if r["model"] == model]
     lines += summary_lines(groups) + [""]
+    lines += regimes or []
     if microbench:
         mb = microbench
         lines += ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
@@ -314,6 +454,11 @@ def main(argv=None) -> int:
                          "cycle-level description describes (microbench --gemv triton)")
     ap.add_argument("--gemv-probe", default=None, metavar="FILE",
                     help="validation/compute/h200-gemv-probe.json: GEMVs of known structure beside cuBLAS")
+    ap.add_argument("--regime", nargs="+", action="append", default=[], metavar="NAME FILE[@N,N]",
+                    help="a regime reported on its own: its name, then measurement files (@N,N: only these context "
+                         "lengths of a file); repeatable")
+    ap.add_argument("--figures", default=None, metavar="DIR",
+                    help="where the regimes' per-layer stall figures go (default: figures/ beside --report)")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
                     help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
@@ -322,6 +467,23 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes rebuilding plans (default: cores)")
     a = ap.parse_args(argv)
     results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
+    regimes = []
+    for spec in a.regime:
+        if len(spec) < 2:
+            raise InputError(f"--regime {' '.join(spec)}: expected a name and at least one measurement file")
+        rows = []
+        for item in spec[1:]:
+            path, _, ctx = item.partition("@")
+            try:
+                contexts = {int(c) for c in ctx.split(",")} if ctx else None
+            except ValueError:
+                raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
+            rows += compare_file(path, jobs=a.jobs, contexts=contexts)["rows"]
+        if not rows:
+            raise InputError(f"--regime {spec[0]}: no case in {' '.join(spec[1:])} (check the @contexts)")
+        regimes.append((spec[0], rows))
+    report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
+    figure_dir = a.figures or os.path.join(report_dir, "figures")
     mb = _read_json(a.microbench)
     try:
         notes = open(a.notes).read().splitlines() if a.notes else []
@@ -354,6 +516,7 @@ def main(argv=None) -> int:
                  + (f" --cycle-level {a.cycle_level}" if a.cycle_level else "")
                  + (f" --gemv-probe {a.gemv_probe}" if a.gemv_probe else "")
                  + (f" --kernel-times {a.kernel_times}" if a.kernel_times else "")
+                 + "".join(f" --regime {' '.join(repr(x) if ' ' in x else x for x in spec)}" for spec in a.regime)
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
     check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
@@ -363,7 +526,8 @@ def main(argv=None) -> int:
         probe, known = (_read_json(a.gemv_probe), _read_json(a.kernel_times))
         known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle)
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle,
+                  regime_lines(regimes, figure_dir if a.report else None, report_dir))
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)
@@ -376,6 +540,9 @@ def main(argv=None) -> int:
     rows = [r for res in results for r in res["rows"]]
     print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({a.held_out}) "
           f"{mape([r for r in rows if r['model'] == a.held_out]):.1f} %")
+    for name, rs in regimes:
+        print(f"{name}: latency MAPE {mape(rs):.1f} % over {len(rs)} cases, worst "
+              f"{max((r['error_pct'] for r in rs), key=abs):+.1f} %; energy MAPE {energy_mape(rs):.1f} %")
     return 0
 
 

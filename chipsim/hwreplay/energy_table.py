@@ -1,13 +1,18 @@
 """The H200's energy table from single-op microbenchmarks alone (validation/energy/probe_energy.py's windows; no
 decode step is fitted):
 
-- idle (W): the board with nothing to run right after a load, its clocks still up, as between a decode step's
-  kernels (the `idle_warm` windows);
+- idle (W): the board with a CUDA context and nothing to run, its clocks up (the `idle_cold` and `idle_settled`
+  windows, both at the board's resting temperature; `idle_warm` starts right after the GEMM, up to 20 °C warmer,
+  and is kept for the record);
+- the SMs busy (W), a byte read from HBM (pJ per bit) and a multiply-accumulate (pJ): three kernels that keep every
+  SM busy, a chain of small GEMVs (3 MiB each, as a decode step's), a large GEMV and a GEMM, each give one
+  equation: power above idle = busy + bytes per second × energy per byte + MACs per second × energy per MAC;
 - PCIe (pJ per bit): the slope of the board's power over the rate of the host-to-device copies (back to back and
   paced by the host: four rates, least squares); the intercept is the board's power with the copy engine idle;
-- HBM (pJ per bit) and a multiply-accumulate (pJ): the GEMV's and the GEMM's power above idle, each the sum of
-  its bytes read from HBM times the energy of a bit and its MACs times the energy of a MAC. Two operations with
-  very different bytes per MAC (the GEMV ~2, the GEMM ~1/2,700 of operands) give two equations in the two unknowns.
+- a check, not fitted: tiny kernels (1,000 adds of 1,024 elements, one block each) keep one SM at a time busy;
+  their power above idle should be near zero.
+
+The simulator's part that the board's counter sees: every ledger entry but the host's (`BOARD_EXCLUDES`).
 
 What the board's counter sees is the GPU's: the host's memory and CPU are outside it (chipsim's `lpddr5x` and
 `host_cpu` in the H200 configs), so a comparison with the simulator takes the same part of its energy.
@@ -17,19 +22,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from chipsim.errors import InputError
+
+# ledger entries outside the board: the host DRAM holding the pinned experts and the host CPU
+BOARD_EXCLUDES = ("lpddr5x", "static_lpddr5x", "host_cpu")
+
+
+def board_mj(entries: dict) -> float:
+    """A token's simulated energy that the GPU board's counter would see ({ledger entry: mJ} -> mJ)."""
+    return sum(v for k, v in entries.items() if k not in BOARD_EXCLUDES)
 
 
 @dataclass(frozen=True)
 class EnergyFit:
-    idle_w: float  # the board, nothing running, clocks up
-    idle_cold_w: float  # the board before any work (clocks down): for the record
-    copy_idle_w: float  # the copies' line at zero rate
-    pcie_pj_per_bit: float  # host-to-device copy, per bit moved
-    hbm_pj_per_bit: float  # per bit read by the GEMV and the GEMM
+    idle_w: float  # the board, nothing running, clocks up, at its resting temperature
+    idle_warm_w: float  # the same right after the GEMM (for the record)
+    busy_w: float  # every SM running a kernel, above idle
+    hbm_pj_per_bit: float  # per bit read from HBM into the SMs
     mac_pj: float  # per BF16 multiply-accumulate
+    pcie_pj_per_bit: float  # host-to-device copy, per bit moved (the copy's HBM write included)
+    copy_idle_w: float  # the copies' line at zero rate
     copy_rates_gbps: tuple[float, ...]  # each copy window's rate, for the record
     copy_residuals_w: tuple[float, ...]  # measured less fitted power, per copy window
+    tiny_above_idle_w: float  # the check: one-block kernels back to back
 
 
 def _rate(window: dict, per_call: str) -> float:
@@ -54,8 +71,8 @@ def _mean(xs: list[float]) -> float:
 
 def derive(probe: dict) -> EnergyFit:
     """The energy table from a probe's windows (see the module doc)."""
-    idle = _mean([_power(w) for w in _windows(probe, "idle_warm")])
-    cold = _mean([_power(w) for w in _windows(probe, "idle_cold")])
+    idle = _mean([_power(w) for w in _windows(probe, "idle_cold") + _windows(probe, "idle_settled")])
+    warm = _mean([_power(w) for w in _windows(probe, "idle_warm")])
     copies = _windows(probe, "h2d_copy")
     xs = [_rate(w, "bytes_per_call") for w in copies]
     ys = [_power(w) for w in copies]
@@ -64,20 +81,20 @@ def derive(probe: dict) -> EnergyFit:
     mx, my = _mean(xs), _mean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)  # J per byte
     intercept = my - slope * mx
-    # GEMV and GEMM: power above idle = bytes/s * J/byte + MACs/s * J/MAC
-    rows = []
-    for kind in ("gemv", "gemm"):
+    # small GEMVs, a large GEMV, a GEMM: power above idle = busy + bytes/s * J/byte + MACs/s * J/MAC
+    a, b = [], []
+    for kind in ("gemv_small", "gemv", "gemm"):
         ws = _windows(probe, kind)
-        rows.append((_mean([_rate(w, "bytes_per_call") for w in ws]), _mean([_rate(w, "macs_per_call") for w in ws]),
-                     _mean([_power(w) for w in ws]) - idle))
-    (b1, m1, p1), (b2, m2, p2) = rows
-    det = b1 * m2 - b2 * m1
-    if abs(det) <= 1e-9 * abs(b1 * m2):
-        raise InputError("energy probe: the GEMV and the GEMM have the same bytes per MAC; HBM and MAC energy "
-                         "cannot be told apart")
-    per_byte = (p1 * m2 - p2 * m1) / det
-    per_mac = (b1 * p2 - b2 * p1) / det
-    return EnergyFit(idle_w=idle, idle_cold_w=cold, copy_idle_w=intercept, pcie_pj_per_bit=slope / 8 * 1e12,
-                     hbm_pj_per_bit=per_byte / 8 * 1e12, mac_pj=per_mac * 1e12,
+        a.append([1.0, _mean([_rate(w, "bytes_per_call") for w in ws]), _mean([_rate(w, "macs_per_call") for w in ws])])
+        b.append(_mean([_power(w) for w in ws]) - idle)
+    scaled = np.array(a) / np.array(a).max(axis=0)  # columns of ~1: the condition number says what the data can
+    if np.linalg.cond(scaled) > 1e6:                # tell apart, not the units
+        raise InputError("energy probe: the three kernels' bytes and MACs per second are too alike to tell busy "
+                         "power, HBM and MAC energy apart")
+    busy, per_byte, per_mac = np.linalg.solve(np.array(a), np.array(b))
+    tiny = _mean([_power(w) for w in _windows(probe, "tiny_kernels")]) - idle
+    return EnergyFit(idle_w=idle, idle_warm_w=warm, busy_w=float(busy), hbm_pj_per_bit=float(per_byte) / 8 * 1e12,
+                     mac_pj=float(per_mac) * 1e12, pcie_pj_per_bit=slope / 8 * 1e12, copy_idle_w=intercept,
                      copy_rates_gbps=tuple(x / 1e9 for x in xs),
-                     copy_residuals_w=tuple(y - (intercept + slope * x) for x, y in zip(xs, ys)))
+                     copy_residuals_w=tuple(y - (intercept + slope * x) for x, y in zip(xs, ys)),
+                     tiny_above_idle_w=tiny)

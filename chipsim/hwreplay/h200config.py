@@ -21,11 +21,22 @@ HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_ch
            trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19, background_power_w=0.7)
 
 
-def _op_table(mb: dict, kernel_launch: str) -> str:
-    """compute.op_times_ns: each decode-step kernel shape's measured time (microbench op_times), or nothing."""
-    rows = mb.get("op_times") or []
+def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
+    """compute.op_times_ns: each decode-step kernel shape's measured time (microbench op_times), or nothing.
+    extra: (path, op-times-only microbench file) pairs whose shapes the main file lacks (e.g. long contexts)."""
+    rows = list(mb.get("op_times") or [])
     if not rows:
         return ""
+    known = {r["key"] for r in rows}
+    added = []
+    for path, more in extra:
+        new = [r for r in more.get("op_times", []) if r["key"] not in known]
+        known.update(r["key"] for r in new)
+        rows += new
+        if new:
+            rows.sort(key=lambda r: r["key"])
+            added.append(f"{path} ({len(new)} shapes of {', '.join(more.get('op_times_from', {}).get('configs', []))} "
+                         f"at contexts {more.get('op_times_from', {}).get('contexts')})")
     field = "eager_us" if kernel_launch == "eager" else "graph_us"
     how = ("launched eagerly, queued behind a sleep (GPU time only)" if kernel_launch == "eager"
            else "inside one CUDA graph")
@@ -34,15 +45,59 @@ def _op_table(mb: dict, kernel_launch: str) -> str:
              f"{', '.join(src.get('configs', []))} at contexts {src.get('contexts')}, each timed alone "
              f"(microbench op_times.{field}: a chain of it over weights rotating through 2 GiB, {how}); "
              f"an op not listed falls back to the array model"]
+    if added:
+        lines.append(f"    # and, timed the same way (microbench --gemv cublas), the shapes only in {'; '.join(added)}")
     for r in rows:
         users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
         lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {users}')
     return "\n".join(lines) + "\n"
 
 
-def render(mb: dict, kernel_launch: str = "eager") -> str:
+def _energy_lines(fit, source: str | None, arrays: int) -> dict:
+    """The energy keys' values and comments: measured (chipsim.hwreplay.energy_table, from the board's NVML counter
+    around single-op microbenchmarks) when a probe is given, else the ASSUMPTIONs as before."""
+    if fit is None:
+        return {
+            "mac": "0.9              # ASSUMPTION (as thor.yaml); energy is not validated here",
+            "sram_read": "0.45      # ASSUMPTION (as thor.yaml)",
+            "sram_write": "0.45     # ASSUMPTION (as thor.yaml)",
+            "clock": "0.5    # ASSUMPTION (as thor.yaml)",
+            "gated": "false    # ASSUMPTION: an SM's clocks run while the GPU waits on a copy",
+            "leakage": "0.5  # ASSUMPTION: energy is not validated here",
+            "hbm": "7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here",
+            "hbm_bg": "0.7       # ASSUMPTION (as thor.yaml)",
+            "pcie": "5.0        # ASSUMPTION; energy is not validated here",
+            "pcie_static": "1.5           # ASSUMPTION (as thor.yaml)",
+        }
+    src = f"measured ({source}, chipsim.hwreplay.energy_table)"
+    pcie = fit.pcie_pj_per_bit - fit.hbm_pj_per_bit
+    return {
+        "mac": f"{fit.mac_pj:.4f}              # {src}: per BF16 MAC, solved with the busy power and the HBM energy "
+               "(the GEMM ran at the 700 W limit, its SM clock down to 1485 MHz)",
+        "sram_read": "0.0      # in memory.hbm.energy_pj_per_bit: the GEMV fit charges a weight byte's whole way to the SMs",
+        "sram_write": "0.0     # as sram_read_pj_per_bit",
+        "clock": f"{fit.busy_w / arrays:.4f}    # {src}: every SM busy, {fit.busy_w:.1f} W above idle, / {arrays} SMs "
+                 "(the small GEMVs', the large GEMV's and the GEMM's power solved together; one-block kernels back "
+                 f"to back drew {fit.tiny_above_idle_w:.1f} W above idle)",
+        "gated": "true   # measured: the board's power while it waits is its idle power (leakage_power_w_per_array)",
+        "leakage": f"{fit.idle_w / arrays:.4f}  # {src}: the whole board idle with its clocks up at its resting "
+                   f"temperature, {fit.idle_w:.1f} W, "
+                   f"/ {arrays} SMs (HBM background, PCIe PHY and the rest of the board included)",
+        "hbm": f"{fit.hbm_pj_per_bit:.4f}        # {src}: per bit read into the SMs, solved with the busy power and "
+               "the MAC energy",
+        "hbm_bg": "0.0       # in compute.leakage_power_w_per_array (the board's idle power)",
+        "pcie": f"{pcie:.4f}        # {src}: the copies' power over their rate, {fit.pcie_pj_per_bit:.2f} pJ per bit, "
+                f"less the HBM write charged on memory.hbm ({fit.hbm_pj_per_bit:.2f})",
+        "pcie_static": "0.0           # in compute.leakage_power_w_per_array (the board's idle power)",
+    }
+
+
+def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
+           energy_source: str | None = None, command: str = "") -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
-    cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time)."""
+    cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
+    extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
+    EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures."""
     m = mb["machine"]
     clock_mhz = 1980
     smi = str(m.get("nvidia_smi", ""))
@@ -68,7 +123,8 @@ def render(mb: dict, kernel_launch: str = "eager") -> str:
         launch_ns = max(0.0, round((gl - per_op_us) * 1e3, 1))
         launch_source = (f"measured: a one-kernel graph takes {gl} us per launch (graph_launch) - {per_op_us} us for "
                          f"its kernel (tiny_kernels.graph_us_per_kernel)")
-    table = _op_table(mb, kernel_launch)
+    table = _op_table(mb, kernel_launch, extra_op_times)
+    e = _energy_lines(energy, energy_source, m["sm_count"])
     hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
     hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
     # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
@@ -79,7 +135,7 @@ def render(mb: dict, kernel_launch: str = "eager") -> str:
     setup_ns = max(0.0, round(q["intercept_us"] * 1e3, 1))
     return f"""# chipsim hardware config: the lent NVIDIA H200 (PCIe 5.0 x16 host link) as chipsim sees it, for
 # validation against real replays (chipsim hwreplay; VALIDATION.md). WRITTEN BY
-#   python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch {kernel_launch}
+#   {command or f"python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch {kernel_launch}"}
 # (--kernel-launch {kernel_launch}: the replay launches {"each kernel on its own" if kernel_launch == "eager" else "each op group as one CUDA graph (chipsim hwreplay --graphs)"})
 # from single-copy and single-op microbenchmarks (python -m chipsim.hwreplay.microbench) run on that machine:
 # {m["gpu"]}, {m["sm_count"]} SMs, {m["gpu_memory_gib"]} GiB; host {m.get("host_cpu")}, {m.get("host_cpus")} CPUs,
@@ -87,7 +143,7 @@ def render(mb: dict, kernel_launch: str = "eager") -> str:
 # Chiplet terms mapped onto a GPU: the "arrays" are the SMs; "UCIe" is not present and stands for the SMs'
 # achieved HBM read path in a GEMV; "LPDDR5X" is the host's DRAM holding the pinned experts; the DMA engine
 # is one CUDA copy stream (FIFO, no preemption, an enqueued copy cannot be abandoned). No number below was
-# fitted to an end-to-end replay.
+# fitted to an end-to-end replay.{"" if energy is None else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, a GEMV, a GEMM."}
 name: h200-pcie5
 description: NVIDIA H200 with experts in pinned host memory over PCIe 5.0 x16 (validation target)
 
@@ -102,14 +158,14 @@ compute:
   op_overhead_cycles: {overhead_cycles}         # measured: {per_op_us} us per tiny kernel, {per_op_source}, x clock
   sram_mib_per_array: 0.25        # Hopper SM: 256 KB L1/shared memory (whitepaper)
   sram_access_ns: {sram_ns}            # measured: GEMV fixed time {g["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({hbm_access_ns:.1f} ns)
-  mac_energy_pj: 0.9              # ASSUMPTION (as thor.yaml); energy is not validated here
-  sram_read_pj_per_bit: 0.45      # ASSUMPTION (as thor.yaml)
-  sram_write_pj_per_bit: 0.45     # ASSUMPTION (as thor.yaml)
+  mac_energy_pj: {e['mac']}
+  sram_read_pj_per_bit: {e['sram_read']}
+  sram_write_pj_per_bit: {e['sram_write']}
   sfu_op_energy_pj: 4.0           # ASSUMPTION (as thor.yaml)
   vector_op_energy_pj: 0.4        # ASSUMPTION (as thor.yaml)
-  clock_power_w_per_array: 0.5    # ASSUMPTION (as thor.yaml)
-  clock_gated_when_idle: false    # ASSUMPTION: an SM's clocks run while the GPU waits on a copy
-  leakage_power_w_per_array: 0.5  # ASSUMPTION: energy is not validated here
+  clock_power_w_per_array: {e['clock']}
+  clock_gated_when_idle: {e['gated']}
+  leakage_power_w_per_array: {e['leakage']}
   dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
   op_group_launch_ns: {launch_ns}   # {launch_source}
 {table}
@@ -132,8 +188,8 @@ memory:
     trtw_ns: 12.5                 # as thor.yaml (Ramulator 2.1 HBM3_6400Mbps nRTW)
     twtr_ns: 11.875               # as thor.yaml (Ramulator 2.1 HBM3_6400Mbps nCWL + nBL + nWTRS)
     write_drain_bursts: 19        # as thor.yaml (Ramulator 2.1 HBM3 controller watermarks)
-    energy_pj_per_bit: 7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here
-    background_power_w: 0.7       # ASSUMPTION (as thor.yaml)
+    energy_pj_per_bit: {e['hbm']}
+    background_power_w: {e['hbm_bg']}
   lpddr5x:                        # stands for the host DRAM that holds the pinned experts
     capacity_gib: {m.get("host_memory_gib", 128)}           # measured: /proc/meminfo MemTotal
     channels: 8                   # ASSUMPTION: one socket's 8 DDR5 channels (server Xeon); never the bottleneck (PCIe is)
@@ -161,8 +217,8 @@ links:
     max_payload_bytes: 256        # PCIe base spec default max payload (the measured copy rate already includes its cost)
     tlp_overhead_bytes: 0         # measured: bandwidth_gbps is the data rate of real copies, net of TLP overhead
     latency_ns: {pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
-    energy_pj_per_bit: 5.0        # ASSUMPTION; energy is not validated here
-    static_power_w: 1.5           # ASSUMPTION (as thor.yaml)
+    energy_pj_per_bit: {e['pcie']}
+    static_power_w: {e['pcie_static']}
   ucie:                           # not present: the SMs' HBM read path in a GEMV
     modules: 1
     lanes_per_module: 64
@@ -223,11 +279,30 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernel-launch", default="eager", choices=("eager", "graph"),
                     help="how the replay launches kernels (chipsim hwreplay --graphs for graph)")
+    ap.add_argument("--op-times-extra", action="append", default=[], metavar="FILE",
+                    help="an op-times-only microbenchmark file (microbench --gemv cublas --contexts ...) whose shapes "
+                         "the main file lacks, e.g. long contexts (repeatable)")
+    ap.add_argument("--energy-probe", default=None, metavar="FILE",
+                    help="validation/energy/h200-energy-probe.json: the energy table from the board's counter "
+                         "(otherwise the energy figures stay ASSUMPTIONs)")
     a = ap.parse_args(argv)
     with open(a.microbench) as f:
         mb = json.load(f)
+    extra = []
+    for path in a.op_times_extra:
+        with open(path) as f:
+            extra.append((path, json.load(f)))
+    fit = None
+    if a.energy_probe:
+        from chipsim.hwreplay.energy_table import derive
+
+        with open(a.energy_probe) as f:
+            fit = derive(json.load(f))
+    command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
+               + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
+               + (f" --energy-probe {a.energy_probe}" if a.energy_probe else ""))
     with open(a.out, "w") as f:
-        f.write(render(mb, a.kernel_launch))
+        f.write(render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command))
     print(f"wrote {a.out}")
     return 0
 

@@ -152,6 +152,40 @@ class GpuDecodeStep:
         return cache[key]
 
 
+def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, graphs: bool, segments: bool) -> list:
+    """The compiled program's compute entries ("c", [op group keys]) made into calls: kernel by kernel, one
+    graph per op group (graphs), or one graph per run of consecutive groups between synchronisations with the
+    copy stream (segments; without graphs, a CPU dry run, the same runs kernel by kernel). Group keys: ("group", name, layer) or ("expert", slot)."""
+    raw: dict[tuple, list] = {}
+
+    def calls_of(key):
+        if key not in raw:
+            raw[key] = (step.group_calls(key[1], key[2]) if key[0] == "group"
+                        else step.expert_calls(gpu_slots[key[1]]))
+        return raw[key]
+
+    if segments:  # consecutive compute entries become one
+        merged = []
+        for op in prog:
+            if op[0] == "c" and merged and merged[-1][0] == "c":
+                merged[-1] = ("c", merged[-1][1] + op[1])
+            else:
+                merged.append(op)
+        prog = merged
+    out = []
+    for op in prog:
+        if op[0] != "c":
+            out.append(op)
+        elif segments and graphs:
+            keys = tuple(op[1])
+            out.append(("c", step.as_graph(("segment", keys), [c for k in keys for c in calls_of(k)])))
+        elif graphs:
+            out.append(("c", [c for k in op[1] for c in step.as_graph(k, calls_of(k))]))
+        else:
+            out.append(("c", [c for k in op[1] for c in calls_of(k)]))
+    return out
+
+
 class _CpuEvent:
     """Stand-in for torch.cuda.Event on a CPU dry run (the CPU runs everything in order)."""
 
@@ -178,7 +212,8 @@ def _sync_api(device):
 
 
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
-           first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None) -> dict:
+           first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None,
+           segments: bool = False, stalls: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
@@ -187,6 +222,11 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs=True (CUDA only) launches each simulator op group (a layer's attention, its router, its shared
     experts, one expert in one slot, a combine, the head) as one captured CUDA graph instead of kernel by
     kernel; the config then charges compute.op_group_launch_ns per group.
+    segments=True (with graphs) captures each stretch of compute between two synchronisations with the copy
+    stream (an issued copy, a wait for one) as one graph instead: where nearly every expert is cached, the
+    host's launches per op group (~400 per Granite-3B token) would otherwise pace the GPU.
+    stalls=True records, at every MoE layer whose experts wait for a copy, a timing event before and after the
+    wait ("stall_ms": [token, MoE layer, ms] per such layer; a layer that waits for nothing stalls 0).
     gpu (chipsim.hwreplay.nvml): the board's energy is read before the first token is enqueued and once the last
     has run ("energy": joules, seconds, mean watts over all tokens, warm-up included).
     """
@@ -195,44 +235,29 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     xs = Stream()
     elem = torch.bfloat16.itemsize
     parts = [(sum(plan.part_bytes[:i]) // elem, b // elem) for i, b in enumerate(plan.part_bytes)]
-    group_cache: dict[tuple[str, int], list] = {}
-    slot_calls = [None] * plan.slots
-
     graphs = graphs and gpu_slots.device.type == "cuda"
 
-    def group(name, layer):
-        """The kernels of one op group of one layer, e.g. group("router", 5)."""
-        key = (name, layer)
-        if key not in group_cache:
-            calls = step.group_calls(name, layer)
-            group_cache[key] = step.as_graph(("group", key), calls) if graphs else calls
-        return group_cache[key]
-
-    def expert(slot):
-        if slot_calls[slot] is None:
-            calls = step.expert_calls(gpu_slots[slot])
-            slot_calls[slot] = step.as_graph(("expert", slot), calls) if graphs else calls
-        return slot_calls[slot]
-
-    # ---- compile: ("c", calls) on the compute stream, ("x", calls) on the copy stream,
-    #      ("rec", event, stream), ("wait", stream, event), ("tok", event)
+    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", calls) on the copy stream,
+    #      ("rec", event, stream), ("wait", stream, event), ("tok", event), ("mark", event, token, layer)
     prog = []
     copy_done: dict[tuple[int, int], object] = {}
+    waited = set()  # copy events the compute stream has waited for: later work is behind them in stream order
     slot_of: dict[tuple[int, int], int] = {}
-    slot_free: list = [None] * plan.slots
     marker = None
     token_events = []
+    stall_marks = []  # (token, MoE layer, [(event before a wait for a copy, event after it), ...])
     copies = copied_bytes = 0
     for a in plan.actions:
         kind = a[0]
         if kind == "issue":
             key, slot = (a[3], a[4]), a[6]
+            # the copy starts once the compute stream reaches the issue point. That point is also behind every
+            # compute that read the slot's previous expert (the plan evicts before it reuses a slot, and an
+            # evicted expert is not computed again), so the marker covers write-after-read as well
             if marker is None:
                 marker = Event()
                 prog.append(("rec", marker, cs))
             prog.append(("wait", xs, marker))
-            if slot_free[slot] is not None:
-                prog.append(("wait", xs, slot_free[slot]))
             calls = []
             for off, n in parts:
                 calls.append((torch.Tensor.copy_, (gpu_slots[slot, off:off + n], host_experts[key[0], key[1], off:off + n]),
@@ -252,35 +277,39 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             continue
         if kind == "attention":  # one launch per simulator op group: with graphs, one graph each
             layer = first_dense + a[2]
-            prog.append(("c", group("attention", layer)))
-            prog.append(("c", group("router", layer)))
+            prog.append(("c", [("group", "attention", layer), ("group", "router", layer)]))
         elif kind == "dense":
-            prog.append(("c", group("attention", a[2])))
-            prog.append(("c", group("dense", a[2])))
+            prog.append(("c", [("group", "attention", a[2]), ("group", "dense", a[2])]))
         elif kind == "route":
             if "shared" in step.groups:
-                prog.append(("c", group("shared", first_dense + a[2])))
+                prog.append(("c", [("group", "shared", first_dense + a[2])]))
         elif kind == "compute":
             layer = a[2]
+            waits = []  # (event before, event after) around each wait, when stalls are timed
             for e in a[3]:
                 ev = copy_done.get((layer, e))
-                if ev is not None:
+                if ev is not None and ev not in waited:
+                    if stalls:
+                        waits.append((Event(enable_timing=True), Event(enable_timing=True)))
+                        prog.append(("rec", waits[-1][0], cs))
                     prog.append(("wait", cs, ev))
-                prog.append(("c", expert(slot_of[(layer, e)])))
-            done = Event()
-            prog.append(("rec", done, cs))
-            for e in a[3]:
-                slot_free[slot_of[(layer, e)]] = done
+                    if stalls:
+                        prog.append(("rec", waits[-1][1], cs))
+                    waited.add(ev)
+                prog.append(("c", [("expert", slot_of[(layer, e)])]))
+            if waits:
+                stall_marks.append((a[1], layer, waits))
         elif kind == "layer_end":
-            prog.append(("c", group("combine", first_dense + a[2])))
+            prog.append(("c", [("group", "combine", first_dense + a[2])]))
         elif kind == "head":
-            prog.append(("c", group("head", -1)))
+            prog.append(("c", [("group", "head", -1)]))
             ev = Event(enable_timing=True)
             prog.append(("tok", ev))
             token_events.append(ev)
         else:
             raise ValueError(f"unknown plan action {a!r}")
         marker = None
+    prog = _bind_compute(prog, step, gpu_slots, graphs, segments)
 
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
     import gc
@@ -320,6 +349,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         energy = window(before, gpu.read(), t_host) if gpu is not None else None
         marks = [start] + token_events  # read now: the check below records the token events again
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
+        stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)] for t, layer, waits in stall_marks]
         # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
         # before), so the host never waits for a full launch queue; in the run above it always may
         ends = [i for i, op in enumerate(prog) if op[0] == "tok"]
@@ -337,5 +367,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     host_ms = [1e3 * (host_at_token[i] - (host_at_token[i - 1] if i else t_host0)) for i in range(len(host_at_token))]
     return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
-            "program_steps": len(prog), "kernel_launch": "graph" if graphs else "eager", "gemv": step.gemv,
-            "host_dispatch_ms": dispatch_ms, "energy": energy}
+            "program_steps": len(prog), "kernel_launch": ("segment-" if segments else "") + ("graph" if graphs else "eager"),
+            "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
+            "gemv": step.gemv, "host_dispatch_ms": dispatch_ms, "energy": energy,
+            **({"stall_ms": stall_ms} if stalls else {})}

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from chipsim.errors import InputError
 from chipsim.runner import Prepared
 from chipsim.sim.dma import DEMAND
+from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
+from chipsim.sim.metrics import per_token_energy_pj
 
 PHASES = ("token", "layer_start", "route", "layer_end", "victims")
 
@@ -116,6 +118,8 @@ class Plan:
     actions: list  # the action list, each "issue" extended with its buffer slot
     sim_latency_ms: list  # the simulator's per-token latency for this plan
     sim_fetch_bytes: int  # bytes the simulator moved over the expert-fetch path
+    sim_stall_ms: list  # the simulator's per-token, per-MoE-layer stall (arrays waiting only for expert bytes)
+    sim_energy_mj: list  # the simulator's per-token energy by ledger entry ({entry: mJ}, chipsim.sim.metrics)
 
     def digest(self) -> str:
         """sha256 of the action list: two plans with the same decisions have the same digest."""
@@ -165,10 +169,14 @@ def build_plan(prep: Prepared, policy) -> Plan:
     """Run `policy` on the prepared config and trace with the recorder; return its Plan."""
     sim = PlanRecorder(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens)
     result = sim.run()
+    energy = per_token_energy_pj(result, EnergyTable.from_config(prep.config.hw))
     fmt = sim.expert_format
     if fmt.slot_bytes != fmt.fetch_bytes:
         raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
     actions = assign_slots(sim.actions, sim.slots)
     return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
                 actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps],
-                sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()))
+                sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()),
+                sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
+                sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
+                               for t in range(result.tokens)])

@@ -40,7 +40,7 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
-                  dispatch_tokens: int = 0) -> dict:
+                  dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -69,13 +69,14 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
-            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, dispatch_tokens=dispatch_tokens,
-                         gpu=gpu)
+            kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls)
+            res = replay(plan, step, host, gpu_slots, m.first_dense_layers, dispatch_tokens=dispatch_tokens, **kw)
             # further replays of the same plan: the run-to-run spread on one machine
-            again = [replay(plan, step, host, gpu_slots, m.first_dense_layers, graphs=graphs, gpu=gpu)
-                     for _ in range(repeats - 1)]
+            again = [replay(plan, step, host, gpu_slots, m.first_dense_layers, **kw) for _ in range(repeats - 1)]
             res["repeat_latency_ms"] = [r["latency_ms"] for r in again]
             res["repeat_energy"] = [r["energy"] for r in again]
+            if stalls:
+                res["repeat_stall_ms"] = [r["stall_ms"] for r in again]
             warm = hw.workload.warmup_tokens
             lat = res["latency_ms"][warm:]
             mean = sum(lat) / len(lat)
@@ -86,7 +87,10 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                 + (f", host alone {sorted(res['host_dispatch_ms'])[len(res['host_dispatch_ms']) // 2]:.2f} ms/token"
                    if res["host_dispatch_ms"] else "")
                 + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
-                          for e in [res["energy"], *res["repeat_energy"]] if e))
+                          for e in [res["energy"], *res["repeat_energy"]] if e)
+                + f", {res['launches_per_token']:.0f} launches/token"
+                + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
+                   f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if stalls else ""))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           "kernels_per_group": step.kernels_per_group, **res})
         del step
@@ -125,6 +129,12 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs", action="store_true",
                     help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
                          "pair with a config written by h200config --kernel-launch graph")
+    ap.add_argument("--segments", action="store_true",
+                    help="with --graphs: one CUDA graph per run of compute between synchronisations with the copy "
+                         "stream, not one per op group (where nearly every expert is cached, the host's launches "
+                         "would otherwise pace the GPU); pair with --set compute.op_group_launch_ns=0")
+    ap.add_argument("--stalls", action="store_true",
+                    help="time each MoE layer's wait for its copies (CUDA events around every wait): per-layer stalls")
     ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,
                     help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_kernels.py, "
                          "the structure hwconfigs/h200-cycle-level.yaml describes; needs Triton)")
@@ -137,6 +147,8 @@ def main(argv=None) -> int:
         raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
     if a.repeats < 1:
         raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
+    if a.segments and not a.graphs:
+        raise InputError("--segments: needs --graphs (it captures runs of op groups as CUDA graphs)")
     if a.dispatch_tokens < 0:
         raise InputError(f"--dispatch-tokens {a.dispatch_tokens}: expected a whole number >= 0")
     for config in a.configs:
@@ -156,7 +168,7 @@ def main(argv=None) -> int:
     for config, name in zip(a.configs, names):
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
                             graphs=a.graphs, overrides=a.set, gemv=a.gemv, repeats=a.repeats,
-                            dispatch_tokens=a.dispatch_tokens)
+                            dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)

@@ -6,6 +6,8 @@ torch with CUDA, nvidia-ml-py; nothing here runs a model or a decode step). Each
 - host-to-device copies of 256 MiB from pinned memory, back to back and paced by the host to about 1/2, 1/4 and
   1/8 of that rate (the GPU idle between copies): power against bytes per second gives the copy's energy per
   byte (the slope) over the board's power with the copy engine idle (the intercept);
+- tiny kernels (1,000 adds of 1,024 elements in one CUDA graph): the SMs busy with kernels that move almost nothing;
+- small GEMVs as in a decode step (3 MiB each, 400 in one CUDA graph, each on its own weights): a check of the fit;
 - a GEMV (torch.mv, BF16, a 1 GiB weight matrix: HBM-bound, ~1 FLOP per byte): power over bytes read per second;
 - a GEMM (torch.mm, BF16, 8192^3: compute-bound, ~2,700 FLOPs per byte of operands): power over MACs per second.
 
@@ -85,6 +87,38 @@ def main() -> None:
         record("h2d_copy", copy, bytes_per_call=nbytes, host_gap_copies=gap)
     del host, dst
 
+    # tiny kernels: the SMs busy starting and ending kernels that move almost nothing (1,000 adds of 1,024
+    # elements in one CUDA graph, as a decode step's small ops): the board's power with its SMs busy, per second
+    from chipsim.hwreplay.harness import capture_graph
+
+    a_, b_, o_ = (torch.randn(1024, dtype=torch.bfloat16, device=dev) for _ in range(3))
+    tiny = capture_graph([(torch.add, (a_, b_), {"out": o_})] * 1000)
+
+    def tiny_run():
+        tiny.replay()
+        torch.cuda.synchronize()
+    tiny_run()
+    record("tiny_kernels", tiny_run, kernels_per_call=1000, bytes_per_call=1000 * 3 * 1024 * 2, macs_per_call=0)
+    del tiny
+
+    # small GEMVs as in a decode step (an expert's 1,536 x 1,024 BF16 gate/up projection, 3 MiB), each on its
+    # own weights rotating through 2 GiB, 400 in one CUDA graph: not used in the fit, a check of it
+    rows_s, cols_s = 1536, 1024
+    pool = torch.randn(2 * 1024 * MIB // 2, dtype=torch.bfloat16, device=dev)
+    xs_ = torch.randn(cols_s, dtype=torch.bfloat16, device=dev)
+    ys_ = torch.empty(rows_s, dtype=torch.bfloat16, device=dev)
+    n_s = rows_s * cols_s
+    chain = capture_graph([(torch.mv, (pool[i * n_s:(i + 1) * n_s].view(rows_s, cols_s), xs_), {"out": ys_})
+                           for i in range(400)])
+
+    def gemv_small():
+        chain.replay()
+        torch.cuda.synchronize()
+    gemv_small()
+    record("gemv_small", gemv_small, kernels_per_call=400, bytes_per_call=400 * n_s * 2, macs_per_call=400 * n_s,
+           shape=[rows_s, cols_s])
+    del chain, pool
+
     # GEMV: HBM-bound. 20 per call keeps the queue full between the host's synchronisations
     rows_, cols = 8192, 65536
     w = torch.randn(rows_, cols, dtype=torch.bfloat16, device=dev)
@@ -95,7 +129,8 @@ def main() -> None:
             torch.mv(w, x)
         torch.cuda.synchronize()
     gemv()
-    record("gemv", gemv, bytes_per_call=20 * w.numel() * 2, macs_per_call=20 * w.numel(), shape=[rows_, cols])
+    record("gemv", gemv, kernels_per_call=20, bytes_per_call=20 * w.numel() * 2, macs_per_call=20 * w.numel(),
+           shape=[rows_, cols])
     del w, x
 
     # GEMM: compute-bound
@@ -108,7 +143,7 @@ def main() -> None:
             torch.mm(p, q)
         torch.cuda.synchronize()
     gemm()
-    record("gemm", gemm, bytes_per_call=10 * 3 * n * n * 2, macs_per_call=10 * n**3, shape=[n, n, n])
+    record("gemm", gemm, kernels_per_call=10, bytes_per_call=10 * 3 * n * n * 2, macs_per_call=10 * n**3, shape=[n, n, n])
     del p, q
     torch.cuda.empty_cache()
 
