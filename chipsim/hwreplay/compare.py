@@ -510,6 +510,9 @@ def main(argv=None) -> int:
     if a.kernel_times:
         commands += ["bash validation/compute-bound/measure.sh OUT  # its step 1 writes " + a.kernel_times]
     commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
+    if a.regime:
+        commands += ["bash validation/energy/measure.sh OUT  # the energy probe and the regimes' replays on one board "
+                     "(validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
                  + (f" --microbench {a.microbench}" if a.microbench else "")
                  + (f" --pcie-probes {' '.join(a.pcie_probes)}" if a.pcie_probes else "")
@@ -517,6 +520,7 @@ def main(argv=None) -> int:
                  + (f" --gemv-probe {a.gemv_probe}" if a.gemv_probe else "")
                  + (f" --kernel-times {a.kernel_times}" if a.kernel_times else "")
                  + "".join(f" --regime {' '.join(repr(x) if ' ' in x else x for x in spec)}" for spec in a.regime)
+                 + (f" --figures {a.figures}" if a.figures else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
     check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
