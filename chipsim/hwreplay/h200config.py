@@ -9,9 +9,9 @@ datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy nu
 
 from __future__ import annotations
 
-import argparse
 import json
 
+from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.hw.config import DramConfig
 from chipsim.hw.dram import dram_timing
 
@@ -274,7 +274,8 @@ policies:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="write hwconfigs/h200-pcie5.yaml from microbenchmark results")
+    ap = OneLineParser(prog="python -m chipsim.hwreplay.h200config",
+                       description="write hwconfigs/h200-pcie5.yaml from microbenchmark results")
     ap.add_argument("microbench")
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernel-launch", default="eager", choices=("eager", "graph"),
@@ -286,18 +287,23 @@ def main(argv=None) -> int:
                     help="validation/energy/h200-energy-probe.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
     a = ap.parse_args(argv)
-    with open(a.microbench) as f:
-        mb = json.load(f)
-    extra = []
-    for path in a.op_times_extra:
-        with open(path) as f:
-            extra.append((path, json.load(f)))
+
+    def read(path: str):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise InputError(f"{path}: not JSON ({exc})") from None
+
+    mb = read(a.microbench)
+    extra = [(path, read(path)) for path in a.op_times_extra]
     fit = None
     if a.energy_probe:
         from chipsim.hwreplay.energy_table import derive
 
-        with open(a.energy_probe) as f:
-            fit = derive(json.load(f))
+        fit = derive(read(a.energy_probe))
     command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else ""))
@@ -308,4 +314,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_module_main(main)
