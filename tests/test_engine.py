@@ -10,6 +10,7 @@ from conftest import tiny_shape
 from chipsim.sim.metrics import per_token_energy_pj, summarize
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.energy import CATEGORIES, EnergyTable
+from chipsim.hw.config import load_config
 from chipsim.hw.paths import fetch_path_timing
 from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
 
@@ -292,6 +293,34 @@ def test_energy_is_action_counts_times_the_table_plus_static_power_times_time(ti
     ungated = prepare(cfg, overrides=["compute.clock_gated_when_idle=false"], policy_specs=["no-prefetch"])
     energy = per_token_energy_pj(simulate(ungated, ungated.policies[0]), EnergyTable.from_config(ungated.config.hw))
     assert energy["arrays_clock"][0] == pytest.approx(latency_ps * c.clock_power_w_per_array * c.arrays, rel=1e-12)
+    # clock power by occupancy: each operation's time weighted by the share of the arrays it occupies
+    assert int(tok.busy_ps[0]) == sum(op.duration_ps for op in ops)  # every operation ran at its own pace here
+    occupied = sum(op.occupied_ps for op in ops)
+    assert 0 < occupied < int(tok.busy_ps[0])  # the tiny model's small operations leave arrays idle
+    by_occ = prepare(cfg, overrides=["compute.clock_power_by_occupancy=true"], policy_specs=["no-prefetch"])
+    res = simulate(by_occ, by_occ.policies[0])
+    assert res.per_token.occupied_ps[0] == occupied
+    energy = per_token_energy_pj(res, EnergyTable.from_config(by_occ.config.hw))
+    assert energy["arrays_clock"][0] == pytest.approx(occupied * c.clock_power_w_per_array * c.arrays, rel=1e-12)
+
+
+def test_an_operation_occupies_the_share_of_the_arrays_its_work_fills_in_one_pass():
+    """By hand on thor's arrays: a vector operation of 3 arrays' lanes occupies 3 arrays for its whole time; one
+    of 10,000 arrays' lanes occupies all of them; an op group's launch occupies none; a sum adds them up."""
+    from chipsim.hw.compute import ArrayModel
+
+    hw = load_config(THOR_CONFIG).hw
+    c = hw.compute
+    am = ArrayModel(hw)
+    per_array = c.unit_rows * c.unit_cols * c.vector_length  # lane operations one array does per cycle
+    small = am.vector("small", 3 * per_array)
+    assert small.occupied_ps == small.duration_ps * 3 // c.arrays
+    big = am.vector("big", 10_000 * per_array)
+    assert big.occupied_ps == big.duration_ps
+    assert am.group_launch("attention").occupied_ps == 0
+    assert (small + big).occupied_ps == small.occupied_ps + big.occupied_ps
+    sfu = am.sfu("one_rsqrt", 1)  # one special-function op: one array's SFUs
+    assert sfu.occupied_ps == sfu.duration_ps // c.arrays
 
 
 def test_experts_staged_in_sram_skip_hbm_both_ways_and_land_in_sram(tiny):

@@ -286,6 +286,7 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     assert committed["compute"]["leakage_power_w_per_array"] * arrays == pytest.approx(fit.idle_w, abs=0.01)
     assert committed["compute"]["clock_power_w_per_array"] * arrays == pytest.approx(fit.busy_w, abs=0.01)
     assert committed["compute"]["clock_gated_when_idle"] is True
+    assert committed["compute"]["clock_power_by_occupancy"] is True  # one-block kernels draw ~nothing above idle
     hbm, pcie = committed["memory"]["hbm"]["energy_pj_per_bit"], committed["links"]["pcie"]["energy_pj_per_bit"]
     assert hbm + pcie == pytest.approx(fit.pcie_pj_per_bit, abs=1e-3)
 

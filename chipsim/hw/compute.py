@@ -70,6 +70,7 @@ class OpCost:
     sfu_ops: int
     fixed_ps: int = 0  # the part of duration_ps that moves no operand: issue overhead, first-operand latency
     vector_ops: int = 0  # elementwise lane operations (residual add, scaling, dequantisation)
+    occupied_ps: int = 0  # duration_ps weighted by the share of the arrays the operation occupies (energy only)
 
     def __add__(self, other: "OpCost") -> "OpCost":
         return OpCost(
@@ -83,6 +84,7 @@ class OpCost:
             sfu_ops=self.sfu_ops + other.sfu_ops,
             fixed_ps=self.fixed_ps + other.fixed_ps,
             vector_ops=self.vector_ops + other.vector_ops,
+            occupied_ps=self.occupied_ps + other.occupied_ps,
         )
 
 
@@ -94,6 +96,7 @@ class ArrayModel:
         staged there, expert_buffer.location: sram)."""
         c = hw.compute
         self.clock_mhz = c.clock_mhz
+        self.arrays = c.arrays
         self.units = c.arrays * c.unit_rows * c.unit_cols
         self.lanes = self.units * c.vector_length
         self.vector_length = c.vector_length
@@ -129,18 +132,29 @@ class ArrayModel:
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model
 
+    def _share(self, duration_ps: int, work: tuple[int, int]) -> int:
+        """`work` = (items, items per array per cycle); (1, 0): the operation occupies every array."""
+        return duration_ps if work[1] == 0 else self._occupied(duration_ps, work[0], work[1])
+
+    def _occupied(self, duration_ps: int, work: int, per_array: int) -> int:
+        """duration_ps × the share of the arrays `work` items occupy when each array takes `per_array` a cycle (an
+        operation smaller than one pass of the whole chip leaves arrays idle; a larger one occupies them all)."""
+        return duration_ps * min(self.arrays, -(-work // per_array)) // self.arrays
+
     def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int,
-            vector_ops: int = 0) -> OpCost:
+            vector_ops: int = 0, work: tuple[int, int] = (1, 0)) -> OpCost:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         memory_ps = transfer_ps(read_bytes + write_bytes, self.stream_bytes_per_s) if (read_bytes + write_bytes) else 0
         measured = self.op_times_ps.get(key)
         if measured is not None:
             self.profiled_ops += 1
-            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, 0, vector_ops)
+            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, 0, vector_ops,
+                          self._share(measured, work))
         self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
-        cost = OpCost(name, max(compute_ps, memory_ps) + fixed, compute_ps, memory_ps, read_bytes, write_bytes, macs,
-                      sfu_ops, fixed, vector_ops)
+        duration = max(compute_ps, memory_ps) + fixed
+        cost = OpCost(name, duration, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, fixed, vector_ops,
+                      self._share(duration, work))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost
@@ -153,7 +167,8 @@ class ArrayModel:
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
         if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
             return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups)
-        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0)
+        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0,
+                        work=(outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays))
 
     def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
@@ -161,7 +176,8 @@ class ArrayModel:
         table_key = key if groups == 1 else f"{key} g{groups}"
         r = self._table(table_key, lambda: tile_sim.matvec(self.tiles, reduction, outputs,
                                                            weight_bytes / (reduction * outputs), groups))
-        return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes)
+        return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes,
+                                 work=(outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays))
 
     def _table(self, key: str, compute):
         """A cycle-level result from the cached operation table (computed and added if new)."""
@@ -173,7 +189,7 @@ class ArrayModel:
         return sum(not cached for cached in self._shapes.values())
 
     def _cycle_level(self, name: str, key: str, r, cycles: int, read_bytes: int, write_bytes: int = 0,
-                     vector_ops: int = 0) -> OpCost:
+                     vector_ops: int = 0, work: tuple[int, int] = (1, 0)) -> OpCost:
         """An OpCost from a tile_sim result: its time, and as fixed time the part that moves no operand (issue,
         the arrays meeting, the SFU pipeline drain, the first request's latency when it streams from HBM)."""
         self.modelled_ops += 1
@@ -187,7 +203,7 @@ class ArrayModel:
         moved = read_bytes + write_bytes
         memory_ps = transfer_ps(moved, self.stream_bytes_per_s) if moved else 0
         cost = OpCost(name, r.ps, compute_ps, memory_ps, read_bytes, write_bytes, r.macs, r.sfu_ops,
-                      min(r.ps, round(fixed)), vector_ops)
+                      min(r.ps, round(fixed)), vector_ops, self._share(r.ps, work))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost
@@ -197,16 +213,17 @@ class ArrayModel:
         cycles = ceil_div(ops, self.sfu_per_cycle)
         if self.tiles is not None and key not in self.op_times_ps:
             r = self._table(key, lambda: tile_sim.sfu(self.tiles, ops))
-            return self._cycle_level(name, key, r, cycles, 0)
-        return self._op(name, key, cycles, 0, 0, 0, ops)
+            return self._cycle_level(name, key, r, cycles, 0, work=(ops, self.sfu_per_cycle // self.arrays))
+        return self._op(name, key, cycles, 0, 0, 0, ops, work=(ops, self.sfu_per_cycle // self.arrays))
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
         cycles = ceil_div(lane_ops, self.lanes)
         if self.tiles is not None and key not in self.op_times_ps:
             r = self._table(key, lambda: tile_sim.elementwise(self.tiles, lane_ops, read_bytes))
-            return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops)
-        return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops)
+            return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops,
+                                     work=(lane_ops, self.lanes // self.arrays))
+        return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops, work=(lane_ops, self.lanes // self.arrays))
 
     def timing_text(self) -> str:
         """Which timing this model used, for the run header (the same whether the table was cached or not)."""
@@ -232,4 +249,4 @@ class ArrayModel:
 
     def group_launch(self, name: str) -> OpCost:
         """The fixed cost of starting one op group (compute.op_group_launch_ns)."""
-        return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0, self.group_launch_ps)
+        return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0, self.group_launch_ps)  # arrays idle

@@ -63,6 +63,7 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
             "sram_write": "0.45     # ASSUMPTION (as thor.yaml)",
             "clock": "0.5    # ASSUMPTION (as thor.yaml)",
             "gated": "false    # ASSUMPTION: an SM's clocks run while the GPU waits on a copy",
+            "occupancy": "",
             "leakage": "0.5  # ASSUMPTION: energy is not validated here",
             "hbm": "7.0        # ASSUMPTION (APEX Table III's HBM figure); energy is not validated here",
             "hbm_bg": "0.7       # ASSUMPTION (as thor.yaml)",
@@ -80,6 +81,8 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
                  "(the small GEMVs', the large GEMV's and the GEMM's power solved together; one-block kernels back "
                  f"to back drew {fit.tiny_above_idle_w:.1f} W above idle)",
         "gated": "true   # measured: the board's power while it waits is its idle power (leakage_power_w_per_array)",
+        "occupancy": "  clock_power_by_occupancy: true  # measured: one-block kernels back to back drew "
+                     f"{fit.tiny_above_idle_w:.1f} W above idle, kernels over every SM {fit.busy_w:.1f} W\n",
         "leakage": f"{fit.idle_w / arrays:.4f}  # {src}: the whole board idle with its clocks up at its resting "
                    f"temperature, {fit.idle_w:.1f} W, "
                    f"/ {arrays} SMs (HBM background, PCIe PHY and the rest of the board included)",
@@ -165,7 +168,7 @@ compute:
   vector_op_energy_pj: 0.4        # ASSUMPTION (as thor.yaml)
   clock_power_w_per_array: {e['clock']}
   clock_gated_when_idle: {e['gated']}
-  leakage_power_w_per_array: {e['leakage']}
+{e['occupancy']}  leakage_power_w_per_array: {e['leakage']}
   dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
   op_group_launch_ns: {launch_ns}   # {launch_source}
 {table}

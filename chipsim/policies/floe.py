@@ -64,7 +64,8 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     op = op + am.matvec("floe_down_sparse", keep, d, down_b)
     return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
                         hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps,
-                        macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram)
+                        macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram,
+                        occupied_ps=op.occupied_ps)
 
 
 @register

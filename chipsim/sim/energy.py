@@ -5,7 +5,7 @@ Actions counted per token (chipsim.sim.record): bytes crossing each memory and l
 arrays' multiply-accumulates, special-function and elementwise lane operations, bits written into and read from
 the arrays' SRAM (every operand streamed from HBM is written into SRAM once and read from it once; activations,
 a few kB per layer, are not counted), the arrays' running time (clock power; also while waiting unless the
-clocks are gated) and the host CPU's computing time (its active power, for policies that run experts there).
+clocks are gated; with clock_power_by_occupancy, each operation's time weighted by the share of the arrays it occupies) and the host CPU's computing time (its active power, for policies that run experts there).
 Static power of every component (arrays with their SRAM, HBM and LPDDR5X background and refresh, the PCIe and
 UCIe PHYs) is drawn for the whole decode time. The table is the config's: every figure sourced or an ASSUMPTION.
 
@@ -37,6 +37,7 @@ class EnergyTable:
     pj_per_action: dict[str, float]  # each of ACTIONS
     clock_w: float  # all arrays together, while running
     clock_gated: bool  # no clock power while the arrays wait
+    clock_by_occupancy: bool  # clock power only on the arrays an operation occupies (with clock_gated)
     static_w: dict[str, float]  # the arrays and each memory and link, for the whole decode time
     host_active_w: float
     category_of: dict[str, str]  # every entry of the energy breakdown -> one of CATEGORIES
@@ -69,6 +70,7 @@ class EnergyTable:
             },
             clock_w=c.clock_power_w_per_array * c.arrays,
             clock_gated=c.clock_gated_when_idle,
+            clock_by_occupancy=c.clock_power_by_occupancy,
             static_w=static_w,
             host_active_w=hw.host_cpu.active_power_w,
             category_of=category_of,
@@ -82,6 +84,7 @@ class Ledger:
     bytes: dict[str, int]
     actions: dict[str, int] = field(default_factory=lambda: {a: 0 for a in ACTIONS})
     busy_ps: int = 0
+    occupied_ps: int = 0  # busy_ps weighted by the share of the arrays each operation occupies
     idle_ps: int = 0
     host_busy_ps: int = 0
 

@@ -49,10 +49,10 @@ class _Work:
     that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger.
     Never changed once made."""
 
-    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps")
+    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps", "occupied")
 
     def __init__(self, ps: int, nbytes: int, fixed: int, macs: int = 0, sfu_ops: int = 0, vector_ops: int = 0,
-                 sram_bytes: int = 0, sram_ps: int = 0) -> None:
+                 sram_bytes: int = 0, sram_ps: int = 0, occupied: int = 0) -> None:
         self.ps = ps
         self.bytes = nbytes
         self.fixed = fixed
@@ -61,16 +61,17 @@ class _Work:
         self.vector_ops = vector_ops
         self.sram_bytes = sram_bytes  # operands already in SRAM (experts staged there): read from it, not streamed
         self.sram_ps = sram_ps  # the part of ps that reads sram_bytes
+        self.occupied = occupied  # ps weighted by the share of the arrays it occupies (clock energy by occupancy)
 
     # spelled out: these run a few times per layer of every token
     def __add__(self, o: "_Work") -> "_Work":
         return _Work(self.ps + o.ps, self.bytes + o.bytes, self.fixed + o.fixed, self.macs + o.macs,
                      self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes,
-                     self.sram_ps + o.sram_ps)
+                     self.sram_ps + o.sram_ps, self.occupied + o.occupied)
 
     def times(self, n: int) -> "_Work":
         return _Work(self.ps * n, self.bytes * n, self.fixed * n, self.macs * n, self.sfu_ops * n,
-                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n)
+                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n, self.occupied * n)
 
 
 NO_WORK: Final = _Work(0, 0, 0)
@@ -154,6 +155,7 @@ class Simulation:
         self._tally_bytes = [0] * len(self._components)
         self._tally_actions = [0] * len(ACTIONS)
         self._tally_busy_ps = 0
+        self._tally_occupied_ps = 0
         self._tally_host_busy_ps = 0
         # the counts every fetch and every arrays operation add to, as plain int fields (compiled: added natively,
         # no int object made per addition); _add_tally spreads them over the lists above
@@ -531,8 +533,9 @@ class Simulation:
                     counts[names[i]] += n
                     tally[i] = 0
         ledger.busy_ps += self._tally_busy_ps
+        ledger.occupied_ps += self._tally_occupied_ps
         ledger.host_busy_ps += self._tally_host_busy_ps
-        self._tally_busy_ps = self._tally_host_busy_ps = 0
+        self._tally_busy_ps = self._tally_occupied_ps = self._tally_host_busy_ps = 0
 
     def _on_fetch_done(self, tr: Any) -> None:  # a chipsim.sim.dma.Transfer (or chipsim.sim.native's)
         entry: _Entry = tr.tag  # typed: compiled code reads its fields natively
@@ -672,8 +675,13 @@ class Simulation:
             yield self._timeout(work.ps)
         end = self._now()
         self._tally_busy_ps += end - start
+        self._tally_occupied(work, end - start)
         if self.events is not None:
             self.events.append(("arrays", label % label_args, start, end))
+
+    def _tally_occupied(self, work: _Work, busy: int) -> None:
+        """The arrays' occupied time: the work's own, stretched as its time was (operand flows slowed by others)."""
+        self._tally_occupied_ps += work.occupied if busy == work.ps else busy * work.occupied // max(work.ps, 1)
 
     def _tally_work(self, work: _Work) -> None:
         """What arrays work moves and does, into the token's tallies (its time is added once it has run)."""
@@ -702,7 +710,7 @@ class Simulation:
         if op is None:
             return NO_WORK
         return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps, op.macs, op.sfu_ops,
-                     op.vector_ops)
+                     op.vector_ops, occupied=op.occupied_ps)
 
     def _layer_costs(self) -> list[_LayerCost]:
         costs = []
@@ -712,9 +720,10 @@ class Simulation:
                 expert = NO_WORK
             elif fmt.operands_in_sram:
                 expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes,
-                               fmt.compute_ps - fmt.fixed_ps)
+                               fmt.compute_ps - fmt.fixed_ps, fmt.occupied_ps)
             else:
-                expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops)
+                expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops,
+                               occupied=fmt.occupied_ps)
             costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
                                     expert, self._cost(layer.combine)))
         return costs

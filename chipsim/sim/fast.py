@@ -154,6 +154,7 @@ class NativeSimulation(Simulation):
                                           self._operand_alone_rate, work.sram_bytes, work.sram_ps,
                                           self._sram_flow_path, self._sram_alone_rate)
         self._tally_busy_ps += busy
+        self._tally_occupied(work, busy)
         if self.events is not None:
             end = self._now()
             self.events.append(("arrays", label % label_args, end - busy, end))

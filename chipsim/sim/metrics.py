@@ -35,7 +35,8 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     out["arrays_sfu"] = act["sfu_op"] * pj["sfu_op"]
     out["arrays_vector"] = act["vector_op"] * pj["vector_op"]
     out["arrays_sram"] = act["sram_read_bit"] * pj["sram_read_bit"] + act["sram_write_bit"] * pj["sram_write_bit"]
-    clocked_ps = tok.busy_ps if table.clock_gated else tok.latency_ps
+    clocked_ps = ((tok.occupied_ps if table.clock_by_occupancy else tok.busy_ps) if table.clock_gated
+                  else tok.latency_ps)
     out["arrays_clock"] = clocked_ps.astype(np.float64) * table.clock_w  # W × ps = pJ
     latency_ps = tok.latency_ps.astype(np.float64)
     for comp, watts in table.static_w.items():

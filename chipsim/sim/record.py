@@ -31,6 +31,7 @@ class TokenRecord:
     latency_ps: np.ndarray  # decode-step wall time
     stall_ps: np.ndarray  # arrays waiting only for expert bytes
     busy_ps: np.ndarray  # arrays running an operation
+    occupied_ps: np.ndarray  # busy_ps weighted by the share of the arrays each operation occupies
     idle_ps: np.ndarray  # latency - busy
     host_wait_ps: np.ndarray  # arrays waiting for host-CPU results
     host_busy_ps: np.ndarray  # host CPU computing offloaded experts
@@ -136,6 +137,7 @@ class RunRecorder:
             latency_ps=self.latency_ps,
             stall_ps=self.stall_ps,
             busy_ps=np.array([lg.busy_ps for lg in ledgers], dtype=np.int64),
+            occupied_ps=np.array([lg.occupied_ps for lg in ledgers], dtype=np.int64),
             idle_ps=np.array([lg.idle_ps for lg in ledgers], dtype=np.int64),
             host_wait_ps=self.host_wait_ps,
             host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),

@@ -51,6 +51,7 @@ class ExpertFormat:
     sfu_ops: int = 0
     vector_ops: int = 0
     operands_in_sram: bool = False  # staged in SRAM: hbm_bytes are read from SRAM, not streamed from HBM
+    occupied_ps: int = 0  # compute_ps weighted by the share of the arrays each of its operations occupies
 
     @property
     def fetch_bytes(self) -> int:
@@ -83,7 +84,7 @@ class DecodeWorkload:
         op = self.moe_layer(0).expert
         parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
         return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes,
-                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, self.experts_in_sram)
+                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, self.experts_in_sram, op.occupied_ps)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
