@@ -41,6 +41,33 @@ def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name
         assert len(case["latency_ms"]) == plan.tokens == meas["tokens"]
 
 
+REGIME_FILES = ["cached/h200-pcie5.json", "cached-ds/h200-pcie5-deepseek-v2-lite.json", "pcie/h200-pcie5.json"]
+
+
+@pytest.mark.parametrize("name", REGIME_FILES)
+def test_the_regimes_decisions_and_bytes_come_out_of_the_plan_again(name):
+    """validation/regimes' main set (cached experts, long context, PCIe-bound with stalls timed): every ProMoE case,
+    whose prefetches depend on timing, rebuilt here with the overrides the replay ran with, has the digest and the
+    bytes recorded on the GPU; every case copied exactly its plan's bytes and timed stalls only in layers and
+    tokens that exist."""
+    with open(os.path.join(ROOT, "validation", "regimes", name)) as f:
+        meas = json.load(f)
+    for case in meas["cases"]:
+        assert case["copied_bytes"] == case["plan"]["fetch_bytes"] == case["plan"]["sim_fetch_bytes"]
+        assert case["energy"] and len(case["repeat_energy"]) == 1  # the board's counter around both replays
+        layers = {layer for _, layer, _ in case["stall_ms"]}
+        assert all(0 <= t < meas["tokens"] for t, _, _ in case["stall_ms"]) and min(layers) >= 0
+    promoe = [c for c in meas["cases"] if c["policy"] == "promoe"]
+    assert promoe
+    for case in promoe:
+        prep = prepare(os.path.join(ROOT, meas["config"]),
+                       [*meas["overrides"], f"workload.context_length={case['context_length']}"], ["promoe"])
+        plan = build_plan(prep, prep.policies[0])
+        assert plan.digest() == case["plan"]["digest"], case["context_length"]
+        assert plan.fetch_bytes == case["copied_bytes"] == plan.sim_fetch_bytes
+        assert max({layer for _, layer, _ in case["stall_ms"]}) < prep.workload.model.num_moe_layers
+
+
 def test_every_measured_case_moved_exactly_the_plan_bytes():
     for name in MEASUREMENTS:
         for case in _measurement(name)["cases"]:
