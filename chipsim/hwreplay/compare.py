@@ -428,6 +428,12 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
               "graph and launched as one), a copy waiting for the compute stream to reach its issue point and "
               "for its slot's last reader, an expert waiting for its copy. Per-token latency is measured with CUDA "
               "events; the first tokens are warm-up.",
+              "- The regimes' replays with experts cached run with `--segments`: each run of compute between two "
+              "synchronisations with the copy stream is one CUDA graph (18–20 launches per token instead of ~400), "
+              "so the GPU, not the host's launches, sets the pace; the config then charges no per-group launch gap. "
+              "With `--stalls`, CUDA events around every wait of the compute stream for a copy time each MoE layer's "
+              "stall; the board's energy is read from NVML (nvmlDeviceGetTotalEnergyConsumption) before the first "
+              "token is enqueued and after the last has run.",
               "- Bytes: the plan's fetches × expert bytes, the bytes the GPU copied, and the bytes in the measurement "
               "file must be equal; decisions: the plan rebuilt here must have the digest recorded on the device.",
               "- error = (simulated − measured) / measured; MAPE = mean |error|. Overlapped policies: "
