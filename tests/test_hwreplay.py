@@ -492,3 +492,55 @@ def test_hwcompare_refuses_a_regime_without_cases_naming_it(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--regime long: no case" in err[0]
+
+
+def test_a_kernels_energy_alone_is_its_windows_power_above_idle_over_its_kernels():
+    """By hand: idle windows at 100 and 102 W; a shape's window at 151 W for 2 s running 1,000,000 calls of 10
+    kernels is 50 W × 2 s / 10,000,000 kernels = 10 µJ = 10,000 nJ per kernel, 0.2 µs each."""
+    from chipsim.hwreplay.energy_table import op_energy_rows
+
+    probe = {"windows": [_probe_window("idle", 100.0, 1.0), _probe_window("idle", 102.0, 1.0),
+                         _probe_window("op", 151.0, 2.0, calls=1_000_000, key="vector n1024 b0",
+                                       kernels_per_call=10)]}
+    (row,) = op_energy_rows(probe)
+    assert row["idle_w"] == pytest.approx(101.0)
+    assert row["nj_per_kernel"] == pytest.approx(10_000.0) and row["us_per_kernel"] == pytest.approx(0.2)
+
+
+def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_time():
+    """A vector operation on thor's arrays by hand: its lane operations × pJ each, its operand bits through HBM,
+    UCIe and SRAM (written once, read once), and clock power over its time (thor: every array while any runs)."""
+    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.energy_table import modelled_op_energy_nj
+
+    hw = load_config(os.path.join(ROOT, "hwconfigs", "thor.yaml")).hw
+    key = "vector n65536 b131072"
+    op = ArrayModel(hw).op_for_key(key)
+    c, bits = hw.compute, 8 * 131072
+    by_hand_pj = (65536 * c.vector_op_energy_pj
+                  + bits * (hw.memory.hbm.energy_pj_per_bit + hw.links.ucie.energy_pj_per_bit)
+                  + bits * (c.sram_read_pj_per_bit + c.sram_write_pj_per_bit)
+                  + op.duration_ps * c.clock_power_w_per_array * c.arrays)
+    assert op.hbm_read_bytes == 131072 and op.vector_ops == 65536
+    assert modelled_op_energy_nj(hw, key) == pytest.approx(by_hand_pj / 1e3, rel=1e-12)
+
+
+def test_hwcompare_sets_each_kernels_measured_energy_beside_the_tables(tmp_path):
+    """Two shapes measured at exactly what hwconfigs/h200-pcie5.yaml's table charges them come out at 0 % error;
+    a shape that drew nothing above idle is counted and left out."""
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.compare import op_energy_lines
+    from chipsim.hwreplay.energy_table import modelled_op_energy_nj
+
+    config = os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")
+    hw = load_config(config).hw
+    keys = ["matvec r1536 o1024 b3145728", "vector n1536 b0"]
+    windows = [_probe_window("idle", 120.0, 1.0)]
+    for key in keys:  # one call of 1,000 kernels per second: power above idle = 1,000 × nJ × 1e-9 W
+        windows.append(_probe_window("op", 120.0 + 1000 * modelled_op_energy_nj(hw, key) * 1e-9, 1.0, calls=1,
+                                     key=key, kernels_per_call=1000, users=[key]))
+    windows.append(_probe_window("op", 120.0, 1.0, calls=1, key="sfu n64", kernels_per_call=1000, users=["x"]))
+    text = "\n".join(op_energy_lines({"windows": windows}, config))
+    assert "1 shapes drew no measurable energy above idle" in text
+    assert "| matvec | 1 | +0 % | 0 % |" in text and "| vector | 1 | +0 % | 0 % |" in text

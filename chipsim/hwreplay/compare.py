@@ -264,6 +264,30 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
     return lines
 
 
+def op_energy_lines(probe: dict, config: str) -> list[str]:
+    """VALIDATION.md lines: each kernel shape's measured energy alone (validation/energy/probe_op_energy.py) against
+    what `config`'s energy table charges that operation, by kind."""
+    from chipsim.hwreplay.energy_table import modelled_op_energy_nj, op_energy_rows
+
+    hw = load_config(config).hw
+    check = []
+    for r in op_energy_rows(probe):
+        model = modelled_op_energy_nj(hw, r["key"], key_groups(r["key"]))
+        check.append({"key": r["key"], "users": r["users"] or [r["key"]], "measured_us": r["nj_per_kernel"],
+                      "model_us": model, "error_pct": 100.0 * (model - r["nj_per_kernel"]) / r["nj_per_kernel"]
+                      if r["nj_per_kernel"] > 0 else float("nan")})
+    usable = [c for c in check if c["error_pct"] == c["error_pct"]]
+    lines = ["### Energy per kernel shape, alone", "",
+             f"Each kernel shape of the decode steps run alone as a chain in one CUDA graph with the board's counter read "
+             f"around it (validation/energy/probe_op_energy.py; energy above the idle windows' "
+             f"{op_energy_rows(probe)[0]['idle_w']:.1f} W), against what {config}'s energy table charges that "
+             f"operation (chipsim.hwreplay.energy_table.modelled_op_energy_nj). {len(check) - len(usable)} shapes drew "
+             "no measurable energy above idle and are left out. In the worst column the two figures are nJ per kernel, "
+             "modelled then measured.", ""]
+    rows = _kind_rows(usable, split_shared=True)
+    return lines + [r.replace(" µs modelled", " nJ modelled").replace(" µs measured", " nJ measured") for r in rows] + [""]
+
+
 def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
     """Each profiled kernel shape: the array model's estimate (config without op_times_ns) vs its measured time
     (inside a CUDA graph when the replays ran with graphs, else launched eagerly)."""
@@ -465,6 +489,9 @@ def main(argv=None) -> int:
                          "lengths of a file); repeatable")
     ap.add_argument("--figures", default=None, metavar="DIR",
                     help="where the regimes' per-layer stall figures go (default: figures/ beside --report)")
+    ap.add_argument("--op-energy", default=None, metavar="FILE",
+                    help="validation/energy/h200-op-energy.json (probe_op_energy.py): each kernel shape's energy "
+                         "alone against the config's energy table")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
                     help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
@@ -526,6 +553,7 @@ def main(argv=None) -> int:
                  + (f" --gemv-probe {a.gemv_probe}" if a.gemv_probe else "")
                  + (f" --kernel-times {a.kernel_times}" if a.kernel_times else "")
                  + "".join(f" --regime {' '.join(repr(x) if ' ' in x else x for x in spec)}" for spec in a.regime)
+                 + (f" --op-energy {a.op_energy}" if a.op_energy else "")
                  + (f" --figures {a.figures}" if a.figures else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
@@ -536,8 +564,10 @@ def main(argv=None) -> int:
         probe, known = (_read_json(a.gemv_probe), _read_json(a.kernel_times))
         known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle,
-                  regime_lines(regimes, figure_dir if a.report else None, report_dir))
+    extra = regime_lines(regimes, figure_dir if a.report else None, report_dir)
+    if a.op_energy:
+        extra += op_energy_lines(_read_json(a.op_energy), _resolve(results[0]["config"], a.measurements[0]))
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)

@@ -98,3 +98,34 @@ def derive(probe: dict) -> EnergyFit:
                      copy_rates_gbps=tuple(x / 1e9 for x in xs),
                      copy_residuals_w=tuple(y - (intercept + slope * x) for x, y in zip(xs, ys)),
                      tiny_above_idle_w=tiny)
+
+
+def op_energy_rows(probe: dict) -> list[dict]:
+    """validation/energy/probe_op_energy.py's windows as each kernel shape's energy above idle: (its window's power
+    less the idle windows' mean) × the window's seconds / the kernels it ran; nJ per kernel, µs per kernel."""
+    idle = _mean([_power(w) for w in _windows(probe, "idle")])
+    rows = []
+    for w in _windows(probe, "op"):
+        kernels = w["kernels_per_call"] * w["calls"]
+        rows.append({"key": w["key"], "users": w.get("users", []), "power_w": _power(w), "idle_w": idle,
+                     "us_per_kernel": 1e6 * w["seconds"] / kernels,
+                     "nj_per_kernel": 1e9 * (_power(w) - idle) * w["seconds"] / kernels})
+    return rows
+
+
+def modelled_op_energy_nj(hw, key: str, groups: int = 1) -> float:
+    """What the config's energy table charges one operation alone, above the static power: its operand bytes over
+    HBM and UCIe and through SRAM, its MACs, SFU and lane operations, and clock power over its time (or, with
+    compute.clock_power_by_occupancy, over the share of the arrays it occupies). nJ."""
+    from chipsim.hw.compute import ArrayModel
+    from chipsim.sim.energy import EnergyTable
+
+    op = ArrayModel(hw).op_for_key(key, groups)
+    t = EnergyTable.from_config(hw)
+    bits = 8 * (op.hbm_read_bytes + op.hbm_write_bytes)
+    pj = (bits * (t.pj_per_bit["hbm"] + t.pj_per_bit["ucie"])
+          + bits * (t.pj_per_action["sram_read_bit"] + t.pj_per_action["sram_write_bit"])
+          + op.macs * t.pj_per_action["mac"] + op.sfu_ops * t.pj_per_action["sfu_op"]
+          + op.vector_ops * t.pj_per_action["vector_op"]
+          + (op.occupied_ps if t.clock_by_occupancy else op.duration_ps) * t.clock_w)  # W × ps = pJ
+    return pj / 1e3

@@ -189,6 +189,17 @@ def decode_shapes(configs: list[str], contexts: list[int]) -> list[tuple[object,
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
+def shape_chain(p, pool, x, sa, sb, out, max_chain: int = 400, gemv: str = "cublas") -> list:
+    """A chain of primitive `p`'s kernel (chipsim.hwreplay.harness.kernel_call): a matvec over weights rotating
+    through `pool` (each kernel reads its own, as each layer of a decode step does), other kernels repeated."""
+    if p.kind == "matvec":
+        rows, red = weight_shape(p)
+        n = rows * red
+        count = max(2, min(max_chain, pool.numel() // n))
+        return [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out, gemv) for i in range(count)]
+    return [kernel_call(p, None, x, sa, sb, out)] * (max_chain // 2)
+
+
 def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: int = 5, gemv: str = "cublas") -> list[dict]:
     """Each shape timed alone: a chain of its kernel (chipsim.hwreplay.harness.kernel_call) over weights
     rotating through `pool_mib` (far beyond the 60 MB L2, as in the replay where every layer has its own
@@ -204,14 +215,8 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     out = torch.empty(longest + widest, dtype=torch.bfloat16, device=device)
     rows_out = []
     for p, users in shapes:
-        if p.kind == "matvec":
-            rows, red = weight_shape(p)
-            n = rows * red
-            count = max(2, min(max_chain, pool.numel() // n))
-            calls = [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out, gemv) for i in range(count)]
-        else:
-            count = max_chain // 2
-            calls = [kernel_call(p, None, x, sa, sb, out)] * count
+        calls = shape_chain(p, pool, x, sa, sb, out, max_chain, gemv)
+        count = len(calls)
         extra = {}
         if gemv == "triton" and p.kind == "matvec":
             from chipsim.hwreplay.triton_kernels import registers_per_thread
