@@ -11,6 +11,21 @@ from typing import BinaryIO, Callable
 from chipsim.errors import InputError
 
 
+def read_json(path: str | None):
+    """A JSON file named on a command line, or None when not named; one clear line when it cannot be read."""
+    import json
+
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise InputError(f"{exc.filename}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON ({exc})") from None
+
+
 def cache_dir(kind: str) -> str:
     """Where the computed-once tables of one kind live (`dram`, `compute`): $CHIPSIM_CACHE_DIR/<kind>, by default
     ~/.cache/chipsim/<kind>."""

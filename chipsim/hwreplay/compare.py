@@ -15,6 +15,7 @@ import os
 import statistics
 
 from chipsim.errors import InputError, OneLineParser
+from chipsim.files import read_json
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
@@ -325,19 +326,6 @@ def _kind_rows(check: list[dict], split_shared: bool = False) -> list[str]:
     return out
 
 
-def _read_json(path: str | None):
-    """A JSON file named on the command line, or None when not named; one clear line when unreadable."""
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as exc:
-        raise InputError(f"{exc.filename}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise InputError(f"{path}: not JSON ({exc})") from None
-
-
 def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
                       known: list[dict] | None = None) -> list[str]:
     """VALIDATION.md lines: the cycle-level description of the SM array against kernels of the structure it
@@ -517,7 +505,7 @@ def main(argv=None) -> int:
         regimes.append((spec[0], rows))
     report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
     figure_dir = a.figures or os.path.join(report_dir, "figures")
-    mb = _read_json(a.microbench)
+    mb = read_json(a.microbench)
     try:
         notes = open(a.notes).read().splitlines() if a.notes else []
         pcie = pcie_check.load(a.microbench, *a.pcie_probes) if a.pcie_probes and a.microbench else None
@@ -561,12 +549,12 @@ def main(argv=None) -> int:
              if mb and mb.get("op_times") else None)
     cycle = None
     if a.cycle_level and mb and mb.get("op_times"):
-        probe, known = (_read_json(a.gemv_probe), _read_json(a.kernel_times))
+        probe, known = (read_json(a.gemv_probe), read_json(a.kernel_times))
         known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
     extra = regime_lines(regimes, figure_dir if a.report else None, report_dir)
     if a.op_energy:
-        extra += op_energy_lines(_read_json(a.op_energy), _resolve(results[0]["config"], a.measurements[0]))
+        extra += op_energy_lines(read_json(a.op_energy), _resolve(results[0]["config"], a.measurements[0]))
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:

@@ -9,9 +9,8 @@ datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy nu
 
 from __future__ import annotations
 
-import json
-
-from chipsim.errors import InputError, OneLineParser, run_module_main
+from chipsim.errors import OneLineParser, run_module_main
+from chipsim.files import read_json
 from chipsim.hw.config import DramConfig
 from chipsim.hw.dram import dram_timing
 
@@ -290,23 +289,13 @@ def main(argv=None) -> int:
                     help="validation/energy/h200-energy-probe.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
     a = ap.parse_args(argv)
-
-    def read(path: str):
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except OSError as exc:
-            raise InputError(f"{path}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise InputError(f"{path}: not JSON ({exc})") from None
-
-    mb = read(a.microbench)
-    extra = [(path, read(path)) for path in a.op_times_extra]
+    mb = read_json(a.microbench)
+    extra = [(path, read_json(path)) for path in a.op_times_extra]
     fit = None
     if a.energy_probe:
         from chipsim.hwreplay.energy_table import derive
 
-        fit = derive(read(a.energy_probe))
+        fit = derive(read_json(a.energy_probe))
     command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else ""))

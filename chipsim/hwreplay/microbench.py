@@ -189,6 +189,17 @@ def decode_shapes(configs: list[str], contexts: list[int]) -> list[tuple[object,
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
+def chain_buffers(shapes, device, pool_mib: int = 2048) -> tuple:
+    """(weight pool, input vector, two scratch operands, output) wide enough for every shape's chain."""
+    pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
+    widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
+    longest = max([max(p.elements, p.outputs) for p, _ in shapes] + [1])
+    x = torch.randn(widest, dtype=torch.bfloat16, device=device)
+    sa = torch.randn(longest, dtype=torch.bfloat16, device=device)
+    sb = torch.randn(longest, dtype=torch.bfloat16, device=device)
+    return pool, x, sa, sb, torch.empty(longest + widest, dtype=torch.bfloat16, device=device)
+
+
 def shape_chain(p, pool, x, sa, sb, out, max_chain: int = 400, gemv: str = "cublas") -> list:
     """A chain of primitive `p`'s kernel (chipsim.hwreplay.harness.kernel_call): a matvec over weights rotating
     through `pool` (each kernel reads its own, as each layer of a decode step does), other kernels repeated."""
@@ -206,13 +217,7 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     weights), eagerly behind a sleep and inside one CUDA graph; µs per kernel. gemv "triton" times the
     matvecs with chipsim.hwreplay.triton_kernels and records each kernel's registers per thread."""
     stream = torch.cuda.Stream()
-    pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
-    widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
-    longest = max([max(p.elements, p.outputs) for p, _ in shapes] + [1])
-    x = torch.randn(widest, dtype=torch.bfloat16, device=device)
-    sa = torch.randn(longest, dtype=torch.bfloat16, device=device)
-    sb = torch.randn(longest, dtype=torch.bfloat16, device=device)
-    out = torch.empty(longest + widest, dtype=torch.bfloat16, device=device)
+    pool, x, sa, sb, out = chain_buffers(shapes, device, pool_mib)
     rows_out = []
     for p, users in shapes:
         calls = shape_chain(p, pool, x, sa, sb, out, max_chain, gemv)

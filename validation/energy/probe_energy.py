@@ -46,14 +46,20 @@ def measured(gpu, run, seconds: float) -> dict:
     return out
 
 
+def board(script: str):
+    """The GPU's NVML handle, or exit naming what the script needs."""
+    gpu = open_gpu()
+    if gpu is None or not torch.cuda.is_available():
+        sys.exit(f"{script}: needs a CUDA GPU and NVML (pip package nvidia-ml-py)")
+    return gpu
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
-    gpu = open_gpu()
-    if gpu is None or not torch.cuda.is_available():
-        sys.exit("probe_energy: needs a CUDA GPU and NVML (pip package nvidia-ml-py)")
+    gpu = board("probe_energy")
     dev = torch.device("cuda")
     rows = []
 

@@ -19,12 +19,11 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", ".."), HERE]
 from chipsim.hwreplay.harness import capture_graph  # noqa: E402
-from chipsim.hwreplay.microbench import decode_shapes, shape_chain  # noqa: E402
-from chipsim.hwreplay.nvml import open_gpu, window  # noqa: E402
-
-MIB = 2**20
+from chipsim.hwreplay.microbench import chain_buffers, decode_shapes, shape_chain  # noqa: E402
+from probe_energy import board, measured  # noqa: E402  (validation/energy/probe_energy.py)
 
 
 def main() -> None:
@@ -33,29 +32,14 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024")
     ap.add_argument("--seconds", type=float, default=1.0)
     a = ap.parse_args()
-    gpu = open_gpu()
-    if gpu is None or not torch.cuda.is_available():
-        sys.exit("probe_op_energy: needs a CUDA GPU and NVML (pip package nvidia-ml-py)")
+    gpu = board("probe_op_energy")
     dev = torch.device("cuda")
     shapes = decode_shapes(a.shapes_from, [int(c) for c in a.contexts.split(",")])
-    pool = torch.empty(2048 * MIB // 2, dtype=torch.bfloat16, device=dev).normal_()
-    widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
-    longest = max([max(p.elements, p.outputs) for p, _ in shapes] + [1])
-    x = torch.randn(widest, dtype=torch.bfloat16, device=dev)
-    sa = torch.randn(longest, dtype=torch.bfloat16, device=dev)
-    sb = torch.randn(longest, dtype=torch.bfloat16, device=dev)
-    out = torch.empty(longest + widest, dtype=torch.bfloat16, device=dev)
+    pool, x, sa, sb, out = chain_buffers(shapes, dev)
     windows = []
 
     def measure(kind: str, run, **fields) -> None:
-        torch.cuda.synchronize()
-        before, t0 = gpu.read(), time.perf_counter()
-        calls = 0
-        while time.perf_counter() - t0 < a.seconds:
-            run()
-            calls += 1
-        torch.cuda.synchronize()
-        row = {"kind": kind, **fields, **window(before, gpu.read(), time.perf_counter() - t0), "calls": calls}
+        row = {"kind": kind, **fields, **measured(gpu, run, a.seconds)}  # probe_energy's window: same counter reads
         windows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
