@@ -132,29 +132,26 @@ class ArrayModel:
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model
 
-    def _share(self, duration_ps: int, work: tuple[int, int]) -> int:
-        """`work` = (items, items per array per cycle); (1, 0): the operation occupies every array."""
-        return duration_ps if work[1] == 0 else self._occupied(duration_ps, work[0], work[1])
-
-    def _occupied(self, duration_ps: int, work: int, per_array: int) -> int:
-        """duration_ps × the share of the arrays `work` items occupy when each array takes `per_array` a cycle (an
-        operation smaller than one pass of the whole chip leaves arrays idle; a larger one occupies them all)."""
-        return duration_ps * min(self.arrays, -(-work // per_array)) // self.arrays
+    def _occupied(self, duration_ps: int, work: tuple[int, int]) -> int:
+        """duration_ps × the share of the arrays an operation occupies: `work` = (items, items one array takes a
+        cycle); one smaller than a pass of the whole chip leaves arrays idle, a larger one occupies them all."""
+        items, per_array = work
+        return duration_ps * min(self.arrays, ceil_div(items, per_array)) // self.arrays
 
     def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int,
-            vector_ops: int = 0, work: tuple[int, int] = (1, 0)) -> OpCost:
+            vector_ops: int, work: tuple[int, int]) -> OpCost:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         memory_ps = transfer_ps(read_bytes + write_bytes, self.stream_bytes_per_s) if (read_bytes + write_bytes) else 0
         measured = self.op_times_ps.get(key)
         if measured is not None:
             self.profiled_ops += 1
             return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, 0, vector_ops,
-                          self._share(measured, work))
+                          self._occupied(measured, work))
         self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
         duration = max(compute_ps, memory_ps) + fixed
         cost = OpCost(name, duration, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, fixed, vector_ops,
-                      self._share(duration, work))
+                      self._occupied(duration, work))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost
@@ -167,7 +164,7 @@ class ArrayModel:
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
         if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
             return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups)
-        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0,
+        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0, 0,
                         work=(outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays))
 
     def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups) -> OpCost:
@@ -189,7 +186,7 @@ class ArrayModel:
         return sum(not cached for cached in self._shapes.values())
 
     def _cycle_level(self, name: str, key: str, r, cycles: int, read_bytes: int, write_bytes: int = 0,
-                     vector_ops: int = 0, work: tuple[int, int] = (1, 0)) -> OpCost:
+                     vector_ops: int = 0, *, work: tuple[int, int]) -> OpCost:
         """An OpCost from a tile_sim result: its time, and as fixed time the part that moves no operand (issue,
         the arrays meeting, the SFU pipeline drain, the first request's latency when it streams from HBM)."""
         self.modelled_ops += 1
@@ -203,7 +200,7 @@ class ArrayModel:
         moved = read_bytes + write_bytes
         memory_ps = transfer_ps(moved, self.stream_bytes_per_s) if moved else 0
         cost = OpCost(name, r.ps, compute_ps, memory_ps, read_bytes, write_bytes, r.macs, r.sfu_ops,
-                      min(r.ps, round(fixed)), vector_ops, self._share(r.ps, work))
+                      min(r.ps, round(fixed)), vector_ops, self._occupied(r.ps, work))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost
@@ -214,7 +211,7 @@ class ArrayModel:
         if self.tiles is not None and key not in self.op_times_ps:
             r = self._table(key, lambda: tile_sim.sfu(self.tiles, ops))
             return self._cycle_level(name, key, r, cycles, 0, work=(ops, self.sfu_per_cycle // self.arrays))
-        return self._op(name, key, cycles, 0, 0, 0, ops, work=(ops, self.sfu_per_cycle // self.arrays))
+        return self._op(name, key, cycles, 0, 0, 0, ops, 0, work=(ops, self.sfu_per_cycle // self.arrays))
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
