@@ -271,8 +271,9 @@ def op_energy_lines(probe: dict, config: str) -> list[str]:
     from chipsim.hwreplay.energy_table import modelled_op_energy_nj, op_energy_rows
 
     hw = load_config(config).hw
+    rows = op_energy_rows(probe)
     check = []
-    for r in op_energy_rows(probe):
+    for r in rows:
         model = modelled_op_energy_nj(hw, r["key"], key_groups(r["key"]))
         check.append({"key": r["key"], "users": r["users"] or [r["key"]], "measured_us": r["nj_per_kernel"],
                       "model_us": model, "error_pct": 100.0 * (model - r["nj_per_kernel"]) / r["nj_per_kernel"]
@@ -281,12 +282,10 @@ def op_energy_lines(probe: dict, config: str) -> list[str]:
     lines = ["### Energy per kernel shape, alone", "",
              f"Each kernel shape of the decode steps run alone as a chain in one CUDA graph with the board's counter read "
              f"around it (validation/energy/probe_op_energy.py; energy above the idle windows' "
-             f"{op_energy_rows(probe)[0]['idle_w']:.1f} W), against what {config}'s energy table charges that "
+             f"{rows[0]['idle_w']:.1f} W), against what {config}'s energy table charges that "
              f"operation (chipsim.hwreplay.energy_table.modelled_op_energy_nj). {len(check) - len(usable)} shapes drew "
-             "no measurable energy above idle and are left out. In the worst column the two figures are nJ per kernel, "
-             "modelled then measured.", ""]
-    rows = _kind_rows(usable, split_shared=True)
-    return lines + [r.replace(" µs modelled", " nJ modelled").replace(" µs measured", " nJ measured") for r in rows] + [""]
+             "no measurable energy above idle and are left out.", ""]
+    return lines + _kind_rows(usable, split_shared=True, unit="nJ per kernel") + [""]
 
 
 def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
@@ -309,8 +308,9 @@ def _kind_of(r: dict, split_shared: bool) -> str:
     return "matvec, shared operand" if split_shared and key_groups(r["key"]) > 1 else kind
 
 
-def _kind_rows(check: list[dict], split_shared: bool = False) -> list[str]:
-    """Per operation kind: shapes, median and worst error of a model against the profiled kernels."""
+def _kind_rows(check: list[dict], split_shared: bool = False, unit: str = "µs") -> list[str]:
+    """Per operation kind: shapes, median and worst error of a model against the profiled kernels (`unit`: what
+    the rows' model_us and measured_us hold)."""
     out = ["| kind | shapes | median error | median |error| | worst |", "| --- | --- | --- | --- | --- |"]
     for kind in ("matvec", "matvec, shared operand", "sfu", "vector"):
         rs = [r for r in check if _kind_of(r, split_shared) == kind]
@@ -320,7 +320,8 @@ def _kind_rows(check: list[dict], split_shared: bool = False) -> list[str]:
         worst = max(rs, key=lambda r: abs(r["error_pct"]))
         out.append(f"| {kind} | {len(rs)} | {statistics.median(errs):+.0f} % | "
                    f"{statistics.median(abs(e) for e in errs):.0f} % | {worst['error_pct']:+.0f} % "
-                   f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
+                   f"({worst['users'][0]}: {worst['model_us']:.2f} {unit} modelled, {worst['measured_us']:.2f} {unit} "
+                   "measured) |")
     every = [abs(r["error_pct"]) for r in check]
     out.append(f"| all | {len(check)} | | {statistics.median(every):.0f} % | |")
     return out

@@ -145,7 +145,7 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
 # Chiplet terms mapped onto a GPU: the "arrays" are the SMs; "UCIe" is not present and stands for the SMs'
 # achieved HBM read path in a GEMV; "LPDDR5X" is the host's DRAM holding the pinned experts; the DMA engine
 # is one CUDA copy stream (FIFO, no preemption, an enqueued copy cannot be abandoned). No number below was
-# fitted to an end-to-end replay.{"" if energy is None else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, a GEMV, a GEMM."}
+# fitted to an end-to-end replay.{"" if energy is None else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, tiny kernels, small and" + chr(10) + "# large GEMVs, a GEMM."}
 name: h200-pcie5
 description: NVIDIA H200 with experts in pinned host memory over PCIe 5.0 x16 (validation target)
 

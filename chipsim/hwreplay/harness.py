@@ -238,7 +238,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs = graphs and gpu_slots.device.type == "cuda"
 
     # ---- compile: ("c", [op group keys]) on the compute stream, ("x", calls) on the copy stream,
-    #      ("rec", event, stream), ("wait", stream, event), ("tok", event), ("mark", event, token, layer)
+    #      ("rec", event, stream), ("wait", stream, event), ("tok", event)
     prog = []
     copy_done: dict[tuple[int, int], object] = {}
     waited = set()  # copy events the compute stream has waited for: later work is behind them in stream order
