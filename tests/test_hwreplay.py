@@ -544,3 +544,12 @@ def test_hwcompare_sets_each_kernels_measured_energy_beside_the_tables(tmp_path)
     text = "\n".join(op_energy_lines({"windows": windows}, config))
     assert "1 shapes drew no measurable energy above idle" in text
     assert "| matvec | 1 | +0 % | 0 % |" in text and "| vector | 1 | +0 % | 0 % |" in text
+
+
+def test_a_segment_replay_charges_no_launch_per_op_group_unless_told_otherwise():
+    from chipsim.hwreplay.run import replay_overrides
+
+    assert replay_overrides(["workload.max_tokens=8"], segments=True) == ["workload.max_tokens=8",
+                                                                          "compute.op_group_launch_ns=0"]
+    assert replay_overrides(["compute.op_group_launch_ns=500"], segments=True) == ["compute.op_group_launch_ns=500"]
+    assert replay_overrides(["workload.max_tokens=8"], segments=False) == ["workload.max_tokens=8"]

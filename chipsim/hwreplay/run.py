@@ -102,6 +102,14 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def replay_overrides(sets: list[str], segments: bool) -> list[str]:
+    """The config overrides a replay runs with: the user's, and with segment graphs no launch gap per op group
+    (the graphs span several groups; the user's own setting of that key wins)."""
+    if segments and not any(s.startswith("compute.op_group_launch_ns=") for s in sets):
+        return [*sets, "compute.op_group_launch_ns=0"]
+    return list(sets)
+
+
 def _contexts(text: str) -> list[int]:
     """--contexts "512,2048" -> [512, 2048]: whole numbers >= 1, each once."""
     try:
@@ -132,7 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--segments", action="store_true",
                     help="with --graphs: one CUDA graph per run of compute between synchronisations with the copy "
                          "stream, not one per op group (where nearly every expert is cached, the host's launches "
-                         "would otherwise pace the GPU); pair with --set compute.op_group_launch_ns=0")
+                         "would otherwise pace the GPU); the config then charges no per-group launch "
+                         "(compute.op_group_launch_ns=0, recorded with the other overrides)")
     ap.add_argument("--stalls", action="store_true",
                     help="time each MoE layer's wait for its copies (CUDA events around every wait): per-layer stalls")
     ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,
@@ -167,7 +176,7 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
-                            graphs=a.graphs, overrides=a.set, gemv=a.gemv, repeats=a.repeats,
+                            graphs=a.graphs, overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
                             dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
