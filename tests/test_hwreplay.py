@@ -193,13 +193,13 @@ def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path
     prep = prepare(_config(tmp_path), ["workload.max_tokens=3"], ["promoe", "lru"])
     m = prep.workload.model
     step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
-    elems = prep.workload.expert_bytes // 2
-    assert step.expert_elems == elems
-    host = torch.zeros((m.num_moe_layers, m.num_experts, elems), dtype=torch.bfloat16)
-    host[3, 7].fill_(1.5)  # one expert carries a mark: it must land in the slot the plan gave it
+    nbytes = prep.workload.expert_bytes
+    assert step.expert_bytes == nbytes
+    host = torch.zeros((m.num_moe_layers, m.num_experts, nbytes), dtype=torch.uint8)
+    host[3, 7].fill_(15)  # one expert carries a mark: it must land in the slot the plan gave it
     for policy, segments in [(p, s) for p in prep.policies for s in (False, True)]:
         plan = build_plan(prep, policy)
-        slots = torch.zeros((plan.slots, elems), dtype=torch.bfloat16)
+        slots = torch.zeros((plan.slots, nbytes), dtype=torch.uint8)
         res = replay(plan, step, host, slots, m.first_dense_layers, segments=segments, stalls=segments)
         assert res["copied_bytes"] == plan.fetch_bytes
         assert res["copies"] == plan.fetches * len(plan.part_bytes)
@@ -209,11 +209,66 @@ def test_harness_replays_a_plan_on_cpu_tensors_moving_exactly_its_bytes(tmp_path
             if a[0] == "issue":
                 final[a[6]] = (a[3], a[4])
         for slot, key in final.items():  # every copy landed in the slot the plan gave it
-            assert bool((slots[slot] == (1.5 if key == (3, 7) else 0.0)).all()), (policy.label, slot, key)
+            assert bool((slots[slot] == (15 if key == (3, 7) else 0)).all()), (policy.label, slot, key)
         if segments and policy.label == "lru":  # no prefetch: a layer waits for copies exactly where it issued some
             issued = {(a[1], a[3]) for a in plan.actions if a[0] == "issue"}
             assert {(t, layer) for t, layer, _ in res["stall_ms"]} == issued
             assert all(ms >= 0 for *_, ms in res["stall_ms"])
+
+
+def test_a_4bit_expert_is_two_packed_matvecs_with_the_dequantisation_fused_into_them(tmp_path):
+    """At model.expert_bits 4 the expert's matvecs are noted with 4 bits and group 128 (their bytes: half a byte per
+    weight plus a 2-byte scale per 128), the dequantisation is fused (no kernel of its own), and the attention's
+    BF16 matvecs stay 16-bit."""
+    prep = prepare(_config(tmp_path), ["model.expert_bits=4"], ["lru"])
+    groups = primitive_ops(prep.config.hw)
+    mv = [p for p in groups["expert"] if p.kind == "matvec"]
+    assert [(p.bits, p.quant_group) for p in mv] == [(4, 128), (4, 128)]
+    for p in mv:
+        assert p.weight_bytes == p.reduction * p.outputs // 2 + p.reduction * p.outputs // 128 * 2
+    assert [p.name for p in groups["expert"] if p.fused] == ["expert_dequant"]
+    assert all(p.bits == 16 and not p.fused for p in groups["attention"])
+    assert sum(p.weight_bytes for p in mv) == prep.workload.expert_bytes
+
+
+def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
+    """Byte 0x3A of group 0 holds column 0 (low nibble 0xA: 10 - 8 = 2) and column 64 (high 0x3: 3 - 8 = -5);
+    with scales 0.5 and 2 for the two groups of a 256-column row, x = 1 at columns 0, 64 and 128:
+    2 x 0.5 + (-5) x 0.5 + (column 128: byte 64's low nibble, 0x9: 1) x 2 = 0.5."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import dequantise_q4, kernel_call, q4_views
+    from chipsim.hwreplay.ops import Primitive
+
+    p = Primitive("matvec", "expert_down", reduction=256, outputs=1, weight_bytes=128 + 4, bits=4, quant_group=128)
+    buf = torch.full((p.weight_bytes,), 0x88, dtype=torch.uint8)  # every weight 0
+    buf[0], buf[64] = 0x3A, 0x89
+    buf[128:].view(torch.bfloat16)[:] = torch.tensor([0.5, 2.0], dtype=torch.bfloat16)
+    packed, scales = q4_views(buf, p)
+    w = dequantise_q4(packed, scales)
+    assert (w[0, 0].item(), w[0, 64].item(), w[0, 128].item()) == (1.0, -2.5, 2.0)
+    assert int((w != 0).sum()) == 3
+    x = torch.zeros(256, dtype=torch.bfloat16)
+    x[[0, 64, 128]] = 1.0
+    out = torch.zeros(4, dtype=torch.bfloat16)
+    fn, args, kwargs = kernel_call(p, (packed, scales), x, None, None, out)
+    fn(*args, **kwargs)
+    assert out[0].item() == 0.5
+
+
+def test_a_4bit_plan_replays_on_cpu_moving_exactly_its_packed_bytes(tmp_path):
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    prep = prepare(_config(tmp_path), ["workload.max_tokens=3", "model.expert_bits=4"], ["lru"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    assert step.expert_bytes == prep.workload.expert_bytes
+    host = torch.full((m.num_moe_layers, m.num_experts, step.expert_bytes), 0x99, dtype=torch.uint8)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    res = replay(plan, step, host, slots, m.first_dense_layers, segments=True)
+    assert res["copied_bytes"] == plan.fetch_bytes == plan.sim_fetch_bytes
+    assert plan.expert_bytes == prep.workload.expert_bytes  # a quarter of the BF16 expert's, plus the scales
 
 
 def test_a_segment_replay_launches_each_run_of_compute_between_copy_synchronisations_once(tmp_path):
@@ -226,10 +281,9 @@ def test_a_segment_replay_launches_each_run_of_compute_between_copy_synchronisat
     prep = prepare(_config(tmp_path), ["workload.max_tokens=3"], ["lru"])
     m = prep.workload.model
     step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
-    elems = prep.workload.expert_bytes // 2
-    host = torch.zeros((m.num_moe_layers, m.num_experts, elems), dtype=torch.bfloat16)
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
     plan = build_plan(prep, prep.policies[0])
-    slots = torch.zeros((plan.slots, elems), dtype=torch.bfloat16)
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
     by_group = replay(plan, step, host, slots, m.first_dense_layers)
     merged = replay(plan, step, host, slots, m.first_dense_layers, segments=True)
     assert merged["launches_per_token"] == by_group["launches_per_token"]  # the same kernels, on a CPU
@@ -394,9 +448,9 @@ def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
     prep = prepare(_config(tmp_path), ["workload.max_tokens=2"], ["lru"])
     m = prep.workload.model
     step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
-    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_elems), dtype=torch.bfloat16)
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
     plan = build_plan(prep, prep.policies[0])
-    slots = torch.zeros((plan.slots, step.expert_elems), dtype=torch.bfloat16)
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
     res = replay(plan, step, host, slots, m.first_dense_layers, gpu=Gpu(_CountingNvml(), handle=None))
     assert res["energy"]["energy_j"] == 2.5 and res["energy"]["seconds"] > 0
     assert replay(plan, step, host, slots, m.first_dense_layers)["energy"] is None

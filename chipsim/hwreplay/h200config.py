@@ -34,8 +34,10 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
         rows += new
         if new:
             rows.sort(key=lambda r: r["key"])
-            added.append(f"{path} ({len(new)} shapes of {', '.join(more.get('op_times_from', {}).get('configs', []))} "
-                         f"at contexts {more.get('op_times_from', {}).get('contexts')})")
+            src = more.get("op_times_from", {})
+            added.append(f"{path} ({len(new)} shapes of {', '.join(src.get('configs', []))} "
+                         + (f"with {' '.join(src['set'])} " if src.get("set") else "")
+                         + f"at contexts {src.get('contexts')})")
     field = "eager_us" if kernel_launch == "eager" else "graph_us"
     how = ("launched eagerly, queued behind a sleep (GPU time only)" if kernel_launch == "eager"
            else "inside one CUDA graph")

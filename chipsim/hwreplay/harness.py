@@ -29,12 +29,53 @@ from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
 
+def _nothing() -> None:
+    """A fused primitive's launch: its work runs inside another primitive's kernel."""
+
+
+def q4_views(buf: torch.Tensor, p: Primitive) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4-bit matvec primitive's operand in `buf` (uint8, at least p.weight_bytes): (packed (rows, reduction/2)
+    bytes, scales (rows, reduction/quant_group) BF16), the layout chipsim.hwreplay.triton_kernels.gemv_q4 reads."""
+    if p.bits != 4 or p.reduction % p.quant_group or p.quant_group % 2:
+        raise ValueError(f"{p.name}: the replay runs 4-bit weights whose groups divide the reduction "
+                         f"({p.bits} bit, group {p.quant_group}, reduction {p.reduction})")
+    rows = weight_shape(p)[0]
+    n = rows * p.reduction // 2
+    scales = buf[n:p.weight_bytes].view(torch.bfloat16)
+    if scales.numel() != rows * (p.reduction // p.quant_group):
+        raise ValueError(f"{p.name}: {p.weight_bytes} bytes are not a packed 4-bit weight with BF16 scales")
+    return buf[:n].view(rows, p.reduction // 2), scales.view(rows, p.reduction // p.quant_group)
+
+
+def dequantise_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The BF16 matrix a 4-bit operand stands for (the reference gemv_q4 is checked against; the CPU dry run's
+    kernel)."""
+    rows, half = packed.shape
+    group = 2 * half // scales.shape[1]
+    q = packed.view(rows, half // (group // 2), group // 2)
+    w = torch.cat([(q & 15), (q >> 4)], dim=2).to(torch.float32) - 8.0  # per group: low nibbles, then high
+    return (w * scales.to(torch.float32)[:, :, None]).reshape(rows, 2 * half).to(torch.bfloat16)
+
+
+def _mv_q4_reference(packed, scales, x, out):
+    return torch.mv(dequantise_q4(packed, scales), x, out=out)
+
+
 def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = "cublas") -> tuple:
     """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
     shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, an exp for SFU work, an add
-    for vector work. The replay and the per-shape microbenchmark launch exactly these. gemv: "cublas"
-    (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the cycle-level H200
-    description assumes)."""
+    for vector work, nothing for a fused primitive. The replay and the per-shape microbenchmark launch exactly
+    these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
+    cycle-level H200 description assumes). A 4-bit matvec's weight is q4_views' pair, and its kernel is always
+    triton_kernels.gemv_q4 (cuBLAS has no 4-bit GEMV; on a CPU dry run, the dequantised reference)."""
+    if p.kind == "matvec" and p.bits < 16:
+        packed, scales = weight
+        res = out[:weight_shape(p)[0]]
+        if packed.device.type != "cuda":
+            return _mv_q4_reference, (packed, scales, x[:p.reduction], res), {}
+        from chipsim.hwreplay import triton_kernels
+
+        return triton_kernels.gemv_q4, (packed, scales, x[:p.reduction], res, p.quant_group), {}
     if p.kind == "matvec":
         g = p.groups
         rows = weight.shape[0]
@@ -45,6 +86,8 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
 
             return triton_kernels.gemv, (weight, xin, res), {}
         return (torch.mv if g == 1 else torch.mm), (weight, xin), {"out": res}
+    if p.fused:
+        return _nothing, (), {}
     n = max(p.elements, 1)
     if p.kind == "sfu":
         return torch.exp, (scratch_a[:n],), {"out": out[:n]}
@@ -98,7 +141,7 @@ class GpuDecodeStep:
             self._alloc(names, layer)
         self._alloc(["head"], -1)
         self.expert_prims = groups["expert"]
-        self.expert_elems = sum(self._rows(p) * p.reduction for p in self.expert_prims if p.kind == "matvec")
+        self.expert_bytes = sum(p.weight_bytes for p in self.expert_prims if p.kind == "matvec")
         self.kernels_per_group = {g: len(ps) for g, ps in groups.items()}
 
     @staticmethod
@@ -132,12 +175,14 @@ class GpuDecodeStep:
         return self._bind(self.groups[name], self.weights.get((name, layer), []))
 
     def expert_calls(self, slot: torch.Tensor) -> list:
+        """The expert's kernels over the weights in `slot` (one expert's bytes, uint8): BF16 matrices, or 4-bit
+        ones as q4_views lays them out, one after another in the order of its matvecs."""
         views, off = [], 0
         for p in self.expert_prims:
             if p.kind == "matvec":
-                r = self._rows(p)
-                views.append(slot[off:off + r * p.reduction].view(r, p.reduction))
-                off += r * p.reduction
+                part = slot[off:off + p.weight_bytes]
+                views.append(q4_views(part, p) if p.bits < 16 else part.view(torch.bfloat16).view(*weight_shape(p)))
+                off += p.weight_bytes
         return self._bind(self.expert_prims, views)
 
     def as_graph(self, key, calls: list) -> list:
@@ -216,7 +261,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
            segments: bool = False, stalls: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
-    host_experts: pinned (moe_layers, experts, elements) bf16; gpu_slots: (slots, elements) bf16 on the GPU.
+    host_experts: pinned (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
+    (an expert's matrices as GpuDecodeStep.expert_calls reads them: BF16, or packed 4-bit with scales).
     The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
     view and event made beforehand, so that enqueueing a token costs the host as little as possible.
     graphs=True (CUDA only) launches each simulator op group (a layer's attention, its router, its shared
@@ -233,8 +279,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
     xs = Stream()
-    elem = torch.bfloat16.itemsize
-    parts = [(sum(plan.part_bytes[:i]) // elem, b // elem) for i, b in enumerate(plan.part_bytes)]
+    parts = [(sum(plan.part_bytes[:i]), b) for i, b in enumerate(plan.part_bytes)]
     graphs = graphs and gpu_slots.device.type == "cuda"
 
     # ---- compile: ("c", [op group keys]) on the compute stream, ("x", calls) on the copy stream,
@@ -263,7 +308,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                 calls.append((torch.Tensor.copy_, (gpu_slots[slot, off:off + n], host_experts[key[0], key[1], off:off + n]),
                               {"non_blocking": True}))
                 copies += 1
-                copied_bytes += n * elem
+                copied_bytes += n
             prog.append(("x", calls))
             ev = Event()
             prog.append(("rec", ev, xs))

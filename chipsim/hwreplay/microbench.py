@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_shape
+from chipsim.hwreplay.harness import capture_graph, kernel_call, q4_views, weight_shape
 from chipsim.hwreplay.ops import GEMV_KERNELS
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -174,18 +174,22 @@ def graph_launch(device, replays: int = 200) -> dict:
     return {"us_per_one_kernel_graph": round(statistics.median(ts), 3), "replays": replays}
 
 
-def decode_shapes(configs: list[str], contexts: list[int]) -> list[tuple[object, list[str]]]:
-    """Every distinct primitive (by op key) of the configs' decode steps at the contexts, with its users."""
+def decode_shapes(configs: list[str], contexts: list[int], overrides=(), missing_from=()) -> list[tuple[object, list[str]]]:
+    """Every distinct primitive (by op key) of the configs' decode steps at the contexts (with the config
+    overrides, e.g. model.expert_bits=4), with its users; none whose key a `missing_from` config's
+    compute.op_times_ns already has."""
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.ops import primitive_ops
 
+    known = {k for path in missing_from for k in load_config(path, []).hw.compute.op_times_ns}
     found: dict[str, tuple[object, set]] = {}
     for path in configs:
         for ctx in contexts:
-            hw = load_config(path, [f"workload.context_length={ctx}"]).hw
+            hw = load_config(path, [*overrides, f"workload.context_length={ctx}"]).hw
             for prims in primitive_ops(hw).values():
                 for p in prims:
-                    found.setdefault(p.key, (p, set()))[1].add(f"{p.name} ({hw.model.name})")
+                    if p.key not in known:
+                        found.setdefault(p.key, (p, set()))[1].add(f"{p.name} ({hw.model.name})")
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
@@ -203,6 +207,10 @@ def chain_buffers(shapes, device, pool_mib: int = 2048) -> tuple:
 def shape_chain(p, pool, x, sa, sb, out, max_chain: int = 400, gemv: str = "cublas") -> list:
     """A chain of primitive `p`'s kernel (chipsim.hwreplay.harness.kernel_call): a matvec over weights rotating
     through `pool` (each kernel reads its own, as each layer of a decode step does), other kernels repeated."""
+    if p.kind == "matvec" and p.bits < 16:  # packed 4-bit weights with their scales
+        raw, n = pool.view(torch.uint8), p.weight_bytes + p.weight_bytes % 2
+        count = max(2, min(max_chain, raw.numel() // n))
+        return [kernel_call(p, q4_views(raw[i * n:i * n + p.weight_bytes], p), x, sa, sb, out) for i in range(count)]
     if p.kind == "matvec":
         rows, red = weight_shape(p)
         n = rows * red
@@ -220,6 +228,10 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     pool, x, sa, sb, out = chain_buffers(shapes, device, pool_mib)
     rows_out = []
     for p, users in shapes:
+        if p.fused:  # no kernel of its own: its time is inside the kernels it is fused into
+            rows_out.append({"key": p.key, "users": users, "chain": 0, "eager_us": 0.0, "graph_us": 0.0,
+                             "fused": "runs inside the 4-bit matvec kernels (triton_kernels.gemv_q4)"})
+            continue
         calls = shape_chain(p, pool, x, sa, sb, out, max_chain, gemv)
         count = len(calls)
         extra = {}
@@ -315,14 +327,20 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="512,1024,2048", help="context lengths whose attention shapes to time")
     ap.add_argument("--gemv", default=None, choices=GEMV_KERNELS,
                     help="only the per-shape kernel times (no copy or launch sweeps), with this GEMV kernel")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --gemv: override a key of the --shapes-from configs, e.g. model.expert_bits=4")
+    ap.add_argument("--missing-from", nargs="*", default=[], metavar="CONFIG",
+                    help="with --gemv: time only the shapes these configs' compute.op_times_ns lack")
     a = ap.parse_args(argv)
     contexts = [int(c) for c in a.contexts.split(",")]
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")
-        rows = op_times(device, decode_shapes(list(a.shapes_from), contexts), gemv=a.gemv)
+        rows = op_times(device, decode_shapes(list(a.shapes_from), contexts, a.set, a.missing_from), gemv=a.gemv)
         res = {"machine": machine(device), "gemv_kernel": a.gemv, "op_times": rows,
-               "op_times_from": {"configs": list(a.shapes_from), "contexts": contexts},
+               "op_times_from": {"configs": list(a.shapes_from), "contexts": contexts,
+                                 **({"set": a.set} if a.set else {}),
+                                 **({"missing_from": a.missing_from} if a.missing_from else {})},
                "seconds": round(time.perf_counter() - t0, 1)}
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)

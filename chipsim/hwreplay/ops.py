@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from chipsim.hw.compute import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import op_group_builders
+from chipsim.workload.decode import op_group_builders, weight_bytes as weight_bytes_at
 from chipsim.workload.models import get_model
 
 # the kernels a matvec primitive can be launched with (chipsim.hwreplay.harness.kernel_call)
@@ -28,6 +28,9 @@ class Primitive:
     elements: int = 0  # sfu: operations; vector: lane operations
     write_bytes: int = 0  # matvec: results written back to HBM (KV-cache append; the replay does not launch a kernel for it)
     groups: int = 1  # matvec: outputs sharing each operand row (GQA/MLA heads on one KV entry), as the builder says
+    bits: int = 16  # matvec: bits per weight; below 16 the weights are packed with one BF16 scale per quant_group
+    quant_group: int = 0  # matvec below 16 bit: weights sharing one scale
+    fused: bool = False  # its work runs inside other primitives' kernels (dequantisation inside the 4-bit matvecs)
 
     @property
     def key(self) -> str:
@@ -46,14 +49,25 @@ def key_groups(key: str) -> int:
 
 
 class RecordingArrayModel(ArrayModel):
-    """An ArrayModel that also notes every primitive it costs."""
+    """An ArrayModel that also notes every primitive it costs.
+
+    Sub-16-bit experts (model.expert_bits): a matvec whose bytes are the expert precision's (weights packed, one
+    scale per model.quant_group_size) is noted with those bits, and the expert's dequantisation (a vector
+    primitive the decode step names `<ffn>_dequant`) as fused: the replay's 4-bit kernel unpacks and scales the
+    weights in registers as it streams them, which is the work the simulator charges to the vector lanes."""
 
     def __init__(self, hw: HardwareConfig):
         super().__init__(hw)
         self.log: list[Primitive] = []
+        w = hw.model
+        self._quant = (w.expert_bits, w.quant_group_size, w.quant_scale_bits) if w.expert_bits < 16 else None
 
     def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
-        self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes, groups=groups))
+        bits, group = 16, 0
+        if self._quant and groups == 1 and weight_bytes == weight_bytes_at(reduction * outputs, *self._quant):
+            bits, group = self._quant[0], self._quant[1]
+        self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes, groups=groups,
+                                  bits=bits, quant_group=group))
         return super().matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def sfu(self, name, ops):
@@ -61,7 +75,8 @@ class RecordingArrayModel(ArrayModel):
         return super().sfu(name, ops)
 
     def vector(self, name, lane_ops, read_bytes=0):
-        self.log.append(Primitive("vector", name, weight_bytes=read_bytes, elements=lane_ops))
+        fused = self._quant is not None and name.endswith("_dequant")
+        self.log.append(Primitive("vector", name, weight_bytes=read_bytes, elements=lane_ops, fused=fused))
         return super().vector(name, lane_ops, read_bytes)
 
 

@@ -53,20 +53,21 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
     device = torch.device(device)
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None  # the board's energy counter, where NVML is
-    expert_elems = base.workload.expert_bytes // 2
+    expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
-    host = torch.empty((m.num_moe_layers, m.num_experts, expert_elems), dtype=torch.bfloat16,
-                       pin_memory=device.type == "cuda")
+    host = torch.empty((m.num_moe_layers, m.num_experts, expert_bytes), dtype=torch.uint8, pin_memory=device.type == "cuda")
     slots = max(p.slots for p in plans.values())
-    gpu_slots = torch.empty((slots, expert_elems), dtype=torch.bfloat16, device=device).normal_()
-    log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() * 2 / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    # the slots' bytes start as normal BF16 numbers (packed 4-bit weights read them as nibbles and scales)
+    gpu_slots = torch.empty((slots, -(-expert_bytes // 2)), dtype=torch.bfloat16, device=device).normal_()
+    gpu_slots = gpu_slots.view(torch.uint8)[:, :expert_bytes]
+    log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:
         prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
         groups = primitive_ops(prep.config.hw)
         step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device, gemv=gemv)
-        if step.expert_elems != expert_elems:
-            raise RuntimeError(f"expert primitives cover {step.expert_elems} elements, the expert has {expert_elems}")
+        if step.expert_bytes != expert_bytes:
+            raise RuntimeError(f"expert primitives cover {step.expert_bytes} bytes, the expert has {expert_bytes}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
             kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls)

@@ -13,6 +13,10 @@ that hwconfigs/h200-cycle-level.yaml describes instead:
   pipelines only loops that feed tl.dot), so the next tile's loads issue after this one's are consumed;
 - an operand shared by g outputs per row (GQA heads on one KV entry) is read once: each row is dotted with
   g input vectors, x laid out (reduction, g) as the replay's torch.mm stand-in has it.
+
+`gemv_q4` is the 4-bit experts' kernel (there is no cuBLAS one): it streams the packed weights and their scales
+(chipsim.hwreplay.harness.q4_views gives the layout) and dequantises in registers, an offset and a scale per
+weight, as the simulator's `compute.dequant_ops_per_weight: 2` lane operations.
 """
 
 from __future__ import annotations
@@ -68,6 +72,39 @@ def _gemv_grouped(w, x, y, R: tl.constexpr, O: tl.constexpr, G: tl.constexpr, GP
                      other=0.0).to(tl.float32)
         acc += tl.sum(wv[:, :, None] * xv[None, :, :], axis=1)
     tl.store(y + rows[:, None] * G + gs[None, :], acc.to(tl.bfloat16), mask=(rows[:, None] < O) & (gs[None, :] < G))
+
+
+@triton.jit
+def _gemv_q4(q, s, x, y, R: tl.constexpr, O: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """y = W x for W of O rows x R 4-bit weights: q (O, R/2) bytes, s (O, R/GROUP) BF16 scales. In each group of
+    GROUP columns, byte j holds column j (low nibble) and column j + GROUP/2 (high); a weight is (nibble - 8) x
+    scale. Each program ROWS rows, BLOCK bytes (2 x BLOCK columns) at a time."""
+    HALF: tl.constexpr = GROUP // 2
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+    for off in range(0, R // 2, BLOCK):
+        b = off + tl.arange(0, BLOCK)
+        grp = b // HALF
+        lo_col = grp * GROUP + b % HALF
+        m = (rows[:, None] < O) & (b[None, :] < R // 2)
+        qb = tl.load(q + rows[:, None].to(tl.int64) * (R // 2) + b[None, :], mask=m, other=0)
+        sc = tl.load(s + rows[:, None].to(tl.int64) * (R // GROUP) + grp[None, :], mask=m, other=0.0).to(tl.float32)
+        xl = tl.load(x + lo_col, mask=b < R // 2, other=0.0).to(tl.float32)
+        xh = tl.load(x + lo_col + HALF, mask=b < R // 2, other=0.0).to(tl.float32)
+        lo = (qb & 15).to(tl.float32) - 8.0
+        hi = (qb >> 4).to(tl.float32) - 8.0
+        acc += (lo * xl[None, :] + hi * xh[None, :]) * sc
+    tl.store(y + rows, tl.sum(acc, axis=1).to(tl.bfloat16), mask=rows < O)
+
+
+def gemv_q4(packed: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, out: torch.Tensor, group: int) -> torch.Tensor:
+    """out = W x for a 4-bit weight given as (packed (rows, reduction/2) uint8, scales (rows, reduction/group) BF16)."""
+    rows, half = packed.shape
+    block = min(BLOCK // 2, triton.next_power_of_2(half))
+    _gemv_q4[(triton.cdiv(rows, ROWS),)](packed, scales, x, out, 2 * half, rows, group, ROWS, block, num_warps=WARPS)
+    return out
 
 
 def gemv(weight: torch.Tensor, x: torch.Tensor, out: torch.Tensor, rows_per_program: int = ROWS) -> torch.Tensor:
