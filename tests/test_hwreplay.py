@@ -116,10 +116,69 @@ def _config(tmp_path, **dma):
     return str(path)
 
 
-def test_plan_recorder_rejects_a_dma_a_copy_stream_cannot_be(tmp_path):
-    prep = prepare(_config(tmp_path, cancel_in_flight=True), (), ["no-prefetch"])
-    with pytest.raises(InputError, match="copy stream"):
-        build_plan(prep, prep.policies[0])
+def test_the_span_recorder_notes_a_prefetch_paused_at_a_chunk_boundary_and_resumed():
+    """One engine, 100 GB/s, 1 µs setup, 1 MB chunks. A 4 MB prefetch moves from 1 µs; a 1 MB demand at 11.5 µs
+    (1.05 MB moved) lets it run on to its 2 MB boundary (21 µs) and take the engine (setup to 22 µs, data to
+    32 µs); the prefetch then resumes without a second setup and lands at 52 µs. Spans: the prefetch's first
+    2 MB, the demand, the prefetch's last 2 MB."""
+    from chipsim.hwreplay.plan import _SpanRecorder
+
+    env = simpy.Environment()
+    landed = {}
+    path = DmaPath(env, 100_000_000_000, 0, 1_000_000, 1, MB, on_landed=lambda tr: landed.__setitem__(tr.tag, env.now),
+                   preempt=True, demand_first=True)
+    rec = path.recorder = _SpanRecorder(1)
+
+    def demand_later():
+        yield env.timeout(11_500_000)
+        path.submit(MB, DEMAND, tag="d")
+    path.submit(4 * MB, PREFETCH, tag="p")
+    env.process(demand_later())
+    env.run()
+    assert landed == {"d": 32_000_000, "p": 52_000_000}
+    assert rec.data_spans == [(0, 0, 1_000_000, 0, 2 * MB), (0, 1, 22_000_000, 0, MB), (0, 0, 32_000_000, 2 * MB, 4 * MB)]
+
+
+def test_a_plan_with_dma_semantics_holds_the_spans_the_simulator_ran(tmp_path):
+    """Two engines, demand first, preemption, cancel at chunk boundaries: every issue's spans are contiguous from
+    its first byte, a completed transfer's end at the expert's last, an abandoned one's where it stopped (or it
+    has none), and the spans' bytes are the bytes the simulator moved. The schedule is part of the digest."""
+    semantics = dict(engines=2, demand_first=True, demand_preempts_prefetch=True, cancel_in_flight=True)
+    for label in ("promoe", "static-4"):
+        prep = prepare(_config(tmp_path, **semantics), (), [label])
+        plan = build_plan(prep, prep.policies[0])
+        assert plan.engines == 2 and {c[0] for c in plan.copies} == {0, 1}
+        spans: dict[int, list] = {}
+        for _, n, first, end in plan.copies:
+            spans.setdefault(n, []).append((first, end))
+        for n, runs in spans.items():
+            assert runs[0][0] == 0 and all(a[1] == b[0] for a, b in zip(runs, runs[1:])), (label, n, runs)
+        whole = sum(1 for runs in spans.values() if runs[-1][1] == plan.expert_bytes)
+        cut = [runs[-1][1] for runs in spans.values() if runs[-1][1] < plan.expert_bytes]
+        never = plan.fetches - len(spans)
+        assert cut and never > 0 and whole > 0, label  # prefetches abandoned at routing, some half-way
+        assert plan.fetch_bytes == plan.sim_fetch_bytes == whole * plan.expert_bytes + sum(cut)
+        fifo = build_plan(prepare(_config(tmp_path), (), [label]), prepare(_config(tmp_path), (), [label]).policies[0])
+        assert fifo.copies is None and fifo.digest() != plan.digest()
+
+
+def test_a_dma_schedule_replays_on_cpu_copying_exactly_the_spans(tmp_path):
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    semantics = dict(engines=2, demand_first=True, demand_preempts_prefetch=True, cancel_in_flight=True)
+    prep = prepare(_config(tmp_path, **semantics), ["workload.max_tokens=3"], ["promoe"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.full((m.num_moe_layers, m.num_experts, step.expert_bytes), 7, dtype=torch.uint8)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    res = replay(plan, step, host, slots, m.first_dense_layers, segments=True, stalls=True)
+    assert res["copy_streams"] == 2
+    assert res["copied_bytes"] == plan.fetch_bytes == plan.sim_fetch_bytes
+    bounds = [sum(plan.part_bytes[:i]) for i in range(1, len(plan.part_bytes))]  # a span is one copy per part it touches
+    assert res["copies"] == sum(1 + sum(a < b_ < b for b_ in bounds) for _, _, a, b in plan.copies)
+    assert len(res["latency_ms"]) == plan.tokens
 
 
 def test_fifo_needs_preemption_off(tmp_path):

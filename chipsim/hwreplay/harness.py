@@ -2,7 +2,8 @@
 
 Needs torch with CUDA. The model shape's expert weights live in pinned host memory (uninitialised: the
 numbers do not change a copy's or a GEMV's time); a bounded GPU buffer of `plan.slots` expert slots
-receives them on one copy stream (FIFO, as a CUDA stream is), while one compute stream runs the decode
+receives them on one copy stream per DMA engine (one, FIFO, unless the plan has a copy schedule), while
+one compute stream runs the decode
 step one kernel per primitive the simulator costs (chipsim.hwreplay.ops): every matvec a GEMV (or, for
 an operand shared by g heads, a (rows × reduction)·(reduction × g) matmul reading exactly its bytes), every
 SFU op an exp, every vector op an add, over the primitive's element count. Each layer's non-expert
@@ -12,7 +13,10 @@ Ordering follows the plan's action list (chipsim.hwreplay.plan):
 - a copy waits for an event recorded on the compute stream at its action's place (it cannot start before
   the decode step reaches the point where the policy issued it) and for the compute that last read its
   slot (write-after-read);
-- an expert's kernels wait for its copy's event;
+- with a copy schedule (several engines, demand first, preemption at chunk boundaries, cancel), each span is
+  its own copy on its engine's stream, in the schedule's order; a transfer's later span also waits for its
+  earlier one when that ran on another engine;
+- an expert's kernels wait for its copy's event (its last span's);
 - per-token latency is the time between consecutive "token done" events on the compute stream.
 The host enqueues everything asynchronously; it never waits for the GPU inside the measured tokens.
 """
@@ -278,20 +282,63 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     """
     Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
-    xs = Stream()
-    parts = [(sum(plan.part_bytes[:i]), b) for i, b in enumerate(plan.part_bytes)]
+    copy_streams = [Stream() for _ in range(plan.engines if plan.copies is not None else 1)]
+    part_ranges = [(sum(plan.part_bytes[:i]), sum(plan.part_bytes[:i + 1])) for i in range(len(plan.part_bytes))]
     graphs = graphs and gpu_slots.device.type == "cuda"
+    # the copy schedule, engine by engine: (issue, first byte, end byte); a FIFO copy stream's is every issue whole
+    if plan.copies is None:
+        queues = [[(n, 0, plan.expert_bytes) for n in range(plan.fetches)]]
+    else:
+        queues = [[] for _ in copy_streams]
+        for e, n, first, end in plan.copies:
+            queues[e].append((n, first, end))
+    last_span = {}  # issue -> (its last span's engine, position in that engine's queue)
+    for e, q in enumerate(queues):
+        for i, (n, first, end) in enumerate(q):
+            last_span[n] = (e, i)
+    heads = [0] * len(queues)
 
-    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", calls) on the copy stream,
+    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", stream, calls) on a copy stream,
     #      ("rec", event, stream), ("wait", stream, event), ("tok", event)
     prog = []
     copy_done: dict[tuple[int, int], object] = {}
     waited = set()  # copy events the compute stream has waited for: later work is behind them in stream order
     slot_of: dict[tuple[int, int], int] = {}
+    issued = []  # issue n -> (expert key, slot, the compute-stream marker it starts behind)
+    span_done = {}  # issue -> (engine, event after its latest enqueued span)
     marker = None
     token_events = []
     stall_marks = []  # (token, MoE layer, [(event before a wait for a copy, event after it), ...])
     copies = copied_bytes = 0
+
+    def enqueue_spans():
+        """Each engine's next spans, as far as their transfers have been issued (program order)."""
+        nonlocal copies, copied_bytes
+        for e, q in enumerate(queues):
+            while heads[e] < len(q) and q[heads[e]][0] < len(issued):
+                n, first, end = q[heads[e]]
+                key, slot, mark = issued[n]
+                before = span_done.get(n)
+                if before is None:
+                    prog.append(("wait", copy_streams[e], mark))
+                elif before[0] != e:  # a paused prefetch resumed on another engine: after its earlier span
+                    prog.append(("wait", copy_streams[e], before[1]))
+                calls = []
+                for lo, hi in part_ranges:  # one copy per part (descriptor) the span touches
+                    a, b = max(lo, first), min(hi, end)
+                    if a < b:
+                        calls.append((torch.Tensor.copy_, (gpu_slots[slot, a:b], host_experts[key[0], key[1], a:b]),
+                                      {"non_blocking": True}))
+                        copies += 1
+                        copied_bytes += b - a
+                prog.append(("x", copy_streams[e], calls))
+                ev = Event()
+                prog.append(("rec", ev, copy_streams[e]))
+                span_done[n] = (e, ev)
+                if last_span[n] == (e, heads[e]) and end == plan.expert_bytes:
+                    copy_done[key] = ev  # the transfer's bytes have all landed
+                heads[e] += 1
+
     for a in plan.actions:
         kind = a[0]
         if kind == "issue":
@@ -302,17 +349,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             if marker is None:
                 marker = Event()
                 prog.append(("rec", marker, cs))
-            prog.append(("wait", xs, marker))
-            calls = []
-            for off, n in parts:
-                calls.append((torch.Tensor.copy_, (gpu_slots[slot, off:off + n], host_experts[key[0], key[1], off:off + n]),
-                              {"non_blocking": True}))
-                copies += 1
-                copied_bytes += n
-            prog.append(("x", calls))
-            ev = Event()
-            prog.append(("rec", ev, xs))
-            copy_done[key] = ev
+            issued.append((key, slot, marker))
+            copy_done.pop(key, None)
+            enqueue_spans()
             slot_of[key] = slot
             continue
         if kind == "evict":
@@ -332,6 +371,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             layer = a[2]
             waits = []  # (event before, event after) around each wait, when stalls are timed
             for e in a[3]:
+                if (layer, e) in slot_of and (layer, e) not in copy_done:
+                    raise RuntimeError(f"hwreplay: expert {e} of MoE layer {layer} is computed at token {a[1]} before "
+                                       "the copy schedule has enqueued its last bytes")
                 ev = copy_done.get((layer, e))
                 if ev is not None and ev not in waited:
                     if stalls:
@@ -367,8 +409,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                     for fn, args, kwargs in op[1]:
                         fn(*args, **kwargs)
                 elif kind == "x":
-                    with use(xs):
-                        for fn, args, kwargs in op[1]:
+                    with use(op[1]):
+                        for fn, args, kwargs in op[2]:
                             fn(*args, **kwargs)
                 elif kind == "wait":
                     op[1].wait_event(op[2])
@@ -414,5 +456,5 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
             "program_steps": len(prog), "kernel_launch": ("segment-" if segments else "") + ("graph" if graphs else "eager"),
             "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
-            "gemv": step.gemv, "host_dispatch_ms": dispatch_ms, "energy": energy,
+            "gemv": step.gemv, "host_dispatch_ms": dispatch_ms, "energy": energy, "copy_streams": len(copy_streams),
             **({"stall_ms": stall_ms} if stalls else {})}

@@ -18,9 +18,20 @@ the action's place in the list. The buffer slot of every fetch is assigned here 
 evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
 same FIFO copy stream), so the replay and the CPU tests agree on slots as well.
 
-The replay supports what a CUDA copy stream can do: every issued copy moves all its bytes
-(`dma.cancel_in_flight: false`), copies run in issue order (`dma.demand_first: false`); a policy that
-computes on the host CPU or with surrogates is rejected.
+With the config's DMA a single FIFO engine (`dma.engines: 1`, `demand_first`, `demand_preempts_prefetch`
+and `cancel_in_flight` all false) the replay is one CUDA copy stream, which behaves so: each issued copy
+moves all its bytes, in issue order. Otherwise the plan also holds the simulator's copy schedule,
+`copies`: every span in which one DMA engine moved a contiguous run of one transfer's bytes,
+
+    [engine, n, first byte, end byte]     the n-th "issue" of the action list moved [first, end) on `engine`
+
+per engine in the order the simulator ran them. A GPU copy engine cannot pause a copy or drop one it has
+begun, so the replay makes each span its own copy on that engine's stream: a demand that overtook a
+prefetch at a chunk boundary runs between the prefetch's two spans, a prefetch abandoned at routing stops
+after its last span, and its bytes are those the simulator moved (chipsim.hwreplay.harness). The order of
+the spans is the simulator's decision, as slots and ProMoE's prefetches are; the replay measures its time.
+
+A policy that computes on the host CPU or with surrogates is rejected.
 """
 
 from __future__ import annotations
@@ -31,10 +42,11 @@ from dataclasses import dataclass
 
 from chipsim.errors import InputError
 from chipsim.runner import Prepared
-from chipsim.sim.dma import DEMAND
+from chipsim.sim.dma import DEMAND, DmaRecorder
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
 from chipsim.sim.metrics import per_token_energy_pj
+from chipsim.units import PS_PER_S
 
 PHASES = ("token", "layer_start", "route", "layer_end", "victims")
 
@@ -71,23 +83,73 @@ class _PhaseProxy:
         return self._policy.on_layer_end(ctx, t, layer)
 
 
+class _SpanRecorder(DmaRecorder):
+    """The DMA path's recorder, also noting each data span's bytes: (engine, transfer id, start ps, first byte,
+    end byte). A span starts when a transfer's data phase begins or a paused prefetch resumes, and ends when it
+    pauses at a chunk boundary, stops (cancelled) or lands."""
+
+    def __init__(self, engines: int):
+        super().__init__(engines)
+        self.data_spans: list[tuple[int, int, int, int, int]] = []
+        self._moving: dict[int, tuple[int, int, int]] = {}  # tid -> (engine, start ps, bytes moved before)
+
+    @staticmethod
+    def _moved(tr, units_left: int) -> int:
+        """Bytes moved with `units_left` to go, rounded up as the DMA path counts a stopped transfer's bytes."""
+        return -(-(tr.nbytes * PS_PER_S - units_left) // PS_PER_S)
+
+    def take(self, tr, now, phase):
+        super().take(tr, now, phase)
+        if phase == "data":  # a paused prefetch resumes where it stopped
+            self._moving[tr.tid] = (self.held[tr.tid][0], now, self._moved(tr, tr.remaining))
+
+    def next_phase(self, tr, now, phase):
+        super().next_phase(tr, now, phase)
+        if phase == "data":
+            self._moving[tr.tid] = (self.held[tr.tid][0], now, 0)
+
+    def release(self, tr, now):
+        moving = self._moving.pop(tr.tid, None)
+        super().release(tr, now)
+        if moving is not None:
+            end = self._moved(tr, tr.remaining)
+            if end > moving[2]:
+                self.data_spans.append((moving[0], tr.tid, moving[1], moving[2], end))
+
+
+def fifo_copy_stream(dma) -> bool:
+    """True when the config's DMA is one CUDA copy stream: one engine, one FIFO queue, nothing paused or dropped."""
+    return dma.engines == 1 and not (dma.cancel_in_flight or dma.demand_first or dma.demand_preempts_prefetch)
+
+
 class PlanRecorder(Simulation):
-    """A Simulation that records its action list (see the module docstring)."""
+    """A Simulation that records its action list (and, unless its DMA is one FIFO copy stream, its copy schedule;
+    see the module docstring)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        dma = self.hw.dma
-        if dma.cancel_in_flight or dma.demand_first or dma.demand_preempts_prefetch:
-            raise InputError("hwreplay: the config's DMA must behave as a CUDA copy stream: dma.cancel_in_flight, "
-                             "dma.demand_first and dma.demand_preempts_prefetch all false")
         self.actions: list[list] = []
         self.t = 0
         self.layer = -1
         self.policy = _PhaseProxy(self.policy, self)
+        self.issue_of_tid: dict[int, int] = {}  # DMA transfer id -> its "issue" among the actions (0, 1, ...)
+        self.spans: _SpanRecorder | None = None
+        if not fifo_copy_stream(self.hw.dma):
+            self.spans = self.dma.recorder = _SpanRecorder(self.dma.engines)
 
     def _issue(self, key, priority):
         self.actions.append(["issue", self.t, self.layer, key[0], key[1], "demand" if priority == DEMAND else "prefetch"])
-        return super()._issue(key, priority)
+        entry = super()._issue(key, priority)
+        self.issue_of_tid[entry.transfers[-1].tid] = len(self.issue_of_tid)
+        return entry
+
+    def copy_schedule(self) -> list | None:
+        """[engine, issue, first byte, end byte] per data span, engine by engine in the order they ran (None for
+        a FIFO copy stream: each issue is one copy of all its bytes, in issue order)."""
+        if self.spans is None:
+            return None
+        spans = sorted(self.spans.data_spans, key=lambda s: (s[0], s[2], s[1]))
+        return [[e, self.issue_of_tid[tid], a, b] for e, tid, _, a, b in spans]
 
     def evict(self, layer, expert, stop_transfer=True):
         if self.present(layer, expert):
@@ -120,10 +182,14 @@ class Plan:
     sim_fetch_bytes: int  # bytes the simulator moved over the expert-fetch path
     sim_stall_ms: list  # the simulator's per-token, per-MoE-layer stall (arrays waiting only for expert bytes)
     sim_energy_mj: list  # the simulator's per-token energy by ledger entry ({entry: mJ}, chipsim.sim.metrics)
+    engines: int = 1  # DMA engines: copy streams of the replay
+    copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
 
     def digest(self) -> str:
-        """sha256 of the action list: two plans with the same decisions have the same digest."""
-        return hashlib.sha256(json.dumps(self.actions, separators=(",", ":")).encode()).hexdigest()
+        """sha256 of the action list (and the copy schedule, where there is one): two plans with the same decisions
+        have the same digest."""
+        decided = self.actions if self.copies is None else [self.actions, self.copies]
+        return hashlib.sha256(json.dumps(decided, separators=(",", ":")).encode()).hexdigest()
 
     @property
     def fetches(self) -> int:
@@ -135,12 +201,17 @@ class Plan:
 
     @property
     def fetch_bytes(self) -> int:
-        return self.fetches * self.expert_bytes
+        """Bytes the replay copies: every issue's, or, with a copy schedule, the spans' (a prefetch abandoned
+        half-way moved only some)."""
+        if self.copies is None:
+            return self.fetches * self.expert_bytes
+        return sum(b - a for _, _, a, b in self.copies)
 
     def to_json(self) -> dict:
+        extra = {} if self.copies is None else {"engines": self.engines, "copy_spans": len(self.copies)}
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
-                "sim_fetch_bytes": self.sim_fetch_bytes}
+                "sim_fetch_bytes": self.sim_fetch_bytes, **extra}
 
 
 def assign_slots(actions: list, slots: int) -> list:
@@ -179,4 +250,5 @@ def build_plan(prep: Prepared, policy) -> Plan:
                 sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()),
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
-                               for t in range(result.tokens)])
+                               for t in range(result.tokens)],
+                engines=sim.dma.engines, copies=sim.copy_schedule())

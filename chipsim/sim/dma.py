@@ -23,6 +23,8 @@ from heapq import heappop, heappush
 from collections import deque
 from typing import Any, Callable, ClassVar, Final
 
+from mypy_extensions import mypyc_attr
+
 from chipsim.sim.flows import WRITE, Flow, FlowNetwork, Path
 from chipsim.units import PS_PER_S
 
@@ -71,6 +73,7 @@ def _flow(tr: Transfer) -> Flow:
     return flow
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # chipsim.hwreplay.plan notes the bytes of each data span
 class DmaRecorder:
     """What a timeline needs from the DMA path, kept only while one is recorded (`DmaPath.recorder`, and
     chipsim.sim.native's: its path and transfers are typed Any here): which engine each transfer holds (lowest
