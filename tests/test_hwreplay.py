@@ -290,6 +290,18 @@ def test_a_4bit_expert_is_two_packed_matvecs_with_the_dequantisation_fused_into_
     assert sum(p.weight_bytes for p in mv) == prep.workload.expert_bytes
 
 
+def test_the_4bit_shapes_to_time_are_those_the_profile_lacks():
+    """microbench --set model.expert_bits=4 --missing-from CONFIG: only the 4-bit experts' matvecs (two per model
+    shape) and their fused dequantisation are new; every other kernel shape of the two configs is already timed."""
+    from chipsim.hwreplay.microbench import decode_shapes
+
+    g, d = (os.path.join(ROOT, "hwconfigs", f) for f in ("h200-pcie5.yaml", "h200-pcie5-deepseek-v2-lite.yaml"))
+    shapes = decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g])
+    names = sorted((p.name, p.bits, p.fused) for p, _ in shapes)
+    assert names == [("expert_dequant", 16, True)] * 2 + [("expert_down", 4, False)] * 2 + [("expert_gate_up", 4, False)] * 2
+    assert len(decode_shapes([g, d], [1024], (), [g])) == 0  # BF16: nothing missing
+
+
 def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     """Byte 0x3A of group 0 holds column 0 (low nibble 0xA: 10 - 8 = 2) and column 64 (high 0x3: 3 - 8 = -5);
     with scales 0.5 and 2 for the two groups of a 256-column row, x = 1 at columns 0, 64 and 128:
