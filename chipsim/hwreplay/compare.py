@@ -99,6 +99,7 @@ def _case_row(job) -> dict:
         "host_enqueue_ms": statistics.fmean(case["host_enqueue_ms"][warm:]),
         "tokens": len(measured), "replays": 1 + len(case.get("repeat_latency_ms", [])),
         "spread_pct": _spread_pct(case, warm), "kernel_launch": case.get("kernel_launch", "eager"),
+        "overrides": list(overrides), "copy_streams": case.get("copy_streams", 1),
         **_energy_fields(case, plan), **_stall_fields(case, plan, warm),
     }
 
@@ -256,7 +257,14 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
              "hwconfigs/h200-pcie5.yaml, derived from single-op microbenchmarks only.", ""]
     lines += regime_summary_lines(regimes) + [""]
     for name, rows in regimes:
-        lines += [f"### {name}", ""] + regime_case_lines(rows) + [""]
+        settings = []  # each distinct set of config overrides the regime's replays ran with, in order
+        for r in rows:
+            line = f"- {r['model']}: " + (", ".join(f"`{o}`" for o in r["overrides"]) or "none") + (
+                f"; {r['copy_streams']} copy streams" if r["copy_streams"] > 1 else "")
+            if line not in settings:
+                settings.append(line)
+        lines += [f"### {name}", "", "Replayed with these config overrides:", ""] + settings + [""]
+        lines += regime_case_lines(rows) + [""]
         if figure_dir:
             slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
             path = os.path.join(figure_dir, f"stalls-{slug}.png")
@@ -447,8 +455,19 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
               "With `--stalls`, CUDA events around every wait of the compute stream for a copy time each MoE layer's "
               "stall; the board's energy is read from NVML (nvmlDeviceGetTotalEnergyConsumption) before the first "
               "token is enqueued and after the last has run.",
-              "- Bytes: the plan's fetches × expert bytes, the bytes the GPU copied, and the bytes in the measurement "
-              "file must be equal; decisions: the plan rebuilt here must have the digest recorded on the device.",
+              "- 4-bit experts (`--set model.expert_bits=4`): the host store and the GPU slots hold each expert's "
+              "packed weights and BF16 scales (one per 128 weights); its matvecs run a Triton kernel that "
+              "dequantises in registers as it streams them (chipsim/hwreplay/triton_kernels.py `gemv_q4`; no "
+              "separate dequantisation kernel, so the profile times that primitive at 0), checked against the "
+              "dequantised reference on the device (validation/compute/check_q4.py).",
+              "- DMA semantics (`dma.engines` > 1, `demand_first`, `demand_preempts_prefetch`, `cancel_in_flight`): "
+              "the plan also holds the simulator's copy schedule, every span in which one engine moved a run of one "
+              "transfer's bytes; the replay gives each engine a copy stream and each span its own copy, in the "
+              "schedule's order (a GPU copy engine cannot pause or drop a copy it has begun), so a prefetch "
+              "abandoned at routing moves only the bytes the simulator moved.",
+              "- Bytes: the plan's bytes (every issue's whole expert, or the schedule's spans), the bytes the GPU "
+              "copied, and the bytes in the measurement file must be equal; decisions: the plan rebuilt here must "
+              "have the digest recorded on the device.",
               "- error = (simulated − measured) / measured; MAPE = mean |error|. Overlapped policies: "
               + ", ".join(OVERLAPPED) + ".", "", "Commands:", "", "```"] + commands + ["```", ""]
     return "\n".join(lines)
