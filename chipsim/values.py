@@ -92,7 +92,7 @@ def _number_bounds(key: str, value, b: Bounds) -> None:
 
 
 def check_value(key: str, value, tp: type, bounds: Bounds = Bounds()):
-    """`value` read as type `tp` (float, int, bool, str, dict of name -> positive number, list of names) and
+    """`value` read as type `tp` (float, int, bool, str, dict of name -> number >= 0, list of names) and
     checked against `bounds`; returns it converted (an int for a float key becomes a float, 2.0 for an int key
     becomes 2). Raises InputError naming `key`."""
     if tp is float:
@@ -120,7 +120,7 @@ def check_value(key: str, value, tp: type, bounds: Bounds = Bounds()):
         for name, v in value.items():
             if not isinstance(name, str) or not name:
                 raise InputError(f"{key}: entry names must be non-empty strings, got {name!r}")
-            out[name] = check_value(f"{key}.{name}", v, float, Bounds(minimum=0, maximum=1e12, min_exclusive=True))
+            out[name] = check_value(f"{key}.{name}", v, float, Bounds(minimum=0, maximum=1e12))
         return out
     elif tp is list:
         if isinstance(value, str):

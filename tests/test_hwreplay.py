@@ -398,7 +398,8 @@ def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
 
 def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     """Every value of hwconfigs/h200-pcie5.yaml comes back from the committed single-op measurements: the copy and
-    kernel microbenchmarks, the long-context kernel shapes and the energy probe (its header names the command)."""
+    kernel microbenchmarks, the long-context and 4-bit kernel shapes and the energy probe (its header names the
+    command)."""
     import yaml
 
     from chipsim.hwreplay.energy_table import derive
@@ -410,16 +411,19 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
 
     mb = load("validation", "h200-microbench.json")
     long_ops = load("validation", "compute", "h200-op-times-long.json")
+    q4_ops = load("validation", "compute", "h200-op-times-q4.json")
     fit = derive(load("validation", "energy", "h200-energy-probe.json"))
     with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
         text = f.read()
     committed = yaml.safe_load(text)
-    assert "--op-times-extra validation/compute/h200-op-times-long.json" in text.splitlines()[2]
+    assert ("--op-times-extra validation/compute/h200-op-times-long.json --op-times-extra "
+            "validation/compute/h200-op-times-q4.json") in text.splitlines()[2]
     assert "--energy-probe validation/energy/h200-energy-probe.json" in text.splitlines()[2]
     launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
     assert len(launches) == 1  # every committed replay ran the same way, and the config says which
     mode = launches.pop()
-    rendered = render(mb, mode, (("validation/compute/h200-op-times-long.json", long_ops),), fit,
+    rendered = render(mb, mode, (("validation/compute/h200-op-times-long.json", long_ops),
+                                 ("validation/compute/h200-op-times-q4.json", q4_ops)), fit,
                       "validation/energy/h200-energy-probe.json")
     assert yaml.safe_load(rendered) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
@@ -427,8 +431,10 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     assert committed["compute"]["op_overhead_cycles"] == round(per_kernel * committed["compute"]["clock_mhz"])
     field = "eager_us" if mode == "eager" else "graph_us"
     profiled = {r["key"]: round(r[field] * 1e3, 1) for r in mb["op_times"]}  # the main file's shapes keep its times
-    for r in long_ops["op_times"]:
+    for r in long_ops["op_times"] + q4_ops["op_times"]:
         profiled.setdefault(r["key"], round(r[field] * 1e3, 1))
+    fused = [k for k, r in ((r["key"], r) for r in q4_ops["op_times"]) if r.get("fused")]
+    assert len(fused) == 2 and all(profiled[k] == 0.0 for k in fused)  # the 4-bit experts' dequantisation
     assert committed["compute"]["op_times_ns"] == profiled
     assert committed["links"]["pcie"]["bandwidth_gbps"] == mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"]
     assert committed["dma"]["setup_ns"] == round(mb["h2d_pinned_queued16_fit"]["intercept_us"] * 1e3, 1)

@@ -96,7 +96,8 @@ class ComputeConfig:
     op_times_ns: dict = _optional(
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
-        "array model's estimate (profiled-operator mode, as in Vidur); empty: the array model throughout", {})
+        "array model's estimate (profiled-operator mode, as in Vidur), 0 where it runs inside another's kernel "
+        "(a dequantisation fused into its matvecs); empty: the array model throughout", {})
     clock_power_by_occupancy: bool = _optional(
         "true: an operation draws clock power only on the share of the arrays it occupies (one smaller than a pass "
         "of the whole chip leaves some idle); false: every array while any runs. Needs clock_gated_when_idle",

@@ -50,7 +50,8 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
         lines.append(f"    # and, timed the same way (microbench --gemv cublas), the shapes only in {'; '.join(added)}")
     for r in rows:
         users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
-        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {users}')
+        fused = ": no kernel of its own, it runs inside the 4-bit matvecs" if r.get("fused") else ""
+        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {users}{fused}')
     return "\n".join(lines) + "\n"
 
 
@@ -170,7 +171,7 @@ compute:
   clock_power_w_per_array: {e['clock']}
   clock_gated_when_idle: {e['gated']}
 {e['occupancy']}  leakage_power_w_per_array: {e['leakage']}
-  dequant_ops_per_weight: 2       # as thor.yaml (only used below 16 bit; the validation runs BF16)
+  dequant_ops_per_weight: 2       # an offset and a scale per weight below 16 bit, as the 4-bit replays' kernel (triton_kernels.gemv_q4) does
   op_group_launch_ns: {launch_ns}   # {launch_source}
 {table}
 memory:
@@ -252,7 +253,7 @@ expert_buffer:
 
 model:
   name: granite-3.1-3b-a800m
-  expert_bits: 16                 # BF16 experts (the replay copies BF16)
+  expert_bits: 16                 # BF16 experts (the 4-bit replays set model.expert_bits=4)
   quant_group_size: 128
   quant_scale_bits: 16
 

@@ -2,13 +2,14 @@
 # 4-bit experts and the DMA semantics thor relies on, on the H200, in one device command (from the repository root;
 # torch with CUDA and Triton, nvidia-ml-py and simpy installed):
 #
-#     bash validation/regimes/measure-q4-dma.sh OUT [STEPS]      (STEPS: any of q4 energy dma; default all three)
+#     bash validation/regimes/measure-q4-dma.sh OUT [STEPS]   (STEPS: any of q4-kernel q4 energy dma; default all)
 #
-# q4:  1. the 4-bit kernel against its reference                                           -> OUT/q4-check.json
+# q4-kernel:
+#      1. the 4-bit kernel against its reference                                           -> OUT/q4-check.json
 #      2. every new kernel shape of the 4-bit experts timed alone, as the other shapes were
 #         (microbench --gemv cublas; the 4-bit matvecs run triton_kernels.gemv_q4)       -> validation/compute/h200-op-times-q4.json
 #      3. hwconfigs/h200-pcie5.yaml written again with those shapes added (h200config; the command is in its header)
-#      4. 4-bit experts, Granite-3B and DeepSeek-V2-Lite at context 1,024: a GPU buffer of a quarter of the experts
+# q4:  4. 4-bit experts, Granite-3B and DeepSeek-V2-Lite at context 1,024: a GPU buffer of a quarter of the experts
 #         (as the PCIe-bound cases) and of nearly all of them (cached), LRU and ProMoE, one CUDA graph per run of
 #         compute between copy synchronisations, per-layer stalls                         -> OUT/q4/, OUT/q4-ds/
 # energy: 5. each decode-step kernel shape's energy alone (validation/energy/probe_op_energy.py) -> OUT/h200-op-energy.json
@@ -18,14 +19,14 @@
 #         ProMoE and LRU                                                                 -> OUT/dma/, OUT/dma-ds/
 # Every replay is run twice; the board's energy is read around each. Each step has its own time limit and log.
 set -uo pipefail
-OUT=${1:?usage: measure-q4-dma.sh OUT [q4] [energy] [dma]}
+OUT=${1:?usage: measure-q4-dma.sh OUT [q4-kernel] [q4] [energy] [dma]}
 shift
-WHAT=" ${*:-q4 energy dma} "
+WHAT=" ${*:-q4-kernel q4 energy dma} "
 mkdir -p "$OUT"
 R="python -m chipsim.hwreplay.run"
 G=hwconfigs/h200-pcie5.yaml
 D=hwconfigs/h200-pcie5-deepseek-v2-lite.yaml
-if [[ "$WHAT" == *" q4 "* ]]; then
+if [[ "$WHAT" == *" q4-kernel "* ]]; then
   timeout -k 5 120 python validation/compute/check_q4.py > "$OUT/q4-check.json" 2> "$OUT/q4-check.log"
   echo "q4 check: exit $?"
   timeout -k 5 200 python -m chipsim.hwreplay.microbench --out validation/compute/h200-op-times-q4.json --gemv cublas \
@@ -37,6 +38,8 @@ if [[ "$WHAT" == *" q4 "* ]]; then
       --energy-probe validation/energy/h200-energy-probe.json > "$OUT/h200config.log" 2>&1
   echo "config: exit $?"
   cp $G "$OUT/"
+fi
+if [[ "$WHAT" == *" q4 "* ]]; then
   Q="--graphs --segments --stalls --repeats 2 --policy lru --policy promoe --contexts 1024 --set model.expert_bits=4"
   timeout -k 5 200 $R $G $Q --set expert_buffer.capacity_mib=384 --out "$OUT/q4" > "$OUT/q4.log" 2>&1
   echo "q4 granite quarter: exit $?"
