@@ -290,16 +290,20 @@ def test_a_4bit_expert_is_two_packed_matvecs_with_the_dequantisation_fused_into_
     assert sum(p.weight_bytes for p in mv) == prep.workload.expert_bytes
 
 
-def test_the_4bit_shapes_to_time_are_those_the_profile_lacks():
-    """microbench --set model.expert_bits=4 --missing-from CONFIG: only the 4-bit experts' matvecs (two per model
-    shape) and their fused dequantisation are new; every other kernel shape of the two configs is already timed."""
+def test_the_4bit_shapes_timed_are_those_the_bf16_profile_lacked():
+    """microbench --set model.expert_bits=4: of all the decode steps' shapes, only the 4-bit experts' matvecs (two per
+    model shape) and their fused dequantisation are not BF16 shapes; the committed 4-bit file timed exactly those,
+    and with it in the config nothing is missing any more (--missing-from)."""
     from chipsim.hwreplay.microbench import decode_shapes
 
     g, d = (os.path.join(ROOT, "hwconfigs", f) for f in ("h200-pcie5.yaml", "h200-pcie5-deepseek-v2-lite.yaml"))
-    shapes = decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g])
-    names = sorted((p.name, p.bits, p.fused) for p, _ in shapes)
-    assert names == [("expert_dequant", 16, True)] * 2 + [("expert_down", 4, False)] * 2 + [("expert_gate_up", 4, False)] * 2
-    assert len(decode_shapes([g, d], [1024], (), [g])) == 0  # BF16: nothing missing
+    bf16 = {p.key for p, _ in decode_shapes([g, d], [1024])}
+    new = [p for p, _ in decode_shapes([g, d], [1024], ["model.expert_bits=4"]) if p.key not in bf16]
+    assert sorted((p.name, p.bits, p.fused) for p in new) == (
+        [("expert_dequant", 16, True)] * 2 + [("expert_down", 4, False)] * 2 + [("expert_gate_up", 4, False)] * 2)
+    with open(os.path.join(ROOT, "validation", "compute", "h200-op-times-q4.json")) as f:
+        assert {r["key"] for r in json.load(f)["op_times"]} == {p.key for p in new}
+    assert decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g]) == []
 
 
 def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
