@@ -41,15 +41,18 @@ def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name
         assert len(case["latency_ms"]) == plan.tokens == meas["tokens"]
 
 
-REGIME_FILES = ["cached/h200-pcie5.json", "cached-ds/h200-pcie5-deepseek-v2-lite.json", "pcie/h200-pcie5.json"]
+REGIME_FILES = ["cached/h200-pcie5.json", "cached-ds/h200-pcie5-deepseek-v2-lite.json", "pcie/h200-pcie5.json",
+                "q4/h200-pcie5.json", "q4-ds/h200-pcie5-deepseek-v2-lite.json", "q4-cached/h200-pcie5.json",
+                "q4-ds-cached/h200-pcie5-deepseek-v2-lite.json", "dma/h200-pcie5.json",
+                "dma-ds/h200-pcie5-deepseek-v2-lite.json"]
 
 
 @pytest.mark.parametrize("name", REGIME_FILES)
 def test_the_regimes_decisions_and_bytes_come_out_of_the_plan_again(name):
-    """validation/regimes' main set (cached experts, long context, PCIe-bound with stalls timed): every ProMoE case,
-    whose prefetches depend on timing, rebuilt here with the overrides the replay ran with, has the digest and the
-    bytes recorded on the GPU; every case copied exactly its plan's bytes and timed stalls only in layers and
-    tokens that exist."""
+    """validation/regimes' sets (cached experts, long context, PCIe-bound, 4-bit experts, DMA semantics): every ProMoE
+    case, whose prefetches depend on timing, rebuilt here with the overrides the replay ran with, has the digest and
+    the bytes recorded on the GPU (with a copy schedule: its spans', and one copy stream per engine); every case
+    copied exactly its plan's bytes and timed stalls only in layers and tokens that exist."""
     with open(os.path.join(ROOT, "validation", "regimes", name)) as f:
         meas = json.load(f)
     for case in meas["cases"]:
@@ -65,6 +68,7 @@ def test_the_regimes_decisions_and_bytes_come_out_of_the_plan_again(name):
         plan = build_plan(prep, prep.policies[0])
         assert plan.digest() == case["plan"]["digest"], case["context_length"]
         assert plan.fetch_bytes == case["copied_bytes"] == plan.sim_fetch_bytes
+        assert case.get("copy_streams", 1) == (1 if plan.copies is None else plan.engines)
         assert max({layer for _, layer, _ in case["stall_ms"]}) < prep.workload.model.num_moe_layers
 
 
