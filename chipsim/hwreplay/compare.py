@@ -100,6 +100,8 @@ def _case_row(job) -> dict:
         "tokens": len(measured), "replays": 1 + len(case.get("repeat_latency_ms", [])),
         "spread_pct": _spread_pct(case, warm), "kernel_launch": case.get("kernel_launch", "eager"),
         "overrides": list(overrides), "copy_streams": case.get("copy_streams", 1),
+        # the host enqueueing one token at a time on an idle GPU (hwreplay --dispatch-tokens): its own pace
+        **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
         **_energy_fields(case, plan), **_stall_fields(case, plan, warm),
     }
 
@@ -209,7 +211,8 @@ def regime_case_lines(rows: list[dict]) -> list[str]:
                   f"{statistics.fmean(sm):.4f}, {_pct(sm, 0.9):.4f}, {_pct(sm, 0.99):.4f}")
         else:
             st = "| "
-        out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {r['kernel_launch']} | "
+        launch = r["kernel_launch"] + (f"; host alone {r['host_alone_ms']:.2f} ms/token" if "host_alone_ms" in r else "")
+        out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {launch} | "
                    f"{r['measured_ms']:.3f} | {r['simulated_ms']:.3f} | {r['error_pct']:+.1f} % | {e} | {st} |")
     return out
 
