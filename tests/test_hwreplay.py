@@ -310,6 +310,15 @@ def test_the_4bit_shapes_timed_are_those_the_bf16_profile_lacked():
     assert decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g]) == []
 
 
+def test_a_replay_of_8bit_experts_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("torch")
+    from chipsim.hwreplay.run import main
+
+    with pytest.raises(InputError, match="BF16 experts or 4-bit ones"):
+        main([_config(tmp_path), "--device", "cpu", "--set", "model.expert_bits=8", "--policy", "lru",
+              "--contexts", "512", "--jobs", "1", "--out", str(tmp_path / "out")])
+
+
 def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     """Byte 0x3A of group 0 holds column 0 (low nibble 0xA: 10 - 8 = 2) and column 64 (high 0x3: 3 - 8 = -5);
     with scales 0.5 and 2 for the two groups of a 256-column row, x = 1 at columns 0, 64 and 128:

@@ -2,10 +2,10 @@
 
 Needs torch with CUDA. The model shape's expert weights live in pinned host memory (uninitialised: the
 numbers do not change a copy's or a GEMV's time); a bounded GPU buffer of `plan.slots` expert slots
-receives them on one copy stream per DMA engine (one, FIFO, unless the plan has a copy schedule), while
-one compute stream runs the decode
-step one kernel per primitive the simulator costs (chipsim.hwreplay.ops): every matvec a GEMV (or, for
-an operand shared by g heads, a (rows × reduction)·(reduction × g) matmul reading exactly its bytes), every
+receives them on one copy stream per DMA engine (one, FIFO, unless the plan has a copy schedule), while one
+compute stream runs the decode step one kernel per primitive the simulator costs (chipsim.hwreplay.ops):
+every matvec a GEMV (or, for an operand shared by g heads, a (rows × reduction)·(reduction × g) matmul
+reading exactly its bytes; for 4-bit weights, a kernel that dequantises them as it streams them), every
 SFU op an exp, every vector op an add, over the primitive's element count. Each layer's non-expert
 weights and KV cache are separate allocations, so nothing stays in the L2 cache from layer to layer.
 

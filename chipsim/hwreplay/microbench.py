@@ -333,6 +333,8 @@ def main(argv=None) -> int:
                     help="with --gemv: time only the shapes these configs' compute.op_times_ns lack")
     a = ap.parse_args(argv)
     contexts = [int(c) for c in a.contexts.split(",")]
+    if (a.set or a.missing_from) and not a.gemv:
+        ap.error("--set and --missing-from go with --gemv (the per-shape kernel times alone)")
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")

@@ -16,7 +16,8 @@ the decode step moves on and every decision the policy (or the engine on its beh
 Issue points are program points: the replay may start a copy no earlier than the compute stream reaches
 the action's place in the list. The buffer slot of every fetch is assigned here (lowest free slot; an
 evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
-same FIFO copy stream), so the replay and the CPU tests agree on slots as well.
+same FIFO copy stream; with several engines the two may overlap, which changes no time, as the evicted
+expert is never computed again), so the replay and the CPU tests agree on slots as well.
 
 With the config's DMA a single FIFO engine (`dma.engines: 1`, `demand_first`, `demand_preempts_prefetch`
 and `cancel_in_flight` all false) the replay is one CUDA copy stream, which behaves so: each issued copy

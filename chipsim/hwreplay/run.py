@@ -49,6 +49,11 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     t0 = time.perf_counter()
     base, plans = plans_for(config, contexts, policies, jobs, overrides)
     hw = base.config.hw
+    w = hw.model
+    if w.expert_bits != 16 and (w.expert_bits, w.quant_scale_bits, w.quant_group_size % 2) != (4, 16, 0):
+        raise InputError(f"{config}: the replay runs BF16 experts or 4-bit ones with BF16 scales over an even group "
+                         f"(model.expert_bits {w.expert_bits}, quant_scale_bits {w.quant_scale_bits}, "
+                         f"quant_group_size {w.quant_group_size})")
     m = base.workload.model
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
     device = torch.device(device)
