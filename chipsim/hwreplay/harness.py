@@ -254,10 +254,12 @@ class _CpuStream:
 
 
 def _sync_api(device):
-    """(Stream, Event, use-stream context, synchronize) for CUDA, or in-order stand-ins for a CPU dry run."""
+    """(Stream, Event, use-stream context, make-current, synchronize) for CUDA, or in-order stand-ins for a CPU
+    dry run. make-current (torch.cuda.set_stream) switches streams with one call, for the copies: the context
+    manager costs the host several."""
     if device.type == "cuda":
-        return torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.cuda.synchronize
-    return _CpuStream, _CpuEvent, lambda s: contextlib.nullcontext(), lambda: None
+        return torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream, torch.cuda.set_stream, torch.cuda.synchronize
+    return _CpuStream, _CpuEvent, lambda s: contextlib.nullcontext(), lambda s: None, lambda: None
 
 
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
@@ -280,7 +282,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     gpu (chipsim.hwreplay.nvml): the board's energy is read before the first token is enqueued and once the last
     has run ("energy": joules, seconds, mean watts over all tokens, warm-up included).
     """
-    Stream, Event, use, synchronize = _sync_api(gpu_slots.device)
+    Stream, Event, use, make_current, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
     copy_streams = [Stream() for _ in range(plan.engines if plan.copies is not None else 1)]
     part_ranges = [(sum(plan.part_bytes[:i]), sum(plan.part_bytes[:i + 1])) for i in range(len(plan.part_bytes))]
@@ -298,8 +300,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             last_span[n] = (e, i)
     heads = [0] * len(queues)
 
-    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", stream, calls) on a copy stream,
-    #      ("rec", event, stream), ("wait", stream, event), ("tok", event)
+    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", copy stream, event to wait for or None,
+    #      [(destination, source)], event recorded after), ("rec", event, stream), ("wait", stream, event),
+    #      ("tok", event)
     prog = []
     copy_done: dict[tuple[int, int], object] = {}
     waited = set()  # copy events the compute stream has waited for: later work is behind them in stream order
@@ -319,21 +322,20 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                 n, first, end = q[heads[e]]
                 key, slot, mark = issued[n]
                 before = span_done.get(n)
+                after = None  # what the span waits for on its copy stream besides the spans before it there
                 if before is None:
-                    prog.append(("wait", copy_streams[e], mark))
+                    after = mark
                 elif before[0] != e:  # a paused prefetch resumed on another engine: after its earlier span
-                    prog.append(("wait", copy_streams[e], before[1]))
-                calls = []
-                for lo, hi in part_ranges:  # one copy per part (descriptor) the span touches
+                    after = before[1]
+                pairs = []  # (destination, source) per part (descriptor) the span touches: one copy each
+                for lo, hi in part_ranges:
                     a, b = max(lo, first), min(hi, end)
                     if a < b:
-                        calls.append((torch.Tensor.copy_, (gpu_slots[slot, a:b], host_experts[key[0], key[1], a:b]),
-                                      {"non_blocking": True}))
+                        pairs.append((gpu_slots[slot, a:b], host_experts[key[0], key[1], a:b]))
                         copies += 1
                         copied_bytes += b - a
-                prog.append(("x", copy_streams[e], calls))
                 ev = Event()
-                prog.append(("rec", ev, copy_streams[e]))
+                prog.append(("x", copy_streams[e], after, pairs, ev))  # wait, copy, record: one program step
                 span_done[n] = (e, ev)
                 if last_span[n] == (e, heads[e]) and end == plan.expert_bytes:
                     copy_done[key] = ev  # the transfer's bytes have all landed
@@ -409,9 +411,14 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                     for fn, args, kwargs in op[1]:
                         fn(*args, **kwargs)
                 elif kind == "x":
-                    with use(op[1]):
-                        for fn, args, kwargs in op[2]:
-                            fn(*args, **kwargs)
+                    _, stream, after, pairs, done = op
+                    make_current(stream)
+                    if after is not None:
+                        stream.wait_event(after)
+                    for dst, src in pairs:
+                        dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
+                    done.record(stream)
+                    make_current(cs)
                 elif kind == "wait":
                     op[1].wait_event(op[2])
                 elif kind == "rec":
