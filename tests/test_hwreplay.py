@@ -44,7 +44,8 @@ def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name
 REGIME_FILES = ["cached/h200-pcie5.json", "cached-ds/h200-pcie5-deepseek-v2-lite.json", "pcie/h200-pcie5.json",
                 "q4/h200-pcie5.json", "q4-ds/h200-pcie5-deepseek-v2-lite.json", "q4-cached/h200-pcie5.json",
                 "q4-ds-cached/h200-pcie5-deepseek-v2-lite.json", "dma/h200-pcie5.json",
-                "dma-ds/h200-pcie5-deepseek-v2-lite.json"]
+                "dma-ds/h200-pcie5-deepseek-v2-lite.json", "q4-host/h200-pcie5.json", "q4-host-b/h200-pcie5.json",
+                "q4-cached-host/h200-pcie5.json"]
 
 
 @pytest.mark.parametrize("name", REGIME_FILES)
