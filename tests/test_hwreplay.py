@@ -344,6 +344,29 @@ def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     assert out[0].item() == 0.5
 
 
+def test_a_microbenchmark_chain_gives_each_kernel_its_own_weights_bf16_or_4bit():
+    """shape_chain over an 8,192-byte pool: a 4 x 8 BF16 matvec (64 bytes) gets 128 kernels over consecutive
+    64-byte operands; a 2 x 256 4-bit one (256 packed bytes + 4 scales x 2 bytes = 264) 31 over consecutive
+    264-byte ones, the scales right after the packed bytes. Every kernel runs (CPU: the reference kernels)."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.microbench import shape_chain
+    from chipsim.hwreplay.ops import Primitive
+
+    pool = torch.zeros(4096, dtype=torch.bfloat16)
+    x, out = torch.ones(512, dtype=torch.bfloat16), torch.zeros(512, dtype=torch.bfloat16)
+    base = pool.data_ptr()
+    bf16 = Primitive("matvec", "m", reduction=8, outputs=4, weight_bytes=64)
+    chain = shape_chain(bf16, pool, x, None, None, out)
+    assert len(chain) == 128 and [c[1][0].data_ptr() - base for c in chain] == [64 * i for i in range(128)]
+    q4 = Primitive("matvec", "expert_down", reduction=256, outputs=2, weight_bytes=264, bits=4, quant_group=128)
+    chain = shape_chain(q4, pool, x, None, None, out)
+    assert len(chain) == 31
+    assert [c[1][0].data_ptr() - base for c in chain] == [264 * i for i in range(31)]  # packed bytes
+    assert all(c[1][1].data_ptr() - c[1][0].data_ptr() == 256 for c in chain)  # then the scales
+    for fn, args, kwargs in chain[:2]:
+        fn(*args, **kwargs)
+
+
 def test_a_4bit_plan_replays_on_cpu_moving_exactly_its_packed_bytes(tmp_path):
     torch = pytest.importorskip("torch")
     from chipsim.hwreplay.harness import GpuDecodeStep, replay

@@ -51,6 +51,20 @@ def q4_views(buf: torch.Tensor, p: Primitive) -> tuple[torch.Tensor, torch.Tenso
     return buf[:n].view(rows, p.reduction // 2), scales.view(rows, p.reduction // p.quant_group)
 
 
+def weight_views(buf: torch.Tensor, p: Primitive):
+    """A matvec primitive's weight operand laid out in `buf` (uint8, from its first byte): a (rows, reduction) BF16
+    matrix, or for 4-bit weights q4_views' (packed, scales) pair; what kernel_call takes as its weight."""
+    if p.bits < 16:
+        return q4_views(buf, p)
+    rows, reduction = weight_shape(p)
+    return buf[:2 * rows * reduction].view(torch.bfloat16).view(rows, reduction)
+
+
+def weight_bytes(p: Primitive) -> int:
+    """Bytes of a matvec primitive's weight operand as weight_views lays it out."""
+    return p.weight_bytes if p.bits < 16 else 2 * weight_shape(p)[0] * p.reduction
+
+
 def dequantise_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The BF16 matrix a 4-bit operand stands for (the reference gemv_q4 is checked against; the CPU dry run's
     kernel)."""
@@ -184,9 +198,8 @@ class GpuDecodeStep:
         views, off = [], 0
         for p in self.expert_prims:
             if p.kind == "matvec":
-                part = slot[off:off + p.weight_bytes]
-                views.append(q4_views(part, p) if p.bits < 16 else part.view(torch.bfloat16).view(*weight_shape(p)))
-                off += p.weight_bytes
+                views.append(weight_views(slot[off:], p))
+                off += weight_bytes(p)
         return self._bind(self.expert_prims, views)
 
     def as_graph(self, key, calls: list) -> list:
@@ -294,10 +307,6 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         queues = [[] for _ in copy_streams]
         for e, n, first, end in plan.copies:
             queues[e].append((n, first, end))
-    last_span = {}  # issue -> (its last span's engine, position in that engine's queue)
-    for e, q in enumerate(queues):
-        for i, (n, first, end) in enumerate(q):
-            last_span[n] = (e, i)
     heads = [0] * len(queues)
 
     # ---- compile: ("c", [op group keys]) on the compute stream, ("x", copy stream, event to wait for or None,
@@ -337,7 +346,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
                 ev = Event()
                 prog.append(("x", copy_streams[e], after, pairs, ev))  # wait, copy, record: one program step
                 span_done[n] = (e, ev)
-                if last_span[n] == (e, heads[e]) and end == plan.expert_bytes:
+                if end == plan.expert_bytes:  # spans run on from where the last stopped: this was the transfer's last
                     copy_done[key] = ev  # the transfer's bytes have all landed
                 heads[e] += 1
 

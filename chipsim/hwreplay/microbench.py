@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from chipsim.hwreplay.harness import capture_graph, kernel_call, q4_views, weight_shape
+from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_bytes, weight_views
 from chipsim.hwreplay.ops import GEMV_KERNELS
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -207,15 +207,11 @@ def chain_buffers(shapes, device, pool_mib: int = 2048) -> tuple:
 def shape_chain(p, pool, x, sa, sb, out, max_chain: int = 400, gemv: str = "cublas") -> list:
     """A chain of primitive `p`'s kernel (chipsim.hwreplay.harness.kernel_call): a matvec over weights rotating
     through `pool` (each kernel reads its own, as each layer of a decode step does), other kernels repeated."""
-    if p.kind == "matvec" and p.bits < 16:  # packed 4-bit weights with their scales
-        raw, n = pool.view(torch.uint8), p.weight_bytes + p.weight_bytes % 2
+    if p.kind == "matvec":  # BF16, or packed 4-bit weights with their scales
+        raw = pool.view(torch.uint8)
+        n = weight_bytes(p) + weight_bytes(p) % 2  # each operand starts on a 2-byte boundary (BF16 views)
         count = max(2, min(max_chain, raw.numel() // n))
-        return [kernel_call(p, q4_views(raw[i * n:i * n + p.weight_bytes], p), x, sa, sb, out) for i in range(count)]
-    if p.kind == "matvec":
-        rows, red = weight_shape(p)
-        n = rows * red
-        count = max(2, min(max_chain, pool.numel() // n))
-        return [kernel_call(p, pool[i * n:(i + 1) * n].view(rows, red), x, sa, sb, out, gemv) for i in range(count)]
+        return [kernel_call(p, weight_views(raw[i * n:], p), x, sa, sb, out, gemv) for i in range(count)]
     return [kernel_call(p, None, x, sa, sb, out)] * (max_chain // 2)
 
 
