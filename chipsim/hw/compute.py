@@ -162,19 +162,18 @@ class ArrayModel:
         outputs share each operand row (GQA heads on one KV entry)."""
         cycles = ceil_div(outputs * ceil_div(reduction, self.vector_length), self.units)
         key = op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes)
+        work = (outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays)  # vector-unit passes
         if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
-            return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups)
-        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0, 0,
-                        work=(outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays))
+            return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups, work)
+        return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0, 0, work)
 
-    def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups) -> OpCost:
+    def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups, work) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
         table_key = key if groups == 1 else f"{key} g{groups}"
         r = self._table(table_key, lambda: tile_sim.matvec(self.tiles, reduction, outputs,
                                                            weight_bytes / (reduction * outputs), groups))
-        return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes,
-                                 work=(outputs * ceil_div(reduction, self.vector_length), self.units // self.arrays))
+        return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes, work=work)
 
     def _table(self, key: str, compute):
         """A cycle-level result from the cached operation table (computed and added if new)."""
@@ -208,19 +207,20 @@ class ArrayModel:
     def sfu(self, name: str, ops: int) -> OpCost:
         key = op_key("sfu", elements=ops)
         cycles = ceil_div(ops, self.sfu_per_cycle)
+        work = (ops, self.sfu_per_cycle // self.arrays)
         if self.tiles is not None and key not in self.op_times_ps:
             r = self._table(key, lambda: tile_sim.sfu(self.tiles, ops))
-            return self._cycle_level(name, key, r, cycles, 0, work=(ops, self.sfu_per_cycle // self.arrays))
-        return self._op(name, key, cycles, 0, 0, 0, ops, 0, work=(ops, self.sfu_per_cycle // self.arrays))
+            return self._cycle_level(name, key, r, cycles, 0, work=work)
+        return self._op(name, key, cycles, 0, 0, 0, ops, 0, work)
 
     def vector(self, name: str, lane_ops: int, read_bytes: int = 0) -> OpCost:
         key = op_key("vector", read_bytes=read_bytes, elements=lane_ops)
         cycles = ceil_div(lane_ops, self.lanes)
+        work = (lane_ops, self.lanes // self.arrays)
         if self.tiles is not None and key not in self.op_times_ps:
             r = self._table(key, lambda: tile_sim.elementwise(self.tiles, lane_ops, read_bytes))
-            return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops,
-                                     work=(lane_ops, self.lanes // self.arrays))
-        return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops, work=(lane_ops, self.lanes // self.arrays))
+            return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops, work=work)
+        return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops, work)
 
     def timing_text(self) -> str:
         """Which timing this model used, for the run header (the same whether the table was cached or not)."""

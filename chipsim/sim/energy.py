@@ -5,7 +5,8 @@ Actions counted per token (chipsim.sim.record): bytes crossing each memory and l
 arrays' multiply-accumulates, special-function and elementwise lane operations, bits written into and read from
 the arrays' SRAM (every operand streamed from HBM is written into SRAM once and read from it once; activations,
 a few kB per layer, are not counted), the arrays' running time (clock power; also while waiting unless the
-clocks are gated; with clock_power_by_occupancy, each operation's time weighted by the share of the arrays it occupies) and the host CPU's computing time (its active power, for policies that run experts there).
+clocks are gated; with clock_power_by_occupancy, each operation's time weighted by the share of the arrays it
+occupies) and the host CPU's computing time (its active power, for policies that run experts there).
 Static power of every component (arrays with their SRAM, HBM and LPDDR5X background and refresh, the PCIe and
 UCIe PHYs) is drawn for the whole decode time. The table is the config's: every figure sourced or an ASSUMPTION.
 
