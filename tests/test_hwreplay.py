@@ -549,9 +549,8 @@ class _CountingNvml:
         return 40
 
 
-def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
-    """2,500 mJ over 0.5 s: 2.5 J at 5 W. A replay reads the counter once before its first token and once after its
-    last, and records that window; with no counter (this machine has no NVML) it records none."""
+def test_the_boards_energy_over_a_window_is_the_counters_difference():
+    """2,500 mJ over 0.5 s: 2.5 J at 5 W; with no counter (this machine has no NVML) there is no GPU to read."""
     from chipsim.hwreplay.nvml import Gpu, open_gpu, window
 
     gpu = Gpu(_CountingNvml(), handle=None)
@@ -559,9 +558,70 @@ def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
     assert (first.energy_mj, second.energy_mj, first.sm_clock_mhz, first.mem_clock_mhz) == (1_000, 3_500, 1980, 3201)
     w = window(first, second, 0.5)
     assert (w["energy_j"], w["power_w"], w["sm_clock_mhz"]) == (2.5, 5.0, [1980, 1980])
+    if importlib.util.find_spec("pynvml") is None:
+        assert open_gpu() is None
+
+
+class _SteppedCounter(_CountingNvml):
+    """A board drawing `idle_w`, or `load_w` while a load runs, whose counter moves every `step_s` and then
+    reports the energy up to `delay_s` earlier. Time is `clock()`: each NVML call advances it by `poll_s`
+    (or, with clock=time.perf_counter, it is the host's)."""
+
+    def __init__(self, idle_w=125.0, load_w=225.0, step_s=0.1, delay_s=0.3, poll_s=1e-4, clock=None):
+        self.idle_w, self.load_w, self.step_s, self.delay_s, self.poll_s = idle_w, load_w, step_s, delay_s, poll_s
+        self.t, self.loads, self._clock = 10.0, [], clock
+
+    def clock(self) -> float:
+        return self._clock() if self._clock else self.t
+
+    def run(self, seconds: float) -> None:
+        self.loads.append((self.t, self.t + seconds))
+        self.t += seconds
+
+    def _true_mj(self, t: float) -> float:
+        busy = sum(max(0.0, min(t, e) - s) for s, e in self.loads)
+        return 1e3 * (self.idle_w * t + (self.load_w - self.idle_w) * busy)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.t += self.poll_s
+        step = int(self.clock() / self.step_s) * self.step_s
+        return int(self._true_mj(step - self.delay_s))
+
+
+def test_a_loads_energy_is_read_from_counter_steps_after_idle_not_around_the_load():
+    """A 1 s load at 225 W on a 125 W board is 225 J. A counter that steps every 100 ms and trails the power by
+    300 ms, read right before and right after the load, gives about 30 J less (0.3 s x 100 W) and misses up to a
+    step at each end; read from a step after idle to a step after `settle_s` of idle, less the idle power over
+    the idle part, it gives 225 J to the polling interval."""
+    from chipsim.hwreplay.nvml import Gpu, Meter
+
+    for load_s in (0.25, 1.0, 3.0):
+        board = _SteppedCounter()
+        meter = Meter(Gpu(board, handle=None), settle_s=0.5, clock=board.clock)
+        meter.start()
+        board.run(load_s)
+        w = meter.stop(load_s)
+        assert w["energy_j"] == pytest.approx(225.0 * load_s, abs=0.1)
+        assert w["idle_w"] == pytest.approx(125.0, abs=0.1)
+        assert w["power_w"] == pytest.approx(225.0, rel=0.1 / load_s / 225)
+        assert w["naive_energy_j"] == pytest.approx(225.0 * load_s - 30.0, abs=22.6 + 0.1)  # one 100 ms step at 225 W
+    # a delay longer than the idle waited for is not absorbed: the window then starts inside the earlier load
+    board = _SteppedCounter(delay_s=0.9)
+    board.run(1.0)
+    meter = Meter(Gpu(board, handle=None), settle_s=0.2, clock=board.clock)
+    meter.start()
+    board.run(1.0)
+    assert meter.stop(1.0)["energy_j"] != pytest.approx(225.0, abs=1.0)
+
+
+def test_a_replay_records_its_energy_window_with_the_idle_power(tmp_path):
+    """On a board drawing 100 W throughout (its counter stepping every 2 ms on the host's clock), a replay's
+    window is 100 W over the replay's own seconds, the idle power 100 W; without a counter it records none."""
+    import time
 
     torch = pytest.importorskip("torch")
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.nvml import Gpu
 
     prep = prepare(_config(tmp_path), ["workload.max_tokens=2"], ["lru"])
     m = prep.workload.model
@@ -569,11 +629,13 @@ def test_the_boards_energy_over_a_window_is_the_counters_difference(tmp_path):
     host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
     plan = build_plan(prep, prep.policies[0])
     slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
-    res = replay(plan, step, host, slots, m.first_dense_layers, gpu=Gpu(_CountingNvml(), handle=None))
-    assert res["energy"]["energy_j"] == 2.5 and res["energy"]["seconds"] > 0
+    board = _SteppedCounter(idle_w=100.0, load_w=100.0, step_s=0.002, delay_s=0.0, clock=time.perf_counter)
+    res = replay(plan, step, host, slots, m.first_dense_layers, gpu=Gpu(board, handle=None), energy_settle_s=0.02)
+    e = res["energy"]
+    assert e["seconds"] > 0 and e["idle_w"] == pytest.approx(100.0, rel=0.05)
+    assert e["energy_j"] == pytest.approx(100.0 * e["seconds"], abs=100.0 * 0.004)  # to a counter step at each end
+    assert res["enqueue"] == "torch"
     assert replay(plan, step, host, slots, m.first_dense_layers)["energy"] is None
-    if importlib.util.find_spec("pynvml") is None:
-        assert open_gpu() is None
 
 
 def _probe_window(kind, power_w, seconds, calls=1, **per_call):
@@ -725,3 +787,39 @@ def test_a_segment_replay_charges_no_launch_per_op_group_unless_told_otherwise()
                                                                           "compute.op_group_launch_ns=0"]
     assert replay_overrides(["compute.op_group_launch_ns=500"], segments=True) == ["compute.op_group_launch_ns=500"]
     assert replay_overrides(["workload.max_tokens=8"], segments=False) == ["workload.max_tokens=8"]
+
+
+def test_the_cudart_front_end_issues_the_programs_steps_as_raw_runtime_calls():
+    """A program step that copies two parts of expert (layer 1, expert 2) into slot 3 after waiting for a marker,
+    then a compute graph that waits for it, then a token's end, lowered: the copies are cudaMemcpyAsync calls
+    host-to-device (kind 1) between exactly the parts' bytes, on the copy stream, between the wait and the record;
+    the graph is launched on the compute stream; every handle is the object's own."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay import cudart
+
+    host = torch.zeros((2, 4, 96), dtype=torch.uint8)
+    slots = torch.zeros((5, 96), dtype=torch.uint8)
+
+    class Graph:
+        def replay(self):
+            pass
+
+    ids = {}
+    handle = lambda obj: ids.setdefault(id(obj), 1000 + len(ids))  # noqa: E731
+    cs, copy_stream, marker, done, tok, graph = object(), object(), object(), object(), object(), Graph()
+    prog = [("rec", marker, cs),
+            ("x", copy_stream, marker, [(slots[3, 0:64], host[1, 2, 0:64]), (slots[3, 64:96], host[1, 2, 64:96])], done),
+            ("wait", cs, done), ("c", [(graph.replay, (), {})]), ("tok", tok)]
+    low = cudart.lower(prog, cs, handle, lambda fn: isinstance(getattr(fn, "__self__", None), Graph))
+    h = handle
+    assert low == [
+        ("cudaEventRecord", (h(marker), h(cs))),
+        ("cudaStreamWaitEvent", (h(copy_stream), h(marker), 0)),
+        ("cudaMemcpyAsync", (slots.data_ptr() + 3 * 96, host.data_ptr() + (1 * 4 + 2) * 96, 64, 1, h(copy_stream))),
+        ("cudaMemcpyAsync", (slots.data_ptr() + 3 * 96 + 64, host.data_ptr() + (1 * 4 + 2) * 96 + 64, 32, 1, h(copy_stream))),
+        ("cudaEventRecord", (h(done), h(copy_stream))),
+        ("cudaStreamWaitEvent", (h(cs), h(done), 0)),
+        ("cudaGraphLaunch", (h(graph), h(cs))),
+        ("token", (h(tok), h(cs)))]
+    with pytest.raises(ValueError, match="captured CUDA graphs only"):
+        cudart.lower([("c", [(print, ("eager kernel",), {})])], cs, handle, lambda fn: False)

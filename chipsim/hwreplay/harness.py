@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from chipsim.hwreplay.nvml import Gpu, window
+from chipsim.hwreplay.nvml import Gpu, Meter
 from chipsim.hwreplay.ops import Primitive
 from chipsim.hwreplay.plan import Plan
 
@@ -275,9 +275,39 @@ def _sync_api(device):
     return _CpuStream, _CpuEvent, lambda s: contextlib.nullcontext(), lambda s: None, lambda: None
 
 
+_RUNTIME: list = []  # the cudart front-end (chipsim.hwreplay.cudart.Runtime), bound once per process
+
+
+def _handle(obj) -> int:
+    """A stream's, an event's or a captured graph's raw CUDA handle."""
+    if isinstance(obj, torch.cuda.CUDAGraph):
+        return obj.raw_cuda_graph_exec()
+    return obj.cuda_stream if isinstance(obj, torch.cuda.Stream) else obj.cuda_event
+
+
+def _cudart_steps(prog: list, cs, synchronize) -> list:
+    """The program as bound raw runtime calls (chipsim.hwreplay.cudart). PyTorch makes an event's CUDA handle at
+    its first record, so each event is recorded once here, before timing (a wait on a recorded, finished event
+    waits for nothing, as on one never recorded)."""
+    from chipsim.hwreplay import cudart
+
+    if not _RUNTIME:
+        _RUNTIME.append(cudart.Runtime())
+    for op in prog:
+        kind = op[0]
+        events = [op[2], op[4]] if kind == "x" else [op[1]] if kind == "rec" else [op[-1]] if kind in ("wait", "tok") else []
+        for ev in events:
+            if ev is not None and not ev.cuda_event:
+                ev.record(cs)
+    synchronize()
+    low = cudart.lower(prog, cs, _handle, lambda fn: isinstance(getattr(fn, "__self__", None), torch.cuda.CUDAGraph))
+    return _RUNTIME[0].bind(low)
+
+
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
            first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None,
-           segments: bool = False, stalls: bool = False) -> dict:
+           segments: bool = False, stalls: bool = False, energy_settle_s: float = 0.5,
+           enqueue_with: str = "torch") -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
@@ -292,8 +322,12 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     host's launches per op group (~400 per Granite-3B token) would otherwise pace the GPU.
     stalls=True records, at every MoE layer whose experts wait for a copy, a timing event before and after the
     wait ("stall_ms": [token, MoE layer, ms] per such layer; a layer that waits for nothing stalls 0).
-    gpu (chipsim.hwreplay.nvml): the board's energy is read before the first token is enqueued and once the last
-    has run ("energy": joules, seconds, mean watts over all tokens, warm-up included).
+    gpu (chipsim.hwreplay.nvml): the board's energy from the first token enqueued to the last run, read by a
+    nvml.Meter with `energy_settle_s` of idle on each side ("energy": joules, seconds, mean watts over all
+    tokens, warm-up included; the idle power and the plain two-reading window beside them).
+    enqueue_with="cudart" (CUDA, with graphs) issues the same steps as raw CUDA runtime calls through ctypes
+    (chipsim.hwreplay.cudart) instead of PyTorch calls: a copy costs the host one driver call, not a PyTorch
+    dispatch, where hundreds of copies per token would otherwise pace the replay.
     """
     Stream, Event, use, make_current, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
@@ -412,56 +446,72 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
     import gc
 
-    def enqueue(ops, host_marks):
-        with use(cs):
-            for op in ops:
-                kind = op[0]
-                if kind == "c":
-                    for fn, args, kwargs in op[1]:
-                        fn(*args, **kwargs)
-                elif kind == "x":
-                    _, stream, after, pairs, done = op
-                    make_current(stream)
-                    if after is not None:
-                        stream.wait_event(after)
-                    for dst, src in pairs:
-                        dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
-                    done.record(stream)
-                    make_current(cs)
-                elif kind == "wait":
-                    op[1].wait_event(op[2])
-                elif kind == "rec":
-                    op[1].record(op[2])
-                else:  # "tok"
-                    op[1].record(cs)
-                    host_marks.append(time.perf_counter())
+    if enqueue_with == "cudart":  # the same steps as raw CUDA runtime calls: no PyTorch call per copy or launch
+        steps = _cudart_steps(prog, cs, synchronize)
+
+        def enqueue(ops, host_marks):
+            _RUNTIME[0].run(ops, host_marks, time.perf_counter)
+
+        def is_token(op):
+            return op[2]
+    else:
+        steps = prog
+
+        def enqueue(ops, host_marks):
+            with use(cs):
+                for op in ops:
+                    kind = op[0]
+                    if kind == "c":
+                        for fn, args, kwargs in op[1]:
+                            fn(*args, **kwargs)
+                    elif kind == "x":
+                        _, stream, after, pairs, done = op
+                        make_current(stream)
+                        if after is not None:
+                            stream.wait_event(after)
+                        for dst, src in pairs:
+                            dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
+                        done.record(stream)
+                        make_current(cs)
+                    elif kind == "wait":
+                        op[1].wait_event(op[2])
+                    elif kind == "rec":
+                        op[1].record(op[2])
+                    else:  # "tok"
+                        op[1].record(cs)
+                        host_marks.append(time.perf_counter())
+
+        def is_token(op):
+            return op[0] == "tok"
 
     host_at_token = []
     synchronize()
     start = Event(enable_timing=True)
     gc_was = gc.isenabled()
     gc.disable()
-    before = gpu.read() if gpu is not None else None
+    meter = Meter(gpu, energy_settle_s) if gpu is not None else None
+    if meter is not None:
+        meter.start()
     t_host0 = time.perf_counter()
     try:
         with use(cs):
             start.record(cs)
-        enqueue(prog, host_at_token)
+        enqueue(steps, host_at_token)
         synchronize()
         t_host = time.perf_counter() - t_host0
-        energy = window(before, gpu.read(), t_host) if gpu is not None else None
+        energy = meter.stop(t_host) if meter is not None else None
         marks = [start] + token_events  # read now: the check below records the token events again
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
         stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)] for t, layer, waits in stall_marks]
         # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
         # before), so the host never waits for a full launch queue; in the run above it always may
-        ends = [i for i, op in enumerate(prog) if op[0] == "tok"]
+        ends = [i for i, op in enumerate(steps) if is_token(op)]
         dispatch_ms = []
         for t in range(min(dispatch_tokens, len(ends) - 1)):
             first, last = ends[t] + 1, ends[t + 1] + 1
             synchronize()
             t0 = time.perf_counter()
-            enqueue(prog[first:last], [])
+            enqueue(steps[first:last], [])
             dispatch_ms.append(round(1e3 * (time.perf_counter() - t0), 4))
         synchronize()
     finally:
@@ -472,5 +522,5 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
             "program_steps": len(prog), "kernel_launch": ("segment-" if segments else "") + ("graph" if graphs else "eager"),
             "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
-            "gemv": step.gemv, "host_dispatch_ms": dispatch_ms, "energy": energy, "copy_streams": len(copy_streams),
+            "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy, "copy_streams": len(copy_streams),
             **({"stall_ms": stall_ms} if stalls else {})}

@@ -40,7 +40,8 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
-                  dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False) -> dict:
+                  dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
+                  energy_settle_s: float = 0.5, enqueue_with: str = "torch") -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -75,7 +76,8 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             raise RuntimeError(f"expert primitives cover {step.expert_bytes} bytes, the expert has {expert_bytes}")
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
-            kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls)
+            kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls, energy_settle_s=energy_settle_s,
+                      enqueue_with=enqueue_with)
             res = replay(plan, step, host, gpu_slots, m.first_dense_layers, dispatch_tokens=dispatch_tokens, **kw)
             # further replays of the same plan: the run-to-run spread on one machine
             again = [replay(plan, step, host, gpu_slots, m.first_dense_layers, **kw) for _ in range(repeats - 1)]
@@ -103,7 +105,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"config": config, "overrides": list(overrides), "model": m.name, "trace": os.path.basename(base.config.trace_path),
-            "warmup_tokens": hw.workload.warmup_tokens, "tokens": hw.workload.max_tokens, "contexts": contexts,
+            "warmup_tokens": hw.workload.warmup_tokens, "energy_settle_s": energy_settle_s, "tokens": hw.workload.max_tokens, "contexts": contexts,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "cases": cases,
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -156,6 +158,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, metavar="N", help="replays of each plan (default 1)")
     ap.add_argument("--dispatch-tokens", type=int, default=0, metavar="N",
                     help="after each replay, time the host enqueueing N tokens one at a time on an idle GPU")
+    ap.add_argument("--energy-settle", type=float, default=0.5, metavar="S",
+                    help="seconds of idle on each side of a replay's energy window (chipsim.hwreplay.nvml.Meter; "
+                         "longer than the NVML counter's delay, validation/energy/probe_counter.py; default 0.5)")
+    ap.add_argument("--enqueue", default="torch", choices=("torch", "cudart"),
+                    help="how the host issues the replay: torch (Tensor.copy_, CUDAGraph.replay) or cudart (the same "
+                         "steps as raw CUDA runtime calls, chipsim/hwreplay/cudart.py: a few microseconds per copy; "
+                         "needs --graphs)")
     a = ap.parse_args(argv)  # before torch: --help and bad options need no GPU
     contexts = _contexts(a.contexts)
     if a.jobs < 1:
@@ -164,6 +173,10 @@ def main(argv=None) -> int:
         raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
     if a.segments and not a.graphs:
         raise InputError("--segments: needs --graphs (it captures runs of op groups as CUDA graphs)")
+    if not 0 < a.energy_settle <= 10:
+        raise InputError(f"--energy-settle {a.energy_settle}: expected seconds in (0, 10]")
+    if a.enqueue == "cudart" and not (a.graphs and a.device.startswith("cuda")):
+        raise InputError("--enqueue cudart: needs --graphs on a CUDA device (it launches captured graphs)")
     if a.dispatch_tokens < 0:
         raise InputError(f"--dispatch-tokens {a.dispatch_tokens}: expected a whole number >= 0")
     for config in a.configs:
@@ -183,7 +196,8 @@ def main(argv=None) -> int:
     for config, name in zip(a.configs, names):
         res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
                             graphs=a.graphs, overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
-                            dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls)
+                            dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
+                            energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)

@@ -26,14 +26,19 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from chipsim.hwreplay.nvml import open_gpu, window  # noqa: E402
+from chipsim.hwreplay.nvml import Meter, open_gpu, window  # noqa: E402
 
 MIB = 2**20
 
 
-def measured(gpu, run, seconds: float) -> dict:
-    """Call run() until `seconds` have passed (each call ends synchronised); the board's energy over that time."""
+def measured(gpu, run, seconds: float, settle_s: float = 0.5) -> dict:
+    """Call run() until `seconds` have passed (each call ends synchronised); the board's energy over that time,
+    read by chipsim.hwreplay.nvml.Meter with `settle_s` of idle on each side (0: the counter read right before
+    and right after, as before the counter's delay was measured)."""
     torch.cuda.synchronize()
+    meter = Meter(gpu, settle_s) if settle_s > 0 else None
+    if meter is not None:
+        meter.start()
     before, t0 = gpu.read(), time.perf_counter()
     calls = 0
     while time.perf_counter() - t0 < seconds:
@@ -41,7 +46,7 @@ def measured(gpu, run, seconds: float) -> dict:
         calls += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    out = window(before, gpu.read(), elapsed)
+    out = meter.stop(elapsed) if meter is not None else window(before, gpu.read(), elapsed)
     out["calls"] = calls
     return out
 
@@ -58,6 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--settle", type=float, default=0.5, help="idle seconds each side of a window (nvml.Meter; 0: none)")
     a = ap.parse_args()
     gpu = board("probe_energy")
     dev = torch.device("cuda")
@@ -65,7 +71,7 @@ def main() -> None:
 
     def record(kind: str, run, **fields) -> dict:
         for repeat in range(a.repeats):
-            row = {"kind": kind, "repeat": repeat, **fields, **measured(gpu, run, a.seconds)}
+            row = {"kind": kind, "repeat": repeat, **fields, **measured(gpu, run, a.seconds, a.settle)}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         return rows[-1]
@@ -160,7 +166,7 @@ def main() -> None:
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({"machine": {**gpu.describe(), "torch": torch.__version__, "nvidia_smi": smi,
                                   "copy_seconds_256mib": round(copy_s, 6)},
-                      "seconds_per_window": a.seconds, "windows": rows}, indent=1))
+                      "seconds_per_window": a.seconds, "settle_s": a.settle, "windows": rows}, indent=1))
 
 
 if __name__ == "__main__":

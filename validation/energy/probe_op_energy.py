@@ -1,7 +1,7 @@
 """The energy of each kernel shape of the decode steps, alone, from the board's NVML energy counter (the device
 machine: torch with CUDA, nvidia-ml-py). Each shape runs as the op-times microbenchmark runs it (its kernel over
 weights rotating through 2 GiB, a chain in one CUDA graph: chipsim.hwreplay.microbench.shape_chain), replayed
-back to back for `--seconds` with the counter read around; idle windows (nothing running, clocks up) open and
+back to back for `--seconds`, read by chipsim.hwreplay.nvml.Meter (`--settle` s of idle each side); idle windows (nothing running, clocks up) open and
 close the run.
 
     python validation/energy/probe_op_energy.py --shapes-from hwconfigs/h200-pcie5.yaml \
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--shapes-from", nargs="+", required=True, metavar="CONFIG")
     ap.add_argument("--contexts", default="1024")
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--settle", type=float, default=0.5, help="idle seconds each side of a window (nvml.Meter; 0: none)")
     a = ap.parse_args()
     gpu = board("probe_op_energy")
     dev = torch.device("cuda")
@@ -39,7 +40,7 @@ def main() -> None:
     windows = []
 
     def measure(kind: str, run, **fields) -> None:
-        row = {"kind": kind, **fields, **measured(gpu, run, a.seconds)}  # probe_energy's window: same counter reads
+        row = {"kind": kind, **fields, **measured(gpu, run, a.seconds, a.settle)}  # probe_energy's window: same counter reads
         windows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
@@ -65,7 +66,7 @@ def main() -> None:
         measure("op", run, key=p.key, users=users, kernels_per_call=reps * len(chain))
         del graph
     measure("idle", idle)
-    print(json.dumps({"machine": gpu.describe(), "torch": torch.__version__, "seconds_per_window": a.seconds,
+    print(json.dumps({"machine": gpu.describe(), "torch": torch.__version__, "seconds_per_window": a.seconds, "settle_s": a.settle,
                       "shapes_from": a.shapes_from, "contexts": a.contexts, "windows": windows}, indent=1))
 
 
