@@ -821,5 +821,8 @@ def test_the_cudart_front_end_issues_the_programs_steps_as_raw_runtime_calls():
         ("cudaStreamWaitEvent", (h(cs), h(done), 0)),
         ("cudaGraphLaunch", (h(graph), h(cs))),
         ("token", (h(tok), h(cs)))]
+    # a graph whose executable PyTorch does not expose is replayed through PyTorch, in the same order
+    assert cudart.lower(prog[3:4], cs, lambda obj: None if obj is graph else h(obj),
+                        lambda fn: isinstance(getattr(fn, "__self__", None), Graph)) == [("call", (graph.replay,))]
     with pytest.raises(ValueError, match="captured CUDA graphs only"):
         cudart.lower([("c", [(print, ("eager kernel",), {})])], cs, handle, lambda fn: False)

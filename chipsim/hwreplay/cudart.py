@@ -29,9 +29,10 @@ _SIGNATURES = {
 def lower(prog: list, compute_stream, handle, is_graph_launch) -> list:
     """The harness's compiled program (chipsim.hwreplay.harness.replay) as (call name, arguments) pairs, with
     ("token", (event, compute stream)) where a token ends (an event record the host also marks). Compute runs on
-    `compute_stream`. handle(obj): the raw handle of a stream, an event or a graph's executable (an int);
-    is_graph_launch(fn): whether a compute call is a captured graph's replay (only those can be lowered: the
-    replay must run with --graphs)."""
+    `compute_stream`. handle(obj): the raw handle of a stream, an event or a graph's executable (an int; None for a
+    graph whose executable PyTorch does not expose: its replay is then called as it is, with the compute stream
+    current); is_graph_launch(fn): whether a compute call is a captured graph's replay (only those can be
+    lowered: the replay must run with --graphs)."""
     cs = handle(compute_stream)
     low = []
     for op in prog:
@@ -40,7 +41,8 @@ def lower(prog: list, compute_stream, handle, is_graph_launch) -> list:
             for fn, args, kwargs in op[1]:
                 if not is_graph_launch(fn) or args or kwargs:
                     raise ValueError("the cudart front-end launches captured CUDA graphs only (replay with --graphs)")
-                low.append(("cudaGraphLaunch", (handle(fn.__self__), cs)))
+                exe = handle(fn.__self__)
+                low.append(("cudaGraphLaunch", (exe, cs)) if exe is not None else ("call", (fn,)))
         elif kind == "x":
             _, stream, after, pairs, done = op
             s = handle(stream)
@@ -77,6 +79,11 @@ def _library_path() -> str:
     return found
 
 
+def _call(fn) -> int:
+    fn()
+    return 0
+
+
 class Runtime:
     """The four calls, bound once; `run(low, marks, clock)` issues a lowered program."""
 
@@ -89,6 +96,7 @@ class Runtime:
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
             self.fns[name] = fn
         self.fns["token"] = self.fns["cudaEventRecord"]
+        self.fns["call"] = _call
 
     def bind(self, low: list) -> list:
         """(function, arguments, marks the host clock) per call, resolved before any timing."""

@@ -280,8 +280,8 @@ _RUNTIME: list = []  # the cudart front-end (chipsim.hwreplay.cudart.Runtime), b
 
 def _handle(obj) -> int:
     """A stream's, an event's or a captured graph's raw CUDA handle."""
-    if isinstance(obj, torch.cuda.CUDAGraph):
-        return obj.raw_cuda_graph_exec()
+    if isinstance(obj, torch.cuda.CUDAGraph):  # None where this PyTorch does not expose it: replay() is called
+        return obj.raw_cuda_graph_exec() if hasattr(obj, "raw_cuda_graph_exec") else None
     return obj.cuda_stream if isinstance(obj, torch.cuda.Stream) else obj.cuda_event
 
 
@@ -450,7 +450,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         steps = _cudart_steps(prog, cs, synchronize)
 
         def enqueue(ops, host_marks):
-            _RUNTIME[0].run(ops, host_marks, time.perf_counter)
+            with use(cs):  # for graphs replayed through PyTorch (no raw executable)
+                _RUNTIME[0].run(ops, host_marks, time.perf_counter)
 
         def is_token(op):
             return op[2]
