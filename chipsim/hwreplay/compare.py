@@ -255,7 +255,10 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
     if not regimes:
         return []
     lines = ["## Regimes", "", "Each regime is replayed and re-simulated on its own; the energy is the GPU board's "
-             "(NVML total-energy counter read around each replay, warm-up tokens included) against the simulator's "
+             "(NVML total-energy counter over each replay, warm-up tokens included: read by chipsim.hwreplay.nvml.Meter "
+             "from a counter step after idle to one after idle, less the idle power over the idle part, where the "
+             "file records an idle power; read right before and right after the replay in the earlier leases' "
+             "files) against the simulator's "
              "board part (every ledger entry but the host DRAM's and the host CPU's) with the energy table of "
              "hwconfigs/h200-pcie5.yaml, derived from single-op microbenchmarks only.", ""]
     lines += regime_summary_lines(regimes) + [""]

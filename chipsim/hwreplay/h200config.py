@@ -289,7 +289,7 @@ def main(argv=None) -> int:
                     help="an op-times-only microbenchmark file (microbench --gemv cublas --contexts ...) whose shapes "
                          "the main file lacks, e.g. long contexts (repeatable)")
     ap.add_argument("--energy-probe", default=None, metavar="FILE",
-                    help="validation/energy/h200-energy-probe.json: the energy table from the board's counter "
+                    help="validation/energy/h200-energy-probe-settled.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)
