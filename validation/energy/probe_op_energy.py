@@ -1,8 +1,8 @@
 """The energy of each kernel shape of the decode steps, alone, from the board's NVML energy counter (the device
 machine: torch with CUDA, nvidia-ml-py). Each shape runs as the op-times microbenchmark runs it (its kernel over
 weights rotating through 2 GiB, a chain in one CUDA graph: chipsim.hwreplay.microbench.shape_chain), replayed
-back to back for `--seconds`, read by chipsim.hwreplay.nvml.Meter (`--settle` s of idle each side); idle windows (nothing running, clocks up) open and
-close the run.
+back to back for `--seconds`, read by chipsim.hwreplay.nvml.Meter (`--settle` s of idle each side); idle windows
+(nothing running, clocks up) open and close the run.
 
     python validation/energy/probe_op_energy.py --shapes-from hwconfigs/h200-pcie5.yaml \
         hwconfigs/h200-pcie5-deepseek-v2-lite.yaml --contexts 1024,8192,32768 > validation/energy/h200-op-energy.json
