@@ -322,6 +322,11 @@ def _kind_of(r: dict, split_shared: bool) -> str:
     return "matvec, shared operand" if split_shared and key_groups(r["key"]) > 1 else kind
 
 
+def _signed_pct(x: float) -> str:
+    """A whole per cent with its sign; an error that rounds to 0 is +0 %, whichever side of it a rounding left it."""
+    return f"{round(x) + 0:+d} %"
+
+
 def _kind_rows(check: list[dict], split_shared: bool = False, unit: str = "µs") -> list[str]:
     """Per operation kind: shapes, median and worst error of a model against the profiled kernels (`unit`: what
     the rows' model_us and measured_us hold)."""
@@ -332,8 +337,8 @@ def _kind_rows(check: list[dict], split_shared: bool = False, unit: str = "µs")
             continue
         errs = sorted(r["error_pct"] for r in rs)
         worst = max(rs, key=lambda r: abs(r["error_pct"]))
-        out.append(f"| {kind} | {len(rs)} | {statistics.median(errs):+.0f} % | "
-                   f"{statistics.median(abs(e) for e in errs):.0f} % | {worst['error_pct']:+.0f} % "
+        out.append(f"| {kind} | {len(rs)} | {_signed_pct(statistics.median(errs))} | "
+                   f"{statistics.median(abs(e) for e in errs):.0f} % | {_signed_pct(worst['error_pct'])} "
                    f"({worst['users'][0]}: {worst['model_us']:.2f} {unit} modelled, {worst['measured_us']:.2f} {unit} "
                    "measured) |")
     every = [abs(r["error_pct"]) for r in check]
