@@ -18,11 +18,16 @@
 #            timed over 16 tokens                                          -> OUT/q4/, OUT/q4-ds/, OUT/q4-cached/, OUT/q4-ds-cached/
 #   dma      thor's DMA semantics on two copy engines, static-4, APEX, ProMoE, LRU      -> OUT/dma/, OUT/dma-ds/
 #   openergy each decode-step kernel shape's energy alone                              -> OUT/h200-op-energy.json
+#   step     a token's kernels together (one graph; one graph per op group) against the same kernels alone, for
+#            energy, Granite-3B and DeepSeek-V2-Lite at 1,024 (validation/energy/probe_step_energy.py) -> OUT/step-*.json
+#   handoff  the copy/compute streams' hand-off timed alone (validation/compute/probe_handoff.py) -> OUT/h200-handoff.json
+# The device returns at most 8 files: run it into a scratch folder and pack that, e.g.
+#     bash validation/regimes/measure-settled.sh /tmp/m probe step handoff; tar czf $OUT/results.tgz -C /tmp/m .
 # Every replay is run twice (LRU and ProMoE unless said). Each step has its own time limit and log.
 set -uo pipefail
-OUT=${1:?usage: measure-settled.sh OUT [counter] [smoke] [probe] [cached] [pcie] [q4] [dma] [openergy]}
+OUT=${1:?usage: measure-settled.sh OUT [counter] [smoke] [probe] [cached] [pcie] [q4] [dma] [openergy] [step] [handoff]}
 shift
-WHAT=" ${*:-counter smoke probe cached pcie q4 dma openergy} "
+WHAT=" ${*:-counter smoke probe cached pcie q4 dma openergy step handoff} "
 mkdir -p "$OUT"
 R="python -m chipsim.hwreplay.run"
 G=hwconfigs/h200-pcie5.yaml
@@ -82,4 +87,14 @@ if step openergy; then
   timeout -k 5 300 python validation/energy/probe_op_energy.py --shapes-from $G $D --contexts 1024,8192,32768 \
       > "$OUT/h200-op-energy.json" 2> "$OUT/op-energy.log"
   echo "op energy: exit $?"
+fi
+if step step; then
+  timeout -k 5 150 python validation/energy/probe_step_energy.py $G --context 1024 > "$OUT/step-granite.json" 2> "$OUT/step-granite.log"
+  echo "step energy granite: exit $?"
+  timeout -k 5 150 python validation/energy/probe_step_energy.py $D --context 1024 > "$OUT/step-deepseek.json" 2> "$OUT/step-deepseek.log"
+  echo "step energy deepseek: exit $?"
+fi
+if step handoff; then
+  timeout -k 5 60 python validation/compute/probe_handoff.py > "$OUT/h200-handoff.json" 2> "$OUT/handoff.log"
+  echo "handoff: exit $?"
 fi
