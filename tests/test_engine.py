@@ -40,6 +40,26 @@ def test_no_prefetch_token_latency_equals_the_hand_sum(tiny):
     assert (result.per_token.idle_ps == result.per_token.stall_ps).all()  # compute is sequential: the arrays idle only when stalled
 
 
+def test_the_arrays_resume_a_hand_off_after_each_stall(tiny):
+    """compute.copy_wait_ns: the hand sum above with a 5 µs hand-off from the copy engine back to compute. Both
+    routed experts of a layer land together, so each of the 3 layers stalls once and resumes 5 µs later: every
+    token 15 µs longer, the hand-offs counted as stall (the arrays wait through them)."""
+    routed = tiny.routing()
+    cfg = tiny.config(routed)
+    base = simulate(*_one(prepare(cfg, [], ["no-prefetch"])))
+    prep = prepare(cfg, ["compute.copy_wait_ns=5000"], ["no-prefetch"])
+    result = simulate(prep, prep.policies[0])
+    assert (result.per_token.latency_ps == base.per_token.latency_ps + 3 * ns_to_ps(5000)).all()
+    assert (result.per_token.stall_ps == base.per_token.stall_ps + 3 * ns_to_ps(5000)).all()
+    assert (result.per_token.idle_ps == result.per_token.stall_ps).all()
+    ref = prepare(cfg, ["compute.copy_wait_ns=5000", "run.engine=reference"], ["no-prefetch"])
+    assert (simulate(ref, ref.policies[0]).per_token.latency_ps == result.per_token.latency_ps).all()
+
+
+def _one(prep):
+    return prep, prep.policies[0]
+
+
 def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
     routed = tiny.routing()
     cfg = tiny.config(routed)

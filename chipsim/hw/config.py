@@ -93,6 +93,11 @@ class ComputeConfig:
     op_group_launch_ns: float = _optional(
         "fixed time to start one op group (attention, router, one expert, ...): a CUDA-graph launch on a GPU; "
         "0 for an accelerator that sequences its own groups", 0.0, minimum=0, maximum=1e9)
+    copy_wait_ns: float = _optional(
+        "time the arrays take to resume after they stalled for a fetch, from its last byte landing to the next "
+        "operation starting: the hand-off from a copy engine to compute (a cross-stream event wait on a GPU, "
+        "validation/compute/probe_handoff.py); 0 where compute starts the moment the bytes land", 0.0, minimum=0,
+        maximum=1e9)
     op_times_ns: dict = _optional(
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "

@@ -219,6 +219,7 @@ class Simulation:
         self._serving = False
         self._waiting_layer = -1
         self._arrival_event: Any = None
+        self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self._token_routed: list[list[int]] = []
@@ -849,6 +850,8 @@ class Simulation:
                 self._arrival_event = self._event()
                 wait_start = self._now()
                 yield self._arrival_event
+                if self._copy_wait_ps:  # the hand-off from the copy engine back to compute
+                    yield self._timeout(self._copy_wait_ps)
                 stall += self._now() - wait_start
                 if self.events is not None:
                     self.events.append(("arrays", f"L{layer} stall", wait_start, self._now()))
