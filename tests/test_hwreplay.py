@@ -640,6 +640,55 @@ def test_a_replay_records_its_energy_window_with_the_idle_power(tmp_path):
     assert replay(plan, step, host, slots, m.first_dense_layers)["energy"] is None
 
 
+def test_a_tokens_kernels_counted_by_shape_are_the_kernels_the_replay_launches(tmp_path):
+    """kernels_per_token (the launches of each kernel shape in one decode step) sums to the kernel calls a replay
+    run kernel by kernel makes per token (a CPU dry run, LRU: every routed expert computed); a shape only the
+    experts launch counts MoE layers x top-k per place in the expert."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.ops import kernels_per_token
+
+    prep = prepare(_config(tmp_path), ["workload.max_tokens=3"], ["lru"])
+    m = prep.workload.model
+    groups = primitive_ops(prep.config.hw)
+    step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    res = replay(plan, step, host, slots, m.first_dense_layers)
+    counts = kernels_per_token(prep.config.hw)
+    assert sum(counts.values()) == res["launches_per_token"]
+    others = {p.key for name, ps in groups.items() if name != "expert" for p in ps}
+    only_experts = {p.key for p in groups["expert"]} - others
+    assert only_experts
+    for k in only_experts:  # a shape only the experts launch: once per routed expert per place in the expert
+        assert counts[k] == m.num_moe_layers * m.top_k * sum(p.key == k for p in groups["expert"])
+
+
+def test_a_replay_against_its_kernels_alone_is_their_sum_plus_its_copies():
+    """By hand: a replay measured 300 mJ per token above its board's idle (two windows: 3.2 and 2.8 J above idle
+    over 10 tokens); its token launches 100 kernels of one shape at 2 mJ each alone (200 mJ) and copies 10 GB
+    over its 10 tokens at 20 pJ per bit (160 mJ per token): (200 + 160 - 300) / 300 = +20 %."""
+    from chipsim.hwreplay.compare import _energy_fields, step_against_kernels_lines
+
+    windows = [{"energy_j": 3.2 + 100.0 * 1.0, "idle_w": 100.0, "seconds": 1.0, "power_w": 103.2},
+               {"energy_j": 2.8 + 100.0 * 1.0, "idle_w": 100.0, "seconds": 1.0, "power_w": 102.8}]
+    case = {"latency_ms": [1.0] * 10, "energy": windows[0], "repeat_energy": [windows[1]]}
+
+    class Plan:
+        sim_energy_mj = [{"hbm": 1.0}]
+    fields = _energy_fields(case, Plan())
+    assert fields["measured_above_idle_mj"] == pytest.approx(300.0)
+    probe = {"windows": [_probe_window("idle", 100.0, 1.0),
+                         _probe_window("op", 100.0 + 2e-3 * 1000, 1.0, key="vector n64 b0", kernels_per_call=1000)]}
+    row = {"model": "m", "context_length": 1024, "policy": "lru", "kernels_per_token": {"vector n64 b0": 100},
+           "copied_bytes": 10 * 10**9, "copy_pj_per_bit": 20.0, "replayed_tokens": 10, **fields}
+    lines = step_against_kernels_lines(probe, [("r", [row])])
+    assert lines[-2] == "| r | m | 1024 | lru | 300.0 | 200.0 | 160.0 | +20.0 % |"
+    row["kernels_per_token"]["sfu n64"] = 1  # a shape the probe did not run: the case is left out
+    assert step_against_kernels_lines(probe, [("r", [row])]) == []
+
+
 def _probe_window(kind, power_w, seconds, calls=1, **per_call):
     return {"kind": kind, "seconds": seconds, "energy_j": power_w * seconds, "calls": calls, **per_call}
 

@@ -20,7 +20,7 @@ from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.energy_table import board_mj
-from chipsim.hwreplay.ops import key_groups, profile_coverage
+from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -50,9 +50,13 @@ def _energy_fields(case: dict, plan) -> dict:
     per_token = [1e3 * e["energy_j"] / len(case["latency_ms"]) for e in windows]
     measured = statistics.fmean(per_token)
     simulated = statistics.fmean(board_mj(t) for t in plan.sim_energy_mj)
-    return {"measured_mj": measured, "measured_mj_min": min(per_token), "measured_mj_max": max(per_token),
-            "measured_w": statistics.fmean(e["power_w"] for e in windows), "simulated_mj": simulated,
-            "energy_error_pct": 100.0 * (simulated - measured) / measured}
+    out = {"measured_mj": measured, "measured_mj_min": min(per_token), "measured_mj_max": max(per_token),
+           "measured_w": statistics.fmean(e["power_w"] for e in windows), "simulated_mj": simulated,
+           "energy_error_pct": 100.0 * (simulated - measured) / measured}
+    if all("idle_w" in e for e in windows):  # read by nvml.Meter: the board's own idle power beside each window
+        out["measured_above_idle_mj"] = statistics.fmean(
+            1e3 * (e["energy_j"] - e["idle_w"] * e["seconds"]) / len(case["latency_ms"]) for e in windows)
+    return out
 
 
 def _stall_fields(case: dict, plan, warm: int) -> dict:
@@ -103,6 +107,9 @@ def _case_row(job) -> dict:
         # the host enqueueing one token at a time on an idle GPU (hwreplay --dispatch-tokens): its own pace
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
         **_energy_fields(case, plan), **_stall_fields(case, plan, warm),
+        "kernels_per_token": kernels_per_token(prep.config.hw), "replayed_tokens": len(case["latency_ms"]),
+        # a copied bit at the config's PCIe and HBM-write energies (the copy probe's slope, split in two)
+        "copy_pj_per_bit": prep.config.hw.links.pcie.energy_pj_per_bit + prep.config.hw.memory.hbm.energy_pj_per_bit,
     }
 
 
@@ -300,6 +307,36 @@ def op_energy_lines(probe: dict, config: str) -> list[str]:
              f"operation (chipsim.hwreplay.energy_table.modelled_op_energy_nj). {len(check) - len(usable)} shapes drew "
              "no measurable energy above idle and are left out.", ""]
     return lines + _kind_rows(usable, split_shared=True, unit="nJ per kernel") + [""]
+
+
+def step_against_kernels_lines(probe: dict, regimes: list) -> list[str]:
+    """VALIDATION.md lines: every replay whose energy windows record the board's idle power (nvml.Meter), its
+    energy above that idle per token beside the sum of its kernels' energies alone (`probe`, the same kernels
+    times their launches per token) and its copies at the config's per-bit energy; only cases whose every kernel
+    shape the probe ran."""
+    from chipsim.hwreplay.energy_table import op_energy_rows
+
+    alone = {r["key"]: r["nj_per_kernel"] for r in op_energy_rows(probe)}
+    out = []
+    for name, rows in regimes:
+        for r in rows:
+            counts = r["kernels_per_token"]
+            if "measured_above_idle_mj" not in r or not set(counts) <= set(alone):
+                continue
+            kernels = sum(alone[k] * n for k, n in counts.items()) / 1e6
+            copies = r["copied_bytes"] * 8 * r["copy_pj_per_bit"] / 1e9 / r["replayed_tokens"]
+            above = r["measured_above_idle_mj"]
+            out.append(f"| {name} | {r['model']} | {r['context_length']} | {r['policy']} | {above:.1f} | "
+                       f"{kernels:.1f} | {copies:.1f} | {100.0 * (kernels + copies - above) / above:+.1f} % |")
+    if not out:
+        return []
+    return ["### A decode step against its kernels alone", "",
+            "Each replay read by nvml.Meter: its energy above the board's own idle power per token (warm-up "
+            "included), beside the same token's kernels each at its energy alone (the table above: every kernel "
+            "shape times its launches per token) and its copies at the config's PCIe and HBM per-bit energies. "
+            "Cases with a kernel shape the probe did not run are left out.", "",
+            "| regime | model | context | policy | measured above idle, mJ/token | kernels alone | copies | "
+            "kernels + copies against measured |", "| --- | --- | --- | --- | --- | --- | --- | --- |"] + out + [""]
 
 
 def array_model_vs_profile(mb: dict, config: str, graphs: bool) -> list[dict]:
@@ -563,8 +600,8 @@ def main(argv=None) -> int:
         commands += ["bash validation/compute-bound/measure.sh OUT  # its step 1 writes " + a.kernel_times]
     commands += [f"chipsim hwreplay {c} --contexts 512,2048{' --graphs' if graphs else ''} --out validation/" for c in configs]
     if a.regime:
-        commands += ["bash validation/energy/measure.sh OUT  # the energy probe and the regimes' replays on one board "
-                     "(validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
+        commands += ["bash validation/regimes/measure-settled.sh OUT  # the energy counter and probe, every regime's "
+                     "replays (validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
     commands += ["# anywhere (no GPU)", "chipsim hwcompare " + " ".join(a.measurements)
                  + (f" --microbench {a.microbench}" if a.microbench else "")
                  + (f" --pcie-probes {' '.join(a.pcie_probes)}" if a.pcie_probes else "")
@@ -585,7 +622,9 @@ def main(argv=None) -> int:
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
     extra = regime_lines(regimes, figure_dir if a.report else None, report_dir)
     if a.op_energy:
-        extra += op_energy_lines(read_json(a.op_energy), _resolve(results[0]["config"], a.measurements[0]))
+        op_probe = read_json(a.op_energy)
+        extra += op_energy_lines(op_probe, _resolve(results[0]["config"], a.measurements[0]))
+        extra += step_against_kernels_lines(op_probe, regimes)
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:

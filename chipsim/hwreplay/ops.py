@@ -100,3 +100,19 @@ def primitive_ops(hw: HardwareConfig) -> dict[str, list[Primitive]]:
         build()
         out[name] = list(am.log)
     return out
+
+
+def kernels_per_token(hw: HardwareConfig) -> dict[str, int]:
+    """Each kernel shape's launches in one decode step of the replay (op key -> count): every layer's attention,
+    each MoE layer's router, shared experts, top-k routed experts and combine, each dense layer's FFN, the head
+    once. Fused primitives launch no kernel and are left out."""
+    model = get_model(hw.model.name)
+    moe = model.num_moe_layers
+    per_group = {"attention": model.num_layers, "router": moe, "shared": moe, "expert": moe * model.top_k,
+                 "combine": moe, "head": 1, "dense": model.first_dense_layers}
+    counts: dict[str, int] = {}
+    for name, prims in primitive_ops(hw).items():
+        for p in prims:
+            if not p.fused:
+                counts[p.key] = counts.get(p.key, 0) + per_group[name]
+    return counts

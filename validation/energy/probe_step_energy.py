@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", ".."), HERE]
 from chipsim.hwreplay.harness import GpuDecodeStep, capture_graph  # noqa: E402
 from chipsim.hwreplay.microbench import chain_buffers, shape_chain  # noqa: E402
-from chipsim.hwreplay.ops import primitive_ops  # noqa: E402
+from chipsim.hwreplay.ops import kernels_per_token, primitive_ops  # noqa: E402
 from chipsim.runner import prepare  # noqa: E402
 
 
@@ -70,11 +70,15 @@ def main() -> None:
                         device=dev).normal_().view(torch.uint8)[:, :step.expert_bytes]
     token = token_groups(step, model, slots)
     kernels = sum(len(g) for g in token)
+    prims = {p.key: p for ps in groups.values() for p in ps if not p.fused}  # each distinct shape, its launches
+    count = {key: (prims[key], n) for key, n in kernels_per_token(prep.config.hw).items()}
+    assert sum(n for _, n in count.values()) == kernels, "the token's kernels are the shapes' launches"
     if dev.type != "cuda":  # a dry run: every call once, in order
         for g in token:
             for fn, args, kw in g:
                 fn(*args, **kw)
-        print(json.dumps({"config": a.config, "context": a.context, "kernels_per_token": kernels, "dry_run": True}))
+        print(json.dumps({"config": a.config, "context": a.context, "kernels_per_token": kernels, "shapes": len(count),
+                          "dry_run": True}))
         return
     from probe_energy import board, measured  # validation/energy/probe_energy.py
 
@@ -109,15 +113,6 @@ def main() -> None:
             torch.cuda.synchronize()
         measure(kind, run, a.seconds, tokens_per_call=reps, kernels_per_token=kernels, launches_per_token=len(launches))
     del whole, per_group
-    # each distinct shape alone, with its count per token
-    count: dict[str, list] = {}
-    for name, prims in groups.items():
-        n = {"attention": model.num_layers, "router": model.num_moe_layers, "shared": model.num_moe_layers,
-             "expert": model.num_moe_layers * model.top_k, "combine": model.num_moe_layers, "head": 1,
-             "dense": model.first_dense_layers}[name]
-        for p in prims:
-            if not p.fused:
-                count.setdefault(p.key, [p, 0])[1] += n
     pool, x, sa, sb, out = chain_buffers([(p, []) for p, _ in count.values()], dev)
     for key, (p, n) in count.items():
         graph = capture_graph(shape_chain(p, pool, x, sa, sb, out))
