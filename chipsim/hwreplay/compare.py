@@ -90,6 +90,7 @@ def _case_row(job) -> dict:
     profiled, modelled = profile_coverage(prep.config.hw)
     alt = prepare(config, [f"workload.context_length={ctx}", *overrides, *ARRAY_MODEL_ONLY], [policy])
     a_ms = statistics.fmean(build_plan(alt, alt.policies[0]).sim_latency_ms[warm:])
+    energy = _energy_fields(case, plan)
     return {
         "array_model_ms": a_ms, "array_model_error_pct": 100.0 * (a_ms - m_ms) / m_ms,
         "profiled_ops": profiled, "modelled_ops": modelled,
@@ -106,11 +107,17 @@ def _case_row(job) -> dict:
         "overrides": list(overrides), "copy_streams": case.get("copy_streams", 1),
         # the host enqueueing one token at a time on an idle GPU (hwreplay --dispatch-tokens): its own pace
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
-        **_energy_fields(case, plan), **_stall_fields(case, plan, warm),
-        "kernels_per_token": kernels_per_token(prep.config.hw), "replayed_tokens": len(case["latency_ms"]),
-        # a copied bit at the config's PCIe and HBM-write energies (the copy probe's slope, split in two)
-        "copy_pj_per_bit": prep.config.hw.links.pcie.energy_pj_per_bit + prep.config.hw.memory.hbm.energy_pj_per_bit,
+        **energy, **_stall_fields(case, plan, warm),
+        **(_kernel_fields(prep.config.hw, case) if "measured_above_idle_mj" in energy else {}),
     }
+
+
+def _kernel_fields(hw, case: dict) -> dict:
+    """What a Meter-read replay's energy above idle is set against (step_against_kernels_lines): its kernel shapes'
+    launches per token, its tokens, a copied bit at the config's PCIe and HBM-write energies (the copy probe's
+    slope, split in two)."""
+    return {"kernels_per_token": kernels_per_token(hw), "replayed_tokens": len(case["latency_ms"]),
+            "copy_pj_per_bit": hw.links.pcie.energy_pj_per_bit + hw.memory.hbm.energy_pj_per_bit}
 
 
 def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
@@ -320,9 +327,9 @@ def step_against_kernels_lines(probe: dict, regimes: list) -> list[str]:
     out = []
     for name, rows in regimes:
         for r in rows:
-            counts = r["kernels_per_token"]
-            if "measured_above_idle_mj" not in r or not set(counts) <= set(alone):
+            if "measured_above_idle_mj" not in r or not set(r["kernels_per_token"]) <= set(alone):
                 continue
+            counts = r["kernels_per_token"]
             kernels = sum(alone[k] * n for k, n in counts.items()) / 1e6
             copies = r["copied_bytes"] * 8 * r["copy_pj_per_bit"] / 1e9 / r["replayed_tokens"]
             above = r["measured_above_idle_mj"]

@@ -13,7 +13,6 @@ Nothing here is new CUDA code: the library is the one PyTorch ships with (no dep
 from __future__ import annotations
 
 import ctypes
-import os
 
 _H2D = 1  # cudaMemcpyHostToDevice
 
@@ -89,7 +88,6 @@ class Runtime:
 
     def __init__(self, path: str | None = None) -> None:
         lib = ctypes.CDLL(path or _library_path())
-        self.path = path or getattr(lib, "_name", "")
         self.fns = {}
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)

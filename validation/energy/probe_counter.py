@@ -5,14 +5,17 @@ machine: torch with CUDA, nvidia-ml-py). The counter is polled as fast as the ho
    change of the counter, so its update interval and how long after the load starts and stops its rate moves;
 2. a square wave (100 ms of load, 100 ms idle, for 2 s): whether the counter integrates the power or samples it;
 3. the same load for 0.25, 0.5, 1, 2 and 4 s, each read two ways: `naive`, the counter read right before the
-   load is enqueued and right after the GPU finishes (as the replay harness read it); `settled`, the counter read
-   at the first change after at least one interval of idle before the load and after `--settle` seconds of idle
-   after it, minus the idle power (measured the same way just before) over the idle part of that window. A way
-   of reading that is right gives the same energy per second of load at every length.
+   load is enqueued and right after the GPU finishes (as the replay harness read it before); `settled`, by
+   chipsim.hwreplay.nvml.Meter, the replays' own reading (from a counter step after `--settle` s of idle to one
+   after `--settle` s of idle, less the idle power measured just before over the window's idle part). A way of
+   reading that is right gives the same energy per second of load at every length.
 
 Prints JSON; the replay harness's energy window (chipsim.hwreplay.nvml) is chosen from it.
 
     python validation/energy/probe_counter.py > validation/energy/h200-energy-counter.json
+
+(The committed file was written before step 3 called nvml.Meter: it spelled out the same reading, polling for
+the same counter steps, with one step less of idle before the idle power.)
 """
 
 import argparse
@@ -26,6 +29,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", ".."), HERE]
+from chipsim.hwreplay.nvml import Meter  # noqa: E402
 from probe_energy import board  # noqa: E402  (validation/energy/probe_energy.py)
 
 
@@ -111,23 +115,16 @@ def main() -> None:
     c.poll_for(1.0)
     n_step = len(c.changes)
 
-    # 3. loads of several lengths, read naively and settled
+    # 3. loads of several lengths, each read by nvml.Meter, the plain two-reading window beside it
     lengths = []
     for seconds in (0.25, 0.5, 1.0, 2.0, 4.0, 0.25, 0.5, 1.0, 2.0, 4.0):
-        c.poll_for(a.settle)
-        i0 = c.next_change()  # idle power over the interval(s) before the load
-        c.poll_for(a.settle)
-        i1 = c.next_change()
-        idle_w = (i1[1] - i0[1]) / (i1[0] - i0[0]) / 1e3
-        naive_before = int(c.n.nvmlDeviceGetTotalEnergyConsumption(c.h))
+        meter = Meter(gpu, a.settle)
+        meter.start()
         start, end = load(seconds)
-        naive_after = int(c.n.nvmlDeviceGetTotalEnergyConsumption(c.h))
-        c.poll_for(a.settle)
-        e1 = c.next_change()
-        settled_j = (e1[1] - i1[1]) / 1e3 - idle_w * ((e1[0] - i1[0]) - (end - start))
-        lengths.append({"seconds": round(end - start, 4), "idle_w": round(idle_w, 2),
-                        "naive_w_above_idle": round((naive_after - naive_before) / 1e3 / (end - start) - idle_w, 2),
-                        "settled_w_above_idle": round(settled_j / (end - start) - idle_w, 2)})
+        w = meter.stop(end - start)
+        lengths.append({"seconds": round(end - start, 4), "idle_w": w["idle_w"],
+                        "naive_w_above_idle": round(w["naive_energy_j"] / (end - start) - w["idle_w"], 2),
+                        "settled_w_above_idle": round(w["power_w"] - w["idle_w"], 2)})
 
     ch = c.changes[:n_step]
     gaps = [b[0] - a_[0] for a_, b in zip(ch, ch[1:])]

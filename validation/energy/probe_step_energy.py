@@ -115,16 +115,16 @@ def main() -> None:
     del whole, per_group
     pool, x, sa, sb, out = chain_buffers([(p, []) for p, _ in count.values()], dev)
     for key, (p, n) in count.items():
-        graph = capture_graph(shape_chain(p, pool, x, sa, sb, out))
-        chain_len = len(shape_chain(p, pool, x, sa, sb, out))
+        chain = shape_chain(p, pool, x, sa, sb, out)
+        graph = capture_graph(chain)
         reps = max(1, int(0.02 / timed(graph.replay)))
 
         def run(graph=graph, reps=reps):
             for _ in range(reps):
                 graph.replay()
             torch.cuda.synchronize()
-        measure("op", run, a.op_seconds, key=key, per_token=n, kernels_per_call=reps * chain_len)
-        del graph
+        measure("op", run, a.op_seconds, key=key, per_token=n, kernels_per_call=reps * len(chain))
+        del graph, chain
     measure("idle", lambda: time.sleep(0.05), a.seconds)
     print(json.dumps({"machine": gpu.describe(), "torch": torch.__version__, "config": a.config, "context": a.context,
                       "settle_s": a.settle, "kernels_per_token": kernels, "windows": windows}, indent=1))
