@@ -1,13 +1,16 @@
 """The hand-off between the replay's copy stream and its compute stream, timed alone (the device machine: torch with
-CUDA). The simulator starts a copy the moment its issue point is reached and an expert the moment its last byte
-lands; on the GPU each of those is a cross-stream event wait, which takes some microseconds. Timed with CUDA
-events (their clock is the GPU's, common to every stream), each `--repeats` times, medians printed:
+CUDA). The simulator starts an expert's kernels the moment its last byte lands and a demand copy the moment routing
+is known; on the GPU each is a cross-stream event wait followed by a graph launch or a copy that the host enqueued
+ahead of time. Timed with CUDA events (the GPU's clock, common to every stream), `--repeats` times for each copy
+size, medians printed; before each case the stream that starts it spins ~100 us so the host is well ahead:
 
-- copy_to_compute: the compute stream blocked on an event recorded after an 8 MiB host-to-device copy; from that
-  event to one recorded on the compute stream right after its wait (an expert waiting for its bytes);
-- compute_to_copy: the copy stream blocked on an event recorded after a kernel (~20 µs) on the compute stream;
-  from that event to one recorded on the copy stream right after its wait (a demand copy issued at routing);
-- same_stream: two events recorded back to back on one stream (what a record itself costs, to subtract).
+- copy, graph: a host-to-device copy alone on the copy stream; a CUDA graph of 3 GEMVs (an expert's kernels) alone
+  on the compute stream;
+- copy_then_graph: the copy, an event, the compute stream waiting on it, then the graph (an expert that stalled
+  for its bytes); handoff_copy_to_compute = copy_then_graph - copy - graph, per repeat;
+- graph_then_copy: the graph, an event, the copy stream waiting on it, then the copy (a demand copy issued at
+  routing); handoff_compute_to_copy = graph_then_copy - graph - copy;
+- one_stream: the copy then the graph on one stream (the same transition with no event), to compare.
 
     python validation/compute/probe_handoff.py > validation/compute/h200-handoff.json
 """
@@ -18,58 +21,88 @@ import statistics
 
 import torch
 
+SPIN_CYCLES = 200_000  # ~100 us at the H200's ~2 GHz
+
+
+def summary(xs: list[float]) -> dict:
+    s = sorted(xs)
+    return {"median": round(statistics.median(s), 3), "p10": round(s[len(s) // 10], 3),
+            "p90": round(s[9 * len(s) // 10], 3)}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--copy-kib", default="1024,4096", help="copy sizes, KiB, comma-separated")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("probe_handoff: needs a CUDA GPU")
     dev = torch.device("cuda")
     cs, xs = torch.cuda.Stream(), torch.cuda.Stream()
-    host = torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(8 << 20, dtype=torch.uint8, device=dev)
-    w = torch.randn(4096, 4096, dtype=torch.bfloat16, device=dev)  # 32 MiB: a ~10-20 µs GEMV
-    v = torch.randn(4096, dtype=torch.bfloat16, device=dev)
-    tiny = torch.zeros(1, device=dev)
+    w = torch.randn(4096, 1024, dtype=torch.bfloat16, device=dev)  # 8 MiB: a few-us GEMV
+    v = torch.randn(1024, dtype=torch.bfloat16, device=dev)
+    o = torch.empty(4096, dtype=torch.bfloat16, device=dev)
+    for _ in range(3):
+        torch.mv(w, v, out=o)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            torch.mv(w, v, out=o)
+    torch.cuda.synchronize()
 
     def ev():
         return torch.cuda.Event(enable_timing=True)
 
-    out = {"copy_to_compute_us": [], "compute_to_copy_us": [], "same_stream_us": []}
-    for _ in range(3 + a.repeats):
+    def timed(first: torch.cuda.Stream, first_part, second: torch.cuda.Stream | None = None, second_part=None) -> float:
+        """Microseconds from an event before `first_part` (on `first`) to one after `second_part` (on `second`, which
+        waits for `first_part` through an event; on `first` itself when `second` is None)."""
+        begin, mid, end = ev(), ev(), ev()
         torch.cuda.synchronize()
-        # copy -> compute: the compute stream waits while the copy runs
-        done, resumed = ev(), ev()
-        with torch.cuda.stream(xs):
+        with torch.cuda.stream(first):
+            torch.cuda._sleep(SPIN_CYCLES)
+            begin.record(first)
+            first_part()
+            mid.record(first)
+        last = first
+        if second_part is not None:
+            last = second or first
+            with torch.cuda.stream(last):
+                if last is not first:
+                    last.wait_event(mid)
+                second_part()
+        end.record(last)
+        torch.cuda.synchronize()
+        return 1e3 * begin.elapsed_time(end)
+
+    results = {}
+    for kib in (int(k) for k in a.copy_kib.split(",")):
+        host = torch.empty(kib << 10, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(kib << 10, dtype=torch.uint8, device=dev)
+
+        def copy(host=host, dst=dst):
             dst.copy_(host, non_blocking=True)
-            done.record(xs)
-        with torch.cuda.stream(cs):
-            cs.wait_event(done)
-            resumed.record(cs)
-            tiny.add_(1)
-        # compute -> copy: the copy stream waits while the kernel runs
-        ran, started = ev(), ev()
-        with torch.cuda.stream(cs):
-            torch.mv(w, v)
-            ran.record(cs)
-        with torch.cuda.stream(xs):
-            xs.wait_event(ran)
-            started.record(xs)
-            dst[:4].copy_(host[:4], non_blocking=True)
-        # two records back to back on one stream
-        first, second = ev(), ev()
-        with torch.cuda.stream(cs):
-            first.record(cs)
-            second.record(cs)
-        torch.cuda.synchronize()
-        out["copy_to_compute_us"].append(1e3 * done.elapsed_time(resumed))
-        out["compute_to_copy_us"].append(1e3 * ran.elapsed_time(started))
-        out["same_stream_us"].append(1e3 * first.elapsed_time(second))
-    summary = {k: {"median": round(statistics.median(v[3:]), 3), "p10": round(sorted(v[3:])[len(v[3:]) // 10], 3),
-                   "p90": round(sorted(v[3:])[9 * len(v[3:]) // 10], 3)} for k, v in out.items()}
+
+        rows = {"copy_us": [], "graph_us": [], "copy_then_graph_us": [], "graph_then_copy_us": [],
+                "one_stream_us": [], "handoff_copy_to_compute_us": [], "handoff_compute_to_copy_us": []}
+        for i in range(3 + a.repeats):
+            t_copy = timed(xs, copy)
+            t_graph = timed(cs, graph.replay)
+            t_cg = timed(xs, copy, cs, graph.replay)
+            t_gc = timed(cs, graph.replay, xs, copy)
+            t_one = timed(xs, copy, None, graph.replay)
+            if i < 3:  # warm-up
+                continue
+            for k, x in (("copy_us", t_copy), ("graph_us", t_graph), ("copy_then_graph_us", t_cg),
+                         ("graph_then_copy_us", t_gc), ("one_stream_us", t_one),
+                         ("handoff_copy_to_compute_us", t_cg - t_copy - t_graph),
+                         ("handoff_compute_to_copy_us", t_gc - t_graph - t_copy)):
+                rows[k].append(x)
+        results[f"{kib}KiB"] = {"summary": {k: summary(x) for k, x in rows.items()},
+                                "samples_us": {k: [round(x, 3) for x in rows[k]] for k in
+                                               ("handoff_copy_to_compute_us", "handoff_compute_to_copy_us")}}
     print(json.dumps({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "repeats": a.repeats,
-                      "summary": summary, "samples_us": {k: [round(x, 3) for x in v[3:]] for k, v in out.items()}},
+                      "spin_cycles": SPIN_CYCLES, "graph": "3 x torch.mv, 4096 x 1024 bf16", "copies": results},
                      indent=1))
 
 
