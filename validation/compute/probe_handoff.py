@@ -2,7 +2,7 @@
 CUDA). The simulator starts an expert's kernels the moment its last byte lands and a demand copy the moment routing
 is known; on the GPU each is a cross-stream event wait followed by a graph launch or a copy that the host enqueued
 ahead of time. Timed with CUDA events (the GPU's clock, common to every stream), `--repeats` times for each copy
-size, medians printed; before each case the stream that starts it spins ~100 us so the host is well ahead:
+size, medians printed; before each case the stream that starts it spins (~100 us; ~2 ms for the spans) so the host is well ahead:
 
 - copy, graph: a host-to-device copy alone on the copy stream; a CUDA graph of 3 GEMVs (an expert's kernels) alone
   on the compute stream;
@@ -10,7 +10,11 @@ size, medians printed; before each case the stream that starts it spins ~100 us 
   for its bytes); handoff_copy_to_compute = copy_then_graph - copy - graph, per repeat;
 - graph_then_copy: the graph, an event, the copy stream waiting on it, then the copy (a demand copy issued at
   routing); handoff_compute_to_copy = graph_then_copy - graph - copy;
-- one_stream: the copy then the graph on one stream (the same transition with no event), to compare.
+- one_stream: the copy then the graph on one stream (the same transition with no event), to compare;
+- spans: 16 copy spans back to back on the copy stream, each as the replay enqueues one (a wait for an event the
+  compute stream recorded earlier and has passed, the span's copies, 1 or 3 parts, an event recorded after), against
+  the same copies with no events and with only the records: what each span's synchronisation costs the copy
+  engine, per span (us_per_span), at three span sizes.
 
     python validation/compute/probe_handoff.py > validation/compute/h200-handoff.json
 """
@@ -22,6 +26,7 @@ import statistics
 import torch
 
 SPIN_CYCLES = 200_000  # ~100 us at the H200's ~2 GHz
+SPAN_SPIN_CYCLES = 4_000_000  # ~2 ms: the host enqueues 16 spans through PyTorch meanwhile
 
 
 def summary(xs: list[float]) -> dict:
@@ -101,9 +106,46 @@ def main() -> None:
         results[f"{kib}KiB"] = {"summary": {k: summary(x) for k, x in rows.items()},
                                 "samples_us": {k: [round(x, 3) for x in rows[k]] for k in
                                                ("handoff_copy_to_compute_us", "handoff_compute_to_copy_us")}}
+    spans = copy_spans(xs, cs, dev, ev, max(20, a.repeats // 4))
     print(json.dumps({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "repeats": a.repeats,
-                      "spin_cycles": SPIN_CYCLES, "graph": "3 x torch.mv, 4096 x 1024 bf16", "copies": results},
-                     indent=1))
+                      "spin_cycles": SPIN_CYCLES, "graph": "3 x torch.mv, 4096 x 1024 bf16", "copies": results,
+                      "spans": spans}, indent=1))
+
+
+def copy_spans(xs, cs, dev, ev, repeats: int, n: int = 16) -> dict:
+    """Per-span time of `n` spans back to back on the copy stream `xs`, medians over `repeats`: "plain" (the copies
+    alone), "record" (an event recorded after each span), "wait_record" (as the replay: a wait for a passed event
+    of the compute stream `cs` before each span, a record after)."""
+    out = {}
+    for kib in (256, 1024, 4096):
+        host = torch.empty(n * kib << 10, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(n * kib << 10, dtype=torch.uint8, device=dev)
+        for parts in (1, 3):
+            cuts = [kib * 1024 * p // parts for p in range(parts + 1)]
+            for mode in ("plain", "record", "wait_record"):
+                times = []
+                for i in range(3 + repeats):
+                    marker, begin, end = ev(), ev(), ev()
+                    after = [torch.cuda.Event() for _ in range(n)]
+                    marker.record(cs)
+                    torch.cuda.synchronize()
+                    with torch.cuda.stream(xs):
+                        torch.cuda._sleep(SPAN_SPIN_CYCLES)
+                        begin.record(xs)
+                        for s in range(n):
+                            if mode == "wait_record":
+                                xs.wait_event(marker)
+                            base = s * kib * 1024
+                            for lo, hi in zip(cuts, cuts[1:]):
+                                dst[base + lo:base + hi].copy_(host[base + lo:base + hi], non_blocking=True)
+                            if mode != "plain":
+                                after[s].record(xs)
+                        end.record(xs)
+                    torch.cuda.synchronize()
+                    if i >= 3:
+                        times.append(1e3 * begin.elapsed_time(end) / n)
+                out[f"{kib}KiB x{parts} {mode}"] = {"us_per_span": summary(times)}
+    return out
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ summed to the token's time (validation/NOTES.md). This separates the candidates:
   for `--seconds`: no copies, no events, no host;
 - `groups`: the same kernels, one CUDA graph per op group launched back to back (as `hwreplay --graphs`);
 - `op`: each distinct kernel shape of the step alone, as probe_op_energy.py runs it;
-- `idle` windows before and after.
+- `idle` windows before and after;
+- each group's GPU time inside the token (events between the per-group graphs, the host well ahead) against its
+  kernels' times alone (`in_situ_against_alone`, by group label): where a step's time departs from the sum of
+  its kernels alone, which groups do.
 
 Every window is read by chipsim.hwreplay.nvml.Meter. If `step` comes out at the chains' sum, what the replays
 add (copies, cross-stream waits, stalls) is the difference; if below it, running kernels of different shapes in
@@ -34,22 +37,44 @@ from chipsim.hwreplay.ops import kernels_per_token, primitive_ops  # noqa: E402
 from chipsim.runner import prepare  # noqa: E402
 
 
-def token_groups(step: GpuDecodeStep, model, slots: torch.Tensor) -> list[list]:
-    """One token's op groups in the replay's order, as lists of kernel calls; expert i of MoE layer l reads slot
+def token_groups(step: GpuDecodeStep, model, slots: torch.Tensor) -> list[tuple[str, list]]:
+    """One token's op groups in the replay's order, as (label, kernel calls); expert i of MoE layer l reads slot
     l * top_k + i (every routed expert its own weights, as in a decode step)."""
     out = []
     for layer in range(model.num_layers):
         if layer < model.first_dense_layers:
-            out += [step.group_calls("attention", layer), step.group_calls("dense", layer)]
+            out += [("attention", step.group_calls("attention", layer)), ("dense", step.group_calls("dense", layer))]
             continue
         moe = layer - model.first_dense_layers
-        out.append(step.group_calls("attention", layer) + step.group_calls("router", layer))
+        out.append(("attention+router", step.group_calls("attention", layer) + step.group_calls("router", layer)))
         if "shared" in step.groups:
-            out.append(step.group_calls("shared", layer))
-        out += [step.expert_calls(slots[moe * model.top_k + i]) for i in range(model.top_k)]
-        out.append(step.group_calls("combine", layer))
-    out.append(step.group_calls("head", -1))
+            out.append(("shared", step.group_calls("shared", layer)))
+        out += [("expert", step.expert_calls(slots[moe * model.top_k + i])) for i in range(model.top_k)]
+        out.append(("combine", step.group_calls("combine", layer)))
+    out.append(("head", step.group_calls("head", -1)))
     return out
+
+
+def group_keys(groups: dict, label: str) -> list[str]:
+    """The kernel shapes (op keys) of a token group labelled as token_groups labels it, in launch order."""
+    return [p.key for name in label.split("+") for p in groups[name] if not p.fused]
+
+
+def in_situ_ms(per_group: list, tokens: int = 5) -> list[float]:
+    """Each group's GPU time inside a token, ms (median over `tokens`): events between the groups' graphs, all
+    enqueued behind a spin long enough for the host to get ahead, so the GPU runs them back to back."""
+    runs = []
+    for _ in range(tokens):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(per_group) + 1)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(400_000_000)  # ~0.2 s: the host enqueues ~2 launches and records per group meanwhile
+        marks[0].record()
+        for graph, mark in zip(per_group, marks[1:]):
+            graph.replay()
+            mark.record()
+        torch.cuda.synchronize()
+        runs.append([a.elapsed_time(b) for a, b in zip(marks, marks[1:])])
+    return [sorted(r[i] for r in runs)[len(runs) // 2] for i in range(len(per_group))]
 
 
 def main() -> None:
@@ -69,12 +94,13 @@ def main() -> None:
     slots = torch.empty((model.num_moe_layers * model.top_k, step.expert_bytes // 2 + 1), dtype=torch.bfloat16,
                         device=dev).normal_().view(torch.uint8)[:, :step.expert_bytes]
     token = token_groups(step, model, slots)
-    kernels = sum(len(g) for g in token)
+    kernels = sum(len(g) for _, g in token)
     prims = {p.key: p for ps in groups.values() for p in ps if not p.fused}  # each distinct shape, its launches
     count = {key: (prims[key], n) for key, n in kernels_per_token(prep.config.hw).items()}
     assert sum(n for _, n in count.values()) == kernels, "the token's kernels are the shapes' launches"
     if dev.type != "cuda":  # a dry run: every call once, in order
-        for g in token:
+        for label, g in token:
+            assert len(g) == len(group_keys(groups, label)), "a group's kernels are its shapes"
             for fn, args, kw in g:
                 fn(*args, **kw)
         print(json.dumps({"config": a.config, "context": a.context, "kernels_per_token": kernels, "shapes": len(count),
@@ -99,8 +125,9 @@ def main() -> None:
         return time.perf_counter() - t0
 
     measure("idle", lambda: time.sleep(0.05), a.seconds)
-    whole = capture_graph([c for g in token for c in g])
-    per_group = [capture_graph(g) for g in token]
+    whole = capture_graph([c for _, g in token for c in g])
+    per_group = [capture_graph(g) for _, g in token]
+    situ = in_situ_ms(per_group)
     for kind, launches in (("step", [whole]), ("groups", per_group)):
         def once(launches=launches):
             for gr in launches:
@@ -113,6 +140,7 @@ def main() -> None:
             torch.cuda.synchronize()
         measure(kind, run, a.seconds, tokens_per_call=reps, kernels_per_token=kernels, launches_per_token=len(launches))
     del whole, per_group
+    alone_ms: dict[str, float] = {}
     pool, x, sa, sb, out = chain_buffers([(p, []) for p, _ in count.values()], dev)
     for key, (p, n) in count.items():
         chain = shape_chain(p, pool, x, sa, sb, out)
@@ -124,10 +152,21 @@ def main() -> None:
                 graph.replay()
             torch.cuda.synchronize()
         measure("op", run, a.op_seconds, key=key, per_token=n, kernels_per_call=reps * len(chain))
+        alone_ms[key] = 1e3 * windows[-1]["seconds"] / (windows[-1]["calls"] * reps * len(chain))
         del graph, chain
     measure("idle", lambda: time.sleep(0.05), a.seconds)
+    by_label: dict[str, dict] = {}  # in situ against alone, summed over the token's groups of each label
+    for (label, _), ms in zip(token, situ):
+        row = by_label.setdefault(label, {"groups": 0, "in_situ_ms": 0.0, "alone_ms": 0.0})
+        row["groups"] += 1
+        row["in_situ_ms"] += ms
+        row["alone_ms"] += sum(alone_ms[k] for k in group_keys(groups, label))
+    for row in by_label.values():
+        row["in_situ_ms"], row["alone_ms"] = round(row["in_situ_ms"], 4), round(row["alone_ms"], 4)
     print(json.dumps({"machine": gpu.describe(), "torch": torch.__version__, "config": a.config, "context": a.context,
-                      "settle_s": a.settle, "kernels_per_token": kernels, "windows": windows}, indent=1))
+                      "settle_s": a.settle, "kernels_per_token": kernels, "in_situ_against_alone": by_label,
+                      "in_situ_ms_per_group": [[label, round(ms, 4)] for (label, _), ms in zip(token, situ)],
+                      "windows": windows}, indent=1))
 
 
 if __name__ == "__main__":
