@@ -9,7 +9,9 @@ datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy nu
 
 from __future__ import annotations
 
-from chipsim.errors import OneLineParser, run_module_main
+import statistics
+
+from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import read_json
 from chipsim.hw.config import DramConfig
 from chipsim.hw.dram import dram_timing
@@ -97,8 +99,25 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
     }
 
 
+def _handoff_line(handoff: dict | None, source: str | None) -> str:
+    """compute.copy_wait_ns from probe_handoff.py's file: the median over its copy sizes of the copy-then-graph
+    time less the copy and the graph alone; none (the key's default, 0) without a file."""
+    if handoff is None:
+        return ""
+    try:
+        per_size = [float(v["summary"]["handoff_copy_to_compute_us"]["median"]) for v in handoff["copies"].values()]
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise InputError(f"{source}: not probe_handoff.py's output (no copies.*.summary.handoff_copy_to_compute_us)")
+    if not per_size:
+        raise InputError(f"{source}: no copy sizes")
+    wait_ns = max(0.0, round(1e3 * statistics.median(per_size), 1))
+    return (f"  copy_wait_ns: {wait_ns}   # measured: a graph waiting on a copy's event starts this long after the copy "
+            f"ends, median over {len(per_size)} copy sizes of copy-then-graph less each alone ({source})\n")
+
+
 def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
-           energy_source: str | None = None, command: str = "") -> str:
+           energy_source: str | None = None, command: str = "", handoff: dict | None = None,
+           handoff_source: str | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -173,7 +192,7 @@ compute:
 {e['occupancy']}  leakage_power_w_per_array: {e['leakage']}
   dequant_ops_per_weight: 2       # an offset and a scale per weight below 16 bit, as the 4-bit replays' kernel (triton_kernels.gemv_q4) does
   op_group_launch_ns: {launch_ns}   # {launch_source}
-{table}
+{_handoff_line(handoff, handoff_source)}{table}
 memory:
   hbm:
     capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory
@@ -291,6 +310,8 @@ def main(argv=None) -> int:
     ap.add_argument("--energy-probe", default=None, metavar="FILE",
                     help="validation/energy/h200-energy-probe-settled.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
+    ap.add_argument("--handoff", default=None, metavar="FILE",
+                    help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)
     extra = [(path, read_json(path)) for path in a.op_times_extra]
@@ -301,9 +322,11 @@ def main(argv=None) -> int:
         fit = derive(read_json(a.energy_probe))
     command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
-               + (f" --energy-probe {a.energy_probe}" if a.energy_probe else ""))
+               + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")
+               + (f" --handoff {a.handoff}" if a.handoff else ""))
+    handoff = read_json(a.handoff) if a.handoff else None
     with open(a.out, "w") as f:
-        f.write(render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command))
+        f.write(render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff))
     print(f"wrote {a.out}")
     return 0
 
