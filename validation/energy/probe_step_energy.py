@@ -91,7 +91,9 @@ def main() -> None:
     model = prep.workload.model
     groups = primitive_ops(prep.config.hw)
     step = GpuDecodeStep(groups, model.num_layers, model.first_dense_layers, dev)
-    slots = torch.empty((model.num_moe_layers * model.top_k, step.expert_bytes // 2 + 1), dtype=torch.bfloat16,
+    # as chipsim.hwreplay.run lays out its slots: rows of whole BF16 words, so an even-sized expert's slots stay
+    # as aligned as the buffer (a row one word longer put every slot 2 bytes further off: slower, costlier GEMVs)
+    slots = torch.empty((model.num_moe_layers * model.top_k, -(-step.expert_bytes // 2)), dtype=torch.bfloat16,
                         device=dev).normal_().view(torch.uint8)[:, :step.expert_bytes]
     token = token_groups(step, model, slots)
     kernels = sum(len(g) for _, g in token)
