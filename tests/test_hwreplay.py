@@ -877,3 +877,48 @@ def test_the_cudart_front_end_issues_the_programs_steps_as_raw_runtime_calls():
                         lambda fn: isinstance(getattr(fn, "__self__", None), Graph)) == [("call", (graph.replay,))]
     with pytest.raises(ValueError, match="captured CUDA graphs only"):
         cudart.lower([("c", [(print, ("eager kernel",), {})])], cs, handle, lambda fn: False)
+
+
+def _meter_window(kind, above_j, seconds, idle_w=100.0, calls=1, **fields):
+    return {"kind": kind, "seconds": seconds, "energy_j": above_j + idle_w * seconds, "idle_w": idle_w,
+            "calls": calls, **fields}
+
+
+def test_a_token_together_against_its_kernels_alone_by_hand():
+    """By hand: a step window of 2 calls x 5 tokens over 0.05 s with 3 J above idle is 5 ms and 300 mJ per token;
+    its kernels alone: 100 launches of one shape whose window ran 1,000 kernels in 0.01 s with 2 J above idle
+    (10 us, 2 mJ each), 1 ms and 200 mJ per token, so alone is -33.3 % in energy and -80.0 % in time; inside the
+    token that group took 1.2 ms against 1.0 ms alone, +20.0 %."""
+    from chipsim.hwreplay.probe_tables import step_energy_lines
+
+    probe = {"config": "c.yaml", "context": 1024, "kernels_per_token": 100,
+             "in_situ_against_alone": {"expert": {"groups": 4, "in_situ_ms": 1.2, "alone_ms": 1.0}},
+             "windows": [_meter_window("idle", 0.0, 3.0),
+                         _meter_window("step", 3.0, 0.05, calls=2, tokens_per_call=5, launches_per_token=1),
+                         _meter_window("groups", 1.5, 0.5, calls=1, tokens_per_call=5, launches_per_token=9),
+                         _meter_window("op", 2.0, 0.01, calls=1, kernels_per_call=1000, per_token=100, key="k")]}
+    lines = step_energy_lines([("p.json", probe)])
+    assert "| p.json | 100 | 100.0 | 5.000 | 300.0 | 100.000 | 300.0 | 1.000 | 200.0 | -33.3 % | -80.0 % |" in lines
+    assert "| p.json | expert | 4 | 1.200 | 1.000 | +20.0 % |" in lines
+    del probe["windows"][1]  # no step window: one error naming the file
+    with pytest.raises(InputError, match="p.json: not probe_step_energy.py's output"):
+        step_energy_lines([("p.json", probe)])
+
+
+def test_the_handoff_table_is_each_sequence_less_its_parts():
+    """The hand-off columns are the probe's per-repeat medians; a span's synchronisation cost is the replay's
+    layout (wait, copies, record) less the copies alone: 9.5 - 7.5 = +2.00 us."""
+    from chipsim.hwreplay.probe_tables import handoff_lines
+
+    def med(x):
+        return {"median": x, "p10": x, "p90": x}
+    summary = {"copy_us": med(28.0), "graph_us": med(15.0), "copy_then_graph_us": med(45.0),
+               "one_stream_us": med(45.5), "handoff_copy_to_compute_us": med(2.0), "graph_then_copy_us": med(40.0),
+               "handoff_compute_to_copy_us": med(-3.0)}
+    spans = {f"256KiB x1 {m}": {"us_per_span": med(t)} for m, t in (("plain", 7.5), ("record", 8.0),
+                                                                       ("wait_record", 9.5))}
+    lines = handoff_lines({"repeats": 10, "copies": {"1024KiB": {"summary": summary}}, "spans": spans}, "h.json")
+    assert "| 1024KiB | 28.00 | 15.00 | 45.00 | 45.50 | +2.00 | 40.00 | -3.00 |" in lines
+    assert "| 256KiB x1 | 7.50 | 8.00 | 9.50 | +2.00 |" in lines
+    with pytest.raises(InputError, match="h.json: not probe_handoff.py's output"):
+        handoff_lines({"copies": {"1024KiB": {}}}, "h.json")

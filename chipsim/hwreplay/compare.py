@@ -23,6 +23,7 @@ from chipsim.hwreplay.energy_table import board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
+from chipsim.hwreplay.probe_tables import handoff_lines, step_energy_lines
 from chipsim.runner import prepare
 
 OVERLAPPED = ("oracle", "static-4", "promoe", "apex", "apex-sf")  # policies that prefetch ahead of need
@@ -555,6 +556,10 @@ def main(argv=None) -> int:
     ap.add_argument("--op-energy", default=None, metavar="FILE",
                     help="validation/energy/h200-op-energy.json (probe_op_energy.py): each kernel shape's energy "
                          "alone against the config's energy table")
+    ap.add_argument("--handoff", default=None, metavar="FILE",
+                    help="validation/compute/h200-handoff.json (probe_handoff.py): the copy/compute hand-off table")
+    ap.add_argument("--step-energy", nargs="+", default=[], metavar="FILE",
+                    help="probe_step_energy.py files: a token's kernels together against alone, one row each")
     ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
                     help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
@@ -617,6 +622,8 @@ def main(argv=None) -> int:
                  + (f" --kernel-times {a.kernel_times}" if a.kernel_times else "")
                  + "".join(f" --regime {' '.join(repr(x) if ' ' in x else x for x in spec)}" for spec in a.regime)
                  + (f" --op-energy {a.op_energy}" if a.op_energy else "")
+                 + (f" --handoff {a.handoff}" if a.handoff else "")
+                 + (f" --step-energy {' '.join(a.step_energy)}" if a.step_energy else "")
                  + (f" --figures {a.figures}" if a.figures else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
@@ -632,6 +639,10 @@ def main(argv=None) -> int:
         op_probe = read_json(a.op_energy)
         extra += op_energy_lines(op_probe, _resolve(results[0]["config"], a.measurements[0]))
         extra += step_against_kernels_lines(op_probe, regimes)
+    if a.step_energy:
+        extra += step_energy_lines([(path, read_json(path)) for path in a.step_energy])
+    if a.handoff:
+        extra += handoff_lines(read_json(a.handoff), a.handoff)
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:
