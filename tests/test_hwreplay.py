@@ -917,8 +917,11 @@ def test_the_handoff_table_is_each_sequence_less_its_parts():
                "handoff_compute_to_copy_us": med(-3.0)}
     spans = {f"256KiB x1 {m}": {"us_per_span": med(t)} for m, t in (("plain", 7.5), ("record", 8.0),
                                                                        ("wait_record", 9.5))}
-    lines = handoff_lines({"repeats": 10, "copies": {"1024KiB": {"summary": summary}}, "spans": spans}, "h.json")
+    under = {"gemv x64": {"alone_us": med(640.0), "under_copies_us": med(800.0), "slowdown_pct": 25.0}}
+    lines = handoff_lines({"repeats": 10, "copies": {"1024KiB": {"summary": summary}}, "spans": spans,
+                           "under_copies": under}, "h.json")
     assert "| 1024KiB | 28.00 | 15.00 | 45.00 | 45.50 | +2.00 | 40.00 | -3.00 |" in lines
     assert "| 256KiB x1 | 7.50 | 8.00 | 9.50 | +2.00 |" in lines
+    assert "| gemv x64 | 640.00 | 800.00 | +25.0 % |" in lines
     with pytest.raises(InputError, match="h.json: not probe_handoff.py's output"):
         handoff_lines({"copies": {"1024KiB": {}}}, "h.json")

@@ -30,6 +30,8 @@ def handoff_lines(probe: dict, source: str) -> list[str]:
             t = {m: float(spans[f"{layout} {m}"]["us_per_span"]["median"]) for m in ("plain", "record", "wait_record")}
             span_rows.append(f"| {layout} | {t['plain']:.2f} | {t['record']:.2f} | {t['wait_record']:.2f} | "
                              f"{t['wait_record'] - t['plain']:+.2f} |")
+        under_rows = [f"| {name} | {_median(v, 'alone_us'):.2f} | {_median(v, 'under_copies_us'):.2f} | "
+                      f"{float(v['slowdown_pct']):+.1f} % |" for name, v in probe.get("under_copies", {}).items()]
     except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(f"{source}: not probe_handoff.py's output")
     lines = ["### The hand-off between copy and compute streams", "",
@@ -46,6 +48,10 @@ def handoff_lines(probe: dict, source: str) -> list[str]:
                   "stream has already passed, the copies, a record).", "",
                   "| span (size × parts) | copies alone | + record | + wait and record (the replay's) | "
                   "wait and record add |", "| --- | --- | --- | --- | --- |"] + span_rows + [""]
+    if under_rows:
+        lines += ["A kernel graph alone and while host-to-device copies run throughout on the copy stream (µs per "
+                  "graph): what the copies' writes into HBM cost the kernels.", "",
+                  "| graph | alone | under copies | slowdown |", "| --- | --- | --- | --- |"] + under_rows + [""]
     return lines
 
 

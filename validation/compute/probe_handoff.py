@@ -14,7 +14,10 @@ size, medians printed; before each case the stream that starts it spins (~100 us
 - spans: 16 copy spans back to back on the copy stream, each as the replay enqueues one (a wait for an event the
   compute stream recorded earlier and has passed, the span's copies, 1 or 3 parts, an event recorded after), against
   the same copies with no events and with only the records: what each span's synchronisation costs the copy
-  engine, per span (us_per_span), at three span sizes.
+  engine, per span (us_per_span), at three span sizes;
+- under_copies: a graph of 64 GEMVs over distinct weights (3 MiB each, an expert's gate and up projections of
+  Granite-3B) and one of 64 tiny kernels, each timed alone and while host-to-device copies run throughout on the
+  copy stream: how much the copies' writes into HBM slow the kernels (slowdown_pct).
 
     python validation/compute/probe_handoff.py > validation/compute/h200-handoff.json
 """
@@ -107,9 +110,10 @@ def main() -> None:
                                 "samples_us": {k: [round(x, 3) for x in rows[k]] for k in
                                                ("handoff_copy_to_compute_us", "handoff_compute_to_copy_us")}}
     spans = copy_spans(xs, cs, dev, ev, max(20, a.repeats // 4))
+    under = under_copies(xs, cs, dev, ev, max(20, a.repeats // 4))
     print(json.dumps({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "repeats": a.repeats,
                       "spin_cycles": SPIN_CYCLES, "graph": "3 x torch.mv, 4096 x 1024 bf16", "copies": results,
-                      "spans": spans}, indent=1))
+                      "spans": spans, "under_copies": under}, indent=1))
 
 
 def copy_spans(xs, cs, dev, ev, repeats: int, n: int = 16) -> dict:
@@ -150,3 +154,46 @@ def copy_spans(xs, cs, dev, ev, repeats: int, n: int = 16) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+def under_copies(xs, cs, dev, ev, repeats: int) -> dict:
+    """Kernel graphs on the compute stream `cs` timed alone and while 16 MiB host-to-device copies keep the copy
+    stream `xs` busy from before the graph starts to after it ends; medians over `repeats`, us per graph."""
+    ws = [torch.randn(1024, 1536, dtype=torch.bfloat16, device=dev) for _ in range(64)]  # 192 MiB: beyond L2
+    v = torch.randn(1536, dtype=torch.bfloat16, device=dev)
+    o = torch.empty(1024, dtype=torch.bfloat16, device=dev)
+    t = torch.zeros(512, dtype=torch.bfloat16, device=dev)
+    graphs = {}
+    for name, body in (("gemv 1536x1024 x64", lambda: [torch.mv(w, v, out=o) for w in ws]),
+                       ("tiny add x64", lambda: [t.add_(1) for _ in range(64)])):
+        body()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        graphs[name] = g
+    torch.cuda.synchronize()
+    host = torch.empty(16 << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(16 << 20, dtype=torch.uint8, device=dev)
+    out = {}
+    for name, g in graphs.items():
+        rows = {"alone_us": [], "under_copies_us": []}
+        for i in range(3 + repeats):
+            for mode in rows:
+                begin, end = ev(), ev()
+                torch.cuda.synchronize()
+                if mode == "under_copies":
+                    with torch.cuda.stream(xs):
+                        for _ in range(6):  # ~1.8 ms of copies; the graph starts ~0.3 ms in
+                            dst.copy_(host, non_blocking=True)
+                with torch.cuda.stream(cs):
+                    torch.cuda._sleep(SPAN_SPIN_CYCLES // 6)
+                    begin.record(cs)
+                    g.replay()
+                    end.record(cs)
+                torch.cuda.synchronize()
+                if i >= 3:
+                    rows[mode].append(1e3 * begin.elapsed_time(end))
+        alone, under = statistics.median(rows["alone_us"]), statistics.median(rows["under_copies_us"])
+        out[name] = {**{k: summary(x) for k, x in rows.items()}, "slowdown_pct": round(100.0 * (under - alone) / alone, 2)}
+    return out
