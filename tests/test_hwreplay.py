@@ -925,3 +925,16 @@ def test_the_handoff_table_is_each_sequence_less_its_parts():
     assert "| gemv x64 | 640.00 | 800.00 | +25.0 % |" in lines
     with pytest.raises(InputError, match="h.json: not probe_handoff.py's output"):
         handoff_lines({"copies": {"1024KiB": {}}}, "h.json")
+
+
+def test_the_replays_experts_in_host_memory_hold_normal_bf16_numbers():
+    """Every byte of the host's experts is overwritten, odd lengths and chunk edges included: as BF16 words they
+    are normal numbers (mean ~0, std ~1), not the zeros fresh memory holds, which GEMVs run over for less power."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.run import fill_normal_bf16
+
+    buf = torch.zeros((3, 5, 4002), dtype=torch.uint8)
+    fill_normal_bf16(buf, torch.device("cpu"), chunk_bytes=1000)
+    words = buf.view(-1).view(torch.bfloat16).float()
+    assert (buf.view(-1)[-1000:] != 0).float().mean() > 0.9  # the last chunk too
+    assert abs(words.mean().item()) < 0.05 and 0.95 < words.std().item() < 1.05

@@ -38,6 +38,19 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
     return base, {(w[1][-1].split("=")[1], w[2]): p for w, p in zip(work, plans)}
 
 
+
+def fill_normal_bf16(buf, device, chunk_bytes: int = 256 << 20) -> None:
+    """Write normal BF16 numbers over `buf`'s bytes (a contiguous uint8 tensor), generated on `device` a chunk at a
+    time. The experts in host memory must hold weights like real ones: freshly pinned memory is zeros, and a GEMV
+    over zero weights draws markedly less power than one over real weights (its time is the same)."""
+    import torch
+
+    flat = buf.view(-1)
+    for off in range(0, flat.numel(), chunk_bytes):
+        part = flat[off:off + chunk_bytes]
+        words = torch.empty(-(-part.numel() // 2), dtype=torch.bfloat16, device=device).normal_()
+        part.copy_(words.view(torch.uint8)[:part.numel()])
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
@@ -62,6 +75,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
     host = torch.empty((m.num_moe_layers, m.num_experts, expert_bytes), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    fill_normal_bf16(host, device)
     slots = max(p.slots for p in plans.values())
     # the slots' bytes start as normal BF16 numbers (packed 4-bit weights read them as nibbles and scales)
     gpu_slots = torch.empty((slots, -(-expert_bytes // 2)), dtype=torch.bfloat16, device=device).normal_()
