@@ -48,6 +48,9 @@ REGIME_FILES = ["cached/h200-pcie5.json", "cached-ds/h200-pcie5-deepseek-v2-lite
                 "q4-cached-host/h200-pcie5.json"]
 # the same sets again on one later lease, energy read by nvml.Meter, the host issuing raw CUDA calls (--enqueue cudart)
 REGIME_FILES += [f"settled/{name}" for name in REGIME_FILES[:9]]
+# lease C: the cached replays over zero-valued experts on the step probe's board, then with the experts filled
+REGIME_FILES += [f"zero-experts/{name}" for name in REGIME_FILES[:2]]
+REGIME_FILES += [f"real-weights/{name}" for name in REGIME_FILES[:3]]
 
 
 @pytest.mark.parametrize("name", REGIME_FILES)
@@ -492,6 +495,30 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     assert hbm + pcie == pytest.approx(fit.pcie_pj_per_bit, abs=1e-3)
 
 
+def test_the_handoff_and_launch_gap_probes_give_their_keys_medians():
+    """h200config --handoff / --launch-gaps: compute.copy_wait_ns is the median over copy sizes of the committed
+    probe's copy-then-graph hand-off, compute.op_group_launch_ns the median over graph sizes of what a graph adds
+    after another (by hand from the files: 2.368 and 1.712 us -> 2040 ns; 1.19, 2.807, 2.035 us -> 2035 ns)."""
+    import yaml
+
+    from chipsim.hwreplay.h200config import render
+
+    def load(*parts):
+        with open(os.path.join(ROOT, *parts)) as f:
+            return json.load(f)
+
+    handoff = load("validation", "compute", "h200-handoff.json")
+    gaps = load("validation", "compute", "h200-launch-gaps.json")
+    assert sorted(v["summary"]["handoff_copy_to_compute_us"]["median"] for v in handoff["copies"].values()) == [1.712, 2.368]
+    assert sorted(v["us_per_graph_over_chain"]["graphs"] for v in gaps["results"].values()) == [1.19, 2.035, 2.807]
+    cfg = yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph", handoff=handoff,
+                                handoff_source="h.json", launch_gaps=gaps, launch_gaps_source="g.json"))
+    assert cfg["compute"]["copy_wait_ns"] == 2040.0 and cfg["compute"]["op_group_launch_ns"] == 2035.0
+    with pytest.raises(InputError, match="g.json: not probe_launch_gaps.py's output"):
+        render(load("validation", "h200-microbench.json"), "graph", launch_gaps={"results": {"K=1": {}}},
+               launch_gaps_source="g.json")
+
+
 @pytest.mark.parametrize("name", MEASUREMENTS)
 def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
     """The validation configs cost every kernel of their decode steps from the microbenchmark's per-shape table."""
@@ -684,7 +711,7 @@ def test_a_replay_against_its_kernels_alone_is_their_sum_plus_its_copies():
     row = {"model": "m", "context_length": 1024, "policy": "lru", "kernels_per_token": {"vector n64 b0": 100},
            "copied_bytes": 10 * 10**9, "copy_pj_per_bit": 20.0, "replayed_tokens": 10, **fields}
     lines = step_against_kernels_lines(probe, [("r", [row])])
-    assert lines[-2] == "| r | m | 1024 | lru | 300.0 | 200.0 | 160.0 | +20.0 % |"
+    assert lines[-2] == "| r | m | 1024 | lru | normal BF16 | 300.0 | 200.0 | 160.0 | +20.0 % |"
     row["kernels_per_token"]["sfu n64"] = 1  # a shape the probe did not run: the case is left out
     assert step_against_kernels_lines(probe, [("r", [row])]) == []
 

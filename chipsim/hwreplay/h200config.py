@@ -115,9 +115,25 @@ def _handoff_line(handoff: dict | None, source: str | None) -> str:
             f"ends, median over {len(per_size)} copy sizes of copy-then-graph less each alone ({source})\n")
 
 
+def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
+    """compute.op_group_launch_ns from probe_launch_gaps.py: what a separate graph adds on the GPU over its kernels
+    run in one chain, median over the graph sizes it ran (back to back, no events: they added nothing)."""
+    try:
+        per_k = {k: float(v["us_per_graph_over_chain"]["graphs"]) for k, v in gaps["results"].items()}
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise InputError(f"{source}: not probe_launch_gaps.py's output (no results.*.us_per_graph_over_chain.graphs)")
+    if not per_k:
+        raise InputError(f"{source}: no graph sizes")
+    ns = max(0.0, round(1e3 * statistics.median(per_k.values()), 1))
+    listed = ", ".join(f"{k} {v} us" for k, v in per_k.items())
+    return ns, (f"measured: a graph launched after another adds this over its kernels in one chain, median of "
+                f"{listed} ({source})")
+
+
 def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
            energy_source: str | None = None, command: str = "", handoff: dict | None = None,
-           handoff_source: str | None = None) -> str:
+           handoff_source: str | None = None, launch_gaps: dict | None = None,
+           launch_gaps_source: str | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -147,6 +163,8 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
         launch_ns = max(0.0, round((gl - per_op_us) * 1e3, 1))
         launch_source = (f"measured: a one-kernel graph takes {gl} us per launch (graph_launch) - {per_op_us} us for "
                          f"its kernel (tiny_kernels.graph_us_per_kernel)")
+        if launch_gaps is not None:
+            launch_ns, launch_source = _launch_from_gaps(launch_gaps, launch_gaps_source)
     table = _op_table(mb, kernel_launch, extra_op_times)
     e = _energy_lines(energy, energy_source, m["sm_count"])
     hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
@@ -310,6 +328,9 @@ def main(argv=None) -> int:
     ap.add_argument("--energy-probe", default=None, metavar="FILE",
                     help="validation/energy/h200-energy-probe-settled.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
+    ap.add_argument("--launch-gaps", default=None, metavar="FILE",
+                    help="validation/compute/h200-launch-gaps.json (probe_launch_gaps.py): compute.op_group_launch_ns "
+                         "with --kernel-launch graph, instead of the microbenchmark's one-kernel graph launch")
     ap.add_argument("--handoff", default=None, metavar="FILE",
                     help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
     a = ap.parse_args(argv)
@@ -323,10 +344,14 @@ def main(argv=None) -> int:
     command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")
-               + (f" --handoff {a.handoff}" if a.handoff else ""))
+               + (f" --handoff {a.handoff}" if a.handoff else "")
+               + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else ""))
     handoff = read_json(a.handoff) if a.handoff else None
+    gaps = read_json(a.launch_gaps) if a.launch_gaps else None
+    text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
+                  a.launch_gaps)
     with open(a.out, "w") as f:
-        f.write(render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff))
+        f.write(text)
     print(f"wrote {a.out}")
     return 0
 

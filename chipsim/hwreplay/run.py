@@ -119,6 +119,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"config": config, "overrides": list(overrides), "model": m.name, "trace": os.path.basename(base.config.trace_path),
+            "host_experts": "normal-bf16",  # fill_normal_bf16: energy is measured over weights like real ones
             "warmup_tokens": hw.workload.warmup_tokens, "energy_settle_s": energy_settle_s, "tokens": hw.workload.max_tokens, "contexts": contexts,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "cases": cases,
             "seconds": round(time.perf_counter() - t0, 1)}

@@ -152,10 +152,6 @@ def copy_spans(xs, cs, dev, ev, repeats: int, n: int = 16) -> dict:
     return out
 
 
-if __name__ == "__main__":
-    main()
-
-
 def under_copies(xs, cs, dev, ev, repeats: int) -> dict:
     """Kernel graphs on the compute stream `cs` timed alone and while 16 MiB host-to-device copies keep the copy
     stream `xs` busy from before the graph starts to after it ends; medians over `repeats`, us per graph."""
@@ -197,3 +193,7 @@ def under_copies(xs, cs, dev, ev, repeats: int) -> dict:
         alone, under = statistics.median(rows["alone_us"]), statistics.median(rows["under_copies_us"])
         out[name] = {**{k: summary(x) for k, x in rows.items()}, "slowdown_pct": round(100.0 * (under - alone) / alone, 2)}
     return out
+
+
+if __name__ == "__main__":
+    main()
