@@ -20,14 +20,17 @@
 #   openergy each decode-step kernel shape's energy alone                              -> OUT/h200-op-energy.json
 #   step     a token's kernels together (one graph; one graph per op group) against the same kernels alone, for
 #            energy, Granite-3B and DeepSeek-V2-Lite at 1,024 (validation/energy/probe_step_energy.py) -> OUT/step-*.json
-#   handoff  the copy/compute streams' hand-off timed alone (validation/compute/probe_handoff.py) -> OUT/h200-handoff.json
+#   handoff  the copy/compute streams' hand-off, copy spans and copies under compute, each timed alone
+#            (validation/compute/probe_handoff.py)                                      -> OUT/h200-handoff.json
+#   gaps     what a CUDA graph launched after another adds over its kernels in one chain
+#            (validation/compute/probe_launch_gaps.py)                                  -> OUT/h200-launch-gaps.json
 # The device returns at most 8 files: run it into a scratch folder and pack that, e.g.
 #     bash validation/regimes/measure-settled.sh /tmp/m probe step handoff; tar czf $OUT/results.tgz -C /tmp/m .
 # Every replay is run twice (LRU and ProMoE unless said). Each step has its own time limit and log.
 set -uo pipefail
-OUT=${1:?usage: measure-settled.sh OUT [counter] [smoke] [probe] [cached] [pcie] [q4] [dma] [openergy] [step] [handoff]}
+OUT=${1:?usage: measure-settled.sh OUT [counter] [smoke] [probe] [cached] [pcie] [q4] [dma] [openergy] [step] [handoff] [gaps]}
 shift
-WHAT=" ${*:-counter smoke probe cached pcie q4 dma openergy step handoff} "
+WHAT=" ${*:-counter smoke probe cached pcie q4 dma openergy step handoff gaps} "
 mkdir -p "$OUT"
 R="python -m chipsim.hwreplay.run"
 G=hwconfigs/h200-pcie5.yaml
@@ -97,4 +100,8 @@ fi
 if step handoff; then
   timeout -k 5 60 python validation/compute/probe_handoff.py > "$OUT/h200-handoff.json" 2> "$OUT/handoff.log"
   echo "handoff: exit $?"
+fi
+if step gaps; then
+  timeout -k 5 120 python validation/compute/probe_launch_gaps.py > "$OUT/h200-launch-gaps.json" 2> "$OUT/launch-gaps.log"
+  echo "launch gaps: exit $?"
 fi
