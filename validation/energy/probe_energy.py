@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from chipsim.hwreplay.nvml import Meter, open_gpu, window  # noqa: E402
+from chipsim.hwreplay.run import fill_normal_bf16  # noqa: E402
 
 MIB = 2**20
 
@@ -80,7 +81,10 @@ def main() -> None:
 
     # host-to-device copies: one 256 MiB copy per call, then (paced) the host sleeps the copy's time times `gap`
     nbytes = 256 * MIB
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    # the bytes of weights like real ones, as the replays copy (a constant byte would toggle HBM's writes less);
+    # the files committed before this line copied the byte 1 throughout
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    fill_normal_bf16(host, dev)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     for _ in range(3):
         dst.copy_(host, non_blocking=True)
