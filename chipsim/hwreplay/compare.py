@@ -671,10 +671,10 @@ def main(argv=None) -> int:
     print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({a.held_out}) "
           f"{mape([r for r in rows if r['model'] == a.held_out]):.1f} %")
     for name, rs in regimes:
+        e = energy_mape(rs)
         print(f"{name}: latency MAPE {mape(rs):.1f} % over {len(rs)} cases, worst "
               f"{max((r['error_pct'] for r in rs), key=abs):+.1f} %; "
-              + (f"energy MAPE {energy_mape(rs):.1f} %" if energy_mape(rs) == energy_mape(rs)
-                 else "no energy over experts like real ones"))
+              + (f"energy MAPE {e:.1f} %" if e == e else "no energy over experts like real ones"))
     return 0
 
 

@@ -99,18 +99,26 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
     }
 
 
+def _probe_median_ns(probe: dict, source: str, what: str, values) -> tuple[float, list[float]]:
+    """The median of `values(probe)` (µs) in ns, not below 0, and the values; a file without them is one error
+    naming it and `what` it should hold."""
+    try:
+        per = [float(v) for v in values(probe)]
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise InputError(f"{source}: not {what}")
+    if not per:
+        raise InputError(f"{source}: no measurements in it")
+    return max(0.0, round(1e3 * statistics.median(per), 1)), per
+
+
 def _handoff_line(handoff: dict | None, source: str | None) -> str:
     """compute.copy_wait_ns from probe_handoff.py's file: the median over its copy sizes of the copy-then-graph
     time less the copy and the graph alone; none (the key's default, 0) without a file."""
     if handoff is None:
         return ""
-    try:
-        per_size = [float(v["summary"]["handoff_copy_to_compute_us"]["median"]) for v in handoff["copies"].values()]
-    except (KeyError, TypeError, AttributeError, ValueError):
-        raise InputError(f"{source}: not probe_handoff.py's output (no copies.*.summary.handoff_copy_to_compute_us)")
-    if not per_size:
-        raise InputError(f"{source}: no copy sizes")
-    wait_ns = max(0.0, round(1e3 * statistics.median(per_size), 1))
+    wait_ns, per_size = _probe_median_ns(
+        handoff, source, "probe_handoff.py's output (no copies.*.summary.handoff_copy_to_compute_us)",
+        lambda p: [v["summary"]["handoff_copy_to_compute_us"]["median"] for v in p["copies"].values()])
     return (f"  copy_wait_ns: {wait_ns}   # measured: a graph waiting on a copy's event starts this long after the copy "
             f"ends, median over {len(per_size)} copy sizes of copy-then-graph less each alone ({source})\n")
 
@@ -118,14 +126,9 @@ def _handoff_line(handoff: dict | None, source: str | None) -> str:
 def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
     """compute.op_group_launch_ns from probe_launch_gaps.py: what a separate graph adds on the GPU over its kernels
     run in one chain, median over the graph sizes it ran (back to back, no events: they added nothing)."""
-    try:
-        per_k = {k: float(v["us_per_graph_over_chain"]["graphs"]) for k, v in gaps["results"].items()}
-    except (KeyError, TypeError, AttributeError, ValueError):
-        raise InputError(f"{source}: not probe_launch_gaps.py's output (no results.*.us_per_graph_over_chain.graphs)")
-    if not per_k:
-        raise InputError(f"{source}: no graph sizes")
-    ns = max(0.0, round(1e3 * statistics.median(per_k.values()), 1))
-    listed = ", ".join(f"{k} {v} us" for k, v in per_k.items())
+    ns, _ = _probe_median_ns(gaps, source, "probe_launch_gaps.py's output (no results.*.us_per_graph_over_chain.graphs)",
+                             lambda p: [v["us_per_graph_over_chain"]["graphs"] for v in p["results"].values()])
+    listed = ", ".join(f"{k} {v['us_per_graph_over_chain']['graphs']} us" for k, v in gaps["results"].items())
     return ns, (f"measured: a graph launched after another adds this over its kernels in one chain, median of "
                 f"{listed} ({source})")
 

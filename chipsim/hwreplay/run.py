@@ -51,6 +51,17 @@ def fill_normal_bf16(buf, device, chunk_bytes: int = 256 << 20) -> None:
         words = torch.empty(-(-part.numel() // 2), dtype=torch.bfloat16, device=device).normal_()
         part.copy_(words.view(torch.uint8)[:part.numel()])
 
+
+def expert_slots(n: int, expert_bytes: int, device):
+    """`n` GPU slots of `expert_bytes` each (uint8 rows) starting as normal BF16 numbers (packed 4-bit weights read
+    them as nibbles and scales). Rows of whole BF16 words: an even-sized expert's slots stay as aligned as the
+    buffer (one word more per row would put every slot 2 bytes further off: slower, costlier GEMVs)."""
+    import torch
+
+    words = torch.empty((n, -(-expert_bytes // 2)), dtype=torch.bfloat16, device=device).normal_()
+    return words.view(torch.uint8)[:, :expert_bytes]
+
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
@@ -77,9 +88,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     host = torch.empty((m.num_moe_layers, m.num_experts, expert_bytes), dtype=torch.uint8, pin_memory=device.type == "cuda")
     fill_normal_bf16(host, device)
     slots = max(p.slots for p in plans.values())
-    # the slots' bytes start as normal BF16 numbers (packed 4-bit weights read them as nibbles and scales)
-    gpu_slots = torch.empty((slots, -(-expert_bytes // 2)), dtype=torch.bfloat16, device=device).normal_()
-    gpu_slots = gpu_slots.view(torch.uint8)[:, :expert_bytes]
+    gpu_slots = expert_slots(slots, expert_bytes, device)
     log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:

@@ -2,7 +2,8 @@
 CUDA). The simulator starts an expert's kernels the moment its last byte lands and a demand copy the moment routing
 is known; on the GPU each is a cross-stream event wait followed by a graph launch or a copy that the host enqueued
 ahead of time. Timed with CUDA events (the GPU's clock, common to every stream), `--repeats` times for each copy
-size, medians printed; before each case the stream that starts it spins (~100 us; ~2 ms for the spans) so the host is well ahead:
+size, medians printed; before each case the stream that starts it spins (~100 us; ~2 ms for the spans) so the host
+is well ahead:
 
 - copy, graph: a host-to-device copy alone on the copy stream; a CUDA graph of 3 GEMVs (an expert's kernels) alone
   on the compute stream;

@@ -34,6 +34,7 @@ sys.path[:0] = [os.path.join(HERE, "..", ".."), HERE]
 from chipsim.hwreplay.harness import GpuDecodeStep, capture_graph  # noqa: E402
 from chipsim.hwreplay.microbench import chain_buffers, shape_chain  # noqa: E402
 from chipsim.hwreplay.ops import kernels_per_token, primitive_ops  # noqa: E402
+from chipsim.hwreplay.run import expert_slots  # noqa: E402
 from chipsim.runner import prepare  # noqa: E402
 
 
@@ -91,10 +92,7 @@ def main() -> None:
     model = prep.workload.model
     groups = primitive_ops(prep.config.hw)
     step = GpuDecodeStep(groups, model.num_layers, model.first_dense_layers, dev)
-    # as chipsim.hwreplay.run lays out its slots: rows of whole BF16 words, so an even-sized expert's slots stay
-    # as aligned as the buffer (a row one word longer put every slot 2 bytes further off: slower, costlier GEMVs)
-    slots = torch.empty((model.num_moe_layers * model.top_k, -(-step.expert_bytes // 2)), dtype=torch.bfloat16,
-                        device=dev).normal_().view(torch.uint8)[:, :step.expert_bytes]
+    slots = expert_slots(model.num_moe_layers * model.top_k, step.expert_bytes, dev)  # laid out as the replay's
     token = token_groups(step, model, slots)
     kernels = sum(len(g) for _, g in token)
     prims = {p.key: p for ps in groups.values() for p in ps if not p.fused}  # each distinct shape, its launches
