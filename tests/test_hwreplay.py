@@ -411,6 +411,49 @@ def test_a_segment_replay_launches_each_run_of_compute_between_copy_synchronisat
     assert merged["program_steps"] <= 4 * issues + 2 * issues + 2 * plan.tokens
 
 
+@pytest.mark.parametrize("policy, semantics", [("lru", {}), ("promoe", {}), ("static-4", {}),
+                                              ("promoe", dict(engines=2, demand_first=True,
+                                                              demand_preempts_prefetch=True, cancel_in_flight=True))])
+def test_the_simulator_launches_as_many_segments_as_the_segment_replay(tmp_path, policy, semantics):
+    """compute.launch_per: segment charges one launch per run of compute between synchronisations with the DMA;
+    the segment replay's program, built from the same plan, launches one graph per such run. The two counts are
+    made independently (the engine as it simulates, the harness from the action list) and must agree."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+
+    sets = ["workload.max_tokens=4", "compute.launch_per=segment", "compute.op_group_launch_ns=2000",
+            "expert_buffer.capacity_mib=96"]
+    prep = prepare(_config(tmp_path, **semantics), sets, [policy])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    res = replay(plan, step, host, slots, m.first_dense_layers, segments=True)
+    assert plan.fetches > 0 and plan.sim_segment_launches > plan.tokens  # copies break tokens into segments
+    assert plan.sim_segment_launches == res["compute_steps_per_token"] * plan.tokens
+    assert plan.to_json()["sim_segment_launches"] == plan.sim_segment_launches
+
+
+def test_a_segment_launch_is_charged_per_segment_not_per_op_group(tmp_path):
+    """Everything cached and nothing fetched after the first token: from then on a token is one segment, so per
+    token it pays one launch (L) where per-group launching pays one per op group."""
+    L = 5_000  # ns
+    base = ["workload.max_tokens=64", "expert_buffer.capacity_mib=100000", f"compute.op_group_launch_ns={L}"]
+    runs = {}
+    for per in ("op_group", "segment", None):
+        sets = base + [f"compute.launch_per={per}"] if per else base[:-1] + ["compute.op_group_launch_ns=0"]
+        prep = prepare(_config(tmp_path), sets, ["lru"])
+        runs[per] = build_plan(prep, prep.policies[0])
+    free, seg, per_group = runs[None], runs["segment"], runs["op_group"]
+    m = prepare(_config(tmp_path), base, ["lru"]).workload.model
+    warm = [t for t in range(1, seg.tokens) if not any(a[0] == "issue" and a[1] in (t - 1, t) for a in seg.actions)]
+    assert len(warm) >= 5, warm  # tokens that fetch nothing, after one that fetched nothing
+    for t in warm:
+        assert seg.sim_latency_ms[t] == pytest.approx(free.sim_latency_ms[t] + L / 1e6, abs=2e-6)
+        assert per_group.sim_latency_ms[t] > free.sim_latency_ms[t] + 2 * m.num_layers * L / 1e6
+
+
 def test_hwcompare_recomputes_a_case_and_reports_its_error(tmp_path):
     from chipsim.hwreplay import compare
 
@@ -858,12 +901,14 @@ def test_hwcompare_sets_each_kernels_measured_energy_beside_the_tables(tmp_path)
     assert "| matvec | 1 | +0 % | 0 % |" in text and "| vector | 1 | +0 % | 0 % |" in text
 
 
-def test_a_segment_replay_charges_no_launch_per_op_group_unless_told_otherwise():
+def test_a_segment_replay_charges_a_launch_per_segment_unless_told_otherwise():
     from chipsim.hwreplay.run import replay_overrides
 
     assert replay_overrides(["workload.max_tokens=8"], segments=True) == ["workload.max_tokens=8",
-                                                                          "compute.op_group_launch_ns=0"]
-    assert replay_overrides(["compute.op_group_launch_ns=500"], segments=True) == ["compute.op_group_launch_ns=500"]
+                                                                          "compute.launch_per=segment"]
+    assert replay_overrides(["compute.op_group_launch_ns=500"], segments=True) == ["compute.op_group_launch_ns=500",
+                                                                                   "compute.launch_per=segment"]
+    assert replay_overrides(["compute.launch_per=op_group"], segments=True) == ["compute.launch_per=op_group"]
     assert replay_overrides(["workload.max_tokens=8"], segments=False) == ["workload.max_tokens=8"]
 
 

@@ -128,6 +128,8 @@ class ArrayModel:
                 programs_per_array=c.programs_per_array)
             self.op_cache = OpCache.of(self.tiles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
+        # each op group's cost includes its launch, or (launch_per: segment) the engine charges one per segment
+        self.launch_per_group = bool(self.group_launch_ps) and c.launch_per == "op_group"
         self.op_log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
         self.profiled_ops = 0  # operations costed from op_times_ns (for reports and tests)
         self.modelled_ops = 0  # operations costed by the array model

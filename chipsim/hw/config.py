@@ -93,6 +93,10 @@ class ComputeConfig:
     op_group_launch_ns: float = _optional(
         "fixed time to start one op group (attention, router, one expert, ...): a CUDA-graph launch on a GPU; "
         "0 for an accelerator that sequences its own groups", 0.0, minimum=0, maximum=1e9)
+    launch_per: str = _optional(
+        "what pays one op_group_launch_ns: op_group (every op group is launched on its own: a CUDA graph per group) "
+        "or segment (each run of op groups between two synchronisations with the DMA engines is one launch: a "
+        "transfer issued, the first use of a fetched expert, a token's end)", "op_group", choices=("op_group", "segment"))
     copy_wait_ns: float = _optional(
         "time the arrays take to resume after they stalled for a fetch, from its last byte landing to the next "
         "operation starting: the hand-off from a copy engine to compute (a cross-stream event wait on a GPU, "

@@ -523,5 +523,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
             "program_steps": len(prog), "kernel_launch": ("segment-" if segments else "") + ("graph" if graphs else "eager"),
             "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
+            # runs of compute the program enqueues in one step: with graphs, each one graph (per op group or segment)
+            "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
             "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy, "copy_streams": len(copy_streams),
             **({"stall_ms": stall_ms} if stalls else {})}

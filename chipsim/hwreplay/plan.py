@@ -185,6 +185,7 @@ class Plan:
     sim_energy_mj: list  # the simulator's per-token energy by ledger entry ({entry: mJ}, chipsim.sim.metrics)
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
+    sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
 
     def digest(self) -> str:
         """sha256 of the action list (and the copy schedule, where there is one): two plans with the same decisions
@@ -210,6 +211,8 @@ class Plan:
 
     def to_json(self) -> dict:
         extra = {} if self.copies is None else {"engines": self.engines, "copy_spans": len(self.copies)}
+        if self.sim_segment_launches:
+            extra["sim_segment_launches"] = self.sim_segment_launches
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
                 "sim_fetch_bytes": self.sim_fetch_bytes, **extra}
@@ -252,4 +255,4 @@ def build_plan(prep: Prepared, policy) -> Plan:
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(result.tokens)],
-                engines=sim.dma.engines, copies=sim.copy_schedule())
+                engines=sim.dma.engines, copies=sim.copy_schedule(), sim_segment_launches=sim.segment_launches)

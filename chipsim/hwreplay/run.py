@@ -135,10 +135,10 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
 
 
 def replay_overrides(sets: list[str], segments: bool) -> list[str]:
-    """The config overrides a replay runs with: the user's, and with segment graphs no launch gap per op group
-    (the graphs span several groups; the user's own setting of that key wins)."""
-    if segments and not any(s.startswith("compute.op_group_launch_ns=") for s in sets):
-        return [*sets, "compute.op_group_launch_ns=0"]
+    """The config overrides a replay runs with: the user's, and with segment graphs one launch per segment, not
+    per op group (compute.launch_per=segment; the user's own setting of that key wins)."""
+    if segments and not any(s.startswith("compute.launch_per=") for s in sets):
+        return [*sets, "compute.launch_per=segment"]
     return list(sets)
 
 
@@ -172,8 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--segments", action="store_true",
                     help="with --graphs: one CUDA graph per run of compute between synchronisations with the copy "
                          "stream, not one per op group (where nearly every expert is cached, the host's launches "
-                         "would otherwise pace the GPU); the config then charges no per-group launch "
-                         "(compute.op_group_launch_ns=0, recorded with the other overrides)")
+                         "would otherwise pace the GPU); the config then charges one launch per segment "
+                         "(compute.launch_per=segment, recorded with the other overrides)")
     ap.add_argument("--stalls", action="store_true",
                     help="time each MoE layer's wait for its copies (CUDA events around every wait): per-layer stalls")
     ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,

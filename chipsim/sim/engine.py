@@ -101,7 +101,7 @@ class _Entry:
     """One expert's slot in the buffer and the DMA transfer that fills it."""
 
     __slots__ = ("key", "index", "transfers", "parts_left", "evicted", "resident", "prefetched", "used",
-                 "last_use", "prev", "next", "layer_prev", "layer_next")
+                 "waited", "last_use", "prev", "next", "layer_prev", "layer_next")
 
     def __init__(self, key: tuple[int, int], index: int, prefetched: bool) -> None:
         self.key = key  # (MoE layer, expert), as policies name it
@@ -112,6 +112,7 @@ class _Entry:
         self.resident = False
         self.prefetched = prefetched
         self.used = False
+        self.waited = False  # computed since it was fetched: its first use synchronised with the DMA
         self.last_use = -1
         # neighbours in issue order, in the whole buffer and within its layer (None at the ends; cleared when evicted)
         self.prev: _Entry | None = None
@@ -220,6 +221,12 @@ class Simulation:
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
+        # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
+        # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
+        seg = workload.segment_launch
+        self._segment_launch: _Work | None = self._cost(seg) if seg is not None else None
+        self._synced = True
+        self.segment_launches = 0
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self._token_routed: list[list[int]] = []
@@ -500,6 +507,7 @@ class Simulation:
 
     def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
         entry = _Entry(key, key[0] * self.num_experts + key[1], priority == PREFETCH)
+        self._synced = True  # the compute after the issue point starts a new segment
         self._link(entry)
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
@@ -706,6 +714,38 @@ class Simulation:
                          not_before=self._now() + alone_ps)
         return done
 
+    def _launched(self, work: _Work) -> _Work:
+        """`work` with a segment launch (compute.launch_per: segment) if a synchronisation with the DMA came
+        since the last compute."""
+        launch = self._segment_launch
+        if launch is None or not self._synced:
+            return work
+        self._synced = False
+        self.segment_launches += 1
+        return work + launch
+
+    def _launched_experts(self, work: _Work, entries: list[_Entry]) -> _Work:
+        """A batch of experts with its segment launches: each expert in turn starts one after a synchronisation,
+        and a fetched expert's first use is one (a wait for its transfer). The layer's shared experts, computed
+        with the batch here, run before the route's issues on a GPU, in attention's segment: no launch."""
+        launch = self._segment_launch
+        if launch is None:
+            return work
+        n = 0
+        synced = self._synced
+        for entry in entries:
+            if not entry.waited:
+                entry.waited = True
+                synced = True
+            if synced:
+                n += 1
+                synced = False
+        self._synced = False
+        if not n:
+            return work
+        self.segment_launches += n
+        return work + (launch if n == 1 else launch.times(n))
+
     @staticmethod
     def _cost(op: OpCost | None) -> _Work:
         if op is None:
@@ -752,10 +792,11 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, cost in enumerate(costs):
             if li < dense:
-                yield from self._compute(cost.pre + cost.dense, "dense layer %d", li)
+                yield from self._compute(self._launched(cost.pre + cost.dense), "dense layer %d", li)
             else:
                 stall += yield from self._moe_layer(t, li - dense, cost)
-        yield from self._compute(head, "lm head")
+        yield from self._compute(self._launched(head), "lm head")
+        self._synced = True  # the token's end is marked between it and the next
         if self.events is not None:
             self.events.append(("tokens", f"token {t}", token_start, self._now()))
         self._add_tally()
@@ -768,7 +809,7 @@ class Simulation:
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         with self.dma.batch():
             self.policy.on_layer_start(self, t, layer)
-        yield from self._compute(cost.pre, "L%d attention+router", layer)
+        yield from self._compute(self._launched(cost.pre), "L%d attention+router", layer)
         plan = self._route(t, layer)
         stall = yield from self._run_experts(t, layer, plan, cost)
         self._layer_stall[t * self.num_moe_layers + layer] = stall
@@ -839,6 +880,8 @@ class Simulation:
                 for entry in ready_entries:
                     entry.used = True
                     entry.last_use = use
+                if self._segment_launch is not None:
+                    work = self._launched_experts(work, ready_entries)
                 yield from self._compute(work, "L%d experts %s", layer, ready)
                 self._expert_computes += len(ready)
                 remaining = waiting
@@ -861,9 +904,9 @@ class Simulation:
             self.rec.host_wait_ps[t] += self._now() - wait_start
             if self.events is not None:
                 self.events.append(("arrays", f"L{layer} host wait", wait_start, self._now()))
-            yield from self._compute(extra + combine_later, "L%d combine", layer)
+            yield from self._compute(self._launched(extra + combine_later), "L%d combine", layer)
         elif not plan.execute:
-            yield from self._compute(extra + combine, "L%d combine", layer)
+            yield from self._compute(self._launched(extra + combine), "L%d combine", layer)
         return stall
 
     def run(self) -> SimResult:

@@ -75,6 +75,7 @@ class DecodeWorkload:
     buffer_bytes: int
     experts_in_sram: bool = False  # expert_buffer.location: sram
     compute_timing: str = ""  # which timing costed the operations (the run header says it)
+    segment_launch: OpCost | None = None  # compute.launch_per: segment: what the engine charges per segment
 
     def moe_layer(self, moe_index: int) -> LayerCosts:
         return self.layers[self.model.first_dense_layers + moe_index]
@@ -200,7 +201,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
                          "experts are read at)")
     expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
-    if am.group_launch_ps:  # each op group starts with a launch (a CUDA graph per group on a GPU)
+    if am.launch_per_group:  # each op group starts with a launch (a CUDA graph per group on a GPU)
         built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
     am.save_table()
     attention = built["attention"]
@@ -257,4 +258,5 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
         hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
         hbm_spare_bytes=hbm_capacity - needed,
         buffer_slots=slots, buffer_bytes=buffer_bytes, experts_in_sram=in_sram, compute_timing=am.timing_text(),
+        segment_launch=am.group_launch("segment") if am.group_launch_ps and not am.launch_per_group else None,
     )
