@@ -10,6 +10,7 @@ import pytest
 import simpy
 
 from chipsim.errors import InputError
+from chipsim.hwreplay.compare import replayed_overrides
 from chipsim.hwreplay.ops import primitive_ops
 from chipsim.hwreplay.plan import assign_slots, build_plan
 from chipsim.runner import prepare
@@ -33,7 +34,8 @@ def test_decisions_and_bytes_recorded_on_the_gpu_come_out_of_the_plan_again(name
     cases = [c for c in meas["cases"] if c["context_length"] == 512 and c["policy"] in ("promoe", "lru", "apex-sf")]
     assert len(cases) == 3
     for case in cases:
-        prep = prepare(os.path.join(ROOT, meas["config"]), ["workload.context_length=512"], [case["policy"]])
+        prep = prepare(os.path.join(ROOT, meas["config"]), [*replayed_overrides(meas), "workload.context_length=512"],
+                       [case["policy"]])
         plan = build_plan(prep, prep.policies[0])
         assert plan.digest() == case["plan"]["digest"], case["policy"]
         assert plan.fetch_bytes == case["plan"]["fetch_bytes"] == case["copied_bytes"], case["policy"]
@@ -51,6 +53,8 @@ REGIME_FILES += [f"settled/{name}" for name in REGIME_FILES[:9]]
 # lease C: the cached replays over zero-valued experts on the step probe's board, then with the experts filled
 REGIME_FILES += [f"zero-experts/{name}" for name in REGIME_FILES[:2]]
 REGIME_FILES += [f"real-weights/{name}" for name in REGIME_FILES[:3]]
+# every set again with the measured launch gap and hand-off in the config, one launch per segment, experts filled
+REGIME_FILES += [f"launch-gaps/{name}" for name in REGIME_FILES[:9]]
 
 
 @pytest.mark.parametrize("name", REGIME_FILES)
@@ -70,7 +74,7 @@ def test_the_regimes_decisions_and_bytes_come_out_of_the_plan_again(name):
     assert promoe
     for case in promoe:
         prep = prepare(os.path.join(ROOT, meas["config"]),
-                       [*meas["overrides"], f"workload.context_length={case['context_length']}"], ["promoe"])
+                       [*replayed_overrides(meas), f"workload.context_length={case['context_length']}"], ["promoe"])
         plan = build_plan(prep, prep.policies[0])
         assert plan.digest() == case["plan"]["digest"], case["context_length"]
         assert plan.fetch_bytes == case["copied_bytes"] == plan.sim_fetch_bytes
@@ -501,19 +505,25 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     mb = load("validation", "h200-microbench.json")
     long_ops = load("validation", "compute", "h200-op-times-long.json")
     q4_ops = load("validation", "compute", "h200-op-times-q4.json")
-    fit = derive(load("validation", "energy", "h200-energy-probe-settled.json"))
+    fit = derive(load("validation", "energy", "h200-energy-probe-bf16.json"))
     with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
         text = f.read()
     committed = yaml.safe_load(text)
     assert ("--op-times-extra validation/compute/h200-op-times-long.json --op-times-extra "
             "validation/compute/h200-op-times-q4.json") in text.splitlines()[2]
-    assert "--energy-probe validation/energy/h200-energy-probe-settled.json" in text.splitlines()[2]
+    assert "--energy-probe validation/energy/h200-energy-probe-bf16.json" in text.splitlines()[2]
+    assert ("--handoff validation/compute/h200-handoff.json --launch-gaps validation/compute/h200-launch-gaps.json"
+            in text.splitlines()[2])
     launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
     assert len(launches) == 1  # every committed replay ran the same way, and the config says which
     mode = launches.pop()
     rendered = render(mb, mode, (("validation/compute/h200-op-times-long.json", long_ops),
                                  ("validation/compute/h200-op-times-q4.json", q4_ops)), fit,
-                      "validation/energy/h200-energy-probe-settled.json")
+                      "validation/energy/h200-energy-probe-bf16.json",
+                      handoff=load("validation", "compute", "h200-handoff.json"),
+                      handoff_source="validation/compute/h200-handoff.json",
+                      launch_gaps=load("validation", "compute", "h200-launch-gaps.json"),
+                      launch_gaps_source="validation/compute/h200-launch-gaps.json")
     assert yaml.safe_load(rendered) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
     per_kernel = tiny["gpu_us_per_kernel"] if mode == "eager" else tiny["graph_us_per_kernel"]
@@ -827,7 +837,7 @@ def test_hwcompare_sets_the_boards_energy_and_each_layers_stall_beside_the_simul
     case, warm = meas["cases"][0], meas["warmup_tokens"]
     windows = [case["energy"], *case["repeat_energy"]]
     assert row["measured_mj"] == pytest.approx(sum(1e3 * w["energy_j"] / len(case["latency_ms"]) for w in windows) / 2)
-    prep = prepare(meas["config"], [*meas["overrides"], "workload.context_length=1024"], ["lru"])
+    prep = prepare(meas["config"], [*replayed_overrides(meas), "workload.context_length=1024"], ["lru"])
     plan = build_plan(prep, prep.policies[0])
     board = [sum(v for k, v in t.items() if k not in BOARD_EXCLUDES) for t in plan.sim_energy_mj]
     assert row["simulated_mj"] == pytest.approx(sum(board) / len(board))

@@ -121,6 +121,12 @@ def _kernel_fields(hw, case: dict) -> dict:
             "copy_pj_per_bit": hw.links.pcie.energy_pj_per_bit + hw.memory.hbm.energy_pj_per_bit}
 
 
+def replayed_overrides(meas: dict) -> list[str]:
+    """The config settings a measurement file's replay ran with: the values of config keys that changed since
+    ("config_pins", set where the committed config moved on), then the replay's own overrides."""
+    return [*meas.get("config_pins", []), *meas.get("overrides", [])]
+
+
 def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
     """Every case of one measurement file re-simulated (`contexts`: only these context lengths)."""
     try:
@@ -133,7 +139,7 @@ def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
     warm = int(meas["warmup_tokens"])
-    overrides = (*meas.get("overrides", []), *overrides)  # the settings the replay ran with
+    overrides = (*replayed_overrides(meas), *overrides)  # the settings the replay ran with
     work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
             for case in meas["cases"] if contexts is None or case["context_length"] in contexts]
     if jobs > 1 and len(work) > 1:
