@@ -78,6 +78,8 @@ def test_non_positive_bandwidth_from_set(value):
 def test_profiled_op_time_must_be_a_number_at_least_0(tmp_path):
     cfg = write_config(tmp_path, 'compute:\n  op_times_ns:\n    "matvec r8 o8 b128": -5\n')
     assert_rejected(["run", cfg], "compute.op_times_ns.matvec r8 o8 b128", "must be at least 0")
+    cfg = write_config(tmp_path, 'compute:\n  op_energy_pj:\n    "matvec r8 o8 b128": -1\n', name="e.yaml")
+    assert_rejected(["run", cfg], "compute.op_energy_pj.matvec r8 o8 b128", "must be at least 0")
     cfg = write_config(tmp_path, "compute:\n  op_times_ns: 12\n", name="d.yaml")
     assert_rejected(["run", cfg], "compute.op_times_ns", "expected a section")
 

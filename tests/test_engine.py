@@ -366,3 +366,50 @@ def test_experts_staged_in_sram_must_fit_it():
     with pytest.raises(Exception) as exc:
         prepare(THOR_CONFIG, ["expert_buffer.location=sram", "compute.sram_read_gbps_per_array=1536"], ["no-prefetch"])
     assert "does not fit the arrays' 8 MiB" in str(exc.value) and "expert_buffer.capacity_mib" in str(exc.value)
+
+
+def test_an_operation_with_a_measured_energy_is_charged_it_instead_of_its_actions(tiny):
+    """compute.op_energy_pj, by hand for no-prefetch: every primitive shape of the expert FFN listed with its own
+    energy. Every operation of that shape (in the experts, and wherever else the tiny model has it) is then charged
+    its listed energy (ledger entry arrays_profiled); its MACs, lane operations and SRAM bits leave the priced
+    actions and its operand bits the priced HBM and UCIe energy, while the bytes moved and every time stay."""
+    import json
+
+    from chipsim.hwreplay.ops import primitive_ops
+
+    cfg = tiny.config(tiny.routing())
+    base = prepare(cfg, policy_specs=["no-prefetch"])
+    prims = primitive_ops(base.config.hw)["expert"]
+    listed = {key: 1_000_003 + 7 * i for i, key in enumerate(sorted({p.key for p in prims}))}
+    prof = prepare(cfg, overrides=[f"compute.op_energy_pj={json.dumps(listed)}"], policy_specs=["no-prefetch"])
+    b_exp, p_exp = base.workload.moe_layer(0).expert, prof.workload.moe_layer(0).expert
+    assert p_exp.profiled_pj == sum(listed[p.key] for p in prims) and b_exp.profiled_pj == 0
+    assert (p_exp.macs, p_exp.vector_ops, p_exp.occupied_ps) == (0, 0, 0) and b_exp.macs > 0
+    assert p_exp.unpriced_bytes == b_exp.hbm_read_bytes + b_exp.hbm_write_bytes > 0
+    assert p_exp.duration_ps == b_exp.duration_ps  # timing unchanged
+
+    def token_ops(wl):
+        ops = [wl.token_head]
+        for c in wl.layers:
+            ops += [c.attention, c.router, c.dense, c.combine] + ([c.expert] * TINY.top_k if c.expert else [])
+        return [op for op in ops if op is not None]
+
+    ops_b, ops_p = token_ops(base.workload), token_ops(prof.workload)
+    profiled, unpriced = sum(op.profiled_pj for op in ops_p), sum(op.unpriced_bytes for op in ops_p)
+    assert profiled >= TINY.top_k * TINY.num_moe_layers * p_exp.profiled_pj  # the experts', and shapes shared
+    rb, rp = simulate(base, base.policies[0]), simulate(prof, prof.policies[0])
+    tb, tp = rb.per_token, rp.per_token
+    assert (tp.latency_ps == tb.latency_ps).all() and (tp.bytes["hbm"] == tb.bytes["hbm"]).all()
+    assert (tp.profiled_pj == profiled).all() and (tb.profiled_pj == 0).all()
+    assert (tp.actions["mac"] == sum(op.macs for op in ops_p)).all()
+    assert (tb.actions["mac"] == sum(op.macs for op in ops_b)).all()
+    assert (tp.unpriced_operand_bytes == unpriced).all()
+    assert (tp.actions["sram_read_bit"] == tb.actions["sram_read_bit"] - 8 * unpriced).all()
+    hw = prof.config.hw
+    eb = per_token_energy_pj(rb, EnergyTable.from_config(base.config.hw))
+    ep = per_token_energy_pj(rp, EnergyTable.from_config(hw))
+    assert "arrays_profiled" not in eb and ep["arrays_profiled"][0] == profiled
+    assert eb["hbm"][0] - ep["hbm"][0] == pytest.approx(8 * unpriced * hw.memory.hbm.energy_pj_per_bit, rel=1e-9)
+    assert eb["ucie"][0] - ep["ucie"][0] == pytest.approx(8 * unpriced * hw.links.ucie.energy_pj_per_bit, rel=1e-9)
+    row = summarize(rp, EnergyTable.from_config(hw), TINY.top_k)
+    assert sum(row["energy_by_component_mj"].values()) == pytest.approx(row["energy_mj_per_token"], rel=1e-12)

@@ -513,7 +513,10 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
             "validation/compute/h200-op-times-q4.json") in text.splitlines()[2]
     assert "--energy-probe validation/energy/h200-energy-probe-bf16.json" in text.splitlines()[2]
     assert ("--handoff validation/compute/h200-handoff.json --launch-gaps validation/compute/h200-launch-gaps.json"
-            in text.splitlines()[2])
+            " --op-energy validation/energy/h200-op-energy-settled.json --op-energy "
+            "validation/energy/h200-op-energy-q4.json") in text.splitlines()[2]
+    op_energy = tuple((f"validation/energy/{n}", load("validation", "energy", n))
+                      for n in ("h200-op-energy-settled.json", "h200-op-energy-q4.json"))
     launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
     assert len(launches) == 1  # every committed replay ran the same way, and the config says which
     mode = launches.pop()
@@ -523,7 +526,7 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
                       handoff=load("validation", "compute", "h200-handoff.json"),
                       handoff_source="validation/compute/h200-handoff.json",
                       launch_gaps=load("validation", "compute", "h200-launch-gaps.json"),
-                      launch_gaps_source="validation/compute/h200-launch-gaps.json")
+                      launch_gaps_source="validation/compute/h200-launch-gaps.json", op_energy=op_energy)
     assert yaml.safe_load(rendered) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
     per_kernel = tiny["gpu_us_per_kernel"] if mode == "eager" else tiny["graph_us_per_kernel"]
@@ -546,6 +549,20 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     assert committed["compute"]["clock_power_by_occupancy"] is True  # one-block kernels draw ~nothing above idle
     hbm, pcie = committed["memory"]["hbm"]["energy_pj_per_bit"], committed["links"]["pcie"]["energy_pj_per_bit"]
     assert hbm + pcie == pytest.approx(fit.pcie_pj_per_bit, abs=1e-3)
+    # each kernel shape's energy alone, per kernel: (its window's power - the idle windows' mean) x seconds / kernels
+    by_hand = {}
+    for _, probe in op_energy:
+        idle = [w["energy_j"] / w["seconds"] for w in probe["windows"] if w["kind"] == "idle"]
+        for w in probe["windows"]:
+            if w["kind"] == "op" and w["key"] not in by_hand:
+                pj = 1e12 * (w["energy_j"] / w["seconds"] - sum(idle) / len(idle)) * w["seconds"] / (
+                    w["kernels_per_call"] * w["calls"])
+                if pj > 0:  # a shape that drew no measurable energy is left to the table
+                    by_hand[w["key"]] = round(pj)
+            elif w["kind"] == "fused":
+                by_hand.setdefault(w["key"], 0)  # inside the 4-bit matvecs, whose energy holds it
+    assert committed["compute"]["op_energy_pj"] == by_hand
+    assert len(by_hand) == 68 + 6 and set(fused) <= set(by_hand)  # every shape of both probes, the fused ones at 0
 
 
 def test_the_handoff_and_launch_gap_probes_give_their_keys_medians():
@@ -892,14 +909,15 @@ def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_t
 
 
 def test_hwcompare_sets_each_kernels_measured_energy_beside_the_tables(tmp_path):
-    """Two shapes measured at exactly what hwconfigs/h200-pcie5.yaml's table charges them come out at 0 % error;
-    a shape that drew nothing above idle is counted and left out."""
+    """Two shapes measured at exactly what hwconfigs/h200-pcie5.yaml's per-action table charges them (without its
+    measured per-shape energies, compute.op_energy_pj) come out at 0 % error; a shape that drew nothing above idle
+    is counted and left out."""
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.compare import op_energy_lines
     from chipsim.hwreplay.energy_table import modelled_op_energy_nj
 
     config = os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")
-    hw = load_config(config).hw
+    hw = load_config(config, ["compute.op_energy_pj={}"]).hw
     keys = ["matvec r1536 o1024 b3145728", "vector n1536 b0"]
     windows = [_probe_window("idle", 120.0, 1.0)]
     for key in keys:  # one call of 1,000 kernels per second: power above idle = 1,000 × nJ × 1e-9 W

@@ -22,7 +22,7 @@ microbenchmark; `op_group_launch_ns` adds the fixed cost of starting one op grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chipsim.compute import tile_sim
 from chipsim.compute.op_cache import OpCache
@@ -71,6 +71,10 @@ class OpCost:
     fixed_ps: int = 0  # the part of duration_ps that moves no operand: issue overhead, first-operand latency
     vector_ops: int = 0  # elementwise lane operations (residual add, scaling, dequantisation)
     occupied_ps: int = 0  # duration_ps weighted by the share of the arrays the operation occupies (energy only)
+    # compute.op_energy_pj: the measured energy of the operations listed there (their MACs, SFU and lane operations
+    # and occupied time are then 0 here, and their operand bytes, still streamed, are unpriced_bytes as well)
+    profiled_pj: int = 0
+    unpriced_bytes: int = 0
 
     def __add__(self, other: "OpCost") -> "OpCost":
         return OpCost(
@@ -85,6 +89,8 @@ class OpCost:
             fixed_ps=self.fixed_ps + other.fixed_ps,
             vector_ops=self.vector_ops + other.vector_ops,
             occupied_ps=self.occupied_ps + other.occupied_ps,
+            profiled_pj=self.profiled_pj + other.profiled_pj,
+            unpriced_bytes=self.unpriced_bytes + other.unpriced_bytes,
         )
 
 
@@ -111,6 +117,7 @@ class ArrayModel:
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
+        self.op_energy_pj = {k: round(v) for k, v in c.op_energy_pj.items()}
         self.tiles = None  # cycle-level timing of every operation (chipsim.compute.tile_sim)
         self.op_cache = None  # its operation table, cached by content hash (chipsim.compute.op_cache)
         self._shapes: dict[str, bool] = {}  # shape key -> found in the cached table
@@ -140,6 +147,15 @@ class ArrayModel:
         items, per_array = work
         return duration_ps * min(self.arrays, ceil_div(items, per_array)) // self.arrays
 
+    def _priced(self, key: str, cost: OpCost) -> OpCost:
+        """`cost` with its measured energy where compute.op_energy_pj lists its shape: that energy replaces the
+        per-action prices of its MACs, SFU and lane operations, operand bits and clock time (timing unchanged)."""
+        pj = self.op_energy_pj.get(key)
+        if pj is None:
+            return cost
+        return replace(cost, macs=0, sfu_ops=0, vector_ops=0, occupied_ps=0, profiled_pj=pj,
+                       unpriced_bytes=cost.hbm_read_bytes + cost.hbm_write_bytes)
+
     def _op(self, name: str, key: str, cycles: int, read_bytes: int, write_bytes: int, macs: int, sfu_ops: int,
             vector_ops: int, work: tuple[int, int]) -> OpCost:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
@@ -147,13 +163,13 @@ class ArrayModel:
         measured = self.op_times_ps.get(key)
         if measured is not None:
             self.profiled_ops += 1
-            return OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, 0, vector_ops,
-                          self._occupied(measured, work))
+            return self._priced(key, OpCost(name, measured, compute_ps, memory_ps, read_bytes, write_bytes, macs,
+                                            sfu_ops, 0, vector_ops, self._occupied(measured, work)))
         self.modelled_ops += 1
         fixed = self.overhead_ps + (self.first_operand_ps if read_bytes else 0)
         duration = max(compute_ps, memory_ps) + fixed
-        cost = OpCost(name, duration, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops, fixed, vector_ops,
-                      self._occupied(duration, work))
+        cost = self._priced(key, OpCost(name, duration, compute_ps, memory_ps, read_bytes, write_bytes, macs, sfu_ops,
+                                        fixed, vector_ops, self._occupied(duration, work)))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost
@@ -200,8 +216,8 @@ class ArrayModel:
         compute_ps = cycles_to_ps(cycles, self.clock_mhz)
         moved = read_bytes + write_bytes
         memory_ps = transfer_ps(moved, self.stream_bytes_per_s) if moved else 0
-        cost = OpCost(name, r.ps, compute_ps, memory_ps, read_bytes, write_bytes, r.macs, r.sfu_ops,
-                      min(r.ps, round(fixed)), vector_ops, self._occupied(r.ps, work))
+        cost = self._priced(key, OpCost(name, r.ps, compute_ps, memory_ps, read_bytes, write_bytes, r.macs, r.sfu_ops,
+                                        min(r.ps, round(fixed)), vector_ops, self._occupied(r.ps, work)))
         if self.op_log is not None:
             self.op_log.append((name, key, cost))
         return cost

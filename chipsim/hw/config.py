@@ -107,6 +107,11 @@ class ComputeConfig:
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
         "array model's estimate (profiled-operator mode, as in Vidur), 0 where it runs inside another's kernel "
         "(a dequantisation fused into its matvecs); empty: the array model throughout", {})
+    op_energy_pj: dict = _optional(
+        "measured dynamic energy of one launch of an operation alone (above the board's idle power), pJ, keyed as "
+        "op_times_ns (validation/energy/probe_op_energy.py); an operation listed here is charged this instead of "
+        "its MACs, SFU and lane operations, operand bits and clock power (ledger entry arrays_profiled); empty: the "
+        "energy table's per-action prices throughout", {})
     clock_power_by_occupancy: bool = _optional(
         "true: an operation draws clock power only on the share of the arrays it occupies (one smaller than a pass "
         "of the whole chip leaves some idle); false: every array while any runs. Needs clock_gated_when_idle",

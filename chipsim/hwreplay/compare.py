@@ -316,7 +316,7 @@ def op_energy_lines(probe: dict, config: str) -> list[str]:
     what `config`'s energy table charges that operation, by kind."""
     from chipsim.hwreplay.energy_table import modelled_op_energy_nj, op_energy_rows
 
-    hw = load_config(config).hw
+    hw = load_config(config, ["compute.op_energy_pj={}"]).hw  # the table's per-action prices, not the probe itself
     rows = op_energy_rows(probe)
     check = []
     for r in rows:
@@ -328,7 +328,8 @@ def op_energy_lines(probe: dict, config: str) -> list[str]:
     lines = ["### Energy per kernel shape, alone", "",
              f"Each kernel shape of the decode steps run alone as a chain in one CUDA graph with the board's counter read "
              f"around it (validation/energy/probe_op_energy.py; energy above the idle windows' "
-             f"{rows[0]['idle_w']:.1f} W), against what {config}'s energy table charges that "
+             f"{rows[0]['idle_w']:.1f} W), against what {config}'s energy table, without its measured per-shape "
+             f"energies (compute.op_energy_pj, which list these), charges that "
              f"operation (chipsim.hwreplay.energy_table.modelled_op_energy_nj). {len(check) - len(usable)} shapes drew "
              "no measurable energy above idle and are left out.", ""]
     return lines + _kind_rows(usable, split_shared=True, unit="nJ per kernel") + [""]

@@ -122,8 +122,8 @@ def modelled_op_energy_nj(hw, key: str, groups: int = 1) -> float:
 
     op = ArrayModel(hw).op_for_key(key, groups)
     t = EnergyTable.from_config(hw)
-    bits = 8 * (op.hbm_read_bytes + op.hbm_write_bytes)
-    pj = (bits * (t.pj_per_bit["hbm"] + t.pj_per_bit["ucie"])
+    bits = 8 * (op.hbm_read_bytes + op.hbm_write_bytes - op.unpriced_bytes)
+    pj = (op.profiled_pj + bits * (t.pj_per_bit["hbm"] + t.pj_per_bit["ucie"])
           + bits * (t.pj_per_action["sram_read_bit"] + t.pj_per_action["sram_write_bit"])
           + op.macs * t.pj_per_action["mac"] + op.sfu_ops * t.pj_per_action["sfu_op"]
           + op.vector_ops * t.pj_per_action["vector_op"]

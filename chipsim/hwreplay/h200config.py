@@ -57,6 +57,42 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _op_energy_table(probes: tuple = ()) -> str:
+    """compute.op_energy_pj: each kernel shape's energy alone above the board's idle power, per kernel
+    (validation/energy/probe_op_energy.py, chipsim.hwreplay.energy_table.op_energy_rows), or nothing. probes: (path,
+    file) pairs, an earlier file's shape kept over a later one's. A shape that drew no measurable energy above idle
+    is left to the energy table's per-action prices; one fused into other kernels (its "fused" window) costs 0 here,
+    its energy being in theirs, as its time is in op_times_ns."""
+    if not probes:
+        return ""
+    from chipsim.hwreplay.energy_table import op_energy_rows
+
+    found: dict[str, tuple[int, str]] = {}
+    notes = []
+    for path, probe in probes:
+        try:
+            rows = op_energy_rows(probe)
+            fused = [w for w in probe["windows"] if w.get("kind") == "fused"]
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise InputError(f"{path}: not probe_op_energy.py's output (no idle and op windows)") from None
+        kept = [r for r in rows if r["nj_per_kernel"] > 0 and r["key"] not in found]
+        for r in kept:
+            users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
+            found[r["key"]] = (round(r["nj_per_kernel"] * 1e3), users)
+        for w in fused:
+            found.setdefault(w["key"], (0, ", ".join(w["users"][:3]) + ": no kernel of its own, its energy is in the "
+                                           "4-bit matvecs'"))
+        notes.append(f"{path} (above its idle windows' {rows[0]['idle_w']:.1f} W; {len(rows) - len(kept)} shapes "
+                     f"without a measurable energy or listed already)")
+    lines = ["  op_energy_pj:                   # measured: each kernel shape of the decode steps run alone as a chain "
+             "in one CUDA graph (validation/energy/probe_op_energy.py), the board's energy above idle per kernel, "
+             "from " + "; ".join(notes) + "; a shape not listed is priced by the table"]
+    for key in sorted(found):
+        pj, users = found[key]
+        lines.append(f'    "{key}": {pj}   # {users}')
+    return "\n".join(lines) + "\n"
+
+
 def _energy_lines(fit, source: str | None, arrays: int) -> dict:
     """The energy keys' values and comments: measured (chipsim.hwreplay.energy_table, from the board's NVML counter
     around single-op microbenchmarks) when a probe is given, else the ASSUMPTIONs as before."""
@@ -136,7 +172,7 @@ def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
 def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
            energy_source: str | None = None, command: str = "", handoff: dict | None = None,
            handoff_source: str | None = None, launch_gaps: dict | None = None,
-           launch_gaps_source: str | None = None) -> str:
+           launch_gaps_source: str | None = None, op_energy: tuple = ()) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -213,7 +249,7 @@ compute:
 {e['occupancy']}  leakage_power_w_per_array: {e['leakage']}
   dequant_ops_per_weight: 2       # an offset and a scale per weight below 16 bit, as the 4-bit replays' kernel (triton_kernels.gemv_q4) does
   op_group_launch_ns: {launch_ns}   # {launch_source}
-{_handoff_line(handoff, handoff_source)}{table}
+{_handoff_line(handoff, handoff_source)}{table}{_op_energy_table(op_energy)}
 memory:
   hbm:
     capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory
@@ -334,6 +370,10 @@ def main(argv=None) -> int:
     ap.add_argument("--launch-gaps", default=None, metavar="FILE",
                     help="validation/compute/h200-launch-gaps.json (probe_launch_gaps.py): compute.op_group_launch_ns "
                          "with --kernel-launch graph, instead of the microbenchmark's one-kernel graph launch")
+    ap.add_argument("--op-energy", action="append", default=[], metavar="FILE",
+                    help="validation/energy/h200-op-energy-settled.json (probe_op_energy.py): compute.op_energy_pj, each "
+                         "kernel shape's measured energy alone, charged instead of the table's per-action prices "
+                         "(repeatable: an earlier file's shapes win)")
     ap.add_argument("--handoff", default=None, metavar="FILE",
                     help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
     a = ap.parse_args(argv)
@@ -348,11 +388,12 @@ def main(argv=None) -> int:
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")
                + (f" --handoff {a.handoff}" if a.handoff else "")
-               + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else ""))
+               + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
+               + "".join(f" --op-energy {p}" for p in a.op_energy))
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
-                  a.launch_gaps)
+                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy))
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

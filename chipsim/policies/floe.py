@@ -65,7 +65,7 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
                         hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps,
                         macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram,
-                        occupied_ps=op.occupied_ps)
+                        occupied_ps=op.occupied_ps, profiled_pj=op.profiled_pj, unpriced_bytes=op.unpriced_bytes)
 
 
 @register

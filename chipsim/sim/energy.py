@@ -42,6 +42,7 @@ class EnergyTable:
     static_w: dict[str, float]  # the arrays and each memory and link, for the whole decode time
     host_active_w: float
     category_of: dict[str, str]  # every entry of the energy breakdown -> one of CATEGORIES
+    profiled: bool = False  # compute.op_energy_pj lists operations: the breakdown has an arrays_profiled entry
 
     @property
     def moves(self) -> tuple[str, ...]:
@@ -60,6 +61,7 @@ class EnergyTable:
         category_of.update({n: "onchip_active" for n in ARRAYS_COMPONENTS})
         category_of.update({f"static_{n}": "idle_leakage" for n in static_w})
         category_of["host_cpu"] = "host_cpu"
+        category_of["arrays_profiled"] = "onchip_active"
         return cls(
             pj_per_bit={n: comp.pj_per_bit for n, comp in comps.items()},
             pj_per_action={
@@ -75,6 +77,7 @@ class EnergyTable:
             static_w=static_w,
             host_active_w=hw.host_cpu.active_power_w,
             category_of=category_of,
+            profiled=bool(c.op_energy_pj),
         )
 
 
@@ -88,6 +91,8 @@ class Ledger:
     occupied_ps: int = 0  # busy_ps weighted by the share of the arrays each operation occupies
     idle_ps: int = 0
     host_busy_ps: int = 0
+    profiled_pj: int = 0  # compute.op_energy_pj: measured energy of the operations listed there
+    unpriced_operand_bytes: int = 0  # of the operand bytes (hbm, ucie), those whose energy profiled_pj holds
 
     @classmethod
     def empty(cls, components: tuple[str, ...]) -> "Ledger":

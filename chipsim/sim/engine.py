@@ -49,10 +49,12 @@ class _Work:
     that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger.
     Never changed once made."""
 
-    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps", "occupied")
+    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps", "occupied",
+                 "profiled_pj", "unpriced_bytes", "unpriced_sram_bytes")
 
     def __init__(self, ps: int, nbytes: int, fixed: int, macs: int = 0, sfu_ops: int = 0, vector_ops: int = 0,
-                 sram_bytes: int = 0, sram_ps: int = 0, occupied: int = 0) -> None:
+                 sram_bytes: int = 0, sram_ps: int = 0, occupied: int = 0, profiled_pj: int = 0,
+                 unpriced_bytes: int = 0, unpriced_sram_bytes: int = 0) -> None:
         self.ps = ps
         self.bytes = nbytes
         self.fixed = fixed
@@ -62,16 +64,21 @@ class _Work:
         self.sram_bytes = sram_bytes  # operands already in SRAM (experts staged there): read from it, not streamed
         self.sram_ps = sram_ps  # the part of ps that reads sram_bytes
         self.occupied = occupied  # ps weighted by the share of the arrays it occupies (clock energy by occupancy)
+        self.profiled_pj = profiled_pj  # compute.op_energy_pj: measured energy of its listed operations
+        self.unpriced_bytes = unpriced_bytes  # of bytes, those whose energy profiled_pj holds
+        self.unpriced_sram_bytes = unpriced_sram_bytes  # of sram_bytes, the same
 
     # spelled out: these run a few times per layer of every token
     def __add__(self, o: "_Work") -> "_Work":
         return _Work(self.ps + o.ps, self.bytes + o.bytes, self.fixed + o.fixed, self.macs + o.macs,
                      self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes,
-                     self.sram_ps + o.sram_ps, self.occupied + o.occupied)
+                     self.sram_ps + o.sram_ps, self.occupied + o.occupied, self.profiled_pj + o.profiled_pj,
+                     self.unpriced_bytes + o.unpriced_bytes, self.unpriced_sram_bytes + o.unpriced_sram_bytes)
 
     def times(self, n: int) -> "_Work":
         return _Work(self.ps * n, self.bytes * n, self.fixed * n, self.macs * n, self.sfu_ops * n,
-                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n, self.occupied * n)
+                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n, self.occupied * n,
+                     self.profiled_pj * n, self.unpriced_bytes * n, self.unpriced_sram_bytes * n)
 
 
 NO_WORK: Final = _Work(0, 0, 0)
@@ -164,6 +171,7 @@ class Simulation:
         self._tally_operand_bytes = 0  # operands streamed from HBM over the memory-to-compute link
         self._tally_macs = self._tally_sfu_ops = self._tally_vector_ops = 0
         self._tally_sram_read_bits = self._tally_sram_write_bits = 0
+        self._tally_profiled_pj = self._tally_unpriced_operand_bytes = 0  # compute.op_energy_pj's operations
         place = {name: i for i, name in enumerate(self._components)}
         self._at_hbm, self._at_ucie, self._at_lpddr5x, self._at_pcie = (place["hbm"], place["ucie"],
                                                                         place["lpddr5x"], place["pcie"])
@@ -543,6 +551,9 @@ class Simulation:
                     tally[i] = 0
         ledger.busy_ps += self._tally_busy_ps
         ledger.occupied_ps += self._tally_occupied_ps
+        ledger.profiled_pj += self._tally_profiled_pj
+        ledger.unpriced_operand_bytes += self._tally_unpriced_operand_bytes
+        self._tally_profiled_pj = self._tally_unpriced_operand_bytes = 0
         ledger.host_busy_ps += self._tally_host_busy_ps
         self._tally_busy_ps = self._tally_occupied_ps = self._tally_host_busy_ps = 0
 
@@ -698,8 +709,12 @@ class Simulation:
         self._tally_macs += work.macs
         self._tally_sfu_ops += work.sfu_ops
         self._tally_vector_ops += work.vector_ops
-        self._tally_sram_write_bits += 8 * work.bytes  # each operand lands in SRAM once and is read from it once
-        self._tally_sram_read_bits += 8 * (work.bytes + work.sram_bytes)
+        # each operand lands in SRAM once and is read from it once (but those of operations with a measured energy)
+        priced = work.bytes - work.unpriced_bytes
+        self._tally_sram_write_bits += 8 * priced
+        self._tally_sram_read_bits += 8 * (priced + work.sram_bytes - work.unpriced_sram_bytes)
+        self._tally_profiled_pj += work.profiled_pj
+        self._tally_unpriced_operand_bytes += work.unpriced_bytes
 
     def _undisturbed(self, work: _Work, start: int) -> bool:
         """Whether nothing can change `work`'s time, so that its fixed wait and operand flows may be one wait of
@@ -751,7 +766,8 @@ class Simulation:
         if op is None:
             return NO_WORK
         return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps, op.macs, op.sfu_ops,
-                     op.vector_ops, occupied=op.occupied_ps)
+                     op.vector_ops, occupied=op.occupied_ps, profiled_pj=op.profiled_pj,
+                     unpriced_bytes=op.unpriced_bytes)
 
     def _layer_costs(self) -> list[_LayerCost]:
         costs = []
@@ -761,10 +777,11 @@ class Simulation:
                 expert = NO_WORK
             elif fmt.operands_in_sram:
                 expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes,
-                               fmt.compute_ps - fmt.fixed_ps, fmt.occupied_ps)
+                               fmt.compute_ps - fmt.fixed_ps, fmt.occupied_ps, fmt.profiled_pj,
+                               unpriced_sram_bytes=fmt.unpriced_bytes)
             else:
                 expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops,
-                               occupied=fmt.occupied_ps)
+                               occupied=fmt.occupied_ps, profiled_pj=fmt.profiled_pj, unpriced_bytes=fmt.unpriced_bytes)
             costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
                                     expert, self._cost(layer.combine)))
         return costs

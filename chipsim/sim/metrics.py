@@ -31,6 +31,9 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     act = {a: tok.actions[a].astype(np.float64) for a in ACTIONS}
     pj = table.pj_per_action
     out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in table.moves}
+    if table.profiled:  # operations with a measured energy: their operand bits are in it, not priced per bit
+        for c in ("hbm", "ucie"):
+            out[c] -= tok.unpriced_operand_bytes.astype(np.float64) * 8 * table.pj_per_bit[c]
     out["arrays_mac"] = act["mac"] * pj["mac"]
     out["arrays_sfu"] = act["sfu_op"] * pj["sfu_op"]
     out["arrays_vector"] = act["vector_op"] * pj["vector_op"]
@@ -42,6 +45,8 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     for comp, watts in table.static_w.items():
         out[f"static_{comp}"] = latency_ps * watts
     out["host_cpu"] = tok.host_busy_ps.astype(np.float64) * table.host_active_w
+    if table.profiled:
+        out["arrays_profiled"] = tok.profiled_pj.astype(np.float64)
     return out
 
 

@@ -37,6 +37,8 @@ class TokenRecord:
     host_busy_ps: np.ndarray  # host CPU computing offloaded experts
     bytes: dict  # memory or link -> (T,) bytes that crossed it
     actions: dict  # arrays action (chipsim.sim.energy.ACTIONS) -> (T,) count
+    profiled_pj: np.ndarray  # compute.op_energy_pj: measured energy of the operations listed there
+    unpriced_operand_bytes: np.ndarray  # of bytes["hbm"] and bytes["ucie"], operands whose energy profiled_pj holds
 
 
 @dataclass
@@ -143,6 +145,8 @@ class RunRecorder:
             host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),
             bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in self.components},
             actions={a: np.array([lg.actions[a] for lg in ledgers], dtype=np.int64) for a in ACTIONS},
+            profiled_pj=np.array([lg.profiled_pj for lg in ledgers], dtype=np.int64),
+            unpriced_operand_bytes=np.array([lg.unpriced_operand_bytes for lg in ledgers], dtype=np.int64),
         )
         return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,
                          per_layer=self.layers, counts=self.counts, extra=extra, timeline=timeline)

@@ -52,6 +52,8 @@ class ExpertFormat:
     vector_ops: int = 0
     operands_in_sram: bool = False  # staged in SRAM: hbm_bytes are read from SRAM, not streamed from HBM
     occupied_ps: int = 0  # compute_ps weighted by the share of the arrays each of its operations occupies
+    profiled_pj: int = 0  # compute.op_energy_pj: measured energy of its listed operations (OpCost.profiled_pj)
+    unpriced_bytes: int = 0  # of hbm_bytes, those whose energy profiled_pj holds
 
     @property
     def fetch_bytes(self) -> int:
@@ -85,7 +87,8 @@ class DecodeWorkload:
         op = self.moe_layer(0).expert
         parts = self.expert_matrix_bytes if per_matrix else (self.expert_bytes,)
         return ExpertFormat(tuple(parts), self.expert_bytes, op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes,
-                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, self.experts_in_sram, op.occupied_ps)
+                            op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, self.experts_in_sram, op.occupied_ps,
+                            op.profiled_pj, op.unpriced_bytes)
 
 
 def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:

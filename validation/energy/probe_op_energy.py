@@ -8,7 +8,15 @@ back to back for `--seconds`, read by chipsim.hwreplay.nvml.Meter (`--settle` s 
         hwconfigs/h200-pcie5-deepseek-v2-lite.yaml --contexts 1024,8192,32768 > validation/energy/h200-op-energy.json
 
 chipsim.hwreplay.energy_table.op_energy_rows turns the windows into each kernel's energy above idle, to set beside
-what the H200 config's energy table charges that operation (hwcompare --op-energy).
+what the H200 config's energy table charges that operation (hwcompare --op-energy), and h200config --op-energy
+writes them into the config (compute.op_energy_pj). The 4-bit experts' shapes, those not in an earlier file:
+
+    python validation/energy/probe_op_energy.py --shapes-from hwconfigs/h200-pcie5.yaml \
+        hwconfigs/h200-pcie5-deepseek-v2-lite.yaml --contexts 1024 --set model.expert_bits=4 \
+        --skip-in validation/energy/h200-op-energy-settled.json > validation/energy/h200-op-energy-q4.json
+
+A shape with no kernel of its own (the 4-bit dequantisation, fused into its matvecs) is listed as a "fused"
+window with no energy: the matvecs' windows hold it.
 """
 
 import argparse
@@ -32,10 +40,17 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--settle", type=float, default=0.5, help="idle seconds each side of a window (nvml.Meter; 0: none)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. model.expert_bits=4")
+    ap.add_argument("--skip-in", nargs="*", default=[], metavar="FILE", help="earlier outputs: their shapes are not run again")
     a = ap.parse_args()
+    skip = set()
+    for path in a.skip_in:
+        with open(path) as f:
+            skip.update(w["key"] for w in json.load(f)["windows"] if w.get("key"))
     gpu = board("probe_op_energy")
     dev = torch.device("cuda")
-    shapes = decode_shapes(a.shapes_from, [int(c) for c in a.contexts.split(",")])
+    shapes = [(p, users) for p, users in decode_shapes(a.shapes_from, [int(c) for c in a.contexts.split(",")], a.set)
+              if p.key not in skip]
     pool, x, sa, sb, out = chain_buffers(shapes, dev)
     windows = []
 
@@ -49,6 +64,9 @@ def main() -> None:
 
     measure("idle", idle)
     for p, users in shapes:
+        if p.fused:  # no kernel of its own: its energy is in the kernels it is fused into
+            windows.append({"kind": "fused", "key": p.key, "users": users})
+            continue
         chain = shape_chain(p, pool, x, sa, sb, out)
         graph = capture_graph(chain)
 
@@ -67,7 +85,8 @@ def main() -> None:
         del graph
     measure("idle", idle)
     print(json.dumps({"machine": gpu.describe(), "torch": torch.__version__, "seconds_per_window": a.seconds, "settle_s": a.settle,
-                      "shapes_from": a.shapes_from, "contexts": a.contexts, "windows": windows}, indent=1))
+                      "shapes_from": a.shapes_from, "contexts": a.contexts, "set": a.set, "skip_in": a.skip_in,
+                      "windows": windows}, indent=1))
 
 
 if __name__ == "__main__":

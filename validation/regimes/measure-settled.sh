@@ -17,7 +17,7 @@
 #   q4       4-bit experts, a quarter cached (384 / 1,792 MiB) and nearly all (1,344 / 6,656 MiB), the host alone
 #            timed over 16 tokens                                          -> OUT/q4/, OUT/q4-ds/, OUT/q4-cached/, OUT/q4-ds-cached/
 #   dma      thor's DMA semantics on two copy engines, static-4, APEX, ProMoE, LRU      -> OUT/dma/, OUT/dma-ds/
-#   openergy each decode-step kernel shape's energy alone                              -> OUT/h200-op-energy.json
+#   openergy each decode-step kernel shape's energy alone (BF16; the 4-bit experts' shapes: README)  -> OUT/h200-op-energy.json
 #   step     a token's kernels together (one graph; one graph per op group) against the same kernels alone, for
 #            energy, Granite-3B and DeepSeek-V2-Lite at 1,024 (validation/energy/probe_step_energy.py) -> OUT/step-*.json
 #   handoff  the copy/compute streams' hand-off, copy spans and copies under compute, each timed alone
