@@ -19,7 +19,7 @@ from chipsim.files import read_json
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
-from chipsim.hwreplay.energy_table import board_mj
+from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
@@ -56,7 +56,7 @@ def _energy_fields(case: dict, plan) -> dict:
            "energy_error_pct": 100.0 * (simulated - measured) / measured}
     if all("idle_w" in e for e in windows):  # read by nvml.Meter: the board's own idle power beside each window
         out["measured_above_idle_mj"] = statistics.fmean(
-            1e3 * (e["energy_j"] - e["idle_w"] * e["seconds"]) / len(case["latency_ms"]) for e in windows)
+            1e3 * above_idle_j(e) / len(case["latency_ms"]) for e in windows)
     return out
 
 
@@ -192,9 +192,15 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
     return out
 
 
-def energy_mape(rows) -> float:
-    """Over the cases whose replay computed over weights like real ones (not zero-valued experts)."""
-    rs = [r for r in rows if "energy_error_pct" in r and not r.get("zero_experts")]
+def _energy_rows(rows, zero_experts: bool = False) -> list[dict]:
+    """The cases with a measured energy whose replay computed over weights like real ones (or, `zero_experts`,
+    over zero-valued experts)."""
+    return [r for r in rows if "energy_error_pct" in r and bool(r.get("zero_experts")) == zero_experts]
+
+
+def energy_mape(rows, zero_experts: bool = False) -> float:
+    """Over the cases whose replay computed over weights like real ones (`zero_experts`: over the others)."""
+    rs = _energy_rows(rows, zero_experts)
     return statistics.fmean(abs(r["energy_error_pct"]) for r in rs) if rs else float("nan")
 
 
@@ -210,8 +216,7 @@ def regime_summary_lines(regimes: list[tuple[str, list]]) -> list[str]:
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, rows in regimes:
         worst = max(rows, key=lambda r: abs(r["error_pct"]))
-        er = [r for r in rows if "energy_error_pct" in r and not r.get("zero_experts")]
-        zero = [r for r in rows if "energy_error_pct" in r and r.get("zero_experts")]
+        er = _energy_rows(rows)
         worst_e = max(er, key=lambda r: abs(r["energy_error_pct"])) if er else None
         exact = sum(r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] and r["decisions_match"]
                     for r in rows)
@@ -219,8 +224,8 @@ def regime_summary_lines(regimes: list[tuple[str, list]]) -> list[str]:
                    f"{worst['policy']} @{worst['context_length']}) | "
                    + (f"{energy_mape(er):.1f} % | {worst_e['energy_error_pct']:+.1f} % ({worst_e['model']}, "
                       f"{worst_e['policy']} @{worst_e['context_length']}) | " if worst_e else
-                      f"not valid: measured over zero-valued experts ({statistics.fmean(abs(r['energy_error_pct']) for r in zero):.1f} %) | | "
-                      if zero else "not measured | | ")
+                      f"not valid: measured over zero-valued experts ({energy_mape(rows, zero_experts=True):.1f} %) | | "
+                      if _energy_rows(rows, zero_experts=True) else "not measured | | ")
                    + f"{min(r['replays'] for r in rows)}–{max(r['replays'] for r in rows)} | "
                    f"{max(r['spread_pct'] for r in rows):.1f} % | {exact}/{len(rows)} |")
     return out

@@ -100,6 +100,11 @@ def derive(probe: dict) -> EnergyFit:
                      tiny_above_idle_w=tiny)
 
 
+def above_idle_j(window: dict) -> float:
+    """A window read by chipsim.hwreplay.nvml.Meter: its energy above the board's idle power it recorded, J."""
+    return float(window["energy_j"]) - float(window["idle_w"]) * float(window["seconds"])
+
+
 def op_energy_rows(probe: dict) -> list[dict]:
     """validation/energy/probe_op_energy.py's windows as each kernel shape's energy above idle: (its window's power
     less the idle windows' mean) × the window's seconds / the kernels it ran; nJ per kernel, µs per kernel."""

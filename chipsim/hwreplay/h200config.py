@@ -22,6 +22,11 @@ HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_ch
            trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19, background_power_w=0.7)
 
 
+def _users(names: list[str]) -> str:
+    """An operation's users in a config comment: the first three, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
     """compute.op_times_ns: each decode-step kernel shape's measured time (microbench op_times), or nothing.
     extra: (path, op-times-only microbench file) pairs whose shapes the main file lacks (e.g. long contexts)."""
@@ -51,9 +56,8 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
     if added:
         lines.append(f"    # and, timed the same way (microbench --gemv cublas), the shapes only in {'; '.join(added)}")
     for r in rows:
-        users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
         fused = ": no kernel of its own, it runs inside the 4-bit matvecs" if r.get("fused") else ""
-        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {users}{fused}')
+        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {_users(r["users"])}{fused}')
     return "\n".join(lines) + "\n"
 
 
@@ -77,11 +81,10 @@ def _op_energy_table(probes: tuple = ()) -> str:
             raise InputError(f"{path}: not probe_op_energy.py's output (no idle and op windows)") from None
         kept = [r for r in rows if r["nj_per_kernel"] > 0 and r["key"] not in found]
         for r in kept:
-            users = ", ".join(r["users"][:3]) + (f" and {len(r['users']) - 3} more" if len(r["users"]) > 3 else "")
-            found[r["key"]] = (round(r["nj_per_kernel"] * 1e3), users)
+            found[r["key"]] = (round(r["nj_per_kernel"] * 1e3), _users(r["users"]))
         for w in fused:
-            found.setdefault(w["key"], (0, ", ".join(w["users"][:3]) + ": no kernel of its own, its energy is in the "
-                                           "4-bit matvecs'"))
+            found.setdefault(w["key"], (0, _users(w["users"]) + ": no kernel of its own, its energy is in the 4-bit "
+                                           "matvecs'"))
         notes.append(f"{path} (above its idle windows' {rows[0]['idle_w']:.1f} W; {len(rows) - len(kept)} shapes "
                      f"without a measurable energy or listed already)")
     lines = ["  op_energy_pj:                   # measured: each kernel shape of the decode steps run alone as a chain "

@@ -5,6 +5,7 @@ together against the same kernels alone (validation/energy/probe_step_energy.py)
 from __future__ import annotations
 
 from chipsim.errors import InputError
+from chipsim.hwreplay.energy_table import above_idle_j
 
 
 def _median(summary: dict, key: str) -> float:
@@ -55,11 +56,6 @@ def handoff_lines(probe: dict, source: str) -> list[str]:
     return lines
 
 
-def _above_idle(w: dict) -> float:
-    """A Meter window's energy above the board's idle power it recorded, J."""
-    return float(w["energy_j"]) - float(w["idle_w"]) * float(w["seconds"])
-
-
 def step_energy_row(probe: dict, source: str) -> dict:
     """One probe_step_energy.py file as per-token figures: the token as one graph and as per-group graphs (time,
     energy above idle) against its kernels alone (each shape's window × its launches per token)."""
@@ -72,11 +68,11 @@ def step_energy_row(probe: dict, source: str) -> dict:
         for w in windows:
             if w["kind"] in ("step", "groups"):
                 tokens = int(w["calls"]) * int(w["tokens_per_call"])
-                out[w["kind"]] = {"ms": 1e3 * float(w["seconds"]) / tokens, "mj": 1e3 * _above_idle(w) / tokens,
+                out[w["kind"]] = {"ms": 1e3 * float(w["seconds"]) / tokens, "mj": 1e3 * above_idle_j(w) / tokens,
                                   "launches": int(w["launches_per_token"])}
             elif w["kind"] == "op":
                 kernels = int(w["calls"]) * int(w["kernels_per_call"])
-                alone_mj += 1e3 * _above_idle(w) / kernels * int(w["per_token"])
+                alone_mj += 1e3 * above_idle_j(w) / kernels * int(w["per_token"])
                 alone_ms += 1e3 * float(w["seconds"]) / kernels * int(w["per_token"])
         out["alone"] = {"ms": alone_ms, "mj": alone_mj}
         out["in_situ"] = probe.get("in_situ_against_alone", {})

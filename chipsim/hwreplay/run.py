@@ -38,7 +38,6 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
     return base, {(w[1][-1].split("=")[1], w[2]): p for w, p in zip(work, plans)}
 
 
-
 def fill_normal_bf16(buf, device, chunk_bytes: int = 256 << 20) -> None:
     """Write normal BF16 numbers over `buf`'s bytes (a contiguous uint8 tensor), generated on `device` a chunk at a
     time. The experts in host memory must hold weights like real ones: freshly pinned memory is zeros, and a GEMV
