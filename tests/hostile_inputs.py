@@ -200,6 +200,36 @@ def _output_case(kind: str):
     return setup
 
 
+# ---------------------------------------------------------------------------------------------- issue 37's categories
+# One function per category of inputs the suite first missed (each a list of cases() tuples).
+
+def _cases_caches() -> list:
+    """Corrupt, garbled, special-file and foreign cache entries (DRAM calibrations, operation tables, sweeps)."""
+    return []
+
+
+def _cases_provenance_packaging() -> list:
+    """Files chipsim reads at run time edited between runs; what the code hash must cover."""
+    return []
+
+
+def _cases_policy_boundary() -> list:
+    """Policies that hand the simulator odd expert ids, or read routing they could not know yet."""
+    return []
+
+
+def _cases_paths() -> list:
+    """Every file chipsim reads as a FIFO, a device, a directory, a huge file, a symlink; duplicate keys, deep
+    nesting."""
+    return []
+
+
+def _cases_physics() -> list:
+    """Numbers that pass their key's type and bounds but break physics (DRAM timings, tiles, PCIe sizes,
+    operation keys, trace metadata) and CLI options."""
+    return []
+
+
 def cases() -> list[tuple[str, list[str], object, bool, bool]]:
     """(name, argv, setup, json_out, must_reject)."""
     out = []
@@ -280,6 +310,8 @@ def cases() -> list[tuple[str, list[str], object, bool, bool]]:
     }
     for name, argv in misc.items():
         out.append((f"cli: {name}", argv, None, False, True))
+    for more in (_cases_caches, _cases_provenance_packaging, _cases_policy_boundary, _cases_paths, _cases_physics):
+        out.extend(more())
     return out
 
 
