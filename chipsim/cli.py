@@ -310,6 +310,55 @@ def _cmd_dram(args) -> int:
     return 0
 
 
+CACHE_KINDS = ("dram", "compute", "sweep")
+
+
+def _cache_folders(args) -> dict[str, str]:
+    """Kind -> folder of the caches `chipsim cache` acts on: the kinds named (default: all there are)."""
+    from chipsim.files import cache_dir
+
+    for kind in args.kinds:
+        if kind not in CACHE_KINDS:
+            raise InputError(f"chipsim cache {args.action}: unknown kind {kind!r} (expected {', '.join(CACHE_KINDS)})")
+    if args.sweep is not None and not os.path.isdir(args.sweep):
+        raise InputError(f"--sweep {args.sweep}: not a directory (a sweep's or reproduce's --out)")
+    if "sweep" in args.kinds and args.sweep is None:
+        raise InputError(f"chipsim cache {args.action} sweep: needs --sweep DIR (a sweep's or reproduce's --out)")
+    kinds = args.kinds or [k for k in CACHE_KINDS if k != "sweep" or args.sweep is not None]
+    folders = {"dram": cache_dir("dram"), "compute": cache_dir("compute"),
+               "sweep": os.path.join(args.sweep or "", "cache")}
+    return {kind: folders[kind] for kind in CACHE_KINDS if kind in kinds}
+
+
+def _cmd_cache(args) -> int:
+    """Where the caches are, how many entries each holds and how many fail their check; or empty them."""
+    from chipsim import cache
+    from chipsim.analysis.sweep import check_row
+    from chipsim.compute.op_cache import check_table
+    from chipsim.dram.calibrate import check_calibration
+    from chipsim.files import cache_dir
+
+    folders = _cache_folders(args)
+    if args.action == "clear":
+        for kind, folder in folders.items():
+            files, size = cache.clear(folder)
+            print(f"removed {files} {kind} entr{'y' if files == 1 else 'ies'} ({size} bytes) from {folder}")
+        return 0
+    checks = {"dram": check_calibration, "compute": check_table, "sweep": check_row}
+    where = "$CHIPSIM_CACHE_DIR" if os.environ.get("CHIPSIM_CACHE_DIR") else "the default; $CHIPSIM_CACHE_DIR moves it"
+    print(f"cache: {os.path.dirname(cache_dir('dram'))} ({where})")
+    print(f"{'kind':8} {'entries':>7} {'bytes':>10} {'failing':>7}  folder")
+    problems = []
+    for kind, folder in folders.items():
+        s = cache.survey(folder, kind, checks[kind])
+        print(f"{kind:8} {s['entries']:>7} {s['bytes']:>10} {s['failing']:>7}  {folder}")
+        problems += [f"  {kind} {name}: {why}" for name, why in s["problems"]]
+    if problems:
+        print("failing entries (recomputed when next needed; `chipsim cache clear` removes them):")
+        print("\n".join(problems))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
@@ -409,6 +458,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare every validation point with Ramulator 2.1's results (default "
                            "validation/dram/ramulator.json); exit 1 if a point misses the target")
     dram.set_defaults(func=_cmd_dram)
+    cache_cmd = sub.add_parser("cache", help="where the computed-once caches live and what they hold (info), or "
+                                             "empty them (clear)")
+    cache_cmd.add_argument("action", choices=("info", "clear"))
+    cache_cmd.add_argument("kinds", nargs="*", metavar="KIND",
+                           help="dram, compute (in $CHIPSIM_CACHE_DIR), sweep (needs --sweep); default: all")
+    cache_cmd.add_argument("--sweep", metavar="DIR", help="also the results cache of this sweep's or reproduce's "
+                                                          "--out (DIR/cache)")
+    cache_cmd.set_defaults(func=_cmd_cache)
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")

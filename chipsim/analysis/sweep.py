@@ -36,8 +36,8 @@ import time
 
 import pandas as pd
 
-from chipsim import __version__, runner
-from chipsim.analysis.report import CSV_COLUMNS, csv_cell, csv_columns, to_csv, to_json
+from chipsim import __version__, cache, runner
+from chipsim.analysis.report import CSV_COLUMNS, _json_safe, csv_cell, csv_columns, to_csv, to_json
 from chipsim.errors import InputError
 from chipsim.files import check_output_dir, write_atomic
 from chipsim.pool import worker_pool
@@ -191,16 +191,40 @@ def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> st
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _read_cache(path: str, label: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            entry = json.load(f)
-        row = entry["row"]
-        if row.get("policy") != label or not all(c in row for c in CSV_COLUMNS):
-            return None
-        return row
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # missing, partly written or foreign: simulate again
+def check_row(entry, label: str | None = None) -> None:
+    """A cached sweep result is usable: its inputs name the policy `label` (when given) as its row does, the row
+    has every CSV column, each a finite number >= 0 (or null: undefined for the run) but the policy, and no number
+    anywhere in it is NaN or infinite; raises cache.BadEntry."""
+    cache.mapping(entry, "entry", ["inputs", "row"])
+    inputs = cache.mapping(entry["inputs"], "inputs", ["config_sha256", "trace_sha256", "code_sha256", "policy"])
+    row = cache.mapping(entry["row"], "row")
+    if label is not None and inputs["policy"] != label:
+        raise cache.BadEntry(f"inputs.policy: {str(inputs['policy'])[:40]!r}, expected {label!r}")
+    if row.get("policy") != inputs["policy"]:
+        raise cache.BadEntry(f"row.policy: {str(row.get('policy'))[:40]!r}, expected {inputs['policy']!r}")
+    for column in CSV_COLUMNS[1:]:
+        if column not in row:
+            raise cache.BadEntry(f"row.{column}: missing")
+        if row[column] is not None:
+            cache.number(row[column], f"row.{column}", low=0)
+    _check_finite(row, "row")
+
+
+def _check_finite(value, where: str) -> None:
+    if isinstance(value, float):
+        cache.number(value, where)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{where}[{i}]")
+
+
+def _read_cache(path: str, key: str, label: str) -> dict | None:
+    """The cached row of (point, policy) `key`, or None: absent, or not usable (noted), so simulated again."""
+    entry = cache.read(path, "sweep", key, lambda e: check_row(e, label))
+    return None if entry is None else entry["row"]
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -446,7 +470,7 @@ class _Pending:
                 key = entry["key"]
                 if key in results or key in self.tasks:
                     continue
-                cached = _read_cache(os.path.join(cache_dir, f"{key}.json"), entry["label"])
+                cached = _read_cache(cache.entry_path(cache_dir, key), key, entry["label"])
                 if cached is not None:
                     results[key] = cached
                 else:
@@ -475,7 +499,8 @@ class _Pending:
             row = out["row"]
             entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
                                 "policy": self.labels[key]}, "row": row}
-            write_atomic(os.path.join(cache_dir, f"{key}.json"), to_json(entry))
+            # as results.json writes it: an undefined value (NaN) is null
+            cache.write(cache.entry_path(cache_dir, key), "sweep", key, _json_safe(entry))
             results[key] = row
 
         workers = min(jobs or os.cpu_count() or 1, len(self.tasks))

@@ -15,7 +15,8 @@ turns them into the three figures the shared-resource model uses:
 The standard is re-timed for the config first: its clock follows `data_rate_mtps`, parameters JEDEC defines in
 ns scale with it (the others are clock counts), and the config's ns keys (tcl_ns, trcd_ns, ...) set theirs.
 Results are cached by content hash (the re-timed standard, the streams, the controller and this model's code)
-in $CHIPSIM_CACHE_DIR (default ~/.cache/chipsim), so each config calibrates once.
+in $CHIPSIM_CACHE_DIR/dram (default ~/.cache/chipsim/dram), so each config calibrates once; an entry is checked
+(chipsim.cache: checksum, inputs, `check_calibration`) before it is used, and calibrated again if it fails.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import json
 import math
 import os
 import sys
+from dataclasses import fields
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from chipsim import cache
 from chipsim.dram.controller import ControllerConfig, simulate
 from chipsim.dram.standard import Standard, load_standard
 from chipsim.dram.streams import requests
@@ -149,19 +152,33 @@ def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0)
     controller = replace(CONTROLLER, read_buffer=cfg.controller_queue_entries,
                          write_buffer=cfg.controller_queue_entries)
     digest = cache_key(std, write_share, second_read_share, controller)
-    path = os.path.join(cache_dir("dram"), f"{digest}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return Calibration(**json.load(f))
-    except (OSError, ValueError, TypeError):
-        pass
+    path = cache.entry_path(cache_dir("dram"), digest)
+    payload = cache.read(path, "dram", digest, lambda p: check_calibration(p, write_share, second_read_share))
+    if payload is not None:
+        return Calibration(**payload)
     result = run_calibration(std, write_share, key, second_read_share, controller)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(result.as_dict(), f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: calibrate again next time
+    cache.write(path, "dram", digest, result.as_dict())
     return result
+
+
+def check_calibration(payload, write_share: float | None = None, second_read_share: float | None = None) -> None:
+    """A cached calibration is usable: every field a finite number in its range, consistent with itself and
+    (when given) measured at these shares; raises cache.BadEntry."""
+    cache.mapping(payload, "calibration", [f.name for f in fields(Calibration)])
+    n = cache.number
+    for name in ("efficiency", "shared_efficiency"):
+        n(payload[name], name, low=0.0, low_open=True, high=1.0)
+    for name in ("read_gbps", "mixed_gbps", "peak_gbps"):
+        n(payload[name], name, low=0.0, low_open=True)
+    for name in ("turnaround", "access_latency_ns", "loaded_read_latency_ns"):
+        n(payload[name], name, low=0.0)
+    n(payload["write_share"], "write_share", low=0.05, high=0.5)
+    if payload["second_read_share"] != 0.0:
+        n(payload["second_read_share"], "second_read_share", low=0.05, high=0.5)
+    else:
+        n(payload["second_read_share"], "second_read_share", low=0.0, high=0.0)
+    if not math.isclose(payload["efficiency"], payload["read_gbps"] / payload["peak_gbps"], rel_tol=1e-9):
+        raise cache.BadEntry("efficiency is not read_gbps / peak_gbps")
+    for name, wanted in (("write_share", write_share), ("second_read_share", second_read_share)):
+        if wanted is not None and payload[name] != wanted:
+            raise cache.BadEntry(f"{name}: {payload[name]}, measured for {wanted}")
