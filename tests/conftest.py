@@ -11,6 +11,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache_dir(tmp_path_factory):
+    """Tests never write into the user's cache ($CHIPSIM_CACHE_DIR or ~/.cache/chipsim): every test, and every
+    subprocess it starts (they inherit os.environ), uses one temporary folder per test session, so calibrations
+    stay warm within the session. A test that corrupts or counts cache entries points the variable at its own
+    tmp_path (monkeypatch.setenv)."""
+    folder = str(tmp_path_factory.mktemp("chipsim-cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHIPSIM_CACHE_DIR", folder)
+        yield folder
+
+
 @pytest.fixture
 def thor_path():
     return THOR
