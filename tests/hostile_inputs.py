@@ -203,9 +203,101 @@ def _output_case(kind: str):
 # ---------------------------------------------------------------------------------------------- issue 37's categories
 # One function per category of inputs the suite first missed (each a list of cases() tuples).
 
+def _quietly(argv: list[str]) -> None:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(argv)
+
+
+def _garble(path: str, how: str) -> None:
+    """Corrupt one cache entry in place."""
+    with open(path, encoding="utf-8") as f:
+        entry = json.load(f)
+    payload = entry.get("payload", entry)
+    leaves = payload.get("row") or payload.get("ops") or payload  # a sweep's row, a table's ops, a calibration
+    if "ops" in payload:
+        leaves = next(iter(leaves.values()))
+    change = {"halved": lambda v: v / 2, "nan": lambda v: math.nan, "string": str, "negative": lambda v: -v - 1,
+              "checksum-fixed-negative": lambda v: -v - 1}.get(how)
+    if change is not None:
+        for k, v in leaves.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "policy":
+                leaves[k] = change(v)
+        if how == "checksum-fixed-negative" and "payload" in entry:
+            from chipsim import cache
+
+            entry["sha256"] = cache.digest(entry["payload"])
+        text = json.dumps(entry)
+    elif how == "truncated":
+        text = json.dumps(entry)[:50]
+    elif how == "binary":
+        text = "\x00\xff garbage"
+    elif how == "old-format":
+        text = json.dumps(payload)
+    elif how == "list":
+        text = "[1, 2, 3]"
+    else:
+        text = None
+    os.unlink(path)
+    if text is not None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "dir":
+        os.mkdir(path)
+    elif how == "symlink-devzero":
+        os.symlink("/dev/zero", path)
+    elif how == "huge":
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)  # sparse
+    else:
+        raise ValueError(how)
+
+
+CACHE_DAMAGE = ("halved", "nan", "string", "negative", "checksum-fixed-negative", "truncated", "binary",
+                "old-format", "list", "fifo", "dir", "symlink-devzero", "huge")
+
+
+def _cache_case(kind: str, how: str):
+    """Run once (warming the cache), garble every entry of `kind`, and hand back the same command: it must run
+    as with a cold cache (exit 0, finite JSON), with notes. The in-process memos are dropped, as in a new run."""
+    def setup(tmp, argv):
+        from chipsim.compute import op_cache
+        from chipsim.dram import calibrate
+        from chipsim.files import cache_dir
+
+        for _ in range(2):
+            calibrate.calibrate.cache_clear()
+            op_cache._TABLES.clear()
+            if kind != "sweep":
+                _quietly(argv)
+        folder = cache_dir(kind) if kind != "sweep" else os.path.join(tmp, "s", "cache")
+        if kind == "sweep":
+            _quietly(argv)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)):
+                _garble(os.path.join(folder, name), how)
+        return argv
+    return setup
+
+
 def _cases_caches() -> list:
     """Corrupt, garbled, special-file and foreign cache entries (DRAM calibrations, operation tables, sweeps)."""
-    return []
+    cycle = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")
+    run = ["--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1", "--json"]
+    commands = {"dram": ["run", THOR, *run], "compute": ["run", cycle, *run],
+                "sweep": ["sweep", THOR, "--grid", "dma.engines=1,2", "--policy", "no-prefetch", "--set",
+                          "workload.max_tokens=4", "--jobs", "1", "--out", "s", "--quiet"]}
+    out = []
+    for kind, argv in commands.items():
+        for how in CACHE_DAMAGE:
+            out.append((f"cache: {kind} entry {how}", argv, _cache_case(kind, how), kind != "sweep", False))
+    out += [("cache: info with damaged entries", ["cache", "info"], _cache_case("dram", "fifo"), False, False),
+            ("cache: clear an unknown kind", ["cache", "clear", "nope"], None, False, True),
+            ("cache: info sweep without --sweep", ["cache", "info", "sweep"], None, False, True),
+            ("cache: --sweep missing folder", ["cache", "info", "--sweep", "nowhere"], None, False, True),
+            ("cache: no action", ["cache"], None, False, True)]
+    return out
 
 
 def _cases_provenance_packaging() -> list:
@@ -326,11 +418,13 @@ def main_(argv=None) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
     counts = {"ok": 0, "clean": 0, "traceback": 0, "bad": 0}
     todo = [c for c in cases() if not args.only or args.only in c[0]]
-    for name, argv_, setup, json_out, must_reject in todo:
-        kind, detail = run_case(argv_, setup, json_out, must_reject)
-        counts[kind] += 1
-        if args.list and kind in ("traceback", "bad"):
-            print(f"{kind:9} {name}: {detail}")
+    with tempfile.TemporaryDirectory(prefix="chipsim-hostile-cache-") as cache:
+        os.environ["CHIPSIM_CACHE_DIR"] = cache  # never the user's cache: the cases garble entries
+        for name, argv_, setup, json_out, must_reject in todo:
+            kind, detail = run_case(argv_, setup, json_out, must_reject)
+            counts[kind] += 1
+            if args.list and kind in ("traceback", "bad"):
+                print(f"{kind:9} {name}: {detail}")
     print(f"{len(todo)} inputs: {counts['ok']} ok, {counts['clean']} clean errors, "
           f"{counts['traceback']} tracebacks, {counts['bad']} bad")
     return 0
