@@ -47,12 +47,12 @@ class Prepared:
 # what code_sha256 leaves out: bytecode, built extensions and the record of their build (the same sources give
 # the same results compiled or not: chipsim/_compiled.py runs a compiled module only if its source is unchanged)
 _NOT_CODE_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
+PACKAGE_DIR = Path(__file__).resolve().parent  # chipsim/
 
 
-def code_files() -> list[str]:
-    """Every file of the package that chipsim reads at run time (its modules, the DRAM standards, the compiled
-    modules' sources such as sim/native.pyx), as paths relative to chipsim/ with '/', sorted."""
-    root = Path(__file__).resolve().parent
+def code_files(root: Path = PACKAGE_DIR) -> list[str]:
+    """Every file of the package (under `root`) that chipsim reads at run time: its modules, the DRAM standards,
+    the compiled modules' sources such as sim/native.pyx; as paths relative to `root` with '/', sorted."""
     out = []
     for path in root.rglob("*"):
         rel = path.relative_to(root)
@@ -63,18 +63,22 @@ def code_files() -> list[str]:
     return sorted(out)
 
 
-@functools.lru_cache(maxsize=1)
-def code_sha256() -> str:
-    """Hash of the simulator's code and data (`code_files`: each file's relative path and bytes, in sorted order),
-    so results say which code produced them and a sweep's cache is not reused after any of it changed. Computed
-    once per process: the modules were loaded when it started, so the files as they were then are the code that
-    runs."""
-    root = Path(__file__).resolve().parent
+def tree_sha256(root: Path) -> str:
+    """sha256 of `code_files(root)`: each file's relative path and bytes, in that order."""
     h = hashlib.sha256()
-    for rel in code_files():
+    for rel in code_files(root):
         h.update(rel.encode())
         h.update((root / rel).read_bytes())
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_sha256() -> str:
+    """Hash of the simulator's code and data (`tree_sha256` of the package), so results say which code produced
+    them and a sweep's cache is not reused after any of it changed. The same sources give the same hash, installed
+    or in a source tree, compiled or not. Computed once per process: the modules were loaded when it started, so
+    the files as they were then are the code that runs."""
+    return tree_sha256(PACKAGE_DIR)
 
 
 def input_files(hw: HardwareConfig) -> dict[str, dict]:
