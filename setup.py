@@ -83,25 +83,36 @@ def _native_extension() -> list:
         os.chdir(cwd)
 
 
+def _remove_built(package: Path) -> None:
+    """An earlier build's extensions and record under `package` (a chipsim/ folder), so they never run beside
+    sources they were not built from."""
+    for path in [package / RECORD, package / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
+        path.unlink(missing_ok=True)
+    for source in SOURCES + [NATIVE_SOURCE]:
+        stem = package / Path(source).with_suffix("")
+        for path in stem.parent.glob(f"{stem.name}.*"):
+            if path.suffix in (".so", ".pyd"):
+                path.unlink()
+
+
 class OptionalBuildExt(build_ext):
     """Builds the extensions, or none of them: any failure leaves the pure-Python modules."""
 
     def finalize_options(self) -> None:
         # mypyc runs once, for a build: not when pip only asks setup.py for its requirements or metadata (egg_info
         # then looks at build_ext's sources too)
-        if not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}:
+        building = not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}
+        if building:
             self.distribution.ext_modules = _extensions()
-            if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
-                for path in [PACKAGE / RECORD, PACKAGE / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
-                    path.unlink(missing_ok=True)
-                for source in SOURCES + [NATIVE_SOURCE]:
-                    stem = PACKAGE / Path(source).with_suffix("")
-                    for path in stem.parent.glob(f"{stem.name}.*"):
-                        if path.suffix in (".so", ".pyd"):
-                            path.unlink()
-        super().finalize_options()
+        super().finalize_options()  # sets inplace for an editable install
+        if building and self.inplace and not self.distribution.ext_modules:
+            # an editable install runs from the source tree: built as Python, its earlier extensions must not run.
+            # A wheel (pip wheel, pip install .) leaves chipsim/ as it is and cleans its build folder (run)
+            _remove_built(PACKAGE)
 
     def run(self) -> None:
+        if not self.inplace:  # an earlier build's extensions in build/lib would otherwise go into this wheel
+            _remove_built(Path(self.build_lib) / "chipsim")
         try:
             super().run()
         except Exception as e:  # no C compiler, a compile error
