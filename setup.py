@@ -88,8 +88,9 @@ def _remove_built(package: Path) -> None:
     sources they were not built from."""
     for path in [package / RECORD, package / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
         path.unlink(missing_ok=True)
-    for source in SOURCES + [NATIVE_SOURCE]:
-        stem = package / Path(source).with_suffix("")
+    stems = [package / Path(source).with_suffix("") for source in SOURCES + [NATIVE_SOURCE]]
+    stems.append(package.parent / "*__mypyc")  # mypyc's shared library, beside chipsim/
+    for stem in stems:
         for path in stem.parent.glob(f"{stem.name}.*"):
             if path.suffix in (".so", ".pyd"):
                 path.unlink()
@@ -104,15 +105,19 @@ class OptionalBuildExt(build_ext):
         building = not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}
         if building:
             self.distribution.ext_modules = _extensions()
-        super().finalize_options()  # sets inplace for an editable install
-        if building and self.inplace and not self.distribution.ext_modules:
-            # an editable install runs from the source tree: built as Python, its earlier extensions must not run.
-            # A wheel (pip wheel, pip install .) leaves chipsim/ as it is and cleans its build folder (run)
-            _remove_built(PACKAGE)
+        super().finalize_options()
+        if building and not self.distribution.ext_modules:
+            # built as Python, an earlier build's extensions must not run: an editable install runs from the source
+            # tree, so they go from there; a wheel (pip wheel, pip install .) leaves chipsim/ as it is, and they go
+            # from its build folder, where they would otherwise be packed into it
+            _remove_built(PACKAGE if self._in_place() else Path(self.build_lib) / "chipsim")
+
+    def _in_place(self) -> bool:
+        # editable_wheel finalizes this command before it sets editable_mode: its name says it
+        editable = {"editable_wheel", "develop"} & set(self.distribution.commands)
+        return bool(self.inplace or getattr(self, "editable_mode", False) or editable)
 
     def run(self) -> None:
-        if not self.inplace:  # an earlier build's extensions in build/lib would otherwise go into this wheel
-            _remove_built(Path(self.build_lib) / "chipsim")
         try:
             super().run()
         except Exception as e:  # no C compiler, a compile error

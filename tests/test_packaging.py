@@ -126,7 +126,8 @@ def _package_snapshot() -> dict:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), reason="needs the git checkout (the tracked files are the package's)")
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")),
+                    reason="needs the git checkout (the tracked files are the package's)")
 @pytest.mark.skipif(not _can_build_wheels(), reason="setuptools < 70.1 without the wheel package cannot build wheels")
 def test_pure_wheel_and_sdist_hold_every_package_file_and_leave_the_tree_alone(tmp_path):
     tracked = [line.removeprefix("chipsim/") for line in _git("ls-files", "chipsim").splitlines()]
