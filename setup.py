@@ -83,23 +83,39 @@ def _native_extension() -> list:
         os.chdir(cwd)
 
 
+def _remove_built(package: Path) -> None:
+    """An earlier build's extensions and record under `package` (a chipsim/ folder), so they never run beside
+    sources they were not built from."""
+    for path in [package / RECORD, package / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
+        path.unlink(missing_ok=True)
+    stems = [package / Path(source).with_suffix("") for source in SOURCES + [NATIVE_SOURCE]]
+    stems.append(package.parent / "*__mypyc")  # mypyc's shared library, beside chipsim/
+    for stem in stems:
+        for path in stem.parent.glob(f"{stem.name}.*"):
+            if path.suffix in (".so", ".pyd"):
+                path.unlink()
+
+
 class OptionalBuildExt(build_ext):
     """Builds the extensions, or none of them: any failure leaves the pure-Python modules."""
 
     def finalize_options(self) -> None:
         # mypyc runs once, for a build: not when pip only asks setup.py for its requirements or metadata (egg_info
         # then looks at build_ext's sources too)
-        if not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}:
+        building = not set(self.distribution.commands) <= {"egg_info", "dist_info", "sdist"}
+        if building:
             self.distribution.ext_modules = _extensions()
-            if not self.distribution.ext_modules:  # built as Python: an earlier build's extensions must not run
-                for path in [PACKAGE / RECORD, PACKAGE / "sim" / RECORD]:  # (chipsim/sim/: where it was before)
-                    path.unlink(missing_ok=True)
-                for source in SOURCES + [NATIVE_SOURCE]:
-                    stem = PACKAGE / Path(source).with_suffix("")
-                    for path in stem.parent.glob(f"{stem.name}.*"):
-                        if path.suffix in (".so", ".pyd"):
-                            path.unlink()
         super().finalize_options()
+        if building and not self.distribution.ext_modules:
+            # built as Python, an earlier build's extensions must not run: an editable install runs from the source
+            # tree, so they go from there; a wheel (pip wheel, pip install .) leaves chipsim/ as it is, and they go
+            # from its build folder, where they would otherwise be packed into it
+            _remove_built(PACKAGE if self._in_place() else Path(self.build_lib) / "chipsim")
+
+    def _in_place(self) -> bool:
+        # editable_wheel finalizes this command before it sets editable_mode: its name says it
+        editable = {"editable_wheel", "develop"} & set(self.distribution.commands)
+        return bool(self.inplace or getattr(self, "editable_mode", False) or editable)
 
     def run(self) -> None:
         try:

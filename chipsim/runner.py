@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chipsim import __version__
+from chipsim._compiled import RECORD
+from chipsim.dram.standard import standard_path
 from chipsim.errors import InputError
-from chipsim.hw.config import Config, load_config, memory_tiers
+from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
@@ -42,16 +44,57 @@ class Prepared:
     notes: list[str] = field(default_factory=list)  # what the user should know, e.g. a trace shorter than asked
 
 
+# what code_sha256 leaves out: bytecode, built extensions and the record of their build (the same sources give
+# the same results compiled or not: chipsim/_compiled.py runs a compiled module only if its source is unchanged)
+_NOT_CODE_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
+PACKAGE_DIR = Path(__file__).resolve().parent  # chipsim/
+
+
+def code_files(root: Path = PACKAGE_DIR) -> list[str]:
+    """Every file of the package (under `root`) that chipsim reads at run time: its modules, the DRAM standards,
+    the compiled modules' sources such as sim/native.pyx; as paths relative to `root` with '/', sorted."""
+    out = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if (not path.is_file() or "__pycache__" in rel.parts or path.suffix in _NOT_CODE_SUFFIXES
+                or path.name == RECORD):
+            continue
+        out.append(rel.as_posix())
+    return sorted(out)
+
+
+def tree_sha256(root: Path) -> str:
+    """sha256 of `code_files(root)`: each file's relative path and bytes, in that order."""
+    h = hashlib.sha256()
+    for rel in code_files(root):
+        h.update(rel.encode())
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=1)
 def code_sha256() -> str:
-    """Hash of the simulator's source, so results say which code produced them. Computed once per process:
-    the modules were loaded when it started, so the files as they were then are the code that runs."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    """Hash of the simulator's code and data (`tree_sha256` of the package), so results say which code produced
+    them and a sweep's cache is not reused after any of it changed. The same sources give the same hash, installed
+    or in a source tree, compiled or not. Computed once per process: the modules were loaded when it started, so
+    the files as they were then are the code that runs."""
+    return tree_sha256(PACKAGE_DIR)
+
+
+def input_files(hw: HardwareConfig) -> dict[str, dict]:
+    """The files a config names beside its trace that a run reads: each command-level memory's DRAM standard
+    (a built-in name or a path), by dotted key -> {"path", "sha256"}. The trace has its own sha256."""
+    out = {}
+    for key, d in memory_tiers(hw).values():
+        if d.timing_model == "command-level" and d.standard:
+            path = os.path.abspath(standard_path(d.standard))
+            try:
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            except OSError as exc:
+                raise InputError(f"{key}.standard: cannot read {path} ({exc.strerror})") from None
+            out[f"{key}.standard"] = {"path": path, "sha256": digest}
+    return out
 
 
 def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | None = None) -> Prepared:
@@ -135,13 +178,15 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
 
 def provenance(prep: Prepared) -> dict:
     """Where a run's results come from: the config and trace (paths and sha256), whether the trace is
-    synthetic, and the simulator code's sha256 and version. results.json, sweep.json and timelines carry it."""
+    synthetic, the other files the config names (`input_files`), and the simulator code's sha256 and version.
+    results.json, sweep.json and timelines carry it."""
     return {
         "config": prep.config.path,
         "config_sha256": prep.config.sha256(),
         "trace": prep.trace.path,
         "trace_sha256": prep.trace.sha256,
         "trace_synthetic": prep.trace.synthetic,
+        "input_files": input_files(prep.config.hw),
         "code_sha256": code_sha256(),
         "chipsim_version": __version__,
     }

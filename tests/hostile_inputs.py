@@ -300,9 +300,51 @@ def _cases_caches() -> list:
     return out
 
 
+HBM3 = os.path.join(ROOT, "chipsim", "dram", "standards", "hbm3.yaml")
+
+
+def _standard_case(kind: str, sweep_first: bool = False):
+    """memory.hbm.standard names a copy of hbm3.yaml in the case's folder, then `kind` happens to it (after a
+    first sweep into s/ when `sweep_first`: the rerun must read the file as it is now)."""
+    def setup(tmp, argv):
+        path = os.path.join(tmp, "std.yaml")
+        with open(HBM3, encoding="utf-8") as f:
+            _write(tmp, "std.yaml", f.read())
+        argv = argv + ["--set", f"memory.hbm.standard={path}"]
+        if sweep_first:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                assert main(argv) == 0
+        os.remove(path)
+        if kind == "edited":  # nCCDS 2 -> 6: a slower HBM (a fresh folder gives 16.839 ms, the old result 12.676)
+            with open(HBM3, encoding="utf-8") as f:
+                _write(tmp, "std.yaml", f.read().replace("    nCCDS: 2\n", "    nCCDS: 6\n"))
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind == "empty":
+            _write(tmp, "std.yaml", "")
+        elif kind == "devzero":
+            argv[-1] = "memory.hbm.standard=/dev/zero"
+        elif kind != "deleted":
+            raise ValueError(kind)
+        return argv
+    return setup
+
+
 def _cases_provenance_packaging() -> list:
     """Files chipsim reads at run time edited between runs; what the code hash must cover."""
-    return []
+    sweep = ["sweep", THOR, "--grid", "workload.max_tokens=2", "--policy", "no-prefetch", "--set",
+             "memory.lpddr5x.timing_model=closed-form", "--out", "s", "--jobs", "1", "--quiet"]
+    out = [("provenance: sweep rerun after its DRAM standard was edited", sweep, _standard_case("edited", True),
+            False, False),
+           ("provenance: sweep rerun after its DRAM standard was deleted", sweep, _standard_case("deleted", True),
+            False, True),
+           ("provenance: sweep rerun after its DRAM standard became a FIFO", sweep, _standard_case("fifo", True),
+            False, True)]
+    for kind in ("fifo", "dir", "empty", "devzero", "deleted"):
+        out.append((f"provenance: run, DRAM standard {kind}", R, _standard_case(kind), False, True))
+    return out
 
 
 def _cases_policy_boundary() -> list:

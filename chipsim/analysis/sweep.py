@@ -170,7 +170,7 @@ def _run_task(task: dict) -> dict:
     policy = prep.policies[0]
     row = summarize_result(prep, simulate(prep, policy), policy)
     prov = provenance(prep)
-    return {"row": _normalize(row), "label": policy.label,
+    return {"row": _normalize(row), "label": policy.label, "inputs_sha256": _inputs_sha256(prov["input_files"]),
             **{k: prov[k] for k in ("config_sha256", "trace_sha256", "code_sha256")}}
 
 
@@ -185,9 +185,16 @@ def _calibrate(task: dict) -> None:
         pass
 
 
-def _task_key(config_raw: dict, trace_sha: str, code_sha: str, label: str) -> str:
-    blob = json.dumps({"config": config_raw, "trace_sha256": trace_sha, "code_sha256": code_sha, "policy": label},
-                      sort_keys=True, default=str)
+def _inputs_sha256(input_files: dict) -> dict:
+    """The contents of the files a config names (runner.input_files: its DRAM standards), dotted key -> sha256."""
+    return {key: f["sha256"] for key, f in input_files.items()}
+
+
+def _task_key(config_raw: dict, trace_sha: str, inputs_sha: dict, code_sha: str, label: str) -> str:
+    """A result's cache key: everything that changes it (the config, the contents of the trace and of the other
+    files the config names, the code, the policy)."""
+    blob = json.dumps({"config": config_raw, "trace_sha256": trace_sha, "inputs_sha256": inputs_sha,
+                       "code_sha256": code_sha, "policy": label}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -281,18 +288,20 @@ def _prepare_points(config_path, base_overrides, policies, grid):
         except InputError as exc:
             raise _point_error(config_path, base_overrides, policies, point, exc) from None
         specs = list(policies) if policies else list(prep.config.hw.run.policies)
+        prov = provenance(prep)
+        inputs_sha = _inputs_sha256(prov["input_files"])
         entries = []
         for spec, policy in zip(specs, prep.policies):
             entries.append({
                 "label": policy.label,
                 "cost": _cost_hint(prep, policy),
-                "key": _task_key(prep.config.raw, prep.trace.sha256, code_sha, policy.label),
+                "key": _task_key(prep.config.raw, prep.trace.sha256, inputs_sha, code_sha, policy.label),
                 "task": {"config": config_path, "overrides": overrides, "policy_spec": spec},
             })
         notes.extend(n for n in prep.notes if n not in notes)
-        prov = provenance(prep)
         prepared.append({"point_id": point_id, "values": point,
-                         **{k: prov[k] for k in ("config_sha256", "trace", "trace_sha256", "trace_synthetic")},
+                         **{k: prov[k] for k in ("config_sha256", "trace", "trace_sha256", "trace_synthetic",
+                                                 "input_files")},
                          "entries": entries})
     return prepared, code_sha, notes
 
@@ -461,7 +470,7 @@ class _Pending:
         self.tasks: dict[str, dict] = {}  # key -> task (paths, not objects)
         self.costs: dict[str, float] = {}
         self.labels: dict[str, str] = {}
-        self.expected: dict[str, tuple] = {}  # key -> (config sha256, trace sha256)
+        self.expected: dict[str, tuple] = {}  # key -> (config, trace, named files sha256)
 
     def add(self, points: list[dict], cache_dir: str, results: dict[str, dict]) -> None:
         """Every entry of `points` goes into `results` (from the cache) or here (to simulate), once per key."""
@@ -477,7 +486,8 @@ class _Pending:
                     self.tasks[key] = entry["task"]
                     self.costs[key] = entry["cost"]
                     self.labels[key] = entry["label"]
-                    self.expected[key] = (point["config_sha256"], point["trace_sha256"])
+                    self.expected[key] = (point["config_sha256"], point["trace_sha256"],
+                                          _inputs_sha256(point["input_files"]))
 
     def run(self, cache_dir: str, code_sha: str, jobs: int, backend: str, scheduler, progress: bool,
             results: dict[str, dict]) -> None:
@@ -487,18 +497,18 @@ class _Pending:
             return
 
         def on_done(key: str, out: dict) -> None:
-            config_sha, trace_sha = self.expected[key]
+            config_sha, trace_sha, inputs_sha = self.expected[key]
             if out["code_sha256"] != code_sha:
                 raise InputError(f"--backend {backend}: a worker runs different chipsim code (sha256 "
                                  f"{out['code_sha256'][:12]}, here {code_sha[:12]}): install the same version "
                                  "everywhere")
             if (out["config_sha256"] != config_sha or out["trace_sha256"] != trace_sha
-                    or out["label"] != self.labels[key]):
-                raise InputError(f"{self.tasks[key]['config']}: config or trace changed (or differs on a worker) "
-                                 "while the sweep ran; run it again")
+                    or out["inputs_sha256"] != inputs_sha or out["label"] != self.labels[key]):
+                raise InputError(f"{self.tasks[key]['config']}: config, trace or a file it names changed (or differs "
+                                 "on a worker) while the sweep ran; run it again")
             row = out["row"]
-            entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "code_sha256": code_sha,
-                                "policy": self.labels[key]}, "row": row}
+            entry = {"inputs": {"config_sha256": config_sha, "trace_sha256": trace_sha, "inputs_sha256": inputs_sha,
+                                "code_sha256": code_sha, "policy": self.labels[key]}, "row": row}
             # as results.json writes it: an undefined value (NaN) is null
             cache.write(cache.entry_path(cache_dir, key), "sweep", key, _json_safe(entry))
             results[key] = row

@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from chipsim import cache
 from chipsim.dram.controller import ControllerConfig, simulate
-from chipsim.dram.standard import Standard, load_standard
+from chipsim.dram.standard import Standard, load_standard, standard_path
 from chipsim.dram.streams import requests
 from chipsim.errors import InputError
 from chipsim.files import cache_dir
@@ -142,10 +142,26 @@ def run_calibration(std: Standard, write_share: float, label: str = "", second_r
                        shared_efficiency=shared.bandwidth_gbps / peak)
 
 
-@lru_cache(maxsize=64)
 def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0) -> Calibration:
     """The calibration of memory `cfg` (a DramConfig; `key` its dotted config section), from the cache or
     computed (a few seconds) and cached. `second_read_share` > 0 also measures two readers sharing it."""
+    return _calibrate(cfg, key, write_share, second_read_share, _standard_sha256(cfg.standard, key))
+
+
+def _standard_sha256(name_or_path: str, key: str) -> str:
+    """The contents of the standard's file: a process that calibrated a memory before it was edited (a notebook,
+    a sweep from Python) calibrates it again."""
+    try:
+        with open(standard_path(name_or_path), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except InputError as exc:
+        raise InputError(f"{key}.standard: {exc}") from None
+    except OSError:
+        return ""  # unreadable: retimed_standard names the problem
+
+
+@lru_cache(maxsize=64)
+def _calibrate(cfg, key: str, write_share: float, second_read_share: float, standard_sha256: str) -> Calibration:
     std = retimed_standard(cfg, key)
     write_share = round(min(0.5, max(0.05, write_share)), 3)
     second_read_share = round(min(0.5, max(0.05, second_read_share)), 3) if second_read_share else 0.0
@@ -159,6 +175,9 @@ def calibrate(cfg, key: str, write_share: float, second_read_share: float = 0.0)
     result = run_calibration(std, write_share, key, second_read_share, controller)
     cache.write(path, "dram", digest, result.as_dict())
     return result
+
+
+calibrate.cache_clear = _calibrate.cache_clear  # type: ignore[attr-defined]  # forgets the process's calibrations
 
 
 def check_calibration(payload, write_share: float | None = None, second_read_share: float | None = None) -> None:

@@ -125,16 +125,24 @@ def _need(data: dict, key: str, where: str):
     return data[key]
 
 
-def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
-                  timing_overrides: dict | None = None) -> Standard:
-    """Read a standard (a name in chipsim/dram/standards/ or a path) and resolve one organisation and one timing
-    preset (the first of each unless named); `timing_overrides` replace preset parameters (cycles)."""
+def standard_path(name_or_path: str) -> str:
+    """The file a standard's name (built in: chipsim/dram/standards/<name>.yaml) or path stands for."""
     path = name_or_path
     if not os.path.exists(path):
         path = os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
         raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)})")
+    if not os.path.isfile(path):  # a FIFO would block the read for ever; a directory cannot be read
+        raise InputError(f"DRAM standard {path}: not a regular file")
+    return path
+
+
+def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
+                  timing_overrides: dict | None = None) -> Standard:
+    """Read a standard (a name in chipsim/dram/standards/ or a path) and resolve one organisation and one timing
+    preset (the first of each unless named); `timing_overrides` replace preset parameters (cycles)."""
+    path = standard_path(name_or_path)
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml_load(f.read())
