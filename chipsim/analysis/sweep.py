@@ -203,7 +203,8 @@ def check_row(entry, label: str | None = None) -> None:
     has every CSV column, each a finite number >= 0 (or null: undefined for the run) but the policy, and no number
     anywhere in it is NaN or infinite; raises cache.BadEntry."""
     cache.mapping(entry, "entry", ["inputs", "row"])
-    inputs = cache.mapping(entry["inputs"], "inputs", ["config_sha256", "trace_sha256", "code_sha256", "policy"])
+    inputs = cache.mapping(entry["inputs"], "inputs", ["config_sha256", "trace_sha256", "inputs_sha256", "code_sha256",
+                                                     "policy"])
     row = cache.mapping(entry["row"], "row")
     if label is not None and inputs["policy"] != label:
         raise cache.BadEntry(f"inputs.policy: {str(inputs['policy'])[:40]!r}, expected {label!r}")
