@@ -223,14 +223,17 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-def _int_list(text: str, option: str) -> list[int]:
-    """'512,1024,2048' -> [512, 1024, 2048]; anything else is one line naming the option."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise InputError(f"{option}: expected whole numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
+def _int_list(text: str, option: str, maximum: int | None = None, what: str = "") -> list[int]:
+    """'512,1024,2048' -> [512, 1024, 2048] (plain digits only: not '1_000', '+5' or other scripts' digits),
+    each from 1 to `maximum` (`what` names that bound); anything else is one line naming the option."""
+    items = text.split(",")
+    if not all(item.isascii() and item.isdigit() for item in items):
+        raise InputError(f"{option}: expected whole numbers separated by commas, got {text!r}")
+    values = [int(v) for v in items]
+    if min(values) < 1:
         raise InputError(f"{option}: every value must be at least 1, got {text!r}")
+    if maximum is not None and max(values) > maximum:
+        raise InputError(f"{option}: {max(values)} is above {what} ({maximum})")
     return values
 
 
@@ -244,7 +247,10 @@ def _cmd_calibrate(args) -> int:
     if args.window:
         from chipsim.workload.op_table import apex_window, window_lines
 
-        contexts = _int_list(args.window, "--window")
+        from chipsim.hw.config import WorkloadConfig, field_bounds
+
+        contexts = _int_list(args.window, "--window", int(field_bounds(WorkloadConfig, "context_length").maximum),
+                             "the largest workload.context_length")
         rows = apex_window(args.config, contexts, args.set or [])
         print(json.dumps(rows, indent=1) if args.json else "\n".join(window_lines(rows)))
         return 0
@@ -264,6 +270,10 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+MAX_DRAM_REQUESTS = 10_000_000  # about 240 B of Python tuples a request: 2.4 GB at this many
+MAX_SEED = (1 << 64) - 1  # a 64-bit seed (NumPy takes any non-negative integer)
+
+
 def _cmd_dram(args) -> int:
     """Run one request stream through the command-level DRAM model, or (--validate) every validation point
     beside Ramulator 2.1's committed results."""
@@ -280,14 +290,23 @@ def _cmd_dram(args) -> int:
         return 0 if all(r["within_target"] for r in rows) else 1
     if not args.standard:
         raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path) or --validate")
-    for name, value, low in (("--requests", args.requests, 1), ("--channels", args.channels, 1),
-                             ("--streams", args.streams, 1), ("--read-buffer", args.read_buffer, 1),
-                             ("--write-buffer", args.write_buffer, 1)):
-        if value < low:
-            raise InputError(f"chipsim dram: {name} must be at least {low}, got {value}")
+    from chipsim.hw.config import DramConfig, field_bounds
+
+    std = load_standard(args.standard, args.org, args.timing)
+    max_channels = int(field_bounds(DramConfig, "channels").maximum)
+    max_queue = int(field_bounds(DramConfig, "controller_queue_entries").maximum)
+    # what the request list holds, what a config's memory may have, and what the organisation gives each stream
+    for name, value, low, high, why in (
+            ("--requests", args.requests, 1, MAX_DRAM_REQUESTS, "the request list is held in memory"),
+            ("--channels", args.channels, 1, max_channels, "as memory.<m>.channels"),
+            ("--streams", args.streams, 1, std.org.rows, "each stream needs a row of its own"),
+            ("--read-buffer", args.read_buffer, 1, max_queue, "as memory.<m>.controller_queue_entries"),
+            ("--write-buffer", args.write_buffer, 1, max_queue, "as memory.<m>.controller_queue_entries"),
+            ("--seed", args.seed, 0, MAX_SEED, "a seed of NumPy's generator is a non-negative integer")):
+        if not low <= value <= high:
+            raise InputError(f"chipsim dram: {name} must be within {low} ... {high} ({why}), got {value}")
     if not 0.0 <= args.read_share <= 1.0:
         raise InputError(f"chipsim dram: --read-share must be within 0 ... 1, got {args.read_share}")
-    std = load_standard(args.standard, args.org, args.timing)
     reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
                     streams=args.streams, seed=args.seed)
     cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,

@@ -32,6 +32,7 @@ from chipsim.trace import predictor_arrays
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload, build_workload
+from chipsim.workload.op_keys import check_op_keys
 from chipsim.workload.host import host_timing
 
 
@@ -102,7 +103,10 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     if trace_path:
         overrides = list(overrides) + [f"workload.trace={os.path.abspath(trace_path)}"]
     config = load_config(config_path, overrides)
+    check_op_keys(config.hw)
     check_policy_config(config.policies)
+    specs = list(policy_specs) or list(config.hw.run.policies)
+    policies = [make_policy(spec, config.policies) for spec in specs]  # a bad spec is refused before any work
     _check_rates(config.hw)
     workload = build_workload(config.hw)
     trace = trace_format.load(config.trace_path)
@@ -110,8 +114,6 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     # a predictor output the trace carries is checked whether or not a policy of this run reads it: a
     # corrupt array means a corrupt file
     trace_format.check_arrays(trace, [s for s in predictor_arrays.RECORDED if s.name in trace.arrays], "chipsim")
-    specs = list(policy_specs) or list(config.hw.run.policies)
-    policies = [make_policy(spec, config.policies) for spec in specs]
     _check_time_fits(config, workload, trace, policies)
     for policy in policies:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")

@@ -358,10 +358,80 @@ def _cases_paths() -> list:
     return []
 
 
+def _standard_case(key: str, name: str, old: str, new: str):
+    """A copy of a built-in DRAM standard with one line changed, given to memory.<m>.standard."""
+    def setup(tmp, argv):
+        with open(os.path.join(ROOT, "chipsim", "dram", "standards", f"{name}.yaml"), encoding="utf-8") as f:
+            text = f.read()
+        assert old in text
+        return argv + ["--set", f"{key}={_write(tmp, 's.yaml', text.replace(old, new))}"]
+    return setup
+
+
+def _physics_trace(edit):
+    """_trace_case for a meta edit: `edit(meta, tokens)`."""
+    return _trace_case(lambda a, m: edit(m, int(a["routed_ids"].shape[0])))
+
+
 def _cases_physics() -> list:
     """Numbers that pass their key's type and bounds but break physics (DRAM timings, tiles, PCIe sizes,
     operation keys, trace metadata) and CLI options."""
-    return []
+    cycle = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")
+    cxl = os.path.join(ROOT, "hwconfigs", "thor-cxl.yaml")
+    rc = ["run", cycle, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1"]
+    out = []
+    sets = {  # name -> (argv, --set values)
+        "pcie payload 100": (R, ["links.pcie.max_payload_bytes=100"]),
+        "pcie payload 64": (R, ["links.pcie.max_payload_bytes=64"]),
+        "pcie read request 768": (R, ["links.pcie.max_read_request_bytes=768"]),
+        "cxl link as pcie link layer, 64 B": (R[:1] + [cxl] + R[2:], [
+            "links.extra.cxl.timing_model=link-layer", "links.extra.cxl.encoding=flit",
+            "links.extra.cxl.max_read_request_bytes=512", "links.extra.cxl.read_tags=768"]),
+        "hbm with an lpddr5 standard": (R, ["memory.hbm.standard=lpddr5"]),
+        "lpddr5x with an hbm3 standard": (R, ["memory.lpddr5x.standard=hbm3"]),
+        "tile of 0.1 byte": (rc, ["compute.operand_tile_kib=0.0001"]),
+        "request larger than a tile": (rc, ["compute.hbm_request_bytes=65537"]),
+        "tiles larger than the sram": (rc, ["compute.operand_tile_kib=1025"]),
+        "op_times_ns typo": (R, ['compute.op_times_ns={"matvec r1536 o1024 b314572": 5}']),
+        "op_times_ns foreign width": (R, ['compute.op_times_ns={"matvec r1537 o1024 b3147776": 5}']),
+        "op_times_ns malformed": (R, ['compute.op_times_ns={"matvec r1536 o1024": 5}']),
+        "op_energy_pj unknown kind": (R, ['compute.op_energy_pj={"conv n1": 5}']),
+    }
+    for name, (argv, values) in sets.items():
+        out.append((f"physics: {name}", argv + ["--json"] + [a for v in values for a in ("--set", v)], None, True,
+                    True))
+    standards = {
+        "standard tck 0": ("memory.hbm.standard", "hbm3", "    tck_ps: 625", "    tck_ps: 0"),
+        "standard nBL 0": ("memory.hbm.standard", "hbm3", "    nBL: 2", "    nBL: 0"),
+        "standard nRFC above nREFI": ("memory.hbm.standard", "hbm3", "    nREFI: 6240", "    nREFI: 400"),
+        "standard latency below zero": ("memory.lpddr5x.standard", "lpddr5", "    nCWL: 9", "    nCWL: 40"),
+    }
+    for name, (key, std, old, new) in standards.items():
+        out.append((f"physics: {name}", R + ["--json"], _standard_case(key, std, old, new), True, True))
+    traces = {
+        "trace_tokens disagrees": lambda m, t: m["provenance"].__setitem__("trace_tokens", t + 1),
+        "trace_tokens a string": lambda m, t: m["provenance"].__setitem__("trace_tokens", str(t)),
+        "top_k above num_experts": lambda m, t: m["model"].__setitem__("top_k", m["model"]["num_experts"] + 1),
+        "no MoE layer": lambda m, t: m["model"].__setitem__("first_dense_layers", m["model"]["num_layers"]),
+    }
+    for name, edit in traces.items():
+        out.append((f"physics: trace {name}", R + ["--json"], _physics_trace(edit), True, True))
+    dram = ["dram", "hbm3", "--requests", "100"]
+    cli = {
+        "dram --seed -1": dram + ["--seed", "-1"], "dram --requests 10^12": ["dram", "hbm3", "--requests", "10" * 6],
+        "dram --channels 100000": dram + ["--channels", "100000"], "dram --streams 100000": dram + ["--streams", "100000"],
+        "dram --read-buffer 10^9": dram + ["--read-buffer", "1000000000"],
+        "dram --write-buffer 0": dram + ["--write-buffer", "0"],
+        "calibrate --window 10^9": ["calibrate", cycle, "--window", "512,1000000000"],
+        "calibrate --window 1_000": ["calibrate", cycle, "--window", "1_000"],
+        "policy parameter twice": R[:2] + ["--policy", "apex:tau=0.9,tau=0.6"] + R[4:],
+        "sweep scheduler unreachable": ["sweep", THOR, "--grid", "dma.engines=1", "--policy", "no-prefetch", "--set",
+                                        "workload.max_tokens=4", "--out", "s", "--backend", "dask", "--scheduler",
+                                        "nope://x", "--quiet", "--jobs", "1"],
+    }
+    for name, argv in cli.items():
+        out.append((f"physics: cli {name}", argv, None, False, True))
+    return out
 
 
 def cases() -> list[tuple[str, list[str], object, bool, bool]]:

@@ -447,21 +447,49 @@ def run_sweep(config_path: str, grid: dict[str, list], policies: list[str] | Non
                   cache_dir or os.path.join(out_dir, "cache"))
 
 
+def _new_dirs(path: str) -> list[str]:
+    """The folders os.makedirs(path) would create, deepest first."""
+    out = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
+
+
+def _remove_if_empty(dirs: list[str]) -> None:
+    """Remove each of `dirs` (deepest first) that is empty: what a failed sweep made and left nothing in."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
 @contextlib.contextmanager
 def _sweep_lock(out_dir: str):
     """One sweep at a time writes a directory: a second (another grid, or the same one) is refused, rather
     than the two overwriting each other's results.csv and sweep.json. The lock (an flock on
-    DIR/.sweep.lock) goes with the process, however it ends."""
+    DIR/.sweep.lock) goes with the process, however it ends. A sweep that fails (an error, Ctrl-C) removes
+    the lock file and the folders it created, unless they hold results."""
     import fcntl
 
+    new_dirs = _new_dirs(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, ".sweep.lock"), "a", encoding="utf-8") as handle:
+    lock_path = os.path.join(out_dir, ".sweep.lock")
+    new_lock = not os.path.exists(lock_path)
+    with open(lock_path, "a", encoding="utf-8") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InputError(f"--out {out_dir}: another chipsim sweep is writing there; wait for it to end "
                              "or choose another directory") from None
-        yield
+        try:
+            yield
+        except BaseException:
+            if new_lock:  # still held: no other sweep can have taken it
+                with contextlib.suppress(OSError):
+                    os.unlink(lock_path)
+            _remove_if_empty(new_dirs)
+            raise
 
 
 class _Pending:
@@ -562,12 +590,17 @@ def _sweep(config_path, grid, policies, out_dir, base_overrides, jobs, backend, 
             base_sha = None  # only the grid makes it valid (e.g. it sweeps the trace)
 
         # everything checked: from here on files are written
+        new_cache_dirs = _new_dirs(cache_dir)
         os.makedirs(cache_dir, exist_ok=True)
         results: dict[str, dict] = {}
         pending = _Pending()
         pending.add(points, cache_dir, results)
         reused = len(results)
-        pending.run(cache_dir, code_sha, jobs, backend, scheduler, progress, results)
+        try:
+            pending.run(cache_dir, code_sha, jobs, backend, scheduler, progress, results)
+        except BaseException:
+            _remove_if_empty(new_cache_dirs)  # a backend that never started leaves no empty cache behind
+            raise
 
         ordered = [(point, entry, results[entry["key"]]) for point in points for entry in point["entries"]]
         columns = list(grid) + ["point_id"] + csv_columns([row for _, _, row in ordered])

@@ -61,12 +61,28 @@ class Calibration:
         return asdict(self)
 
 
+# the built-in memories' kinds: the family a standard's name must belong to (a memory.extra.<name> may take any)
+MEMORY_KINDS = {"memory.hbm": ("HBM", "hbm3"), "memory.lpddr5x": ("LPDDR", "lpddr5")}
+
+
+def _check_kind(std: Standard, key: str) -> None:
+    """memory.hbm is an HBM and memory.lpddr5x an LPDDR: a standard of another family would time one memory by
+    another's organisation and commands."""
+    if key not in MEMORY_KINDS:
+        return
+    kind, example = MEMORY_KINDS[key]
+    if not std.name.upper().startswith(kind):
+        raise InputError(f"{key}.standard: {std.path} describes {std.name}, not an {kind} memory ({key} takes a "
+                         f"standard whose name starts with {kind}, as {example}'s does)")
+
+
 def retimed_standard(cfg, key: str) -> Standard:
     """The config's standard, organisation and timing preset, re-timed to its data rate and ns keys."""
     try:
         base = load_standard(cfg.standard, cfg.organization or None, cfg.timing_preset or None)
     except InputError as exc:
         raise InputError(f"{key}.standard: {exc}") from None
+    _check_kind(base, key)
     p = base.params
     beats_per_ck = base.org.burst_length / p["nBL"]
     tck_ps = round(beats_per_ck * 1e6 / cfg.data_rate_mtps)
@@ -80,12 +96,14 @@ def retimed_standard(cfg, key: str) -> Standard:
         if param not in ("rate_mtps", "tck_ps") and value > MAX_PARAM_CYCLES:
             raise InputError(f"{key}: {param} comes to {value} cycles of {tck_ps} ps, beyond the command-level model's "
                              f"{MAX_PARAM_CYCLES} (timing_model: closed-form takes any value)")
-    std = load_standard(base.path, base.org_name, base.timing_name, overrides)
-    p = std.params
+    p = {**p, **overrides}
     if "nREFI" in p and "nRFC" in p and p["nRFC"] >= p["nREFI"]:
         raise InputError(f"{key}: at {tck_ps} ps per cycle the refresh time nRFC ({p['nRFC']}) is not shorter than "
                          f"nREFI ({p['nREFI']})")
-    return std
+    try:
+        return load_standard(base.path, base.org_name, base.timing_name, overrides)
+    except InputError as exc:  # the preset re-timed breaks a rule of the standard (a latency below zero, ...)
+        raise InputError(f"{key}: re-timed to {tck_ps} ps per cycle, {exc}") from None
 
 
 def _code_hash() -> str:

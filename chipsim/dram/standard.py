@@ -125,6 +125,33 @@ def _need(data: dict, key: str, where: str):
     return data[key]
 
 
+# parameters the model divides by or paces every command with: zero is no DRAM
+_POSITIVE_PARAMS = {"tck_ps": "the clock period tCK", "rate_mtps": "the data rate", "nBL": "the burst's clock cycles"}
+
+
+def _check_timing_physics(params: dict, where: str) -> None:
+    """A timing preset's values against physics, beyond each being a whole number >= 0: a clock period, data
+    rate and burst that are not zero, and a refresh that ends before the next one is due (nRFC < nREFI)."""
+    for name, what in _POSITIVE_PARAMS.items():
+        if name in params and params[name] < 1:
+            raise InputError(f"{where}.{name}: {what} must be at least 1, got {params[name]}")
+    if "nRFC" in params and "nREFI" in params and params["nRFC"] >= params["nREFI"]:
+        raise InputError(f"{where}.nRFC: the refresh time ({params['nRFC']} cycles) must be shorter than the "
+                         f"refresh interval nREFI ({params['nREFI']})")
+
+
+def _non_negative(cycles: int, expr, where: str) -> int:
+    """A latency that comes to a negative number of cycles would let a command go before its cause."""
+    if cycles < 0:
+        raise InputError(f"{where}: '{expr}' comes to {cycles} cycles with this preset; a latency must be >= 0")
+    return cycles
+
+
+def _latency(data: dict, key: str, params: dict, where: str) -> int:
+    expr = _need(data, key, where)
+    return _non_negative(evaluate(expr, params, f"{where}.{key}"), expr, f"{where}.{key}")
+
+
 def standard_path(name_or_path: str) -> str:
     """The file a standard's name (built in: chipsim/dram/standards/<name>.yaml) or path stands for."""
     path = name_or_path
@@ -188,6 +215,7 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
     for key, value in params.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{where}.timings.{timing_name}.{key}: expected a non-negative integer, got {value!r}")
+    _check_timing_physics(params, f"{where}.timings.{timing_name}")
     o = orgs[org_name]
     ow = f"{where}.organizations.{org_name}"
     if not isinstance(o, dict):
@@ -214,7 +242,7 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
                 raise InputError(f"{cw}.{key}: unknown key")
         if c["level"] not in level_of:
             raise InputError(f"{cw}.level: '{c['level']}' is not one of the levels {list(levels)}")
-        latency = evaluate(c["latency"], params, f"{cw}.latency")
+        latency = _non_negative(evaluate(c["latency"], params, f"{cw}.latency"), c["latency"], f"{cw}.latency")
         for before in c["from"]:
             for after in c["to"]:
                 for cmd in (before, after):
@@ -228,8 +256,7 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
     return Standard(
         name=data.get("name", where), levels=levels, refresh_level=level("refresh_level"),
         data_level=level("data_level"), dual_command_bus=bool(data.get("dual_command_bus", False)),
-        command_cycles=tuple(cycles), read_latency=evaluate(_need(data, "read_latency", where), params,
-                                                            f"{where}.read_latency"),
-        write_latency=evaluate(_need(data, "write_latency", where), params, f"{where}.write_latency"),
+        command_cycles=tuple(cycles), read_latency=_latency(data, "read_latency", params, where),
+        write_latency=_latency(data, "write_latency", params, where),
         constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name,
         config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path)

@@ -516,6 +516,11 @@ def _build_named(cls, data, key: str) -> dict:
     return out
 
 
+def field_bounds(cls, name: str) -> Bounds:
+    """The bounds of one key of a config dataclass (e.g. WorkloadConfig, "context_length")."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["bounds"]
+
+
 def iter_keys(cls=HardwareConfig, prefix: str = ""):
     """(dotted key, type name, doc) of every schema key, for documentation and `chipsim keys`."""
     hints = _type_hints(cls)
@@ -577,6 +582,57 @@ def _check_consistency(config: Config) -> None:
                     "outstanding_requests_per_array"):
             if not getattr(c, key):
                 raise InputError(f"compute.{key}: compute.timing: cycle-level needs it (positive)")
+        _check_tiles(c)
+    _check_pcie_sizes(hw)
+    _check_standards(hw)
+
+
+def _check_tiles(c: ComputeConfig) -> None:
+    """Cycle-level compute: a tile is whole bytes, one request fits in a tile, and the tiles an array holds
+    (double-buffered, or per resident program on a GPU) fit its SRAM."""
+    tile_bytes = c.operand_tile_kib * 1024
+    if tile_bytes != int(tile_bytes):
+        raise InputError(f"compute.operand_tile_kib: {c.operand_tile_kib} KiB is {tile_bytes:g} bytes; a tile is a "
+                         "whole number of bytes")
+    if c.hbm_request_bytes > tile_bytes:
+        raise InputError(f"compute.hbm_request_bytes: a request of {c.hbm_request_bytes} B does not fit in a tile of "
+                         f"{int(tile_bytes)} B (compute.operand_tile_kib {c.operand_tile_kib:g})")
+    tiles = c.operand_tile_buffers * (c.programs_per_array if c.rows_per_program and c.programs_per_array else 1)
+    sram_bytes = c.sram_mib_per_array * (1 << 20)
+    if tiles * tile_bytes > sram_bytes:
+        raise InputError(f"compute.operand_tile_kib: {tiles} tiles of {c.operand_tile_kib:g} KiB (operand_tile_buffers"
+                         f"{' x programs_per_array' if tiles != c.operand_tile_buffers else ''}) do not fit one "
+                         f"array's SRAM of {c.sram_mib_per_array:g} MiB (compute.sram_mib_per_array)")
+
+
+# PCIe: Max_Payload_Size and Max_Read_Request_Size are 128 B x 2^n, n = 0..5 (PCIe Base Specification, Device
+# Control register)
+PCIE_SIZES = tuple(128 << n for n in range(6))
+
+
+def _check_pcie_sizes(hw: HardwareConfig) -> None:
+    """The sizes of a PCIe link: links.pcie, and any link timed by the PCIe link layer (timing_model:
+    link-layer); another links.extra link keeps its own protocol's sizes (CXL.mem moves 64 B)."""
+    for name, (key, link) in serial_links(hw).items():
+        if name != "pcie" and link.timing_model != "link-layer":
+            continue
+        for field_name in ("max_payload_bytes", "max_read_request_bytes"):
+            value = getattr(link, field_name)
+            if field_name == "max_read_request_bytes" and value == 0:
+                continue  # not given: only the link layer reads it, and it requires it
+            if value not in PCIE_SIZES:
+                raise InputError(f"{key}.{field_name}: a PCIe size is a power of two from 128 to 4096 bytes "
+                                 f"({', '.join(map(str, PCIE_SIZES))}), got {value}")
+
+
+def _check_standards(hw: HardwareConfig) -> None:
+    """A command-level memory's standard is resolved and re-timed here, so that a missing file, a preset, a
+    standard of another kind of memory or a timing that breaks physics is an error before anything runs."""
+    from chipsim.dram.calibrate import retimed_standard
+
+    for key, d in memory_tiers(hw).values():
+        if d.timing_model == "command-level":
+            retimed_standard(d, key)
 
 
 # the built-in components' names, and the name the arrays' SRAM goes by when experts are staged there

@@ -334,7 +334,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def _parse_inline(text: str) -> dict:
+def _parse_inline(text: str, spec: str = "") -> dict:
     import yaml
 
     out = {}
@@ -342,6 +342,8 @@ def _parse_inline(text: str) -> dict:
         if "=" not in item:
             raise InputError(f"--policy: expected name:param=value, got '{item}'")
         key, _, value = item.partition("=")
+        if key.strip() in out:  # the last would silently win: which one was meant?
+            raise InputError(f"--policy {spec or text}: parameter '{key.strip()}' given twice")
         try:
             out[key.strip()] = yaml_load(value)
         except yaml.YAMLError:
@@ -371,7 +373,7 @@ def make_policy(spec: str, config_params: dict) -> Policy:
     family = {k: v for k, v in family.items() if k in cls.params}
     from_config = config_params.get(name, {}) or {}
     values = {key: p.default for key, p in cls.params.items()}
-    for source in (family, from_config, shorthand, _parse_inline(inline)):
+    for source in (family, from_config, shorthand, _parse_inline(inline, spec)):
         for key, value in source.items():
             if key not in cls.params:
                 known = ", ".join(cls.params) or "none"

@@ -244,9 +244,11 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
     for key, arr in arrays.items():
         if arr.dtype.kind not in "biuf":
             raise InputError(f"{where}: array {key} has dtype {arr.dtype}, not a numeric array")
+    _check_meta_counts(model, where)
     dims = dims_of(model, int(arrays["routed_ids"].shape[0]) if arrays["routed_ids"].ndim else 0)
     if dims["T"] < 1:
         raise InputError(f"{where}: holds no tokens")
+    _check_meta_tokens(meta, dims["T"], where)
     for spec in list(CORE_ARRAYS.values()) + specs:
         spec.check(arrays[spec.name], dims, where)
     if (arrays["routed_ids"] == NO_EXPERT).any():
@@ -262,6 +264,24 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
 # meta fields whose type a reader relies on: key -> (type, what it must be)
 META_TYPES = {"synthetic": (bool, "true or false"), "provenance": (dict, "a mapping"),
               "quality": (dict, "a mapping"), "predictor_metrics": (dict, "a mapping"), "measured": (dict, "a mapping")}
+
+
+def _check_meta_counts(model: dict, where: str) -> None:
+    """meta.model's counts against each other: a router picks top_k distinct experts of num_experts, and a trace
+    of routing has at least one MoE layer after the dense ones."""
+    if not 1 <= model["top_k"] <= model["num_experts"]:
+        raise InputError(f"{where}: meta.model.top_k {model['top_k']} must be from 1 to meta.model.num_experts "
+                         f"({model['num_experts']}): a token is routed to top_k distinct experts")
+    if model["first_dense_layers"] >= model["num_layers"]:
+        raise InputError(f"{where}: meta.model.first_dense_layers {model['first_dense_layers']} leaves no MoE layer of "
+                         f"meta.model.num_layers {model['num_layers']}")
+
+
+def _check_meta_tokens(meta: dict, tokens: int, where: str) -> None:
+    """meta.provenance.trace_tokens, where a recorder wrote it, is the number of tokens the arrays hold."""
+    count = meta.get("provenance", {}).get("trace_tokens")
+    if count is not None and (type(count) is not int or count != tokens):
+        raise InputError(f"{where}: meta.provenance.trace_tokens is {count!r}, but routed_ids holds {tokens} tokens")
 
 
 def _check_meta_types(meta: dict, where: str) -> None:

@@ -250,7 +250,8 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print,
 
     unit = max(1, min(unit, t_all))
     trial = path.with_name(path.stem + ".trial.npz")
-    tformat.save(trial, head(unit), meta, specs=predictor_arrays.RECORDED)
+    trial_meta = dict(meta, provenance={**meta.get("provenance", {}), "trace_tokens": unit})  # what the trial holds
+    tformat.save(trial, head(unit), trial_meta, specs=predictor_arrays.RECORDED)
     per_token = trial.stat().st_size / unit
     trial.unlink()
     t_keep = max(unit, min(t_all, int(max_bytes * 15 / 16 / per_token) // unit * unit))

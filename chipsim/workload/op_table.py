@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from chipsim.errors import InputError
+from chipsim.workload.op_keys import check_op_keys
 
 
 def op_table(hw) -> list[dict]:
@@ -19,6 +20,7 @@ def op_table(hw) -> list[dict]:
     if hw.compute.timing != "cycle-level":
         raise InputError("compute.timing: analytic; chipsim calibrate needs compute.timing: cycle-level and its keys "
                          "(hwconfigs/thor-cycle-level.yaml sets them)")
+    check_op_keys(hw)
     analytic_hw = dataclasses.replace(hw, compute=dataclasses.replace(hw.compute, timing="analytic"))
     m = get_model(hw.model.name)
     rows, seen = [], set()
@@ -77,6 +79,7 @@ def _layer_groups(config_path: str, overrides, names) -> tuple:
     from chipsim.workload.models import get_model
 
     hw = load_config(config_path, list(overrides)).hw
+    check_op_keys(hw)
     m = get_model(hw.model.name)
     am = ArrayModel(hw)
     builders = op_group_builders(am, m, hw)
