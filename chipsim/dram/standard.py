@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
-from chipsim.values import yaml_load
+from chipsim.files import YAML_MAX_BYTES, read_input_text
+from chipsim.values import YamlLimitError, yaml_load
 
 COMMANDS = ("ACT", "PRE", "PREA", "RD", "WR", "REFA", "REFB")
 ACT, PRE, PREA, RD, WR, REFA, REFB = range(len(COMMANDS))
@@ -125,20 +126,32 @@ def _need(data: dict, key: str, where: str):
     return data[key]
 
 
+def is_standard_path(value: str) -> bool:
+    """Whether a standard as written names a file (it has a folder separator or ends .yaml / .yml) or a built-in
+    standard (hbm3, lpddr5): decided by how it is written, never by what files the current folder holds."""
+    return "/" in value or os.sep in value or value.lower().endswith((".yaml", ".yml"))
+
+
 def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
                   timing_overrides: dict | None = None) -> Standard:
-    """Read a standard (a name in chipsim/dram/standards/ or a path) and resolve one organisation and one timing
-    preset (the first of each unless named); `timing_overrides` replace preset parameters (cycles)."""
+    """Read a standard (a name in chipsim/dram/standards/ or a path, is_standard_path) and resolve one
+    organisation and one timing preset (the first of each unless named); `timing_overrides` replace preset
+    parameters (cycles)."""
     path = name_or_path
-    if not os.path.exists(path):
-        path = os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
-    if not os.path.exists(path):
+    if not is_standard_path(name_or_path):
         known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
-        raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)})")
+        if name_or_path.lower() not in known:
+            raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)}); a file is "
+                             "named by a path with a / or ending .yaml")
+        path = os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
+    text = read_input_text(path, "DRAM standard", YAML_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml_load(f.read())
-    except Exception as exc:  # malformed YAML or unreadable: one line
+        data = yaml_load(text)
+    except YamlLimitError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"DRAM standard {path}: {exc.problem}{where}") from None
+    except Exception as exc:  # malformed YAML: one line
         raise InputError(f"DRAM standard {path}: cannot read ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise InputError(f"DRAM standard {path}: top level must be a mapping")
