@@ -44,6 +44,18 @@ def _check_input_stat(st: os.stat_result, label: str, max_bytes: int) -> None:
                          "may be")
 
 
+def check_input(path: str, what: str, max_bytes: int) -> None:
+    """Before any work: `path` exists and is a regular file of at most `max_bytes` (open_input checks again when
+    it reads it)."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        _check_input_stat(os.stat(path), label, max_bytes)
+    except FileNotFoundError:
+        raise InputError(f"{label}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})") from None
+
+
 def open_input(path: str, what: str, max_bytes: int) -> BinaryIO:
     """Open a file the user named (a config, trace, reference ...) for reading, binary, after checking that it
     is a regular file of at most `max_bytes` (a symbolic link to one is fine); `what` names it in the one-line

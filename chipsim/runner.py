@@ -16,7 +16,7 @@ from pathlib import Path
 
 from chipsim import __version__
 from chipsim.errors import InputError
-from chipsim.hw.config import Config, load_config, memory_tiers
+from chipsim.hw.config import Config, load_config, memory_tiers, yaml_text
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
@@ -57,7 +57,8 @@ def code_sha256() -> str:
 def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | None = None) -> Prepared:
     """Everything that can fail on bad input happens here, before any simulation starts."""
     if trace_path:
-        overrides = list(overrides) + [f"workload.trace={os.path.abspath(trace_path)}"]
+        # written as YAML so that a path with '#', ': ' or quotes reads back as itself
+        overrides = list(overrides) + [f"workload.trace={yaml_text('workload.trace', os.path.abspath(trace_path))}"]
     config = load_config(config_path, overrides)
     check_policy_config(config.policies)
     _check_rates(config.hw)

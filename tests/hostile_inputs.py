@@ -284,6 +284,9 @@ def _cases_paths() -> list:
     out.append(("paths: --trace link", ["run"], _path_case("link-trace", "l.npz", readers["--trace"][1]), False, False))
     out.append(("paths: standard relative", ["run"], _path_case("hbm3-copy", "s.yaml", _config_naming(
         lambda p: f"base: {THOR}\nmemory:\n  hbm:\n    standard: ./s.yaml\n")), False, False))
+    for odd in ("t #1.npz", "a: b.npz"):  # --trace travels as a --set value: must read back as written
+        out.append((f"paths: --trace named {odd!r}", ["run"], _path_case("link-trace", odd, readers["--trace"][1]),
+                    False, False))
     yaml_texts = {
         "duplicate top-level key": f"base: {THOR}\ncompute:\n  arrays: 4\ncompute:\n  arrays: 2\n",
         "duplicate nested key": f"base: {THOR}\ncompute:\n  arrays: 4\n  arrays: 2\n",

@@ -28,6 +28,12 @@ TRACE = os.path.join(ROOT, "traces", "real-granite-3b.npz")
 PROMPT_S = 5  # a refusal before any read takes well under a second; a FIFO that is opened blocks for ever
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Nothing here may write into the user's cache."""
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+
+
 class _Hang(Exception):
     pass
 
@@ -158,7 +164,6 @@ def test_a_standard_path_is_relative_to_the_config_that_names_it(tmp_path, monke
 
 
 def test_a_run_with_a_relative_standard_gives_the_built_in_results(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
     os.mkdir(tmp_path / "std")
     shutil.copy(os.path.join(STANDARDS_DIR, "hbm3.yaml"), tmp_path / "std" / "hbm3-copy.yaml")
     config = _config_with_standard(tmp_path, "std/hbm3-copy.yaml")
@@ -172,6 +177,8 @@ def test_a_run_with_a_relative_standard_gives_the_built_in_results(tmp_path, mon
 def test_an_inherited_standard_keeps_its_base_folder_and_set_uses_the_current_one(tmp_path, monkeypatch):
     for folder in ("a", "a/std", "b", "b/std", "cwd"):
         os.mkdir(tmp_path / folder)
+    for copy in ("a/std/s.yaml", "b/std/s.yaml", "cwd/s.yaml"):
+        shutil.copy(os.path.join(STANDARDS_DIR, "hbm3.yaml"), tmp_path / copy)
     _config_with_standard(tmp_path / "a", "std/s.yaml", "base.yaml")
     derived = tmp_path / "b" / "derived.yaml"
     derived.write_text("base: ../a/base.yaml\n")
@@ -182,6 +189,8 @@ def test_an_inherited_standard_keeps_its_base_folder_and_set_uses_the_current_on
     hw = load_config(str(derived), ["memory.hbm.standard=s.yaml", "memory.lpddr5x.standard=lpddr5"]).hw
     assert hw.memory.hbm.standard == str(tmp_path / "cwd" / "s.yaml")
     assert hw.memory.lpddr5x.standard == "lpddr5"  # a built-in name is not a path
+    with pytest.raises(InputError, match=r"^memory.hbm.standard: DRAM standard .*/cwd/t.yaml: file not found$"):
+        load_config(str(derived), ["memory.hbm.standard=t.yaml"])  # checked on loading, before any calibration
 
 
 def test_a_built_in_standard_name_is_never_a_file_of_the_current_folder(tmp_path, monkeypatch):
@@ -196,6 +205,19 @@ def test_a_trace_that_is_not_a_regular_file_is_refused_at_once(tmp_path, capsys,
     path = _special(tmp_path, kind)
     assert one_line_error(capsys, R + ["--trace", path]) == f"chipsim: error: trace {path}: {WORDS[kind]}"
     assert one_line_error(capsys, ["inspect", path]) == f"chipsim: error: trace {path}: {WORDS[kind]}"
+
+
+@pytest.mark.parametrize("name", ["t #1.npz", "a: b.npz", "'q'.npz"])
+def test_a_trace_path_with_yaml_characters_is_read_as_written(tmp_path, monkeypatch, name):
+    """--trace travels as a --set value: '#' began a comment (trace .../t: file not found) and ': ' made a
+    mapping (workload.trace: expected a non-empty string)."""
+    from chipsim.runner import prepare
+
+    shutil.copy(TRACE, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    closed_form = ["memory.hbm.timing_model=closed-form", "memory.lpddr5x.timing_model=closed-form"]
+    prep = prepare(THOR, closed_form, ["no-prefetch"], trace_path=name)
+    assert prep.config.trace_path == str(tmp_path / name) and prep.trace.path == str(tmp_path / name)
 
 
 def test_a_trace_over_the_bound_is_refused_before_it_is_read(tmp_path, capsys):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from chipsim.errors import InputError
-from chipsim.files import YAML_MAX_BYTES, read_input_text
+from chipsim.files import YAML_MAX_BYTES, check_input, read_input_text
 from chipsim.values import Bounds, YamlLimitError, check_value, key_doc, yaml_load
 
 
@@ -604,6 +604,8 @@ def _check_consistency(config: Config) -> None:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
         if d.timing_model == "command-level" and not d.standard:
             raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
+        if d.timing_model == "command-level" and os.path.isabs(d.standard):  # a file (made absolute on loading)
+            check_input(d.standard, f"{key}.standard: DRAM standard", YAML_MAX_BYTES)  # before any calibration
     for key, link in serial_links(hw).values():
         if link.timing_model == "link-layer":
             for name in ("encoding", "max_read_request_bytes", "read_tags"):
