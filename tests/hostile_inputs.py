@@ -275,6 +275,7 @@ def _cases_paths() -> list:
         "dram standard": ("s.yaml", lambda tmp, p: ["dram", p, "--requests", "100"]),
         "dram --validate": ("r.json", lambda tmp, p: ["dram", "--validate", p]),
         "hwcompare": ("m.json", lambda tmp, p: ["hwcompare", p]),
+        "trace --text": ("x.txt", lambda tmp, p: ["trace", tmp, "--text", p, "--out", os.path.join(tmp, "t.npz")]),
     }
     for reader, (name, argv_of) in readers.items():
         for kind in PATH_KINDS:

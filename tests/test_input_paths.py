@@ -257,6 +257,12 @@ def test_a_fifo_as_reference_json_is_refused_at_once(tmp_path, capsys, argv):
     assert one_line_error(capsys, argv + [fifo]).endswith(f"{fifo}: {WORDS['fifo']}")
 
 
+def test_a_fifo_as_the_text_to_record_is_refused_at_once(tmp_path, capsys):
+    fifo = _special(tmp_path, "fifo")
+    assert one_line_error(capsys, ["trace", str(tmp_path), "--text", fifo, "--out", str(tmp_path / "t.npz")]) == \
+        f"chipsim: error: --text {fifo}: {WORDS['fifo']}"
+
+
 # ---------------------------------------------------------------------------------------------- YAML
 @pytest.mark.parametrize("text, fragment", [
     ("compute:\n  arrays: 4\nmodel:\n  name: x\ncompute:\n  unit_rows: 2\n",
