@@ -157,7 +157,8 @@ def test_a_standard_path_is_relative_to_the_config_that_names_it(tmp_path, monke
     monkeypatch.chdir(tmp_path / "elsewhere")
     hbm = load_config(config).hw.memory.hbm
     assert hbm.standard == str(tmp_path / "std" / "hbm3-copy.yaml")
-    copy, built_in = retimed_standard(hbm, "memory.hbm"), retimed_standard(load_config(THOR).hw.memory.hbm, "memory.hbm")
+    copy = retimed_standard(hbm, "memory.hbm")
+    built_in = retimed_standard(load_config(THOR).hw.memory.hbm, "memory.hbm")
     assert (copy.params, copy.org, copy.org_name, copy.timing_name) == \
         (built_in.params, built_in.org, built_in.org_name, built_in.timing_name)
     assert cache_key(copy, 0.5) == cache_key(built_in, 0.5)  # the same calibration, hence the same results
@@ -300,8 +301,8 @@ def test_merge_keys_are_not_duplicates():
     ("x: " + "[" * 2000 + "]" * 2000 + "\n", "nested deeper than 64 levels"),
     ("x: " + "{a: " * 70 + "1" + "}" * 70 + "\n", "nested deeper than 64 levels"),
     ("x: &a [*a]\n", "nested deeper than 64 levels (aliases expanded)"),
-    ("a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
-                                             for i in range(9)),
+    ("a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+     + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9)),
      "more than 200000 values (aliases counted as what they stand for)"),
 ])
 def test_deep_nesting_and_alias_bombs_are_refused_quickly(tmp_path, capsys, text, fragment):
