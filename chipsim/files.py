@@ -1,4 +1,6 @@
-"""Writing output files whole or not at all: the one atomic writer every output of chipsim goes through."""
+"""Reading inputs and writing outputs safely: the one input reader every file a user names goes through
+(read_input / open_input: regular files of bounded size only) and the one atomic writer every output goes
+through (write_atomic: whole or not at all)."""
 
 from __future__ import annotations
 
@@ -11,19 +13,110 @@ from typing import BinaryIO, Callable
 from chipsim.errors import InputError
 
 
-def read_json(path: str | None):
+# Bounds on what one input file may hold, each far above any real file of its kind, so that a wrong path (a
+# disk image, /dev/zero, a log) is refused in one line instead of filling memory.
+MIB = 1 << 20
+GIB = 1 << 30
+YAML_MAX_BYTES = 4 * MIB  # a config, base, DRAM standard or experiment: thor.yaml is 12 KB, the largest (h200) 28 KB
+JSON_MAX_BYTES = 64 * MIB  # a measurement or reference JSON: the largest committed (validation/regimes) is 5.9 MB
+TRACE_MAX_BYTES = 4 * GIB  # an .npz trace: the bundled ones are 1-16 MB, a 32k-token trace 190 MB
+TEXT_MAX_BYTES = 4 * MIB  # a notes file and other small text inputs
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _check_input_stat(st: os.stat_result, label: str, max_bytes: int) -> None:
+    """A regular file no larger than `max_bytes`, or one line saying what it is instead."""
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{label}: is {_kind_of(st.st_mode)}, not a regular file")
+    if st.st_size > max_bytes:
+        raise InputError(f"{label}: is {st.st_size / MIB:.1f} MiB, over the {max_bytes / MIB:g} MiB such a file "
+                         "may be")
+
+
+def check_input(path: str, what: str, max_bytes: int) -> None:
+    """Before any work: `path` exists and is a regular file of at most `max_bytes` (open_input checks again when
+    it reads it)."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        _check_input_stat(os.stat(path), label, max_bytes)
+    except FileNotFoundError:
+        raise InputError(f"{label}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})") from None
+
+
+def open_input(path: str, what: str, max_bytes: int) -> BinaryIO:
+    """Open a file the user named (a config, trace, reference ...) for reading, binary, after checking that it
+    is a regular file of at most `max_bytes` (a symbolic link to one is fine); `what` names it in the one-line
+    error ("config", "trace", "--microbench"). The path is checked before it is opened and the open file again
+    (fstat): it is opened without blocking, so a FIFO swapped in between is refused instead of waiting for a
+    writer. The caller closes the file and reads no more than `max_bytes` from it (read_input does both)."""
+    label = f"{what} {path}" if what else str(path)
+    if not path:
+        raise InputError(f"{what}: empty path")
+    try:
+        _check_input_stat(os.stat(path), label, max_bytes)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{label}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    try:
+        _check_input_stat(os.fstat(fd), label, max_bytes)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str, what: str, max_bytes: int) -> bytes:
+    """The whole content of a file the user named, read safely (see open_input); a file that grew past
+    `max_bytes` while it was read is refused too. Every input of chipsim is read through here or open_input."""
+    label = f"{what} {path}" if what else str(path)
+    with open_input(path, what, max_bytes) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise InputError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{label}: grew past {max_bytes / MIB:g} MiB while it was read")
+    return data
+
+
+def read_input_text(path: str, what: str, max_bytes: int) -> str:
+    """read_input, decoded as UTF-8 (one line naming the file when it is not)."""
+    data = read_input(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        label = f"{what} {path}" if what else str(path)
+        raise InputError(f"{label}: not UTF-8 text (byte {exc.start})") from None
+
+
+def read_json(path: str | None, what: str = "JSON file", max_bytes: int = JSON_MAX_BYTES):
     """A JSON file named on a command line, or None when not named; one clear line when it cannot be read."""
     import json
 
     if not path:
         return None
+    text = read_input_text(path, what, max_bytes)
     try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as exc:
-        raise InputError(f"{exc.filename}: {exc.strerror}") from None
+        return json.loads(text)
+    except RecursionError:
+        raise InputError(f"{what} {path}: not JSON (nested too deeply)") from None
     except ValueError as exc:
-        raise InputError(f"{path}: not JSON ({exc})") from None
+        raise InputError(f"{what} {path}: not JSON ({exc})") from None
 
 
 def cache_dir(kind: str) -> str:

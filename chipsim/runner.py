@@ -18,7 +18,8 @@ from chipsim import __version__
 from chipsim._compiled import RECORD
 from chipsim.dram.standard import standard_path
 from chipsim.errors import InputError
-from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers
+from chipsim.files import YAML_MAX_BYTES, read_input
+from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
@@ -90,10 +91,9 @@ def input_files(hw: HardwareConfig) -> dict[str, dict]:
         if d.timing_model == "command-level" and d.standard:
             path = os.path.abspath(standard_path(d.standard))
             try:
-                with open(path, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-            except OSError as exc:
-                raise InputError(f"{key}.standard: cannot read {path} ({exc.strerror})") from None
+                digest = hashlib.sha256(read_input(path, "DRAM standard", YAML_MAX_BYTES)).hexdigest()
+            except InputError as exc:
+                raise InputError(f"{key}.standard: {exc}") from None
             out[f"{key}.standard"] = {"path": path, "sha256": digest}
     return out
 
@@ -101,7 +101,8 @@ def input_files(hw: HardwareConfig) -> dict[str, dict]:
 def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | None = None) -> Prepared:
     """Everything that can fail on bad input happens here, before any simulation starts."""
     if trace_path:
-        overrides = list(overrides) + [f"workload.trace={os.path.abspath(trace_path)}"]
+        # written as YAML so that a path with '#', ': ' or quotes reads back as itself
+        overrides = list(overrides) + [f"workload.trace={yaml_text('workload.trace', os.path.abspath(trace_path))}"]
     config = load_config(config_path, overrides)
     check_op_keys(config.hw)
     check_policy_config(config.policies)

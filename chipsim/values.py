@@ -13,27 +13,106 @@ import yaml
 from chipsim.errors import InputError
 
 
+# Bounds on one YAML document, far above any shipped one (the largest, hwconfigs/h200-pcie5.yaml: depth 4, 652
+# nodes) and low enough that a hostile one is refused in well under a second: PyYAML composes recursively (Python's
+# stack ends near depth 300), and aliases let a few lines stand for billions of nodes ("billion laughs") that
+# every later walk over the data would expand.
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # counted as the data is used: an alias counts every node it stands for
+YAML_MAX_CHARS = 8 << 20
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """A YAML document chipsim refuses although YAML allows it: a duplicate key, too deep, too many nodes. A
+    YAMLError, so every reader words it as it words malformed YAML (with the line)."""
+
+    def __init__(self, problem: str, mark=None):
+        super().__init__(problem=problem, problem_mark=mark)
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e9` and `2E-3` as numbers too: PyYAML follows YAML 1.1, whose floats
-    need a dot (`1.0e+9`), while YAML 1.2, JSON and every user write 1e9."""
+    need a dot (`1.0e+9`), while YAML 1.2, JSON and every user write 1e9. It refuses documents nested deeper
+    than YAML_MAX_DEPTH while composing them (before Python's stack runs out)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > YAML_MAX_DEPTH:
+                raise YamlLimitError(f"nested deeper than {YAML_MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
+def _key_text(node) -> str:
+    return node.value if isinstance(node, yaml.ScalarNode) else f"<{node.id}>"
+
+
+def _check_tree(root) -> None:
+    """Duplicate keys (PyYAML keeps the last silently: a typo'd override would vanish), and the depth and the
+    number of nodes as the data will be walked, aliases expanded. Iterative: the expansion may be deep."""
+    seen_nodes = 0
+    stack = [(root, (), 1)]
+    while stack:
+        node, where, depth = stack.pop()
+        seen_nodes += 1
+        if seen_nodes > YAML_MAX_NODES:
+            raise YamlLimitError(f"more than {YAML_MAX_NODES} values (aliases counted as what they stand for)",
+                                 node.start_mark)
+        if depth > YAML_MAX_DEPTH:
+            raise YamlLimitError(f"nested deeper than {YAML_MAX_DEPTH} levels (aliases expanded)", node.start_mark)
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                stack.append((item, where + (f"[{i}]",), depth + 1))
+        elif isinstance(node, yaml.MappingNode):
+            first_line: dict[tuple, int] = {}
+            for key_node, value_node in node.value:
+                name = _key_text(key_node)
+                dotted = ".".join(where + (name,)).replace(".[", "[")
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    ident = (key_node.tag, key_node.value)
+                    if ident in first_line:
+                        raise YamlLimitError(f"duplicate key '{dotted}' (first at line {first_line[ident]})",
+                                             key_node.start_mark)
+                    first_line[ident] = key_node.start_mark.line + 1
+                stack.append((key_node, where, depth + 1))
+                stack.append((value_node, where + (name,), depth + 1))
+
+
 _PARSED: dict[str, object] = {}  # text -> what it parses to: a sweep reads the same config file at every point
 _PARSED_MAX = 256
 
 
+def _parse(text: str):
+    if len(text) > YAML_MAX_CHARS:
+        raise YamlLimitError(f"{len(text)} characters, over the {YAML_MAX_CHARS} a YAML text may have")
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_tree(root)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def yaml_load(text: str):
-    """Parse YAML text as chipsim reads every config, `--set` value, policy parameter and experiment.
+    """Parse YAML text as chipsim reads every config, `--set` value, policy parameter and experiment: a
+    duplicate key, nesting deeper than YAML_MAX_DEPTH or more than YAML_MAX_NODES values is a YamlLimitError.
 
     PyYAML's pure-Python parser takes ~30 ms for a config; the same text is parsed once per process and handed
     out as a fresh copy (callers change what they get)."""
     parsed = _PARSED.get(text, _PARSED)
     if parsed is _PARSED:
-        parsed = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        parsed = _parse(text)
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()
         _PARSED[text] = parsed

@@ -352,10 +352,88 @@ def _cases_policy_boundary() -> list:
     return []
 
 
+def _special_path(tmp: str, kind: str, name: str) -> str:
+    """A path in `tmp` (or a device) that is `kind`: fifo, devzero, devnull, dir, huge (a sparse 5 GiB file), a
+    link to thor.yaml or to the bundled trace, or a copy of the built-in hbm3 standard."""
+    path = os.path.join(tmp, name)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        os.mkdir(path)
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(5 << 30)
+    elif kind in ("link-thor", "link-trace"):
+        os.symlink(THOR if kind == "link-thor" else TRACE, path)
+    elif kind == "hbm3-copy":
+        import shutil
+
+        shutil.copy(os.path.join(ROOT, "chipsim", "dram", "standards", "hbm3.yaml"), path)
+    else:
+        return {"devzero": "/dev/zero", "devnull": "/dev/null"}[kind]
+    return path
+
+
+def _path_case(kind: str, name: str, argv_of):
+    """Set up a special path, then the command line `argv_of(tmp, path)`."""
+    def setup(tmp, argv):
+        return argv_of(tmp, _special_path(tmp, kind, name))
+    return setup
+
+
+def _config_naming(text_of):
+    """A config c.yaml in tmp whose text names the path: `text_of(path)`."""
+    def argv_of(tmp, path):
+        return ["run", _write(tmp, "c.yaml", text_of(path))] + R[2:]
+    return argv_of
+
+
+PATH_KINDS = ("fifo", "devzero", "devnull", "dir", "huge")
+DEEP = "x: " + "[" * 2000 + "]" * 2000 + "\n"
+BOMB = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9))
+
+
 def _cases_paths() -> list:
     """Every file chipsim reads as a FIFO, a device, a directory, a huge file, a symlink; duplicate keys, deep
     nesting."""
-    return []
+    out = []
+    readers = {
+        "config": ("c.yaml", lambda tmp, p: ["run", p] + R[2:]),
+        "base": ("b.yaml", _config_naming(lambda p: f"base: {p}\n")),
+        "standard": ("s.yaml", _config_naming(lambda p: f"base: {THOR}\nmemory:\n  hbm:\n    standard: {p}\n")),
+        "workload.trace": ("t.npz", _config_naming(lambda p: f"base: {THOR}\nworkload:\n  trace: {p}\n")),
+        "--trace": ("t.npz", lambda tmp, p: R + ["--trace", p]),
+        "inspect": ("t.npz", lambda tmp, p: ["inspect", p]),
+        "experiment": ("e.yaml", lambda tmp, p: ["reproduce", p, "--out", os.path.join(tmp, "o")]),
+        "dram standard": ("s.yaml", lambda tmp, p: ["dram", p, "--requests", "100"]),
+        "dram --validate": ("r.json", lambda tmp, p: ["dram", "--validate", p]),
+        "hwcompare": ("m.json", lambda tmp, p: ["hwcompare", p]),
+        "trace --text": ("x.txt", lambda tmp, p: ["trace", tmp, "--text", p, "--out", os.path.join(tmp, "t.npz")]),
+    }
+    for reader, (name, argv_of) in readers.items():
+        for kind in PATH_KINDS:
+            out.append((f"paths: {reader} {kind}", ["run"], _path_case(kind, name, argv_of), False, True))
+    # what must keep working: a link to a good config or trace, a standard file beside the config
+    out.append(("paths: config link", ["run"], _path_case("link-thor", "l.yaml", readers["config"][1]), False, False))
+    out.append(("paths: --trace link", ["run"], _path_case("link-trace", "l.npz", readers["--trace"][1]), False, False))
+    out.append(("paths: standard relative", ["run"], _path_case("hbm3-copy", "s.yaml", _config_naming(
+        lambda p: f"base: {THOR}\nmemory:\n  hbm:\n    standard: ./s.yaml\n")), False, False))
+    for odd in ("t #1.npz", "a: b.npz"):  # --trace travels as a --set value: must read back as written
+        out.append((f"paths: --trace named {odd!r}", ["run"], _path_case("link-trace", odd, readers["--trace"][1]),
+                    False, False))
+    yaml_texts = {
+        "duplicate top-level key": f"base: {THOR}\ncompute:\n  arrays: 4\ncompute:\n  arrays: 2\n",
+        "duplicate nested key": f"base: {THOR}\ncompute:\n  arrays: 4\n  arrays: 2\n",
+        "duplicate base": f"base: {THOR}\nbase: {THOR}\n",
+        "deep nesting": DEEP, "alias bomb": BOMB, "recursive alias": "x: &a [*a]\n",
+    }
+    for name, text in yaml_texts.items():
+        out.append((f"paths: yaml {name}", ["run", "X"] + R[2:], _config_case(text), False, True))
+    for name, value in {"duplicate key": "{x: 1, x: 2}", "deep nesting": DEEP[3:-1],
+                        "alias bomb": "{" + BOMB.replace("\n", ", ") + "}"}.items():
+        out.append((f"paths: --set {name}", R + ["--set", f"compute.op_times_ns={value}"], None, False, True))
+    return out
 
 
 def _standard_case(key: str, name: str, old: str, new: str):

@@ -485,7 +485,7 @@ def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
     bad.write_text("{}")
     with pytest.raises(InputError, match="not a chipsim hwreplay measurement"):
         compare.compare_file(str(bad))
-    with pytest.raises(InputError, match="No such file"):
+    with pytest.raises(InputError, match="file not found"):
         compare.compare_file(str(tmp_path / "missing.json"))
 
 

@@ -41,9 +41,9 @@ import yaml
 from chipsim.analysis.report import CSV_COLUMNS
 from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
-from chipsim.files import write_atomic
+from chipsim.files import GIB, JSON_MAX_BYTES, YAML_MAX_BYTES, read_input_text, write_atomic
 from chipsim.hw.config import load_config, parse_set, yaml_text
-from chipsim.values import yaml_load
+from chipsim.values import YamlLimitError, yaml_load
 from chipsim.policies import REGISTRY
 
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -52,6 +52,9 @@ EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(o
 TOP_KEYS = ("name", "title", "paper", "config", "grid", "grid_mode", "policies", "overrides", "plot", "compare",
             "paper_points", "table", "notes")
 GRID_MODES = ("product", "one_at_a_time")
+# a sweep.json chipsim wrote, read back by `chipsim plot`: every row with its per-layer arrays (a 1,000-point grid
+# of seven policies is tens of MB); far beyond that it is not one of ours
+SWEEP_RECORD_MAX_BYTES = 1 * GIB
 REQUIRED = ("title", "paper", "config", "policies", "plot")
 PLOT_KINDS = ("per_layer", "line", "bar", "stacked_bar", "gain")
 PLOT_KEYS = (
@@ -90,7 +93,7 @@ def _err(path: str, msg: str) -> InputError:
 def find_experiment(name: str, directory: str | None = None) -> str:
     """NAME (a stem in `directory`, default experiments/) or a path to a .yaml file -> its path."""
     if name.endswith((".yaml", ".yml")) or os.sep in name:
-        if not os.path.isfile(name):
+        if not os.path.exists(name):  # anything else than a regular file is refused by the read (load_experiment)
             raise InputError(f"{name}: no such experiment file")
         return name
     directory = directory or EXPERIMENTS_DIR
@@ -131,11 +134,12 @@ def _check_key(path: str, config: str, key: str, value) -> None:
 
 def load_experiment(path: str) -> dict:
     """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
+    text = read_input_text(path, "experiment", YAML_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml_load(f.read())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        raw = yaml_load(text)
+    except YamlLimitError as exc:
+        mark = exc.problem_mark
+        raise InputError(f"{path}: {exc.problem}" + (f" (line {mark.line + 1})" if mark else "")) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -159,8 +163,10 @@ def load_experiment(path: str) -> dict:
     config_paths = []
     for c in configs:
         p = os.path.normpath(os.path.join(base, c))
-        if not os.path.isfile(p):
+        if not os.path.exists(p):
             raise _err(path, f"config {c}: no such file")
+        if not os.path.isfile(p):
+            raise _err(path, f"config {c}: not a regular file")
         config_paths.append(p)
     stems = [os.path.splitext(os.path.basename(p))[0] for p in config_paths]
     if len(set(stems)) != len(stems):
@@ -373,9 +379,8 @@ def _read_saved(path: str, name: str) -> dict:
     """A saved experiment.json, checked: a truncated, edited or foreign file is one line naming it."""
     again = f"run chipsim reproduce {name} again"
     try:
-        with open(path, encoding="utf-8") as f:
-            exp = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        exp = json.loads(read_input_text(path, "experiment record", JSON_MAX_BYTES))
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable experiment record ({type(exc).__name__}); {again}") from None
     if not isinstance(exp, dict):
         raise InputError(f"{path}: not an experiment record (expected a JSON object); {again}")
@@ -396,12 +401,11 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
         if not os.path.isfile(p):
             raise InputError(f"{p}: missing; run chipsim reproduce {exp['name']}")
         try:
-            with open(p, encoding="utf-8") as f:
-                info = json.load(f)
+            info = json.loads(read_input_text(p, "sweep record", SWEEP_RECORD_MAX_BYTES))
             results = info["results"]
             if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
                 raise TypeError("results is not a list of rows")
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        except (ValueError, RecursionError, KeyError, TypeError) as exc:
             raise InputError(f"{p}: not a readable sweep record ({type(exc).__name__}); run chipsim reproduce "
                              f"{exp['name']} again") from None
         for r in results:

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
-from chipsim.values import yaml_load
+from chipsim.files import YAML_MAX_BYTES, read_input_text
+from chipsim.values import YamlLimitError, yaml_load
 
 COMMANDS = ("ACT", "PRE", "PREA", "RD", "WR", "REFA", "REFB")
 ACT, PRE, PREA, RD, WR, REFA, REFB = range(len(COMMANDS))
@@ -152,28 +153,38 @@ def _latency(data: dict, key: str, params: dict, where: str) -> int:
     return _non_negative(evaluate(expr, params, f"{where}.{key}"), expr, f"{where}.{key}")
 
 
+def is_standard_path(value: str) -> bool:
+    """Whether a standard as written names a file (it has a folder separator or ends .yaml / .yml) or a built-in
+    standard (hbm3, lpddr5): decided by how it is written, never by what files the current folder holds."""
+    return "/" in value or os.sep in value or value.lower().endswith((".yaml", ".yml"))
+
+
 def standard_path(name_or_path: str) -> str:
-    """The file a standard's name (built in: chipsim/dram/standards/<name>.yaml) or path stands for."""
-    path = name_or_path
-    if not os.path.exists(path):
-        path = os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
-    if not os.path.exists(path):
-        known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
-        raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)})")
-    if not os.path.isfile(path):  # a FIFO would block the read for ever; a directory cannot be read
-        raise InputError(f"DRAM standard {path}: not a regular file")
-    return path
+    """The file a standard stands for: a path as written (is_standard_path), or a built-in name's
+    chipsim/dram/standards/<name>.yaml."""
+    if is_standard_path(name_or_path):
+        return name_or_path
+    known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
+    if name_or_path.lower() not in known:
+        raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)}); a file is "
+                         "named by a path with a / or ending .yaml")
+    return os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
 
 
 def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
                   timing_overrides: dict | None = None) -> Standard:
-    """Read a standard (a name in chipsim/dram/standards/ or a path) and resolve one organisation and one timing
-    preset (the first of each unless named); `timing_overrides` replace preset parameters (cycles)."""
+    """Read a standard (a name in chipsim/dram/standards/ or a path, is_standard_path) and resolve one
+    organisation and one timing preset (the first of each unless named); `timing_overrides` replace preset
+    parameters (cycles)."""
     path = standard_path(name_or_path)
+    text = read_input_text(path, "DRAM standard", YAML_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml_load(f.read())
-    except Exception as exc:  # malformed YAML or unreadable: one line
+        data = yaml_load(text)
+    except YamlLimitError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"DRAM standard {path}: {exc.problem}{where}") from None
+    except Exception as exc:  # malformed YAML: one line
         raise InputError(f"DRAM standard {path}: cannot read ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise InputError(f"DRAM standard {path}: top level must be a mapping")

@@ -9,6 +9,7 @@ import os
 from chipsim.dram.controller import ControllerConfig, simulate
 from chipsim.dram.points import POINTS, point_requests
 from chipsim.errors import InputError
+from chipsim.files import JSON_MAX_BYTES, read_input_text
 
 BANDWIDTH_TOLERANCE = 0.03
 LATENCY_TOLERANCE = 0.10
@@ -27,11 +28,11 @@ def run_point(point: dict):
 def load_reference(path: str) -> dict:
     if not os.path.exists(path):
         raise InputError(f"{path}: file not found (validation/dram/run_ramulator.py writes it)")
+    text = read_input_text(path, "--validate", JSON_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(text)
         return {p["name"]: p for p in data["points"]}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, RecursionError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a Ramulator reference file ({exc.__class__.__name__})") from None
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from chipsim.errors import InputError
-from chipsim.values import Bounds, check_value, key_doc, yaml_load
+from chipsim.files import YAML_MAX_BYTES, check_input, read_input_text
+from chipsim.values import Bounds, YamlLimitError, check_value, key_doc, yaml_load
 
 
 def spec(doc: str, *, minimum: float | None = None, maximum: float | None = None, positive: bool = False,
@@ -177,7 +178,9 @@ class DramConfig:
     background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
                                    minimum=0, maximum=1e6)
     standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5; "
-                              "chipsim/dram/standards/) or an absolute path to a standard YAML; empty: none", "")
+                              "chipsim/dram/standards/) or a standard YAML file (a value with a / or ending .yaml), "
+                              "relative to the config file that names it (with --set: to the current folder); "
+                              "empty: none", "")
     organization: str = _optional("organisation preset of the standard (empty: its first)", "")
     timing_preset: str = _optional("timing preset of the standard (empty: its first); re-timed to data_rate_mtps "
                                    "and the ns keys above", "")
@@ -323,7 +326,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    trace: str = _f("routing trace file (.npz), relative to this config file")
+    trace: str = _f("routing trace file (.npz), relative to the config file that names it (with --set: to the "
+                    "current folder)")
     context_length: int = _f("KV-cache length at every decode step, tokens", positive=True, maximum=1 << 24)
     max_tokens: int = _f("replay at most this many trace tokens (0 = all)", minimum=0, maximum=1 << 31)
     warmup_tokens: int = _f("leading tokens simulated but reported separately, not in the means",
@@ -372,9 +376,11 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------- loading
 def _resolve_relative(p: str, config_path: str) -> str:
+    """A path written in a config file, relative to the folder the file really is in: a symbolic link to a config
+    reads the files beside its target, as the link's target would."""
     if os.path.isabs(p):
         return p
-    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config_path)), p))
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(config_path)), p))
 
 
 @functools.lru_cache(maxsize=None)
@@ -384,23 +390,57 @@ def _type_hints(cls: type) -> dict:
 
 
 def _read_yaml(path: str) -> dict:
-    if not os.path.exists(path):
-        raise InputError(f"config {path}: file not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"config {path}: cannot read ({exc})") from None
+    text = read_input_text(path, "config", YAML_MAX_BYTES)
     try:
         data = yaml_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise InputError(f"config {path}: malformed YAML{where}: {problem}") from None
+        raise InputError(f"config {path}: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise InputError(f"config {path}: top level must be a mapping of keys")
     return data
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text, and where, in words: 'malformed YAML at line 3, column 1: ...' or
+    'duplicate key 'compute.arrays' (first at line 2) at line 5, column 3'."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    if isinstance(exc, YamlLimitError):
+        return f"{exc.problem}{where}"
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    return f"malformed YAML{where}: {problem}"
+
+
+def _path_keys(data: dict) -> list[tuple[dict, str]]:
+    """(section, key) of every key of a config's data whose value is a file path: workload.trace, and each
+    memory's standard when it names a file rather than a built-in standard."""
+    from chipsim.dram.standard import is_standard_path
+
+    out = []
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
+        out.append((workload, "trace"))
+    memory = data.get("memory")
+    if isinstance(memory, dict):
+        drams = [memory.get("hbm"), memory.get("lpddr5x")]
+        if isinstance(memory.get("extra"), dict):
+            drams += list(memory["extra"].values())
+        for d in drams:
+            if isinstance(d, dict) and isinstance(d.get("standard"), str) and is_standard_path(d["standard"]):
+                out.append((d, "standard"))
+    return out
+
+
+def _set_value_paths(parts: list[str], value):
+    """A --set value with its file paths made absolute against the current folder (they are typed on a command
+    line, like every other path there); `--set memory.hbm={standard: s.yaml, ...}` included."""
+    probe: dict = {}
+    apply_set(probe, parts, value)
+    for section, key in _path_keys(probe):
+        section[key] = os.path.abspath(section[key])
+    for part in parts:
+        probe = probe[part]
+    return probe
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
@@ -417,19 +457,19 @@ def _deep_merge(base: dict, override: dict) -> dict:
 
 def _load_with_bases(path: str, seen: tuple = ()) -> dict:
     path = os.path.normpath(os.path.abspath(path))
-    if path in seen:
+    if os.path.realpath(path) in seen:
         raise InputError(f"config {path}: 'base' chain loops back to itself")
     data = _read_yaml(path)
     base = data.pop("base", None)
-    # relative paths inside a file are relative to that file; rewrite the trace path before merging
-    trace = data.get("workload", {}).get("trace") if isinstance(data.get("workload"), dict) else None
-    if isinstance(trace, str):
-        data["workload"]["trace"] = _resolve_relative(trace, path)
+    # relative paths inside a file are relative to that file: rewritten before merging, so that a key a config
+    # inherits from its base keeps the base's folder
+    for section, key in _path_keys(data):
+        section[key] = _resolve_relative(section[key], path)
     if base is None:
         return data
     if not isinstance(base, str):
         raise InputError(f"config {path}: base: must be a file path")
-    return _deep_merge(_load_with_bases(_resolve_relative(base, path), seen + (path,)), data)
+    return _deep_merge(_load_with_bases(_resolve_relative(base, path), seen + (os.path.realpath(path),)), data)
 
 
 def parse_set(assignment: str) -> tuple[list[str], object]:
@@ -442,6 +482,8 @@ def parse_set(assignment: str) -> tuple[list[str], object]:
         raise InputError(f"--set {assignment}: empty part in key '{key}'")
     try:
         value = yaml_load(text) if text.strip() else ""
+    except YamlLimitError as exc:
+        raise InputError(f"--set {key}: {exc.problem}") from None
     except yaml.YAMLError:
         value = text
     return parts, value
@@ -544,9 +586,7 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     data = _load_with_bases(path)
     for assignment in overrides:
         parts, value = parse_set(assignment)
-        if parts == ["workload", "trace"] and isinstance(value, str):
-            value = os.path.abspath(value)  # a path given on the command line is relative to the shell
-        apply_set(data, parts, value)
+        apply_set(data, parts, _set_value_paths(parts, value))
     policies = data.pop("policies", {}) or {}
     for extra in ("name", "description"):
         data.pop(extra, None)
@@ -569,6 +609,8 @@ def _check_consistency(config: Config) -> None:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
         if d.timing_model == "command-level" and not d.standard:
             raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
+        if d.timing_model == "command-level" and os.path.isabs(d.standard):  # a file (made absolute on loading)
+            check_input(d.standard, f"{key}.standard: DRAM standard", YAML_MAX_BYTES)  # before any calibration
     for key, link in serial_links(hw).values():
         if link.timing_model == "link-layer":
             for name in ("encoding", "max_read_request_bytes", "read_tags"):

@@ -15,7 +15,7 @@ import os
 import statistics
 
 from chipsim.errors import InputError, OneLineParser
-from chipsim.files import read_json
+from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, read_input_text, read_json
 from chipsim.hw.compute import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
@@ -129,14 +129,12 @@ def replayed_overrides(meas: dict) -> list[str]:
 
 def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
     """Every case of one measurement file re-simulated (`contexts`: only these context lengths)."""
+    text = read_input_text(path, "measurement file", JSON_MAX_BYTES)
     try:
-        with open(path) as f:
-            meas = json.load(f)
+        meas = json.loads(text)
         config = _resolve(meas["config"], path)
         _ = meas["cases"], meas["warmup_tokens"], meas["model"]
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, RecursionError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
     warm = int(meas["warmup_tokens"])
     overrides = (*replayed_overrides(meas), *overrides)  # the settings the replay ran with
@@ -613,7 +611,7 @@ def main(argv=None) -> int:
     figure_dir = a.figures or os.path.join(report_dir, "figures")
     mb = read_json(a.microbench)
     try:
-        notes = open(a.notes).read().splitlines() if a.notes else []
+        notes = read_input_text(a.notes, "--notes", TEXT_MAX_BYTES).splitlines() if a.notes else []
         pcie = pcie_check.load(a.microbench, *a.pcie_probes) if a.pcie_probes and a.microbench else None
     except OSError as exc:
         raise InputError(f"{exc.filename}: {exc.strerror}") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 
+from chipsim.files import JSON_MAX_BYTES, read_input_text
 from chipsim.hw.pcie_link import PcieLinkParams, link_params, transfer_ns, usable_gbps
 
 GEN_GTPS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}  # PCIe base spec, Link Status speed codes
@@ -65,5 +66,6 @@ def report_lines(result: dict) -> list[str]:
 
 
 def load(microbench_path: str, host_probe_path: str, copy_probe_path: str) -> dict:
-    with open(microbench_path) as f, open(host_probe_path) as g, open(copy_probe_path) as h:
-        return check(json.load(f), json.load(g), json.load(h))
+    texts = [read_input_text(p, "--pcie-probes", JSON_MAX_BYTES) for p in (microbench_path, host_probe_path,
+                                                                          copy_probe_path)]
+    return check(*(json.loads(t) for t in texts))

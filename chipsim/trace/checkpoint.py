@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
-from chipsim.files import check_output_file, write_atomic
+from chipsim.files import GIB, check_input, check_output_file, read_input, write_atomic
 from chipsim.trace import format as tformat
 from chipsim.trace import predictor_arrays
 from chipsim.workload.models import MODELS
@@ -66,12 +66,16 @@ def build_parser() -> OneLineParser:
     return ap
 
 
+# the text a trace is recorded over is tokenised whole in memory (tokens take several times its bytes): a
+# held-out corpus is tens of MB; past this it is a wrong file (a disk image, a model's weights)
+TEXT_CORPUS_MAX_BYTES = 1 * GIB
+
+
 def _check_args(a) -> None:
     """Every option checked before the model is loaded (minutes) or anything is written."""
     if not os.path.isdir(a.model):
         raise InputError(f"chipsim trace {a.model}: not a local checkpoint folder (config.json, weights, tokenizer)")
-    if not os.path.isfile(a.text):
-        raise InputError(f"--text {a.text}: file not found")
+    check_input(a.text, "--text", TEXT_CORPUS_MAX_BYTES)
     for name, minimum in (("seq", 1), ("train_tokens", 1), ("heldout_tokens", 1), ("pred_steps", 1), ("batch", 1),
                           ("seed", 0)):
         if getattr(a, name) < minimum:
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = model_counts(model)
     name = a.shape or matching_shape(counts) or counts["hf_architecture"]
     tok = AutoTokenizer.from_pretrained(a.model, local_files_only=True)
-    raw = Path(a.text).read_bytes()
+    raw = read_input(a.text, "--text", TEXT_CORPUS_MAX_BYTES)
     ids = np.asarray(tok(raw.decode("utf-8", errors="replace"))["input_ids"], dtype=np.int64)
     split = int(ids.size * 0.9)
     train_ids, held_ids = ids[:split], ids[split:]

@@ -30,8 +30,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import math
 import os
-import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.files import write_atomic
+from chipsim.files import GIB, TRACE_MAX_BYTES, open_input, write_atomic
 
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
@@ -362,23 +362,57 @@ def load(path: str | os.PathLike) -> Trace:
     return trace
 
 
+# The arrays of a trace unpack to about 1.6x its file (real-granite-3b.npz: 13.9 MB -> 22 MB; a 32k-token trace
+# ~0.3 GB); beyond this the declared sizes are a zip bomb or a foreign archive, refused before anything unpacks.
+TRACE_MAX_UNPACKED_BYTES = 8 * GIB
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _check_members(f, label: str) -> None:
+    """The archive's declared sizes, before np.load unpacks it: all members together within
+    TRACE_MAX_UNPACKED_BYTES, and each .npy member's header declaring no more array bytes than the member holds
+    (np.load allocates what the header declares before it reads)."""
+    with zipfile.ZipFile(f) as zf:
+        infos = zf.infolist()
+        total = sum(info.file_size for info in infos)
+        if total > TRACE_MAX_UNPACKED_BYTES:
+            raise InputError(f"{label}: its arrays would unpack to {total / GIB:.1f} GiB, over the "
+                             f"{TRACE_MAX_UNPACKED_BYTES / GIB:g} GiB a trace may hold")
+        for info in infos:
+            with zf.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in _NPY_HEADERS:
+                    raise ValueError(f"{info.filename}: .npy format {version}")
+                shape, _, dtype = _NPY_HEADERS[version](member)
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > info.file_size:
+                    raise InputError(f"{label}: array {info.filename} declares {declared} bytes in a member of "
+                                     f"{info.file_size}")
+
+
 def _load(path: str) -> Trace:
-    if not os.path.exists(path):
-        raise InputError(f"trace {path}: file not found")
-    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, a device never end it
-        raise InputError(f"trace {path}: not a regular file")
+    label = f"trace {path}"
     digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:  # hashed in blocks: the file is never held in memory beside its arrays
-            for block in iter(lambda: f.read(1 << 22), b""):
+    with open_input(path, "trace", TRACE_MAX_BYTES) as f:
+        try:
+            read = 0
+            for block in iter(lambda: f.read(1 << 22), b""):  # hashed in blocks: never held whole beside its arrays
+                read += len(block)
+                if read > TRACE_MAX_BYTES:
+                    raise InputError(f"{label}: grew past {TRACE_MAX_BYTES / GIB:g} GiB while it was read")
                 digest.update(block)
-    except OSError as exc:
-        raise InputError(f"trace {path}: cannot read ({exc.strerror})") from None
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
-        raise InputError(f"trace {path}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
+        except OSError as exc:
+            raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+        try:
+            f.seek(0)
+            _check_members(f, label)
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except InputError:
+            raise
+        except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
+            raise InputError(f"{label}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
     if "meta" not in arrays:
         raise InputError(f"trace {path}: has no meta record")
     meta_array = arrays.pop("meta")
