@@ -379,7 +379,11 @@ class Simulation:
 
     def last_use(self, key: Any) -> int:
         if type(key) is tuple and len(key) == 2:
-            index = self._index("last_use", key[0], key[1])
+            layer, expert = key
+            if type(layer) is not int or type(expert) is not int:
+                layer = self._as_id(layer, "MoE layer", f"last_use({key!r})")
+                expert = self._as_id(expert, "expert id", f"last_use({key!r})")
+            index = self._index("last_use", layer, expert)
             entry = self._slot_of[index] if index >= 0 else None
             if entry is not None:
                 return entry.last_use
@@ -618,14 +622,14 @@ class Simulation:
     def _victim(self, victim: Any, layer: int, count: int) -> tuple[int, int]:
         """A key choose_victims returned, as exact ints of the model; refused otherwise."""
         if type(victim) is tuple and len(victim) == 2:
-            index = self._index(f"choose_victims({layer}, ..., {count}) -> key", victim[0], victim[1])
+            index = self._index(f"choose_victims({layer}, ..., {count}) -> ", victim[0], victim[1])
             if index >= 0:
                 n = self.num_experts
                 return index // n, index % n
         call = f"choose_victims({layer}, ..., {count})"
         if type(victim) is not tuple or len(victim) != 2:
             raise self._refuse(call, f"returned {victim!r}, not a (MoE layer, expert) key")
-        raise self._outside_model(call + " -> key", victim[0], victim[1])
+        raise self._outside_model(call + " -> ", victim[0], victim[1])
 
     # ======================================================================== internals
     def _of_layer(self, layer: int) -> list[_Entry]:
