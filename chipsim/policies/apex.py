@@ -54,7 +54,8 @@ class Apex(Policy):
         self._delta_hat = None  # (T, L) budget used, after the cap
         self._budget = None
         self._apex_rank = None  # (T, L, N) the prefetch router's rankings, for δ* at the end
-        self._routed_seen = None  # (T, L, k) each layer's routed set, noted as it routes: δ*, for reporting only
+        self._layers = 0
+        self._routed_seen = None  # each (token, layer)'s routed set at t * L + layer, noted as it routes: δ*, reported
         self._rank = None
         self._warmup = 0
         self._meta = {}
@@ -73,7 +74,8 @@ class Apex(Policy):
         self._budget = (delta + ctx.top_k).tolist()
         self._apex_rank = ctx.trace_array("apex_rank")[:T]
         self._rank = TokenRows(self._apex_rank)
-        self._routed_seen = np.zeros((T, ctx.num_moe_layers, ctx.top_k), dtype=np.int64)
+        self._layers = ctx.num_moe_layers
+        self._routed_seen = [None] * (T * self._layers)
         self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
         self._meta = ctx.trace_meta
         if self.stall_free:
@@ -90,7 +92,7 @@ class Apex(Policy):
     def on_route(self, ctx: SimContext, t, layer, routed):
         """The base class's correctness-preserving default (cancel unpicked in-flight prefetches, execute the routed
         set, the engine demand-fetches what is missing); the routed set is noted for δ*."""
-        self._routed_seen[t, layer] = routed
+        self._routed_seen[t * self._layers + layer] = routed
         return super().on_route(ctx, t, layer, routed)
 
     # on_layer_end: the base class's, evict the layer.
@@ -101,7 +103,8 @@ class Apex(Policy):
             return {}
         sl = slice(self._warmup, None)
         dh = self._delta_hat[sl]
-        ds = pa.delta_star(self._apex_rank, self._routed_seen)[sl]
+        routed = np.array(self._routed_seen, dtype=np.int64).reshape(self._apex_rank.shape[:2] + (-1,))
+        ds = pa.delta_star(self._apex_rank, routed)[sl]
         out = {
             "tau": self.tau,
             "mean_delta_hat": float(dh.mean()),
@@ -123,7 +126,7 @@ class ApexStallFree(Apex):
     stall_free = True
 
     def on_route(self, ctx: SimContext, t, layer, routed):
-        self._routed_seen[t, layer] = routed
+        self._routed_seen[t * self._layers + layer] = routed
         kept = [e for e in routed if ctx.present(layer, e)]
         missing = len(routed) - len(kept)
         substitutes = []

@@ -23,9 +23,8 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple
-
 import operator
+from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple
 
 import numpy as np
 import simpy
@@ -108,6 +107,19 @@ def _exact_int(value: Any) -> int | None:
         return operator.index(value)
     except Exception:  # noqa: BLE001 - a policy's odd object: whatever its __index__ raises, it is no integer
         return None
+
+
+def _plain_pair(pair: Any) -> bool:
+    """A (MoE layer, expert ids) pair of plain ints, the ids in a set, list or tuple: nothing to check further."""
+    if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not int:
+        return False
+    experts = pair[1]
+    if not isinstance(experts, (set, frozenset, list, tuple)):
+        return False
+    for e in experts:
+        if type(e) is not int:
+            return False
+    return True
 
 
 class _LayerCost(NamedTuple):
@@ -329,7 +341,7 @@ class Simulation:
 
     def trace_routed(self, t: Any, layer: Any) -> list[int]:
         """The router's experts at token t, MoE layer `layer`, once the run has routed it (any time: the oracle)."""
-        cell = self._routing_cell("trace_routed", "", t, layer, True)
+        cell = self._routing_cell("trace_routed", None, t, layer, True)
         n = self.num_moe_layers
         return list(self._routed[cell // n][cell % n])
 
@@ -339,7 +351,7 @@ class Simulation:
         rows = self._rows.get(key) if type(key) is str else None
         if rows is None:
             rows = self._token_rows(key)
-        cell = self._routing_cell("trace_row", f"{key!r}, ", t, layer, key in ROUTING_ARRAYS)
+        cell = self._routing_cell("trace_row", key, t, layer, key in ROUTING_ARRAYS)
         n = self.num_moe_layers
         row = rows[cell // n][cell % n]
         return list(row) if type(row) is list else row
@@ -393,7 +405,7 @@ class Simulation:
         """The `count` arrived experts used longest ago ((last use, key) order), none of `protect`'s."""
         if count <= 0:
             return []
-        protect = self._protected(count, protect)
+        protected = self._protected(count, protect)
         n = self.num_experts
         # every arrived expert as one int, last_use * cells + index: sorted as plain ints in (last use, layer,
         # expert) order; the protected are skipped as they come up, so only the first few are checked
@@ -409,7 +421,7 @@ class Simulation:
         for rank in ranked:
             index = rank % cells
             layer, expert = index // n, index % n
-            for protected_layer, experts in protect:
+            for protected_layer, experts in protected:
                 if layer == protected_layer and expert in experts:
                     break
             else:
@@ -476,19 +488,19 @@ class Simulation:
 
     def cancel_unneeded(self, layer: Any, needed: Any) -> list[int]:
         """Drop this layer's experts that are still on their way and not in `needed`; the experts dropped."""
-        layer = self._layer_id("cancel_unneeded", layer)
-        needed = self._expert_ids(f"cancel_unneeded({layer}, ...)", "needed", needed)
+        layer_id = self._layer_id("cancel_unneeded", layer)
+        keep = self._expert_ids("cancel_unneeded", layer_id, "needed", needed)
         dropped: list[int] = []
-        for entry in self._of_layer(layer):
-            if entry.key[1] not in needed and not entry.resident:
+        for entry in self._of_layer(layer_id):
+            if entry.key[1] not in keep and not entry.resident:
                 dropped.append(entry.key[1])
-                self.evict(layer, entry.key[1])
+                self.evict(layer_id, entry.key[1])
         return dropped
 
     def evict_layer(self, layer: Any, stop_transfers: bool = True) -> None:
-        layer = self._layer_id("evict_layer", layer)
-        for entry in self._of_layer(layer):
-            self.evict(layer, entry.key[1], stop_transfers)
+        layer_id = self._layer_id("evict_layer", layer)
+        for entry in self._of_layer(layer_id):
+            self.evict(layer_id, entry.key[1], stop_transfers)
 
     # ---- the boundary's checks (their slow paths run only for an id that is not a plain int, or is refused)
     def _refuse(self, call: str, problem: str) -> PolicyError:
@@ -506,12 +518,15 @@ class Simulation:
     def _index(self, call: str, layer: Any, expert: Any) -> int:
         """layer * experts + expert, the buffer index of a key a policy names in `call`; -1 for integers outside the
         model (no such expert: never another layer's); refused when either is not an integer."""
-        if type(layer) is not int or type(expert) is not int:
+        if type(layer) is int and type(expert) is int:
+            layer_id: int = layer  # typed: compiled code compares and adds them natively
+            expert_id: int = expert
+        else:
             text = f"{call}({layer!r}, {expert!r})"
-            layer = self._as_id(layer, "MoE layer", text)
-            expert = self._as_id(expert, "expert id", text)
-        if 0 <= layer < self.num_moe_layers and 0 <= expert < self.num_experts:
-            return layer * self.num_experts + expert
+            layer_id = self._as_id(layer, "MoE layer", text)
+            expert_id = self._as_id(expert, "expert id", text)
+        if 0 <= layer_id < self.num_moe_layers and 0 <= expert_id < self.num_experts:
+            return layer_id * self.num_experts + expert_id
         return -1
 
     def _outside_model(self, call: str, layer: Any, expert: Any) -> PolicyError:
@@ -528,20 +543,26 @@ class Simulation:
         """A MoE layer a policy names in `call` as an exact int (one outside the model has no experts)."""
         return layer if type(layer) is int else self._as_id(layer, "MoE layer", f"{call}({layer!r})")
 
-    def _expert_ids(self, call: str, what: str, experts: Any) -> set:
-        """A collection of expert ids a policy hands over (`what`: "needed", "protect"), as a set of exact ints."""
+    def _expert_ids(self, call: str, first: int, what: str, experts: Any) -> set[int]:
+        """A collection of expert ids a policy hands over in `call`(`first`, ...) (`what`: "needed", "protect"), as a
+        set of exact ints."""
         try:
             ids = set(experts)
         except TypeError:
-            raise self._refuse(call, f"{what} {experts!r} is not a collection of expert ids") from None
+            raise self._refuse(f"{call}({first}, ...)", f"{what} {experts!r} is not a collection of expert ids") from None
         for e in ids:
             if type(e) is not int:
-                return {self._as_id(x, f"{what} expert id", call) for x in ids}
+                return {self._as_id(x, f"{what} expert id", f"{call}({first}, ...)") for x in ids}
         return ids
 
     def _protected(self, count: int, protect: Any) -> list[tuple[int, Collection[int]]]:
-        """least_recently_used's `protect`, (MoE layer, expert ids) pairs whose ids are exact ints."""
+        """least_recently_used's `protect`, (MoE layer, expert ids) pairs whose ids are exact ints: as given when they
+        are plain ints in a list (nothing copied), else a checked copy."""
+        if type(protect) is list and all(_plain_pair(pair) for pair in protect):
+            return protect
         call = f"least_recently_used({count}, ...)"
+        if not isinstance(protect, (list, tuple)):
+            raise self._refuse(call, f"protect {protect!r} is not a list of (MoE layer, expert ids) pairs")
         out: list[tuple[int, Collection[int]]] = []
         for pair in protect:
             if type(pair) is not tuple or len(pair) != 2:
@@ -549,7 +570,7 @@ class Simulation:
             layer, experts = pair
             if type(layer) is not int:
                 layer = self._as_id(layer, "protect's MoE layer", call)
-            out.append((layer, self._expert_ids(call, "protect", experts)))
+            out.append((layer, self._expert_ids("least_recently_used", count, "protect", experts)))
         return out
 
     def _check_readable(self, call: str, key: Any) -> None:
@@ -567,24 +588,31 @@ class Simulation:
         self._rows[key] = rows
         return rows
 
-    def _routing_cell(self, call: str, first: str, t: Any, layer: Any, routing: bool) -> int:
-        """t * MoE layers + layer of a position a policy reads the trace at in `call` (`first`: the call's first
-        arguments, for the message): both exact ints of the run, and, when the array carries routing, routed already
-        (unless the policy sees future routing); refused otherwise."""
-        if type(t) is not int or type(layer) is not int:
+    def _routing_cell(self, call: str, key: Any, t: Any, layer: Any, routing: bool) -> int:
+        """t * MoE layers + layer of a position a policy reads the trace at in `call` (of array `key`; None:
+        trace_routed's): both exact ints of the run, and, when the array carries routing, routed already (unless the
+        policy sees future routing); refused otherwise."""
+        if type(t) is int and type(layer) is int:
+            token: int = t  # typed: compiled code compares them natively
+            layer_id: int = layer
+        else:
+            first = "" if key is None else f"{key!r}, "
             text = f"{call}({first}{t!r}, {layer!r})"
-            t = self._as_id(t, "token", text)
-            layer = self._as_id(layer, "MoE layer", text)
-        if not (0 <= t < self.num_tokens and 0 <= layer < self.num_moe_layers):
-            raise self._refuse(f"{call}({first}{t}, {layer})", f"outside the run: it has tokens 0..{self.num_tokens - 1} "
-                                                               f"and MoE layers 0..{self.num_moe_layers - 1}")
-        cell = t * self.num_moe_layers + layer
+            token = self._as_id(t, "token", text)
+            layer_id = self._as_id(layer, "MoE layer", text)
+        if not (0 <= token < self.num_tokens and 0 <= layer_id < self.num_moe_layers):
+            first = "" if key is None else f"{key!r}, "  # (the message's: made only for a refusal)
+            raise self._refuse(f"{call}({first}{token}, {layer_id})", f"outside the run: it has tokens "
+                               f"0..{self.num_tokens - 1} and MoE layers 0..{self.num_moe_layers - 1}")
+        cell = token * self.num_moe_layers + layer_id
         if routing and cell > self._routed_upto and not self._sees_future:
             upto = self._routed_upto
+            first = "" if key is None else f"{key!r}, "
             known = (f"the run has routed up to token {upto // self.num_moe_layers}, MoE layer "
                      f"{upto % self.num_moe_layers}" if upto >= 0 else "the run has routed nothing yet")
-            raise self._refuse(f"{call}({first}{t}, {layer})", f"token {t}, MoE layer {layer} has not routed yet "
-                               f"({known}); only a policy that sees_future_routing (the oracle) reads routing ahead")
+            raise self._refuse(f"{call}({first}{token}, {layer_id})", f"token {token}, MoE layer {layer_id} has not "
+                               f"routed yet ({known}); only a policy that sees_future_routing (the oracle) reads "
+                               "routing ahead")
         return cell
 
     def _checked_plan(self, t: int, layer: int, plan: Any) -> LayerPlan:
@@ -592,10 +620,11 @@ class Simulation:
         another integer type); refused otherwise."""
         if not isinstance(plan, LayerPlan):
             raise self._refuse(f"on_route({t}, {layer})", f"returned {type(plan).__name__}, not a LayerPlan")
-        execute = self._plan_experts(t, layer, "execute", plan.execute)
-        on_host = self._plan_experts(t, layer, "on_host", plan.on_host)
-        surrogate = self._plan_experts(t, layer, "surrogate", plan.surrogate)
-        if execute is plan.execute and on_host is plan.on_host and surrogate is plan.surrogate:
+        given_execute, given_on_host, given_surrogate = plan.execute, plan.on_host, plan.surrogate
+        execute = self._plan_experts(t, layer, "execute", given_execute)
+        on_host = self._plan_experts(t, layer, "on_host", given_on_host) if given_on_host else given_on_host
+        surrogate = self._plan_experts(t, layer, "surrogate", given_surrogate) if given_surrogate else given_surrogate
+        if execute is given_execute and on_host is given_on_host and surrogate is given_surrogate:
             return plan
         return LayerPlan(execute, on_host, surrogate, plan.substituted, plan.dropped)
 
@@ -604,7 +633,10 @@ class Simulation:
         n = self.num_experts
         if type(experts) is list:
             for e in experts:
-                if type(e) is not int or not 0 <= e < n:
+                if type(e) is not int:
+                    break
+                expert: int = e  # typed: compared natively
+                if not 0 <= expert < n:
                     break
             else:
                 return experts
@@ -621,10 +653,14 @@ class Simulation:
 
     def _victim(self, victim: Any, layer: int, count: int) -> tuple[int, int]:
         """A key choose_victims returned, as exact ints of the model; refused otherwise."""
+        n = self.num_experts
         if type(victim) is tuple and len(victim) == 2:
-            index = self._index(f"choose_victims({layer}, ..., {count}) -> ", victim[0], victim[1])
+            a, b = victim
+            if type(a) is int and type(b) is int:
+                index = self._index("", a, b)  # plain ints: never refused, no message made
+            else:
+                index = self._index(f"choose_victims({layer}, ..., {count}) -> ", a, b)
             if index >= 0:
-                n = self.num_experts
                 return index // n, index % n
         call = f"choose_victims({layer}, ..., {count})"
         if type(victim) is not tuple or len(victim) != 2:
