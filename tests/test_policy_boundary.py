@@ -233,10 +233,11 @@ def test_queries_about_integers_outside_the_model_answer_absent(cfg):
         name = "test-asks"
 
         def on_run_start(self, ctx):
-            ctx.prefetch(1, 3)
-            for layer, expert in ((np.int64(1), np.uint8(11)), (-1, 3), (np.int16(3), 3), (1, 3)):
-                ctx.evict(layer, expert) if (layer, expert) != (1, 3) else None
+            ctx.prefetch(1, 3)  # on its way: present, not resident
+            for layer, expert in ((np.int64(1), np.uint8(11)), (-1, 3), (np.int16(3), 3)):
+                ctx.evict(layer, expert)  # no such expert: nothing to do (layer 1's expert 3 stays)
                 answers.append((ctx.present(layer, expert), ctx.resident(layer, expert), ctx.keys_of_layer(layer)))
+            answers.append((ctx.present(1, 3), ctx.resident(1, 3), ctx.keys_of_layer(1)))
 
     _run(cfg, Asks("asks"), tokens=1)
     assert answers == [(False, False, [(1, 3)]), (False, False, []), (False, False, []), (True, False, [(1, 3)])]
