@@ -347,9 +347,75 @@ def _cases_provenance_packaging() -> list:
     return out
 
 
+def _boundary_policy(name: str, act):
+    """A setup registering, in this process, a test-only policy `name` whose on_layer_start and on_route call
+    `act(ctx, t, layer, routed)` (routed None at the layer's start), and naming it with --policy. The registry is
+    global: the hostile-* policies stay registered for the rest of this sweep (a process of its own)."""
+    def setup(tmp, argv):
+        from chipsim.policies.base import Policy
+
+        if name not in REGISTRY:
+            class Hostile(Policy):
+                def on_layer_start(self, ctx, t, layer):
+                    act(ctx, t, layer, None)
+
+                def on_route(self, ctx, t, layer, routed):
+                    plan = act(ctx, t, layer, routed)
+                    return plan if plan is not None else super().on_route(ctx, t, layer, routed)
+
+            Hostile.name = name
+            REGISTRY[name] = Hostile
+        return argv + ["--policy", name]
+    return setup
+
+
 def _cases_policy_boundary() -> list:
-    """Policies that hand the simulator odd expert ids, or read routing they could not know yet."""
-    return []
+    """Policies that hand the simulator odd expert ids, or read routing they could not know yet (tests/
+    test_policy_boundary.py holds the detailed checks; these go through the whole CLI)."""
+    import numpy as np
+
+    from chipsim.policies.base import LayerPlan
+
+    base = ["run", THOR, "--set", "workload.max_tokens=4", "--jobs", "1", "--json"]
+    out = []
+    ids = {"30.0": 30.0, "'3'": "3", "None": None, "True": True, "-1": -1, "40": 40, "np.float64(3)": np.float64(3),
+           "np.uint8(200)": np.uint8(200), "[3]": [3], "a 1-element array": np.array([3])}
+    for text, value in ids.items():
+        act = (lambda value: lambda ctx, t, layer, routed: None if routed is not None else ctx.prefetch(layer, value))(value)
+        out.append((f"policy: prefetch(layer, {text})", base, _boundary_policy(f"hostile-prefetch-{text}", act), True,
+                    True))
+    for text, value in {"np.uint8(30)": np.uint8(30), "np.int64(30)": np.int64(30), "np.int32(30)": np.int32(30)}.items():
+        act = (lambda value: lambda ctx, t, layer, routed: None if routed is not None else ctx.prefetch(layer, value))(value)
+        out.append((f"policy: prefetch(layer, {text}) (taken)", base, _boundary_policy(f"hostile-prefetch-{text}", act),
+                    True, False))
+    misuses = {
+        "trace_routed of the next layer at routing": lambda ctx, t, layer, routed: routed is not None and layer + 1 <
+        ctx.num_moe_layers and ctx.trace_routed(t, layer + 1) and None,
+        "trace_routed of this layer before routing": lambda ctx, t, layer, routed: ctx.trace_routed(t, layer) and None,
+        "trace_routed of the next token": lambda ctx, t, layer, routed: t + 1 < ctx.num_tokens and ctx.trace_routed(
+            t + 1, 0) and None,
+        "trace_array('routed_ids') whole": lambda ctx, t, layer, routed: ctx.trace_array("routed_ids") is None,
+        "trace_array('router_rank') whole": lambda ctx, t, layer, routed: ctx.trace_array("router_rank") is None,
+        "trace_row('routed_weights') before routing": lambda ctx, t, layer, routed: ctx.trace_row(
+            "routed_weights", t, layer) and None,
+        "LayerPlan.execute with a float": lambda ctx, t, layer, routed: routed and LayerPlan(
+            execute=[float(e) for e in routed]),
+        "LayerPlan.execute an expert the model lacks": lambda ctx, t, layer, routed: routed and LayerPlan(
+            execute=routed + [40]),
+        "LayerPlan not returned": lambda ctx, t, layer, routed: routed and "all of them",
+        "evict(layer, '0')": lambda ctx, t, layer, routed: ctx.evict(layer, "0"),
+        "cancel_unneeded with strings": lambda ctx, t, layer, routed: ctx.cancel_unneeded(layer, ["1", "2"]),
+        "least_recently_used protect floats": lambda ctx, t, layer, routed: ctx.least_recently_used(
+            1, [(layer, [0.0])]),
+        "last_use of a key not in the buffer": lambda ctx, t, layer, routed: ctx.last_use((layer, 0)) and None,
+    }
+    for text, act in misuses.items():
+        out.append((f"policy: {text}", base, _boundary_policy(f"hostile-{text}", act), True, True))
+    two_workers = ["run", THOR, "--set", "workload.max_tokens=4", "--jobs", "2", "--policy", "no-prefetch"]
+    act = lambda ctx, t, layer, routed: ctx.prefetch(layer, 3.5)  # noqa: E731
+    out.append(("policy: prefetch(layer, 3.5) in a worker (--jobs 2)", two_workers,
+                _boundary_policy("hostile-worker-prefetch", act), False, True))
+    return out
 
 
 def _special_path(tmp: str, kind: str, name: str) -> str:

@@ -151,12 +151,17 @@ def test_substitutes_are_the_prefetched_experts_the_router_ranks_highest(tiny):
 class FakeCtx:
     """Just enough of the policy context to drive on_route by hand."""
 
-    def __init__(self, present):
+    def __init__(self, present, router_rank=(1, 0, 6, 5, 2, 3, 4, 7)):
         self._present = set(present)
+        self._router_rank = list(router_rank)  # token 0, layer 0's ranking by the original router
         self.cancelled_with = None
 
     def present(self, layer, expert):
         return expert in self._present
+
+    def trace_row(self, key, t, layer):
+        assert (key, t, layer) == ("router_rank", 0, 0)  # read at routing, for this layer only
+        return list(self._router_rank)
 
     def cancel_unneeded(self, layer, needed):
         self.cancelled_with = list(needed)
@@ -164,7 +169,7 @@ class FakeCtx:
 
 def test_apex_sf_drops_a_routed_expert_when_the_prefetched_pool_runs_out():
     policy = make_policy("apex-sf", {})
-    policy._router_rank = [[[1, 0, 6, 5, 2, 3, 4, 7]]]
+    policy._layers, policy._routed_seen = 1, [None]
     policy._layer_substituted = np.zeros((1, 1), dtype=np.int64)
     policy._layer_dropped = np.zeros((1, 1), dtype=np.int64)
     ctx = FakeCtx(present={5})  # a full buffer staged only expert 5

@@ -11,7 +11,7 @@ from conftest import THOR
 from chipsim.cli import main
 from chipsim.errors import InputError
 from chipsim.policies import REGISTRY
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, make_policy
+from chipsim.policies.base import LayerPlan, Param, Policy, PolicyError, SimContext, make_policy
 from chipsim.runner import prepare
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
@@ -71,7 +71,8 @@ def test_a_policy_reading_an_array_it_does_not_declare_is_stopped(tiny):
             ctx.trace_array("promoe_rank")
 
     prep = prepare(tiny.config(), [], ["no-prefetch"])
-    with pytest.raises(RuntimeError, match="reads trace array 'promoe_rank', which it does not declare"):
+    with pytest.raises(PolicyError, match="policy sneaky: trace_array\\('promoe_rank'\\): trace array 'promoe_rank' is "
+                                          "not a core array and not declared in the policy's trace_arrays"):
         Simulation(prep.config.hw, prep.workload, prep.trace, Sneaky("sneaky")).run()
 
 
@@ -112,8 +113,8 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
         def on_layer_start(self, ctx, t, layer):
             ctx.prefetch(layer, n)
 
-    with pytest.raises(RuntimeError, match=f"policy prefetches prefetches expert {n} of MoE layer 0: the model has "
-                                           f"experts 0..{n - 1}"):
+    with pytest.raises(PolicyError, match=rf"policy prefetches: prefetch\(0, {n}\): expert id {n} is out of range: the "
+                                          f"model has experts 0..{n - 1}"):
         engine_class(prep.config.hw, prep.workload, prep.trace, Prefetches("prefetches"), max_tokens=2).run()
 
     class BeyondTheModel(Policy):
@@ -123,8 +124,8 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
             ctx.prefetch(ctx.num_moe_layers, 0)
 
     layers = prep.workload.model.num_moe_layers
-    with pytest.raises(RuntimeError, match=f"policy beyond prefetches expert 0 of MoE layer {layers}: the model has "
-                                           f"MoE layers 0..{layers - 1}"):
+    with pytest.raises(PolicyError, match=rf"policy beyond: prefetch\({layers}, 0\): MoE layer {layers} is out of range: "
+                                          f"the model has MoE layers 0..{layers - 1}"):
         engine_class(prep.config.hw, prep.workload, prep.trace, BeyondTheModel("beyond"), max_tokens=2).run()
 
     class Executes(Policy):
@@ -133,7 +134,8 @@ def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_
         def on_route(self, ctx, t, layer, routed):
             return LayerPlan(execute=[-1])
 
-    with pytest.raises(RuntimeError, match="policy executes executes expert -1 of MoE layer 0"):
+    with pytest.raises(PolicyError, match=r"policy executes: on_route\(0, 0\) -> LayerPlan.execute: expert id -1 is out "
+                                          "of range"):
         engine_class(prep.config.hw, prep.workload, prep.trace, Executes("executes"), max_tokens=2).run()
 
 

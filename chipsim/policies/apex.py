@@ -13,7 +13,8 @@ per-layer buffer (loaded, used, evicted at the layer's end).
   layer can still wait for a prefetch that is on its way, never for a miss.
 
 Both read only predictor outputs the trace recorded before routing (and, for apex-sf, the original
-router's ranking at routing time). δ* (`predictor_arrays.delta_star`) is read only for reporting coverage.
+router's ranking at routing time). δ* (`predictor_arrays.delta_star`) is only reported (coverage), from the
+routed sets as each layer routes.
 
 apex-sf changes what the model computes; its results carry the held-out perplexity cost measured on the
 trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.trace.quality: `quality_cost`,
@@ -52,7 +53,9 @@ class Apex(Policy):
     def _reset(self):
         self._delta_hat = None  # (T, L) budget used, after the cap
         self._budget = None
-        self._delta_star = None  # (T, L) oracle δ*, for reporting only
+        self._apex_rank = None  # (T, L, N) the prefetch router's rankings, for δ* at the end
+        self._layers = 0
+        self._routed_seen = None  # each (token, layer)'s routed set at t * L + layer, noted as it routes: δ*, reported
         self._rank = None
         self._warmup = 0
         self._meta = {}
@@ -69,12 +72,13 @@ class Apex(Policy):
             delta = np.minimum(delta, self.max_extra)
         self._delta_hat = delta
         self._budget = (delta + ctx.top_k).tolist()
-        self._rank = TokenRows(ctx.trace_array("apex_rank")[:T])
-        self._delta_star = pa.delta_star(ctx.trace_array("apex_rank")[:T], ctx.trace_array("routed_ids")[:T])
+        self._apex_rank = ctx.trace_array("apex_rank")[:T]
+        self._rank = TokenRows(self._apex_rank)
+        self._layers = ctx.num_moe_layers
+        self._routed_seen = [None] * (T * self._layers)
         self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
         self._meta = ctx.trace_meta
         if self.stall_free:
-            self._router_rank = TokenRows(ctx.trace_array("router_rank")[:T])
             L = ctx.num_moe_layers
             self._layer_substituted = np.zeros((T, L), dtype=np.int64)
             self._layer_dropped = np.zeros((T, L), dtype=np.int64)
@@ -85,8 +89,13 @@ class Apex(Policy):
             if not ctx.prefetch(layer, expert):
                 break  # buffer full: the rest of the ranking cannot be staged
 
-    # on_route: the base class's correctness-preserving default (cancel unpicked in-flight prefetches,
-    # execute the routed set, the engine demand-fetches what is missing); on_layer_end: evict the layer.
+    def on_route(self, ctx: SimContext, t, layer, routed):
+        """The base class's correctness-preserving default (cancel unpicked in-flight prefetches, execute the routed
+        set, the engine demand-fetches what is missing); the routed set is noted for δ*."""
+        self._routed_seen[t * self._layers + layer] = routed
+        return super().on_route(ctx, t, layer, routed)
+
+    # on_layer_end: the base class's, evict the layer.
 
     # ------------------------------------------------------------------ results
     def extra_metrics(self) -> dict:
@@ -94,7 +103,8 @@ class Apex(Policy):
             return {}
         sl = slice(self._warmup, None)
         dh = self._delta_hat[sl]
-        ds = self._delta_star[sl]
+        routed = np.array(self._routed_seen, dtype=np.int64).reshape(self._apex_rank.shape[:2] + (-1,))
+        ds = pa.delta_star(self._apex_rank, routed)[sl]
         out = {
             "tau": self.tau,
             "mean_delta_hat": float(dh.mean()),
@@ -116,12 +126,13 @@ class ApexStallFree(Apex):
     stall_free = True
 
     def on_route(self, ctx: SimContext, t, layer, routed):
+        self._routed_seen[t * self._layers + layer] = routed
         kept = [e for e in routed if ctx.present(layer, e)]
         missing = len(routed) - len(kept)
         substitutes = []
         if missing:
             routed_set = set(routed)
-            for expert in self._router_rank[t][layer]:  # descending original-router probability
+            for expert in ctx.trace_row("router_rank", t, layer):  # descending original-router probability
                 if expert not in routed_set and ctx.present(layer, expert):
                     substitutes.append(expert)
                     if len(substitutes) == missing:

@@ -16,6 +16,23 @@ A policy reads the trace's core arrays (chipsim.trace.format.CORE_ARRAYS: routin
 ranking) and the predictor outputs it declares in `trace_arrays` (specs from chipsim.trace.predictor_arrays);
 `runner.prepare` checks a trace carries them, naming the policy and the array, before anything runs.
 
+The boundary is enforced by the engine, and a policy that crosses it is stopped with one line naming it, the
+call and the value (`PolicyError`: the CLI prints `chipsim: error: policy lru: prefetch(6, 30.0): expert id 30.0
+is not an integer` and exits 2):
+- Ids. Every layer, expert and token id a policy hands the engine (in a ctx call, in the LayerPlan `on_route`
+  returns, in `choose_victims`' keys, in the `needed` and `protect` collections) is taken exactly when it is an
+  integer of any type (int or a NumPy integer: `operator.index`) and refused otherwise; a bool is refused (True
+  is not expert 1). An action (prefetch, a LayerPlan's experts, a victim, a trace read) must name an expert the
+  model has; a query (present, resident, evict, keys_of_layer, ...) about an integer id outside the model
+  answers "absent" or does nothing.
+- Routing. What the system knows at each hook: at `on_route(t, l)`, `on_layer_end(t, l)` and `choose_victims`
+  the routing of every (token, MoE layer) up to and including the last that routed, (t, l); at
+  `on_layer_start(t, l)` only those before it; at `on_token_start(t)` every layer of the tokens before t; at
+  `on_run_start` none. The routing arrays (`ROUTING_ARRAYS`: routed ids and weights, the router's ranking and
+  probabilities) are read per token and layer through `trace_routed` / `trace_row`, which refuse a position
+  the run has not routed yet; `trace_array` does not hand them out whole. Only a policy that sets
+  `sees_future_routing` (the oracle, an upper bound) reads routing ahead.
+
 A policy that changes what the model computes (substitutes, drops or approximates routed experts) reports
 the quality cost measured for it on the trace's model (meta['quality'], chipsim.trace.quality) through
 `quality_fields`: extra metrics `quality_mode`, `quality_cost` and `quality_source`.
@@ -46,13 +63,24 @@ if TYPE_CHECKING:
 
 Key = tuple[int, int]  # (MoE layer, expert)
 
+# the core trace arrays that carry the router's decision (chipsim.trace.format.CORE_ARRAYS): known only once the
+# run has routed that token and layer
+ROUTING_ARRAYS = frozenset({"routed_ids", "routed_weights", "router_rank", "router_rank_prob"})
+
+
+class PolicyError(InputError):
+    """A policy broke the boundary (an id that is not an integer or not the model's, routing not known yet): one
+    line, `policy <label>: <call>: <what>`, printed by the CLI as an input error (exit 2)."""
+
 
 class SimContext(Protocol):
     """What the engine offers a policy: read the run's set-up and the trace, act on the expert buffer.
 
     Times are integer picoseconds of simulated time; a (layer, expert) key names one routed expert of one
     MoE layer (layers count MoE layers only, from 0). Every member may be called from any hook, from
-    `on_run_start` on, unless its docstring says otherwise."""
+    `on_run_start` on, unless its docstring says otherwise. An id handed in is taken exactly when it is an integer
+    of any type (int, a NumPy integer), a bool or anything else is refused (PolicyError); the module docstring
+    says which calls also refuse an id outside the model and what routing each hook may read."""
 
     # ---- the run's set-up (constant for the whole run)
     @property
@@ -101,11 +129,17 @@ class SimContext(Protocol):
         """The trace's meta record (model counts, provenance, predictor metrics, quality records)."""
 
     def trace_array(self, key: str) -> np.ndarray:
-        """A read-only trace array: a core array or one the policy declares in `trace_arrays`; (T, L, ...)
-        arrays are indexed [token, MoE layer]. Only `oracle` may read future routing."""
+        """A read-only trace array, whole: a core array or one the policy declares in `trace_arrays`; (T, L, ...)
+        arrays are indexed [token, MoE layer]. Not a routing array (ROUTING_ARRAYS: read them with trace_routed and
+        trace_row), unless the policy `sees_future_routing`."""
 
     def trace_routed(self, t: int, layer: int) -> list[int]:
-        """The experts the router picks at token t, MoE layer `layer` (future routing: oracle only)."""
+        """The experts the router picks at token t, MoE layer `layer`, once the run has routed it (at on_route(t,
+        layer) and later; ahead of that only for a policy that `sees_future_routing`)."""
+
+    def trace_row(self, key: str, t: int, layer: int) -> list:
+        """Row [t, layer] of a (T, L, ...) trace array that trace_array would hand out, as a list; a routing array's
+        once the run has routed (t, layer), as trace_routed."""
 
     # ---- the expert buffer (a key is present from its prefetch or demand until evicted)
     def present(self, layer: int, expert: int) -> bool:
@@ -219,6 +253,9 @@ class Policy:
     param_family: str = ""
     # the predictor outputs this policy reads beyond the trace's core arrays (chipsim.trace.predictor_arrays)
     trace_arrays: tuple[ArraySpec, ...] = ()
+    # True only for the oracle (an upper bound, not a realisable policy): it reads routing before the run reaches
+    # it, through trace_routed, trace_row and trace_array's routing arrays; every other policy is refused
+    sees_future_routing: bool = False
 
     def __init__(self, label: str, **params):
         self.label = label

@@ -25,6 +25,7 @@ class Oracle(Policy):
                                    "layer l+1's set at layer l's routing (as early as ProMoE and Pre-gated fetch)",
                            minimum=0, maximum=1),
     }
+    sees_future_routing = True  # the one policy that reads routing before the run reaches it (an upper bound)
 
     def on_layer_start(self, ctx: SimContext, t, layer):
         for expert in ctx.trace_routed(t, layer):

@@ -282,7 +282,6 @@ class AdapMoE(ExpertCache):
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k = k
         self._L = L
-        self._weights = ctx.trace_array("routed_weights")[:T].astype(np.float64)
         self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k])
         self.quota = self.layer_quotas(ctx.trace_array("train_expert_counts"), k, max(0, self.capacity - 2 * k))
         self._dropped = np.zeros((T, L), dtype=np.int64)
@@ -323,7 +322,7 @@ class AdapMoE(ExpertCache):
         return max(1, keep)
 
     def _select(self, ctx: SimContext, t, layer, routed):
-        weights = self._weights[t, layer]
+        weights = np.asarray(ctx.trace_row("routed_weights", t, layer), dtype=np.float64)  # known at routing
         keep = self._keep_count(weights)
         order = sorted(range(len(routed)), key=lambda i: (-weights[i], i))  # stable: descending weight
         execute = [routed[i] for i in order[:keep]]
