@@ -27,7 +27,7 @@ import sys
 from typing import Any, Callable
 
 from chipsim.errors import InputError
-from chipsim.files import write_atomic
+from chipsim.files import file_kind, write_atomic
 
 FORMAT = "chipsim-cache-1"
 MAX_ENTRY_BYTES = 64 << 20  # far above any real entry (a compute table of thousands of shapes is < 1 MB)
@@ -58,20 +58,6 @@ def entry_path(folder: str, key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def _file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _read_text(path: str) -> str | None:
     """The entry's text; None when there is none. Never opens anything but a regular file of bounded size."""
     try:
@@ -81,7 +67,7 @@ def _read_text(path: str) -> str | None:
     except OSError as exc:
         raise BadEntry(f"cannot inspect ({exc.strerror})") from None
     if not stat.S_ISREG(mode):
-        raise BadEntry(f"is {_file_kind(mode)}")
+        raise BadEntry(f"is {file_kind(mode)}")
     try:
         # O_NOFOLLOW | O_NONBLOCK: a file swapped for a link or a FIFO since the lstat is refused, not waited on
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -90,7 +76,7 @@ def _read_text(path: str) -> str | None:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise BadEntry(f"is {_file_kind(st.st_mode)}")
+            raise BadEntry(f"is {file_kind(st.st_mode)}")
         if st.st_size > MAX_ENTRY_BYTES:
             raise BadEntry(f"{st.st_size} bytes, more than any entry ({MAX_ENTRY_BYTES})")
         data = f.read(MAX_ENTRY_BYTES + 1)

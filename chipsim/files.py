@@ -23,9 +23,12 @@ TRACE_MAX_BYTES = 4 * GIB  # an .npz trace: the bundled ones are 1-16 MB, a 32k-
 TEXT_MAX_BYTES = 4 * MIB  # a notes file and other small text inputs
 
 
-def _kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a one-line message ("a FIFO (named pipe)")."""
     if stat.S_ISDIR(mode):
         return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO (named pipe)"
     if stat.S_ISSOCK(mode):
@@ -38,7 +41,7 @@ def _kind_of(mode: int) -> str:
 def _check_input_stat(st: os.stat_result, label: str, max_bytes: int) -> None:
     """A regular file no larger than `max_bytes`, or one line saying what it is instead."""
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{label}: is {_kind_of(st.st_mode)}, not a regular file")
+        raise InputError(f"{label}: is {file_kind(st.st_mode)}, not a regular file")
     if st.st_size > max_bytes:
         raise InputError(f"{label}: is {st.st_size / MIB:.1f} MiB, over the {max_bytes / MIB:g} MiB such a file "
                          "may be")
