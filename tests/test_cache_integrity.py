@@ -163,7 +163,7 @@ def test_a_dram_entry_that_is_not_a_file_runs_as_cold_without_a_hang(private_cac
     row, err = _run(capsys)
     assert row == cold
     assert _notes(err, "dram") == [f"chipsim: note: dram cache {path}: is a "
-                                   f"{'FIFO' if how == 'fifo' else 'directory'}; recomputing"]
+                                   f"{'FIFO (named pipe)' if how == 'fifo' else 'directory'}; recomputing"]
     assert os.path.isdir(path) if how == "directory" else os.path.isfile(path) and not os.path.islink(path)
 
 

@@ -62,10 +62,12 @@ def breakdown(stats: pstats.Stats) -> dict:
         elif part == "dma" and func == "submit" and not filename.endswith("fast_dma.py"):  # it calls dma.py's
             counts["dma_submits"] += ncalls
         elif part == "policy" and func in HOOKS:
-            counts["hook_calls"] += ncalls
+            # a hook overridden down a class chain (an override calling super()) is one call of the hook: its
+            # outermost implementation's calls and cumulative time
             h = hooks.setdefault(func, [0, 0.0])
-            h[0] += ncalls
-            h[1] = max(h[1], cumtime)  # a hook overridden down a class chain: its outermost cumulative time
+            h[0] = max(h[0], ncalls)
+            h[1] = max(h[1], cumtime)
+    counts["hook_calls"] = sum(calls for calls, _ in hooks.values())
     return {"seconds": seconds, "counts": counts, "hooks": {k: tuple(v) for k, v in hooks.items()}}
 
 
