@@ -502,7 +502,7 @@ def _cases_paths() -> list:
     return out
 
 
-def _standard_case(key: str, name: str, old: str, new: str):
+def _edited_standard_case(key: str, name: str, old: str, new: str):
     """A copy of a built-in DRAM standard with one line changed, given to memory.<m>.standard."""
     def setup(tmp, argv):
         with open(os.path.join(ROOT, "chipsim", "dram", "standards", f"{name}.yaml"), encoding="utf-8") as f:
@@ -551,7 +551,7 @@ def _cases_physics() -> list:
         "standard latency below zero": ("memory.lpddr5x.standard", "lpddr5", "    nCWL: 9", "    nCWL: 40"),
     }
     for name, (key, std, old, new) in standards.items():
-        out.append((f"physics: {name}", R + ["--json"], _standard_case(key, std, old, new), True, True))
+        out.append((f"physics: {name}", R + ["--json"], _edited_standard_case(key, std, old, new), True, True))
     traces = {
         "trace_tokens disagrees": lambda m, t: m["provenance"].__setitem__("trace_tokens", t + 1),
         "trace_tokens a string": lambda m, t: m["provenance"].__setitem__("trace_tokens", str(t)),
