@@ -67,6 +67,7 @@ def run_case(argv: list[str], setup=None, json_out: bool = False, must_reject: b
     """(class, detail) of one invocation, run in a fresh temporary directory."""
     with tempfile.TemporaryDirectory() as tmp:
         cwd = os.getcwd()
+        cache_home = os.environ.get("CHIPSIM_CACHE_DIR")  # a case may give itself a cache of its own
         os.chdir(tmp)
         try:
             if setup is not None:
@@ -108,6 +109,10 @@ def run_case(argv: list[str], setup=None, json_out: bool = False, must_reject: b
             return "bad", f"exit {code}, {len(lines)} stderr lines, left {sorted(left)[:3]}: {text.strip()[:160]}"
         finally:
             os.chdir(cwd)
+            if cache_home is None:
+                os.environ.pop("CHIPSIM_CACHE_DIR", None)
+            else:
+                os.environ["CHIPSIM_CACHE_DIR"] = cache_home
 
 
 def _walk(root: str):
@@ -266,6 +271,8 @@ def _cache_case(kind: str, how: str):
         from chipsim.dram import calibrate
         from chipsim.files import cache_dir
 
+        # a cache of the case's own: only the entries this command makes are garbled (run_case restores the sweep's)
+        os.environ["CHIPSIM_CACHE_DIR"] = os.path.join(tmp, "cache-home")
         for _ in range(2):
             calibrate.calibrate.cache_clear()
             op_cache._TABLES.clear()
