@@ -263,9 +263,10 @@ CACHE_DAMAGE = ("halved", "nan", "string", "negative", "checksum-fixed-negative"
                 "old-format", "list", "fifo", "dir", "symlink-devzero", "huge")
 
 
-def _cache_case(kind: str, how: str):
-    """Run once (warming the cache), garble every entry of `kind`, and hand back the same command: it must run
-    as with a cold cache (exit 0, finite JSON), with notes. The in-process memos are dropped, as in a new run."""
+def _cache_case(kind: str, how: str, warm: list[str] | None = None):
+    """Run once (warming the cache; `warm`: another command does), garble every entry of `kind`, and hand back the
+    same command: it must run as with a cold cache (exit 0, finite JSON), with notes. The in-process memos are
+    dropped, as in a new run."""
     def setup(tmp, argv):
         from chipsim.compute import op_cache
         from chipsim.dram import calibrate
@@ -277,7 +278,7 @@ def _cache_case(kind: str, how: str):
             calibrate.calibrate.cache_clear()
             op_cache._TABLES.clear()
             if kind != "sweep":
-                _quietly(argv)
+                _quietly(warm or argv)
         folder = cache_dir(kind) if kind != "sweep" else os.path.join(tmp, "s", "cache")
         if kind == "sweep":
             _quietly(argv)
@@ -299,7 +300,8 @@ def _cases_caches() -> list:
     for kind, argv in commands.items():
         for how in CACHE_DAMAGE:
             out.append((f"cache: {kind} entry {how}", argv, _cache_case(kind, how), kind != "sweep", False))
-    out += [("cache: info with damaged entries", ["cache", "info"], _cache_case("dram", "fifo"), False, False),
+    out += [("cache: info with damaged entries", ["cache", "info"], _cache_case("dram", "fifo", commands["dram"]),
+             False, False),
             ("cache: clear an unknown kind", ["cache", "clear", "nope"], None, False, True),
             ("cache: info sweep without --sweep", ["cache", "info", "sweep"], None, False, True),
             ("cache: --sweep missing folder", ["cache", "info", "--sweep", "nowhere"], None, False, True),
