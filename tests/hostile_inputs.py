@@ -101,6 +101,9 @@ def run_case(argv: list[str], setup=None, json_out: bool = False, must_reject: b
                         return "bad", "exit 0, stdout not JSON"
                     if not _finite(rows):
                         return "bad", "exit 0 with NaN or infinity in the JSON"
+                expected = COLD_RESULTS.pop(tmp, None)
+                if expected is not None and _result_of(expected[0], out.getvalue()) != expected[1]:
+                    return "bad", "exit 0 with results other than a cold cache's: silently wrong"
                 return "ok", ""
             lines = text.strip().splitlines()
             left = set(_walk(tmp)) - before
@@ -208,9 +211,23 @@ def _output_case(kind: str):
 # ---------------------------------------------------------------------------------------------- issue 37's categories
 # One function per category of inputs the suite first missed (each a list of cases() tuples).
 
-def _quietly(argv: list[str]) -> None:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+def _quietly(argv: list[str]) -> str:
+    """Run `argv`; its standard output."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         main(argv)
+    return out.getvalue()
+
+
+# a case's folder -> (where its result is: "stdout" or a file's path, what a cold cache gives): run_case compares
+COLD_RESULTS: dict[str, tuple[str, str]] = {}
+
+
+def _result_of(where: str, stdout: str) -> str:
+    if where == "stdout":
+        return stdout
+    with open(where, encoding="utf-8") as f:
+        return f.read()
 
 
 def _garble(path: str, how: str) -> None:
@@ -278,10 +295,16 @@ def _cache_case(kind: str, how: str, warm: list[str] | None = None):
             calibrate.calibrate.cache_clear()
             op_cache._TABLES.clear()
             if kind != "sweep":
-                _quietly(warm or argv)
+                cold = _quietly(warm or argv)
+                if warm is None:  # the damaged cache must give what the cold one gave
+                    COLD_RESULTS[tmp] = ("stdout", cold)
         folder = cache_dir(kind) if kind != "sweep" else os.path.join(tmp, "s", "cache")
         if kind == "sweep":
             _quietly(argv)
+            results = os.path.join(tmp, "s", "results.csv")
+            COLD_RESULTS[tmp] = (results, _result_of(results, ""))
+        calibrate.calibrate.cache_clear()  # the case's run starts from the damaged files, as a new process would
+        op_cache._TABLES.clear()
         for name in sorted(os.listdir(folder)):
             if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)):
                 _garble(os.path.join(folder, name), how)
