@@ -157,10 +157,8 @@ def _trace_case(edit):
 def _special_trace(kind: str):
     def setup(tmp, argv):
         path = os.path.join(tmp, "t.npz")
-        if kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "dir":
-            os.mkdir(path)
+        if kind in ("fifo", "dir", "devzero"):
+            path = _special_path(tmp, kind, "t.npz")
         elif kind == "truncated":
             with open(TRACE, "rb") as f:
                 data = f.read()
@@ -168,8 +166,6 @@ def _special_trace(kind: str):
                 f.write(data[: len(data) // 3])
         elif kind == "empty":
             open(path, "wb").close()
-        elif kind == "devzero":
-            path = "/dev/zero"
         return argv + ["--trace", path]
     return setup
 
