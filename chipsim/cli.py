@@ -378,6 +378,17 @@ def _cmd_cache(args) -> int:
     return 0
 
 
+def _add_cache_parser(sub) -> None:
+    cache_cmd = sub.add_parser("cache", help="where the computed-once caches live and what they hold (info), or "
+                                             "empty them (clear)")
+    cache_cmd.add_argument("action", choices=("info", "clear"))
+    cache_cmd.add_argument("kinds", nargs="*", metavar="KIND",
+                           help="dram, compute (in $CHIPSIM_CACHE_DIR), sweep (needs --sweep); default: all")
+    cache_cmd.add_argument("--sweep", metavar="DIR", help="also the results cache of this sweep's or reproduce's "
+                                                          "--out (DIR/cache)")
+    cache_cmd.set_defaults(func=_cmd_cache)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
@@ -477,14 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare every validation point with Ramulator 2.1's results (default "
                            "validation/dram/ramulator.json); exit 1 if a point misses the target")
     dram.set_defaults(func=_cmd_dram)
-    cache_cmd = sub.add_parser("cache", help="where the computed-once caches live and what they hold (info), or "
-                                             "empty them (clear)")
-    cache_cmd.add_argument("action", choices=("info", "clear"))
-    cache_cmd.add_argument("kinds", nargs="*", metavar="KIND",
-                           help="dram, compute (in $CHIPSIM_CACHE_DIR), sweep (needs --sweep); default: all")
-    cache_cmd.add_argument("--sweep", metavar="DIR", help="also the results cache of this sweep's or reproduce's "
-                                                          "--out (DIR/cache)")
-    cache_cmd.set_defaults(func=_cmd_cache)
+    _add_cache_parser(sub)
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")

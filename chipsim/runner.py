@@ -16,9 +16,8 @@ from pathlib import Path
 
 from chipsim import __version__
 from chipsim._compiled import RECORD
-from chipsim.dram.standard import standard_path
+from chipsim.dram.standard import standard_file_sha256
 from chipsim.errors import InputError
-from chipsim.files import YAML_MAX_BYTES, read_input
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.pool import worker_pool
@@ -89,9 +88,8 @@ def input_files(hw: HardwareConfig) -> dict[str, dict]:
     out = {}
     for key, d in memory_tiers(hw).values():
         if d.timing_model == "command-level" and d.standard:
-            path = os.path.abspath(standard_path(d.standard))
             try:
-                digest = hashlib.sha256(read_input(path, "DRAM standard", YAML_MAX_BYTES)).hexdigest()
+                path, digest = standard_file_sha256(d.standard)
             except InputError as exc:
                 raise InputError(f"{key}.standard: {exc}") from None
             out[f"{key}.standard"] = {"path": path, "sha256": digest}

@@ -32,10 +32,10 @@ from functools import lru_cache
 
 from chipsim import cache
 from chipsim.dram.controller import ControllerConfig, simulate
-from chipsim.dram.standard import Standard, load_standard, standard_path
+from chipsim.dram.standard import Standard, load_standard, standard_file_sha256
 from chipsim.dram.streams import requests
 from chipsim.errors import InputError
-from chipsim.files import YAML_MAX_BYTES, cache_dir, read_input
+from chipsim.files import cache_dir
 
 REFRESH_PERIODS = 12  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
 LONE_REQUESTS = 200
@@ -117,8 +117,7 @@ def _code_hash() -> str:
 
 def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,
               controller: ControllerConfig = CONTROLLER) -> str:
-    text = read_input(std.path, "DRAM standard", YAML_MAX_BYTES)
-    spec = {"standard": hashlib.sha256(text).hexdigest(), "org": std.org_name, "timing": std.timing_name,
+    spec = {"standard": standard_file_sha256(std.path)[1], "org": std.org_name, "timing": std.timing_name,
             "params": std.params, "write_share": write_share, "second_read_share": second_read_share,
             "controller": asdict(controller),
             "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
@@ -169,7 +168,7 @@ def _standard_sha256(name_or_path: str, key: str) -> str:
     """The contents of the standard's file: a process that calibrated a memory before it was edited (a notebook,
     a sweep from Python) calibrates it again."""
     try:
-        return hashlib.sha256(read_input(standard_path(name_or_path), "DRAM standard", YAML_MAX_BYTES)).hexdigest()
+        return standard_file_sha256(name_or_path)[1]
     except InputError as exc:
         raise InputError(f"{key}.standard: {exc}") from None
 

@@ -9,12 +9,13 @@ Commands: ACT (open a row), PRE (close one bank), PREA (close every bank of the 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
-from chipsim.files import YAML_MAX_BYTES, read_input_text
+from chipsim.files import YAML_MAX_BYTES, read_input, read_input_text
 from chipsim.values import YamlLimitError, yaml_load
 
 COMMANDS = ("ACT", "PRE", "PREA", "RD", "WR", "REFA", "REFB")
@@ -169,6 +170,13 @@ def standard_path(name_or_path: str) -> str:
         raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)}); a file is "
                          "named by a path with a / or ending .yaml")
     return os.path.join(STANDARDS_DIR, f"{name_or_path.lower()}.yaml")
+
+
+def standard_file_sha256(name_or_path: str) -> tuple[str, str]:
+    """The file a standard stands for (standard_path, absolute) and the sha256 of its bytes, read safely: what the
+    calibration cache key, the in-process memo and a run's provenance record of it."""
+    path = os.path.abspath(standard_path(name_or_path))
+    return path, hashlib.sha256(read_input(path, "DRAM standard", YAML_MAX_BYTES)).hexdigest()
 
 
 def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
