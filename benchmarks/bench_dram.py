@@ -20,8 +20,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
         os.environ["CHIPSIM_CACHE_DIR"] = cache
-        from chipsim.dram import calibrate as cal
-        from chipsim.dram import validate
+        from chipsim.dramsim import calibrate as cal
+        from chipsim.dramsim import validate
         from chipsim.hw.config import load_config, memory_tiers
         from chipsim.hw.paths import memory_timing
 

@@ -35,7 +35,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = args.trace or os.path.join(tmp, "long.npz")
         if not args.trace:
-            wall, rss = measured([sys.executable, "-m", "chipsim.trace.synthetic", "--model", "granite-3.1-3b-a800m",
+            wall, rss = measured([sys.executable, "-m", "chipsim.tracegen.synthetic", "--model", "granite-3.1-3b-a800m",
                                   "--tokens", str(args.tokens), "--out", trace])
             print(f"generate {args.tokens} tokens: {wall:.1f} s, peak {rss:.2f} GiB")
         for policy in args.policy or POLICIES:

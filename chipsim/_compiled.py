@@ -22,7 +22,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
     # the event engine and its fast path
     "sim": ("wake", "flows", "dma", "fast_flows", "fast_dma", "engine", "fast"),
     # the command-level DRAM model: a config's memories are calibrated with it once per new config
-    "dram": ("controller", "streams"),
+    "dramsim": ("controller", "streams"),
 }
 RECORD = "_compiled_sources.json"  # written by setup.py in chipsim/: the sha256 of every source it compiled
 NATIVE_SOURCE = "sim/native.pyx"  # the fast path's event core in C (Cython), built beside them where Cython is there

@@ -262,8 +262,8 @@ def _cmd_calibrate(args) -> int:
         write_atomic(args.out, json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     if not args.json:
-        from chipsim.compute.op_cache import OpCache
-        from chipsim.hw.compute import ArrayModel
+        from chipsim.tilesim.op_cache import OpCache
+        from chipsim.hw.compute_formula import ArrayModel
 
         table = OpCache.of(ArrayModel(hw).tiles)
         print(f"\ntable cached as {table.path} ({len(table.results)} operation shapes); chipsim run reuses it")
@@ -279,10 +279,10 @@ def _cmd_dram(args) -> int:
     beside Ramulator 2.1's committed results."""
     import json
 
-    from chipsim.dram import validate
-    from chipsim.dram.controller import ControllerConfig, simulate
-    from chipsim.dram.standard import load_standard
-    from chipsim.dram.streams import requests
+    from chipsim.dramsim import validate
+    from chipsim.dramsim.controller import ControllerConfig, simulate
+    from chipsim.dramsim.standard import load_standard
+    from chipsim.dramsim.streams import requests
 
     if args.validate:
         rows = validate.compare(args.validate)
@@ -353,8 +353,8 @@ def _cmd_cache(args) -> int:
     """Where the caches are, how many entries each holds and how many fail their check; or empty them."""
     from chipsim import cache
     from chipsim.analysis.sweep import check_row
-    from chipsim.compute.op_cache import check_table
-    from chipsim.dram.calibrate import check_calibration
+    from chipsim.tilesim.op_cache import check_table
+    from chipsim.dramsim.calibrate import check_calibration
     from chipsim.files import cache_dir
 
     folders = _cache_folders(args)
@@ -470,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.set_defaults(func=_cmd_calibrate)
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")
-    dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dram/standards/)")
+    dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dramsim/standards/)")
     dram.add_argument("--org", help="organisation preset (default: the standard's first)")
     dram.add_argument("--timing", help="timing preset (default: the standard's first)")
     dram.add_argument("--stream", default="sequential", choices=("sequential", "random"))
@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_trace(argv: list[str]) -> int:
     """`chipsim trace MODEL_DIR --text FILE --out PATH ...`: record a trace from a local HF checkpoint (torch
     imported only after the options are read and checked)."""
-    from chipsim.trace import checkpoint
+    from chipsim.tracegen import checkpoint
 
     try:
         return checkpoint.main(argv)

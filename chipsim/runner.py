@@ -16,7 +16,7 @@ from pathlib import Path
 
 from chipsim import __version__
 from chipsim._compiled import RECORD
-from chipsim.dram.standard import standard_file_sha256
+from chipsim.dramsim.standard import standard_file_sha256
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link

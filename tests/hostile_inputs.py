@@ -281,8 +281,8 @@ def _cache_case(kind: str, how: str, warm: list[str] | None = None):
     same command: it must run as with a cold cache (exit 0, finite JSON), with notes. The in-process memos are
     dropped, as in a new run."""
     def setup(tmp, argv):
-        from chipsim.compute import op_cache
-        from chipsim.dram import calibrate
+        from chipsim.tilesim import op_cache
+        from chipsim.dramsim import calibrate
         from chipsim.files import cache_dir
 
         # a cache of the case's own: only the entries this command makes are garbled (run_case restores the sweep's)
@@ -328,7 +328,7 @@ def _cases_caches() -> list:
     return out
 
 
-HBM3 = os.path.join(ROOT, "chipsim", "dram", "standards", "hbm3.yaml")
+HBM3 = os.path.join(ROOT, "chipsim", "dramsim", "standards", "hbm3.yaml")
 
 
 def _standard_case(kind: str, sweep_first: bool = False):
@@ -462,7 +462,7 @@ def _special_path(tmp: str, kind: str, name: str) -> str:
     elif kind == "hbm3-copy":
         import shutil
 
-        shutil.copy(os.path.join(ROOT, "chipsim", "dram", "standards", "hbm3.yaml"), path)
+        shutil.copy(os.path.join(ROOT, "chipsim", "dramsim", "standards", "hbm3.yaml"), path)
     else:
         return {"devzero": "/dev/zero", "devnull": "/dev/null"}[kind]
     return path
@@ -533,7 +533,7 @@ def _cases_paths() -> list:
 def _edited_standard_case(key: str, name: str, old: str, new: str):
     """A copy of a built-in DRAM standard with one line changed, given to memory.<m>.standard."""
     def setup(tmp, argv):
-        with open(os.path.join(ROOT, "chipsim", "dram", "standards", f"{name}.yaml"), encoding="utf-8") as f:
+        with open(os.path.join(ROOT, "chipsim", "dramsim", "standards", f"{name}.yaml"), encoding="utf-8") as f:
             text = f.read()
         assert old in text
         return argv + ["--set", f"{key}={_write(tmp, 's.yaml', text.replace(old, new))}"]

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from chipsim import cache, cli
 from chipsim.analysis import sweep
-from chipsim.compute import op_cache
-from chipsim.dram import calibrate as cal
+from chipsim.tilesim import op_cache
+from chipsim.dramsim import calibrate as cal
 from conftest import ROOT, THOR
 
 CYCLE = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")

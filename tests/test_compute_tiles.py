@@ -1,4 +1,4 @@
-"""The cycle-level tile loop of the compute chiplet (chipsim.compute.tile_sim), checked by hand: a GEMV's cycles
+"""The cycle-level tile loop of the compute chiplet (chipsim.tilesim.tile_sim), checked by hand: a GEMV's cycles
 from the tile loop, a stream limited by outstanding requests (Little's law) or by double buffering, the closed
 form where it is exact, an SFU-bound softmax, and the action counts."""
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from chipsim.compute.tile_sim import ChipletParams, elementwise, matvec, sfu
+from chipsim.tilesim.tile_sim import ChipletParams, elementwise, matvec, sfu
 
 # thor's arrays (APEX Table III): 4 arrays of 16 x 16 units x 32 lanes at 750 MHz, 32 SFUs each
 THOR = dict(arrays=4, units_per_array=256, vector_length=32, clock_mhz=750.0, sfus_per_array=32, sfu_ops_per_cycle=1)
@@ -115,8 +115,8 @@ def test_the_array_model_takes_matvec_times_from_the_tile_loop_when_asked():
     that latency and the arrays meeting."""
     from pathlib import Path
 
-    from chipsim.compute.tile_sim import matvec as tiled
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.tilesim.tile_sim import matvec as tiled
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.hw.paths import memory_timing
 
@@ -193,8 +193,8 @@ def test_the_cycle_level_table_is_cached_by_content_and_a_run_is_identical_cold_
     from pathlib import Path
 
     from chipsim import cli
-    from chipsim.compute import op_cache
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.tilesim import op_cache
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.workload.decode import build_workload
 
@@ -271,7 +271,7 @@ def test_the_h200_described_as_arrays_predicts_gemvs_of_known_structure_and_larg
     import statistics
     from pathlib import Path
 
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.ops import key_groups
 

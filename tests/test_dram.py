@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from chipsim.dram import validate
-from chipsim.dram.controller import ControllerConfig, _Channel, simulate
-from chipsim.dram.standard import ACT, PRE, RD, WR, evaluate, load_standard
+from chipsim.dramsim import validate
+from chipsim.dramsim.controller import ControllerConfig, _Channel, simulate
+from chipsim.dramsim.standard import ACT, PRE, RD, WR, evaluate, load_standard
 from chipsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_closed_pages_turn_a_row_hit_stream_into_misses_and_open_pages_keep_it()
 
 
 def test_same_stream_and_seed_give_identical_results():
-    from chipsim.dram.streams import requests
+    from chipsim.dramsim.streams import requests
 
     a = simulate(HBM3, requests(HBM3, 5000, kind="random", read_share=0.5, seed=3))
     b = simulate(HBM3, requests(HBM3, 5000, kind="random", read_share=0.5, seed=3))
@@ -123,7 +123,7 @@ def test_a_bad_latency_expression_is_one_line(expr, message):
 
 
 def test_bad_standard_files_name_the_problem(tmp_path):
-    text = (ROOT / "chipsim" / "dram" / "standards" / "hbm3.yaml").read_text()
+    text = (ROOT / "chipsim" / "dramsim" / "standards" / "hbm3.yaml").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("to: [RD], latency: nBL}", "to: [READ], latency: nBL}", 1))
     with pytest.raises(InputError, match=r"unknown command 'READ'"):
@@ -145,7 +145,7 @@ def test_any_mutation_of_a_standard_file_loads_or_fails_in_one_line(tmp_path):
 
     import yaml
 
-    base = yaml.safe_load((ROOT / "chipsim" / "dram" / "standards" / "hbm3.yaml").read_text())
+    base = yaml.safe_load((ROOT / "chipsim" / "dramsim" / "standards" / "hbm3.yaml").read_text())
     rng = random.Random(1)
     path = tmp_path / "m.yaml"
 
@@ -196,12 +196,12 @@ def test_the_dram_model_runs_compiled_where_it_was_installed():
     import importlib.machinery
     import os
 
-    import chipsim.dram
-    from chipsim.dram import controller, streams
+    import chipsim.dramsim
+    from chipsim.dramsim import controller, streams
 
     if os.environ.get("CHIPSIM_PURE_PYTHON"):
         pytest.skip("CHIPSIM_PURE_PYTHON is set")
-    assert chipsim.dram.BUILD == "compiled (mypyc)", chipsim.dram.BUILD
+    assert chipsim.dramsim.BUILD == "compiled (mypyc)", chipsim.dramsim.BUILD
     for module in (controller, streams):
         assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
 
@@ -217,11 +217,11 @@ def test_compiled_and_pure_python_dram_models_measure_the_same():
 
     code = """
 import json, sys
-import chipsim.dram
-from chipsim.dram.controller import ControllerConfig, simulate
-from chipsim.dram.standard import load_standard
-from chipsim.dram.streams import requests
-sys.stderr.write(chipsim.dram.BUILD)
+import chipsim.dramsim
+from chipsim.dramsim.controller import ControllerConfig, simulate
+from chipsim.dramsim.standard import load_standard
+from chipsim.dramsim.streams import requests
+sys.stderr.write(chipsim.dramsim.BUILD)
 out = []
 for name, kind, share, streams, paces, cfg, channels in [
         ("hbm3", "sequential", 0.7, 2, (3, 1), ControllerConfig(), 1),

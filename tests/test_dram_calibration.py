@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from chipsim import cli
-from chipsim.dram import calibrate as cal
+from chipsim.dramsim import calibrate as cal
 from chipsim.hw.config import load_config
-from chipsim.hw.compute import ArrayModel
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.compute_formula import ArrayModel
+from chipsim.hw.dram_formula import dram_timing
 from chipsim.hw.paths import components, memory_timing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +64,8 @@ def test_the_system_model_takes_the_command_level_figures(cache):
 
 
 def test_paced_streams_take_their_share_of_requests_and_a_write_stream_only_writes():
-    from chipsim.dram.standard import load_standard
-    from chipsim.dram.streams import requests
+    from chipsim.dramsim.standard import load_standard
+    from chipsim.dramsim.streams import requests
 
     std = load_standard("hbm3")
     reqs = requests(std, 10_000, streams=2, paces=(0.8, 0.2), write_streams=(1,))

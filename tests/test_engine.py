@@ -327,7 +327,7 @@ def test_energy_is_action_counts_times_the_table_plus_static_power_times_time(ti
 def test_an_operation_occupies_the_share_of_the_arrays_its_work_fills_in_one_pass():
     """By hand on thor's arrays: a vector operation of 3 arrays' lanes occupies 3 arrays for its whole time; one
     of 10,000 arrays' lanes occupies all of them; an op group's launch occupies none; a sum adds them up."""
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
 
     hw = load_config(THOR_CONFIG).hw
     c = hw.compute

@@ -5,9 +5,9 @@ import math
 
 from conftest import THOR
 
-from chipsim.hw.compute import ArrayModel
+from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.dram_formula import dram_timing
 from chipsim.workload.decode import _attention
 from chipsim.workload.models import MODELS
 

@@ -230,7 +230,7 @@ def test_primitive_ops_cost_exactly_the_workload_groups():
     hw = prep.config.hw
     groups = primitive_ops(hw)
     wl = build_workload(hw)
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
 
     am = ArrayModel(hw)
 
@@ -602,7 +602,7 @@ def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
 
 def test_an_op_key_names_its_shape_exactly():
     """op_for_key(p.key) is the very operation the primitive costs (hwcompare's array-model column)."""
-    from chipsim.hw.compute import ArrayModel, parse_op_key
+    from chipsim.hw.compute_formula import ArrayModel, parse_op_key
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.compare import ARRAY_MODEL_ONLY
 
@@ -892,7 +892,7 @@ def test_a_kernels_energy_alone_is_its_windows_power_above_idle_over_its_kernels
 def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_time():
     """A vector operation on thor's arrays by hand: its lane operations × pJ each, its operand bits through HBM,
     UCIe and SRAM (written once, read once), and clock power over its time (thor: every array while any runs)."""
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.energy_table import modelled_op_energy_nj
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, THOR
 
 from chipsim.cli import main
-from chipsim.dram.standard import STANDARDS_DIR, load_standard
+from chipsim.dramsim.standard import STANDARDS_DIR, load_standard
 from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, YAML_MAX_BYTES, read_input, read_json
 from chipsim.hw.config import load_config
@@ -148,7 +148,7 @@ def test_a_fifo_as_standard_is_refused_at_once(tmp_path, capsys):
 def test_a_standard_path_is_relative_to_the_config_that_names_it(tmp_path, monkeypatch):
     """From another folder, `standard: std/hbm3-copy.yaml` is the file beside the config; the DRAM model it
     describes (organisation, timing re-timed to the config) is the built-in hbm3's."""
-    from chipsim.dram.calibrate import cache_key, retimed_standard
+    from chipsim.dramsim.calibrate import cache_key, retimed_standard
 
     os.mkdir(tmp_path / "std")
     shutil.copy(os.path.join(STANDARDS_DIR, "hbm3.yaml"), tmp_path / "std" / "hbm3-copy.yaml")

@@ -189,7 +189,7 @@ def test_real_trace_provenance_and_speed(capsys):
     assert main(["inspect", path]) == 0
     out = capsys.readouterr().out
     for fragment in ("architecture: GraniteMoeForCausalLM", "parameters:", "training:", "held-out", "text:",
-                     "command: python -m chipsim.trace.train"):
+                     "command: python -m chipsim.trace.train"):  # as recorded then (now chipsim.tracegen)
         assert fragment in out, fragment
     assert "SYNTHETIC" not in out
 

@@ -1,9 +1,10 @@
 """The package's import graph, read with `ast` (every import statement, at module level or inside a function):
 no module imports itself through others, and no module imports from a layer above its own.
 
-Layers, lowest first: the base modules (errors, units, values, files, cache, pool, _compiled, the package itself), hw,
-workload, trace, policies, sim, runner, then analysis and hwreplay (side by side: neither imports the other), then
-cli. Implicit imports of parent packages (importing chipsim.policies.base runs chipsim/policies/__init__.py)
+Layers, lowest first: the base modules (errors, units, values, files, cache, pool, _compiled, the package itself), the
+two component simulators (dramsim: the command-level DRAM model; tilesim: the cycle-level compute tiles), hw, workload,
+trace (reading traces), policies, sim, runner, then analysis, tracegen (producing traces: recording, training,
+predictors, quality, synthetic) and hwreplay (the GPU validation) side by side (none imports another), then cli. Implicit imports of parent packages (importing chipsim.policies.base runs chipsim/policies/__init__.py)
 are not edges: only the modules an import statement names are."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "chipsim")
-LAYERS = {"base": 0, "dram": 1, "compute": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6, "runner": 7,
-          "analysis": 8, "hwreplay": 8, "cli": 9}
+LAYERS = {"base": 0, "dramsim": 1, "tilesim": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6,
+          "runner": 7, "analysis": 8, "tracegen": 8, "hwreplay": 8, "cli": 9}
 BASE = {"chipsim", "chipsim.errors", "chipsim.units", "chipsim.values", "chipsim.files", "chipsim.cache",
         "chipsim.pool", "chipsim._compiled"}
 

@@ -24,7 +24,7 @@ from chipsim.analysis.sweep import run_sweep
 from chipsim.runner import code_files, prepare, provenance, tree_sha256
 
 PACKAGE = Path(ROOT) / "chipsim"
-HBM3 = PACKAGE / "dram" / "standards" / "hbm3.yaml"
+HBM3 = PACKAGE / "dramsim" / "standards" / "hbm3.yaml"
 # short runs, and only the HBM on the command-level model (one calibration per standard, not two)
 SHORT = ["workload.max_tokens=2", "memory.lpddr5x.timing_model=closed-form"]
 
@@ -44,7 +44,7 @@ def slower_standard(path: Path) -> None:
 def test_code_files_are_the_package_files_a_run_reads():
     files = code_files()
     assert files == sorted(files)
-    for rel in ("runner.py", "dram/standards/hbm3.yaml", "dram/standards/lpddr5.yaml", "sim/native.pyx"):
+    for rel in ("runner.py", "dramsim/standards/hbm3.yaml", "dramsim/standards/lpddr5.yaml", "sim/native.pyx"):
         assert rel in files
     assert not [f for f in files if f.endswith((".pyc", ".so", ".pyd")) or "__pycache__" in f
                 or f.endswith("_compiled_sources.json")]
@@ -63,14 +63,14 @@ def test_code_hash_follows_every_source_file_and_ignores_build_outputs(tmp_path)
     (copy / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"bytecode")
     assert tree_sha256(copy) == original
     # a DRAM standard, the Cython source and a module each change it
-    for rel in ("dram/standards/hbm3.yaml", "sim/native.pyx", "units.py"):
+    for rel in ("dramsim/standards/hbm3.yaml", "sim/native.pyx", "units.py"):
         path = copy / rel
         text = path.read_bytes()
         path.write_bytes(text + b"\n")
         assert tree_sha256(copy) != original, rel
         path.write_bytes(text)
     assert tree_sha256(copy) == original
-    slower_standard(copy / "dram" / "standards" / "hbm3.yaml")
+    slower_standard(copy / "dramsim" / "standards" / "hbm3.yaml")
     assert tree_sha256(copy) != original
 
 
@@ -131,7 +131,7 @@ def _package_snapshot() -> dict:
 @pytest.mark.skipif(not _can_build_wheels(), reason="setuptools < 70.1 without the wheel package cannot build wheels")
 def test_pure_wheel_and_sdist_hold_every_package_file_and_leave_the_tree_alone(tmp_path):
     tracked = [line.removeprefix("chipsim/") for line in _git("ls-files", "chipsim").splitlines()]
-    assert "dram/standards/hbm3.yaml" in tracked and "sim/native.pyx" in tracked
+    assert "dramsim/standards/hbm3.yaml" in tracked and "sim/native.pyx" in tracked
     status, snapshot = _git("status", "--porcelain"), _package_snapshot()
     env = dict(os.environ, CHIPSIM_PURE_PYTHON="1", PIP_NO_INDEX="1")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

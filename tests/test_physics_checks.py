@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from chipsim.cli import _int_list, main
-from chipsim.dram.standard import load_standard
+from chipsim.dramsim.standard import load_standard
 from chipsim.errors import InputError
 from chipsim.hw.config import load_config
 from chipsim.policies.base import make_policy
@@ -72,7 +72,7 @@ def test_a_latency_expression_below_zero_is_refused():
 
 
 def test_a_standard_file_that_breaks_physics_names_the_config_key_and_the_file(tmp_path):
-    text = open(os.path.join(ROOT, "chipsim", "dram", "standards", "hbm3.yaml"), encoding="utf-8").read()
+    text = open(os.path.join(ROOT, "chipsim", "dramsim", "standards", "hbm3.yaml"), encoding="utf-8").read()
     bad = tmp_path / "slow.yaml"
     bad.write_text(text.replace("    tck_ps: 625", "    tck_ps: 0"))
     refused(lambda: load_config(THOR, [f"memory.hbm.standard={bad}"]), "memory.hbm.standard: slow.yaml",

@@ -10,7 +10,7 @@ from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing, write_trace_and_config
 
 from chipsim.errors import InputError
-from chipsim.hw.compute import ArrayModel
+from chipsim.hw.compute_formula import ArrayModel
 from chipsim.policies.base import make_policy
 from chipsim.runner import prepare, simulate
 from chipsim.hw.paths import fetch_path_timing

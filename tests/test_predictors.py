@@ -1,4 +1,4 @@
-"""Predictor training (chipsim.trace.predictors) on tiny data, CPU, fast."""
+"""Predictor training (chipsim.tracegen.predictors) on tiny data, CPU, fast."""
 
 import json
 
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from chipsim.errors import InputError  # noqa: E402
 from chipsim.trace import format as tformat  # noqa: E402
-from chipsim.trace.predictors import (  # noqa: E402
+from chipsim.tracegen.predictors import (  # noqa: E402
     TAUS,
     build_trace_arrays,
     delta_hat,
@@ -85,7 +85,7 @@ def test_delta_star_and_delta_hat_agree_with_the_format():
 @pytest.fixture(scope="module")
 def tiny_trace(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    from chipsim.trace.recorder import find_routers, model_counts, record
+    from chipsim.tracegen.recorder import find_routers, model_counts, record
 
     cfg = transformers.DeepseekV2Config(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                         num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=16,

@@ -1,4 +1,4 @@
-"""Quality cost of the approximate modes (chipsim.trace.quality) on tiny random-init models (CPU, fast), and
+"""Quality cost of the approximate modes (chipsim.tracegen.quality) on tiny random-init models (CPU, fast), and
 how `chipsim run` and `chipsim inspect` report the measured records of the bundled real traces.
 
 Random-init models are for tests only, never results.
@@ -54,8 +54,8 @@ def tiny():
     """arch -> (model, held-out windows, training Recording, held-out Recording, trace arrays), built once."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from chipsim.trace.predictors import build_trace_arrays
-    from chipsim.trace.recorder import find_routers, record
+    from chipsim.tracegen.predictors import build_trace_arrays
+    from chipsim.tracegen.recorder import find_routers, record
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and immune to a busy machine's oversubscription
@@ -89,7 +89,7 @@ class CountingBaseline:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_identity_hooks_give_exactly_the_baseline_nll(tiny, arch):
-    from chipsim.trace.quality import RoutingOverride, heldout_nll
+    from chipsim.tracegen.quality import RoutingOverride, heldout_nll
 
     model, held, _, _, arrays = tiny[arch]
     base, count = heldout_nll(model, held, batch=2, amp=False)
@@ -106,8 +106,8 @@ def test_identity_hooks_give_exactly_the_baseline_nll(tiny, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_apex_sf_with_every_expert_prefetched_substitutes_nothing(tiny, arch):
-    from chipsim.trace.predictors import delta_hat
-    from chipsim.trace.quality import ApexStallFree, RoutingOverride, heldout_nll
+    from chipsim.tracegen.predictors import delta_hat
+    from chipsim.tracegen.quality import ApexStallFree, RoutingOverride, heldout_nll
 
     model, held, _, _, arrays = tiny[arch]
     n, k = arrays["router_rank"].shape[-1], arrays["routed_ids"].shape[-1]
@@ -134,7 +134,7 @@ def test_apex_sf_with_every_expert_prefetched_substitutes_nothing(tiny, arch):
 def test_apex_sf_modify_by_hand():
     """N = 6, k = 2, one MoE layer; δ̂ = ⌈s⌉ from θ = 0, 1, 2, 3, 4 at τ = 0.5 (logit 0)."""
     torch = pytest.importorskip("torch")
-    from chipsim.trace.quality import ApexStallFree
+    from chipsim.tracegen.quality import ApexStallFree
 
     arrays = {
         "routed_ids": np.zeros((4, 1, 2), dtype=np.uint8),  # shapes only: modify reads the live routing
@@ -172,8 +172,8 @@ def test_apex_sf_modify_by_hand():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pregated_runs_layer_l_router_on_layer_l_minus_1_ffn_input(tiny, arch):
     torch = pytest.importorskip("torch")
-    from chipsim.trace.quality import PreGated, RoutingOverride, heldout_nll
-    from chipsim.trace.recorder import decoder_layers, find_ffn, parse_router_output
+    from chipsim.tracegen.quality import PreGated, RoutingOverride, heldout_nll
+    from chipsim.tracegen.recorder import decoder_layers, find_ffn, parse_router_output
 
     model, held, _, _, arrays = tiny[arch]
     n, k = arrays["router_rank"].shape[-1], arrays["routed_ids"].shape[-1]
@@ -225,7 +225,7 @@ def test_pregated_runs_layer_l_router_on_layer_l_minus_1_ffn_input(tiny, arch):
 
 
 def test_lore_fit_error_in_sample_is_monotone_in_rank(tiny):
-    from chipsim.trace.quality import fit_lore, lore_fit_error
+    from chipsim.tracegen.quality import fit_lore, lore_fit_error
 
     model, _, rec_tr, rec_te, _ = tiny["DeepseekV2ForCausalLM"]
     ranks = (4, 16, 32)
@@ -241,7 +241,7 @@ def test_lore_fit_error_in_sample_is_monotone_in_rank(tiny):
 
 def test_measure_quality_rejects_windows_that_are_not_the_arrays_tokens(tiny):
     torch = pytest.importorskip("torch")
-    from chipsim.trace.quality import measure_quality
+    from chipsim.tracegen.quality import measure_quality
 
     model, held, _, _, arrays = tiny["GraniteMoeForCausalLM"]
     for wrong in (torch.roll(held, 1, dims=1), held[:3], torch.cat([held, held[:1]])):
@@ -251,7 +251,7 @@ def test_measure_quality_rejects_windows_that_are_not_the_arrays_tokens(tiny):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_measure_quality_record_of_a_tiny_model(tiny, arch):
-    from chipsim.trace.quality import measure_quality
+    from chipsim.tracegen.quality import measure_quality
 
     model, held, rec_tr, rec_te, arrays = tiny[arch]
     q = measure_quality(model, held, arrays, train_rec=rec_tr, heldout_rec=rec_te, batch=2, log=_silent)
@@ -412,7 +412,7 @@ def test_inspect_prints_the_quality_section(capsys):
     path = os.path.join(TRACES, "real-deepseek-v2-lite.npz")
     assert main(["inspect", path]) == 0
     out = capsys.readouterr().out
-    assert "Quality cost (chipsim.trace.quality)" in out and "quality: not measured" not in out
+    assert "Quality cost (chipsim.tracegen.quality)" in out and "quality: not measured" not in out
     assert f"baseline ppl {q['baseline']['ppl']:.3f} (nll {q['baseline']['nll']:.5f}" in out
     start = out.index("Quality cost")
     table = [line.split() for line in out[start:].splitlines()

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from chipsim.trace.recorder import (  # noqa: E402
+from chipsim.tracegen.recorder import (  # noqa: E402
     RoutingRecorder,
     decoder_layers,
     find_routers,

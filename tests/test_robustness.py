@@ -127,7 +127,7 @@ def test_a_second_sweep_into_a_directory_being_written_is_refused(tmp_path, caps
 
 
 def test_the_generator_refuses_a_folder_as_out_and_leaves_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "chipsim.trace.synthetic", "--model", "granite-1b", "--tokens", "8",
+    proc = subprocess.run([sys.executable, "-m", "chipsim.tracegen.synthetic", "--model", "granite-1b", "--tokens", "8",
                            "--out", str(tmp_path)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 2 and proc.stderr.strip() == f"chipsim: error: --out {tmp_path}: is a directory"
     assert list(tmp_path.iterdir()) == []

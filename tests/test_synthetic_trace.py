@@ -1,4 +1,4 @@
-"""Tests of the seeded synthetic routing-trace generator (chipsim.trace.synthetic).
+"""Tests of the seeded synthetic routing-trace generator (chipsim.tracegen.synthetic).
 
 Every statistic is recomputed here from the generated arrays, independently of what the generator
 reports in meta["measured"].
@@ -19,7 +19,7 @@ import pytest
 from chipsim.errors import InputError
 from chipsim.trace import format as fmt
 from chipsim.trace import predictor_arrays as pa
-from chipsim.trace.synthetic import SyntheticParams, generate, write
+from chipsim.tracegen.synthetic import SyntheticParams, generate, write
 from chipsim.workload.models import MODELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_meta_marks_the_trace_synthetic_and_agrees_with_arrays(g1b):
     arrays, meta = g1b
     prov = meta["provenance"]
     assert prov["description"].startswith("SYNTHETIC")
-    assert prov["generator"] == "chipsim.trace.synthetic"
+    assert prov["generator"] == "chipsim.tracegen.synthetic"
     assert prov["params"]["num_tokens"] == 256 and prov["params"]["seed"] == 3
     assert meta["predictor_metrics"] == {} and meta["quality"] == {}
     assert "SYNTHETIC" in as_trace(arrays, meta).provenance_line()
@@ -371,7 +371,7 @@ def test_apex_score_ranks_difficulty_and_delta_star_has_a_long_tail(g3b):
 def test_cli_writes_a_trace_and_prints_one_line(tmp_path):
     out = tmp_path / "cli.npz"
     run = subprocess.run(
-        [sys.executable, "-m", "chipsim.trace.synthetic", "--model", "phi-mini-moe", "--tokens", "32", "--seed", "2", "--out", str(out)],
+        [sys.executable, "-m", "chipsim.tracegen.synthetic", "--model", "phi-mini-moe", "--tokens", "32", "--seed", "2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert run.returncode == 0, run.stderr
@@ -381,7 +381,7 @@ def test_cli_writes_a_trace_and_prints_one_line(tmp_path):
     assert trace.num_tokens == 32 and trace.meta["provenance"]["params"]["seed"] == 2
     trace.check_matches(MODELS["phi-mini-moe"])
     bad = subprocess.run(
-        [sys.executable, "-m", "chipsim.trace.synthetic", "--model", "nope", "--tokens", "8", "--out", str(tmp_path / "x.npz")],
+        [sys.executable, "-m", "chipsim.tracegen.synthetic", "--model", "nope", "--tokens", "8", "--out", str(tmp_path / "x.npz")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 2 and "unknown model" in bad.stderr and not (tmp_path / "x.npz").exists()
@@ -391,7 +391,7 @@ def test_load_returns_the_same_read_only_trace_until_the_file_changes(tmp_path):
     import os
 
     from chipsim.trace import format as tf
-    from chipsim.trace.synthetic import SyntheticParams, write
+    from chipsim.tracegen.synthetic import SyntheticParams, write
 
     path = tmp_path / "t.npz"
     write(path, "granite-3.1-1b-a400m", SyntheticParams(num_tokens=8, seed=1))
@@ -419,7 +419,7 @@ def test_chunked_generation_gives_the_same_arrays_and_meta(name, monkeypatch):
     """Every (T, L, N) step works through the tokens in chunks (bounded memory for long traces); with chunks
     of a handful of tokens (calibration subsample, reductions over tokens, the random streams split at odd
     places) the trace must be exactly the one made in a single chunk."""
-    from chipsim.trace import synthetic
+    from chipsim.tracegen import synthetic
 
     params = SyntheticParams(num_tokens=300, seed=5)
     monkeypatch.setattr(synthetic, "CHUNK_ELEMENTS", 1 << 40)  # one chunk: every array whole
@@ -435,7 +435,7 @@ def test_chunked_generation_gives_the_same_arrays_and_meta(name, monkeypatch):
 def test_chunked_cdf_fit_is_the_same_float64_fit(monkeypatch):
     """The APEX CDF fit sums (T, L, C) terms over tokens chunk by chunk; the float64 θ and w must be bit-equal
     to the fit over the whole array (rounded float32 outputs alone would hide a reordered sum)."""
-    from chipsim.trace import synthetic
+    from chipsim.tracegen import synthetic
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((500, 3))

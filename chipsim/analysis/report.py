@@ -130,7 +130,7 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-# rates of a quality record (chipsim.trace.quality), in the order `quality_lines` prints them: key, text after
+# rates of a quality record (chipsim.tracegen.quality), in the order `quality_lines` prints them: key, text after
 # the percentage; drop_rate only when non-zero
 QUALITY_RATES = (
     ("substitution_rate", "of routed experts substituted"),
@@ -156,7 +156,7 @@ def _quality_measured(label: str, mode: str | None, entry: dict, source: str) ->
 
 def quality_lines(rows: list[dict]) -> list[str]:
     """One line per policy whose run changes what the model computes: the held-out perplexity cost measured
-    on the trace's model (meta['quality'], chipsim.trace.quality), or why it is not measured. Policies that
+    on the trace's model (meta['quality'], chipsim.tracegen.quality), or why it is not measured. Policies that
     compute every routed expert as routed print nothing."""
     lines = []
     for row in rows:

@@ -175,7 +175,7 @@ def _run_task(task: dict) -> dict:
 
 
 def _calibrate(task: dict) -> None:
-    """A point's memories calibrated by the command-level DRAM model (cached on disk by chipsim.dram.calibrate),
+    """A point's memories calibrated by the command-level DRAM model (cached on disk by chipsim.dramsim.calibrate),
     in a worker; a point that is bad input is left to `_prepare_points`, which names the problem."""
     try:
         hw = load_config(task["config"], task["overrides"]).hw

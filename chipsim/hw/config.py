@@ -104,7 +104,7 @@ class ComputeConfig:
         "validation/compute/probe_handoff.py); 0 where compute starts the moment the bytes land", 0.0, minimum=0,
         maximum=1e9)
     op_times_ns: dict = _optional(
-        "measured duration of individual operations, ns, keyed as chipsim.hw.compute.op_key names them "
+        "measured duration of individual operations, ns, keyed as chipsim.hw.compute_formula.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
         "array model's estimate (profiled-operator mode, as in Vidur), 0 where it runs inside another's kernel "
         "(a dequantisation fused into its matvecs); empty: the array model throughout", {})
@@ -125,7 +125,7 @@ class ComputeConfig:
         """All arrays' SRAM read bandwidth, GB/s: what experts staged there are read at (and share with fetches)."""
         return self.sram_read_gbps_per_array * self.arrays
     timing: str = _optional("how an operation's time is found: analytic (max of tiling cycles and bytes over the "
-                            "stream bandwidth, plus fixed latency) or cycle-level (chipsim/compute/tile_sim.py: "
+                            "stream bandwidth, plus fixed latency) or cycle-level (chipsim/tilesim/tile_sim.py: "
                             "matrix-vector operations by the tile loop with requests in flight and double-buffered "
                             "SRAM tiles, special functions by the SFU pipelines, elementwise work by the lanes)", "analytic", choices=("analytic", "cycle-level"))
     sram_read_bytes_per_cycle_per_array: int = _optional("cycle-level: bytes one array reads from its SRAM per "
@@ -178,14 +178,14 @@ class DramConfig:
     background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
                                    minimum=0, maximum=1e6)
     standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5; "
-                              "chipsim/dram/standards/) or a standard YAML file (a value with a / or ending .yaml), "
+                              "chipsim/dramsim/standards/) or a standard YAML file (a value with a / or ending .yaml), "
                               "relative to the config file that names it (with --set: to the current folder); "
                               "empty: none", "")
     organization: str = _optional("organisation preset of the standard (empty: its first)", "")
     timing_preset: str = _optional("timing preset of the standard (empty: its first); re-timed to data_rate_mtps "
                                    "and the ns keys above", "")
     timing_model: str = _optional("where efficiency, read/write turnaround and access latency come from: "
-                                  "closed-form (chipsim/hw/dram.py, from the keys above) or command-level (the "
+                                  "closed-form (chipsim/hw/dram_formula.py, from the keys above) or command-level (the "
                                   "standard's command-level model, computed once and cached)", "closed-form",
                                   choices=("closed-form", "command-level"))
     controller_queue_entries: int = _optional("command-level: entries of each channel controller's read queue and of "
@@ -414,7 +414,7 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 def _path_keys(data: dict) -> list[tuple[dict, str]]:
     """(section, key) of every key of a config's data whose value is a file path: workload.trace, and each
     memory's standard when it names a file rather than a built-in standard."""
-    from chipsim.dram.standard import is_standard_path
+    from chipsim.dramsim.standard import is_standard_path
 
     out = []
     workload = data.get("workload")
@@ -670,7 +670,7 @@ def _check_pcie_sizes(hw: HardwareConfig) -> None:
 def _check_standards(hw: HardwareConfig) -> None:
     """A command-level memory's standard is resolved and re-timed here, so that a missing file, a preset, a
     standard of another kind of memory or a timing that breaks physics is an error before anything runs."""
-    from chipsim.dram.calibrate import retimed_standard
+    from chipsim.dramsim.calibrate import retimed_standard
 
     for key, d in memory_tiers(hw).values():
         if d.timing_model == "command-level":

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.hw.config import HardwareConfig, memory_tiers, serial_links
-from chipsim.hw.dram import DramTiming, command_level_timing, dram_timing
+from chipsim.hw.dram_formula import DramTiming, command_level_timing, dram_timing
 
 # components inside the package: their energy is the paper's "on-chip active" category, the rest "off-chip I/O"
 IN_PACKAGE = ("hbm", "ucie")

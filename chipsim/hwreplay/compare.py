@@ -16,7 +16,7 @@ import statistics
 
 from chipsim.errors import InputError, OneLineParser
 from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, read_input_text, read_json
-from chipsim.hw.compute import ArrayModel
+from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj

@@ -122,7 +122,7 @@ def modelled_op_energy_nj(hw, key: str, groups: int = 1) -> float:
     """What the config's energy table charges one operation alone, above the static power: its operand bytes over
     HBM and UCIe and through SRAM, its MACs, SFU and lane operations, and clock power over its time (or, with
     compute.clock_power_by_occupancy, over the share of the arrays it occupies). nJ."""
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.sim.energy import EnergyTable
 
     op = ArrayModel(hw).op_for_key(key, groups)

@@ -14,7 +14,7 @@ import statistics
 from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import read_json
 from chipsim.hw.config import DramConfig
-from chipsim.hw.dram import dram_timing
+from chipsim.hw.dram_formula import dram_timing
 
 # H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
 HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.compute import ArrayModel, op_key, parse_op_key
+from chipsim.hw.compute_formula import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import op_group_builders, weight_bytes as weight_bytes_at
 from chipsim.workload.models import get_model

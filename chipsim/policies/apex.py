@@ -17,7 +17,7 @@ router's ranking at routing time). δ* (`predictor_arrays.delta_star`) is only r
 routed sets as each layer routes.
 
 apex-sf changes what the model computes; its results carry the held-out perplexity cost measured on the
-trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.trace.quality: `quality_cost`,
+trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.tracegen.quality: `quality_cost`,
 `quality_source`), or say why there is none.
 """
 

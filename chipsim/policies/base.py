@@ -34,7 +34,7 @@ is not an integer` and exits 2):
   `sees_future_routing` (the oracle, an upper bound) reads routing ahead.
 
 A policy that changes what the model computes (substitutes, drops or approximates routed experts) reports
-the quality cost measured for it on the trace's model (meta['quality'], chipsim.trace.quality) through
+the quality cost measured for it on the trace's model (meta['quality'], chipsim.tracegen.quality) through
 `quality_fields`: extra metrics `quality_mode`, `quality_cost` and `quality_source`.
 
 Policies are registered by name with `@register`; parameters are declared as `Param`s and come from
@@ -59,7 +59,7 @@ from chipsim.workload.decode import DecodeWorkload, ExpertFormat
 from chipsim.workload.host import HostTiming
 
 if TYPE_CHECKING:
-    from chipsim.hw.compute import OpCost
+    from chipsim.hw.compute_formula import OpCost
 
 Key = tuple[int, int]  # (MoE layer, expert)
 

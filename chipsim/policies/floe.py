@@ -9,7 +9,7 @@ expert's BF16 size (FloE's factor is relative to FP16 weights, so the compressed
 `model.expert_bits`). It moves as one DMA transfer (FloE packs gate and down columns contiguously for one
 compact asynchronous copy; the engine already overlaps computing landed experts with the transfers of
 the others, so per-matrix transfers would only add descriptor set-ups). Its arrays time is built with
-chipsim.hw.compute.ArrayModel from the compressed operand bytes:
+chipsim.hw.compute_formula.ArrayModel from the compressed operand bytes:
 - up projection: d → I outputs (dense: its output magnitudes choose the kept channels), INT2 weights,
   dequantised to BF16 on the vector lanes (`compute.dequant_ops_per_weight` lane operations per weight);
 - channel mask: one vector pass over the I up outputs;
@@ -32,7 +32,7 @@ reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, e
 
 from __future__ import annotations
 
-from chipsim.hw.compute import ArrayModel, ceil_div
+from chipsim.hw.compute_formula import ArrayModel, ceil_div
 from chipsim.policies.base import Param, Policy, SimContext, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT

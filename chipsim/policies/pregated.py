@@ -18,7 +18,7 @@ Only recorded predictor outputs are read before routing; the true routed set is 
 fallback of layer 0 and to count deviations.
 
 Executing the pre-gate's choice changes what the model computes; the results carry the held-out perplexity
-cost measured on the trace's model (meta['quality']['pregated'], chipsim.trace.quality: `quality_cost`,
+cost measured on the trace's model (meta['quality']['pregated'], chipsim.tracegen.quality: `quality_cost`,
 `quality_source`), or say why there is none. `lookahead` changes only timing, not the computation.
 """
 

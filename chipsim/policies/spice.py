@@ -67,7 +67,7 @@ mean_prefetch_depth,
 spice_d_min, spice_cache_slots, spice_surrogate (what replaces low-confidence misses), spice_lore_hbm_bytes;
 and the quality cost of the surrogates (quality_mode, quality_cost, quality_source): with surrogates on, the
 held-out perplexity measured on the trace's model for this run's variant (residual LoRE of rank `lore_rank`
-at `confidence`: meta['quality']['spice_lore']['variants'][str(lore_rank)], chipsim.trace.quality), an upper
+at `confidence`: meta['quality']['spice_lore']['variants'][str(lore_rank)], chipsim.tracegen.quality), an upper
 bound since that measurement surrogates every low-confidence draft miss whatever the cache holds; with
 surrogates off or no shared experts every routed expert is computed exactly (quality_mode None).
 """
@@ -80,7 +80,7 @@ from heapq import heappop, heappush, heapreplace
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.hw.compute import ArrayModel
+from chipsim.hw.compute_formula import ArrayModel
 from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, quality_record, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT

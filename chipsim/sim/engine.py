@@ -31,7 +31,7 @@ import simpy
 from mypy_extensions import mypyc_attr
 
 from chipsim.errors import InputError
-from chipsim.hw.compute import OpCost
+from chipsim.hw.compute_formula import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import ROUTING_ARRAYS, LayerPlan, Policy, PolicyError

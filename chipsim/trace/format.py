@@ -45,7 +45,7 @@ from chipsim.files import GIB, TRACE_MAX_BYTES, open_input, write_atomic
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
 NO_EXPERT = 255
-# the traces this repository ships stay below this (a test checks; chipsim.trace.train trims to it); the format
+# the traces this repository ships stay below this (a test checks; chipsim.tracegen.train trims to it); the format
 # itself has no size limit: a user may record or generate a trace of any length
 SHIPPED_TRACE_MAX_BYTES = 16 * (1 << 20)
 

@@ -1,7 +1,7 @@
 """The predictor outputs a trace may carry beside its core arrays, and the APEX CDF's δ̂ and δ*.
 
 Each output is an `ArraySpec` (chipsim.trace.format); a policy lists the specs it reads in
-`Policy.trace_arrays`, the recorder (chipsim.trace.predictors) and the synthetic generator write them, and
+`Policy.trace_arrays`, the recorder (chipsim.tracegen.predictors) and the synthetic generator write them, and
 `trace.format.save(..., specs=RECORDED)` checks what they write. A new predictor output is one new spec here,
 the code that computes it, and the policy that declares it: nothing in the format or the engine, and no
 existing trace has to be regenerated (a trace without it still replays every policy that does not read it).

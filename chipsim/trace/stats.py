@@ -31,7 +31,7 @@ routed set is predicted, APEX's strict measure):
   shares of δ* = 0, 1, 2, 3–4, 5–7, ≥ 8.
 - **APEX CDF**: at τ = 0.6 / 0.75 / 0.9 / 0.97, δ̂ = `predictor_arrays.delta_hat`; coverage = share of
   token-layers with δ* ≤ δ̂ (every routed expert prefetched), and mean δ̂.
-- **quality**: the trace's meta['quality'] (chipsim.trace.quality: held-out perplexity of the trained model
+- **quality**: the trace's meta['quality'] (chipsim.tracegen.quality: held-out perplexity of the trained model
   under each approximate mode against the unmodified model), one row per measured mode and setting with the
   record's values as stored; None when the trace carries no record.
 """
@@ -476,7 +476,7 @@ def format_quality(q: dict | None) -> list[str]:
         scope.append(f"{q['scored_tokens']:,} tokens scored")
     if "precision" in q:
         scope.append(q["precision"])
-    lines = ["Quality cost (chipsim.trace.quality): held-out perplexity of the trace's trained model under each "
+    lines = ["Quality cost (chipsim.tracegen.quality): held-out perplexity of the trace's trained model under each "
              "approximate mode, teacher-forced" + (", " + ", ".join(scope) if scope else "") + ":"]
     lines.append(f"  baseline ppl {_f(q.get('baseline_ppl'))} (nll {_f(q.get('baseline_nll'), 5)}; through identity "
                  f"hooks {_f(q.get('hooked_identity_nll'), 5)})")

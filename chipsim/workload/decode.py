@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
-from chipsim.hw.compute import ArrayModel, OpCost, ceil_div
+from chipsim.hw.compute_formula import ArrayModel, OpCost, ceil_div
 from chipsim.hw.config import HardwareConfig, memory_tiers
 from chipsim.hw.paths import expert_store
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB

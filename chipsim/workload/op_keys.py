@@ -23,7 +23,7 @@ import re
 from types import SimpleNamespace
 
 from chipsim.errors import InputError
-from chipsim.hw.compute import OpCost, op_key, parse_op_key
+from chipsim.hw.compute_formula import OpCost, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig, ModelConfig, WorkloadConfig, field_bounds
 from chipsim.workload.decode import op_group_builders
 from chipsim.workload.models import MODELS

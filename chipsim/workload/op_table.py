@@ -13,7 +13,7 @@ from chipsim.workload.op_keys import check_op_keys
 def op_table(hw) -> list[dict]:
     """One row per distinct operation of the decode step: its group, name, shape key, both times (µs) and its
     actions. Needs compute.timing: cycle-level (the analytic times are computed beside it)."""
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.workload.decode import op_group_builders
     from chipsim.workload.models import get_model
 
@@ -73,7 +73,7 @@ PAPER_APEX_GAIN = 0.42
 def _layer_groups(config_path: str, overrides, names) -> tuple:
     """(hw, model, {group: OpCost}) of one MoE layer's op groups `names`, costed without building the whole
     decode step (the LM head's tile loop is the longest operation and none of these needs it)."""
-    from chipsim.hw.compute import ArrayModel
+    from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.workload.decode import op_group_builders
     from chipsim.workload.models import get_model

@@ -19,7 +19,7 @@ CONFIGS="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-granite-1b.yaml hwconfig
 python -m chipsim.hwreplay.microbench --out "$OUT/h200-op-times-triton.json" --gemv triton --shapes-from $CONFIGS --contexts 512,1024,2048
 PPA=$(python - "$OUT/h200-op-times-triton.json" <<'PY'
 import json, sys
-from chipsim.hw.compute import parse_op_key
+from chipsim.hw.compute_formula import parse_op_key
 from chipsim.hwreplay.ops import key_groups
 rows = json.load(open(sys.argv[1]))["op_times"]
 # the 8 x 512 kernel: a plain matvec (no shared operand) of reduction >= 512

@@ -3,7 +3,7 @@
     PYTHONPATH=<ramulator2>/python python validation/dram/run_ramulator.py --out validation/dram/ramulator.json
 
 Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is never a dependency of
-chipsim. Each point's requests come from chipsim.dram.streams (seeded), written as a ReadWriteTrace file, so
+chipsim. Each point's requests come from chipsim.dramsim.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
 controllers keep Ramulator's defaults (32-entry read and write buffers, write watermarks 0.2 / 0.8), FR-FCFS with
 row hits first, open pages; all-bank, per-bank (LPDDR5: PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
@@ -19,8 +19,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from chipsim.dram.points import POINTS, point_requests  # noqa: E402
-from chipsim.dram.streams import ramulator_loadstore_lines, ramulator_trace_lines  # noqa: E402
+from chipsim.dramsim.points import POINTS, point_requests  # noqa: E402
+from chipsim.dramsim.streams import ramulator_loadstore_lines, ramulator_trace_lines  # noqa: E402
 
 RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its tick in ns (its HBM3 model ticks
     # twice per CK: tick_multiplier = 2 in python/ramulator/dram/hbm3.py)

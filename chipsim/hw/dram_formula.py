@@ -34,7 +34,7 @@ class DramTiming:
     effective_gbps: float
     access_latency_ns: float
     turnaround: float  # extra capacity per written byte while reads run too (see the module docstring)
-    source: str = "closed-form"  # or "command-level <standard> <presets>" (chipsim.dram.calibrate)
+    source: str = "closed-form"  # or "command-level <standard> <presets>" (chipsim.dramsim.calibrate)
     shared_gbps: float = 0.0  # bandwidth while two or more sequential readers share it (0: effective_gbps)
 
 
@@ -63,10 +63,10 @@ def dram_timing(cfg: DramConfig) -> DramTiming:
 
 def command_level_timing(cfg: DramConfig, key: str, write_share: float, closed: DramTiming,
                          second_read_share: float = 0.0) -> DramTiming:
-    """The memory's figures from its standard's command-level model (chipsim.dram.calibrate): efficiency times
+    """The memory's figures from its standard's command-level model (chipsim.dramsim.calibrate): efficiency times
     this config's peak (`closed`: its closed-form timing), the turnaround at `write_share`, a lone read's latency,
     and, with a second reader taking `second_read_share` of the reads, the bandwidth the two streams reach."""
-    from chipsim.dram.calibrate import calibrate
+    from chipsim.dramsim.calibrate import calibrate
 
     cal = calibrate(cfg, key, write_share, second_read_share)
     return DramTiming(

@@ -1,6 +1,6 @@
 """A command-level DRAM memory system: per channel a controller with read and write queues, a write-drain
 policy, FR-FCFS scheduling (row hits first, then oldest) and open or closed pages, issuing ACT / PRE / PREA /
-RD / WR / REFA / REFB to the banks under the standard's timing constraints (chipsim.dram.standard), cycle by
+RD / WR / REFA / REFB to the banks under the standard's timing constraints (chipsim.dramsim.standard), cycle by
 cycle (idle stretches are skipped, not ticked through).
 
 Requests come from a front end that offers them in order, one every `interval` cycles, and waits (the next
@@ -23,7 +23,7 @@ from typing import Iterable
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from chipsim.dram.standard import ACT, COMMANDS, PRE, PREA, RD, REFA, REFB, WR, Standard
+from chipsim.dramsim.standard import ACT, COMMANDS, PRE, PREA, RD, REFA, REFB, WR, Standard
 
 NCMD = len(COMMANDS)
 INF = 1 << 62
@@ -391,7 +391,7 @@ class _Channel:
 def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, offers_per_cycle: int = 1,
              interval: int = 1, controller: ControllerConfig = ControllerConfig(), warmup: int = 0,
              window: tuple[int, int] | None = None) -> DramResult:
-    """Run `requests` (chipsim.dram.streams: (is_write, channel, address below the channel, row, column))
+    """Run `requests` (chipsim.dramsim.streams: (is_write, channel, address below the channel, row, column))
     through `channels` controllers. The front end offers up to `offers_per_cycle` requests every `interval`
     cycles, in order, and stops at the first that finds its queue full; the run ends when the last request is
     accepted (Ramulator 2.1's trace front ends end there too). The first `warmup` completed requests are left out

@@ -1,5 +1,5 @@
 """A cycle-level model of one operation on the compute chiplet's vector arrays: the operand path, the tile loop,
-the SFU pipelines and the elementwise lanes (chipsim.hw.compute uses it under `compute.timing: cycle-level`).
+the SFU pipelines and the elementwise lanes (chipsim.hw.compute_formula uses it under `compute.timing: cycle-level`).
 
 An operation is split over the A arrays by output rows and runs on all of them at once; the model follows one
 array's share (the largest), tile by tile:

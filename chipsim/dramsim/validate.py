@@ -1,4 +1,4 @@
-"""chipsim's command-level DRAM model beside Ramulator 2.1 at every validation point (chipsim.dram.points):
+"""chipsim's command-level DRAM model beside Ramulator 2.1 at every validation point (chipsim.dramsim.points):
 bandwidth within 3 % and average read latency within 10 % is the target."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from chipsim.dram.controller import ControllerConfig, simulate
-from chipsim.dram.points import POINTS, point_requests
+from chipsim.dramsim.controller import ControllerConfig, simulate
+from chipsim.dramsim.points import POINTS, point_requests
 from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, read_input_text
 

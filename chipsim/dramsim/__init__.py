@@ -6,4 +6,4 @@ The controller and the streams are compiled by mypyc at install (chipsim._compil
 
 from chipsim import _compiled
 
-BUILD = _compiled.load("dram")  # e.g. "compiled (mypyc)"
+BUILD = _compiled.load("dramsim")  # e.g. "compiled (mypyc)"

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from chipsim.trace.format import NO_EXPERT
 from chipsim.trace.predictor_arrays import delta_hat
-from chipsim.trace.recorder import decoder_layers, find_ffn, find_routers, parse_router_output
+from chipsim.tracegen.recorder import decoder_layers, find_ffn, find_routers, parse_router_output
 
 APEX_TAUS = (0.6, 0.75, 0.9)
 LORE_RANKS = (16, 32)
@@ -372,7 +372,7 @@ def measure_quality(model, heldout_seqs: torch.Tensor, arrays: dict, *, train_re
         same, _ = heldout_nll(model, heldout_seqs, batch, amp, ov)
     out = {
         "method": ("held-out perplexity of the trained model, teacher-forced over the trace's held-out windows, each mode "
-                   "applied through hooks on the MoE blocks (chipsim.trace.quality); decisions from the trace's predictor "
+                   "applied through hooks on the MoE blocks (chipsim.tracegen.quality); decisions from the trace's predictor "
                    "outputs, routing live"),
         "heldout_windows": int(heldout_seqs.shape[0]), "window_tokens": int(heldout_seqs.shape[1]), "scored_tokens": cnt,
         "precision": "bf16 autocast" if amp else "fp32",

@@ -64,7 +64,7 @@ from chipsim.trace import format as fmt
 from chipsim.trace import predictor_arrays
 from chipsim.workload.models import MODELS, ModelShape, get_model
 
-GENERATOR = "chipsim.trace.synthetic"
+GENERATOR = "chipsim.tracegen.synthetic"
 PILOT_TOKENS = (128, 384)  # pilot run calibrating the reuse keep-probabilities: num_tokens clipped to this
 CALIBRATION_ROWS = 8192  # token-layers used to solve each predictor's noise scale
 REPORT_TAUS = (0.6, 0.75, 0.9, 0.97)
@@ -716,7 +716,7 @@ def _parse_set(items: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
-        prog="python -m chipsim.trace.synthetic",
+        prog="python -m chipsim.tracegen.synthetic",
         description="Write a seeded SYNTHETIC routing trace (schema v1) for a model shape.",
     )
     parser.add_argument("--model", required=True, help=f"model name ({', '.join(sorted(MODELS))})")

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from chipsim.compute import tile_sim
-from chipsim.compute.op_cache import OpCache
-from chipsim.compute.tile_sim import ChipletParams
+from chipsim.tilesim import tile_sim
+from chipsim.tilesim.op_cache import OpCache
+from chipsim.tilesim.tile_sim import ChipletParams
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -118,8 +118,8 @@ class ArrayModel:
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
         self.op_energy_pj = {k: round(v) for k, v in c.op_energy_pj.items()}
-        self.tiles = None  # cycle-level timing of every operation (chipsim.compute.tile_sim)
-        self.op_cache = None  # its operation table, cached by content hash (chipsim.compute.op_cache)
+        self.tiles = None  # cycle-level timing of every operation (chipsim.tilesim.tile_sim)
+        self.op_cache = None  # its operation table, cached by content hash (chipsim.tilesim.op_cache)
         self._shapes: dict[str, bool] = {}  # shape key -> found in the cached table
         if c.timing == "cycle-level" and operands_from == "hbm":
             self.request_latency_ns = hbm.access_latency_ns + 2 * hw.links.ucie.latency_ns  # request out, data back

@@ -1,15 +1,15 @@
 """Train a reduced-width MoE language model of a published shape, record it, fit predictors, write a trace.
 
-    python -m chipsim.trace.train --shape granite-3.1-3b-a800m --data .data/text-v1 --out OUTDIR --minutes 6 --seed 0 [--tiny]
+    python -m chipsim.tracegen.train --shape granite-3.1-3b-a800m --data .data/text-v1 --out OUTDIR --minutes 6 --seed 0 [--tiny]
 
 One seeded command per model: it builds the real transformers class
 (GraniteMoeForCausalLM, DeepseekV2ForCausalLM, PhimoeForCausalLM, …) with the published layer count,
 dense first layers, expert count, top-k and shared experts of the shape, at reduced width (default
 d 512, expert FFN 256, our own 16k byte-level BPE vocabulary); trains it on the pre-tokenised open-licence
-text of chipsim.trace.textdata (bf16 autocast on a GPU, AdamW, the model family's load-balancing loss
+text of chipsim.tracegen.textdata (bf16 autocast on a GPU, AdamW, the model family's load-balancing loss
 computed from router hooks) until a wall-time budget; reports train and held-out loss before and after;
 records a training split (for the predictors and train_expert_counts) and held-out sequences (the trace's
-decode tokens: every position of a held-out sequence), fits the predictors of chipsim.trace.predictors,
+decode tokens: every position of a held-out sequence), fits the predictors of chipsim.tracegen.predictors,
 and writes OUTDIR/<trace name>.npz with chipsim.trace.format.save plus OUTDIR/<trace name>.json (its meta).
 The weights are never written.
 
@@ -35,10 +35,10 @@ import torch.nn.functional as F
 from chipsim.errors import InputError
 from chipsim.trace import format as tformat
 from chipsim.trace import predictor_arrays
-from chipsim.trace.predictors import build_trace_arrays
-from chipsim.trace.quality import heldout_nll, measure_quality
-from chipsim.trace.recorder import RoutingRecorder, find_routers, model_counts, record
-from chipsim.trace.textdata import load_split
+from chipsim.tracegen.predictors import build_trace_arrays
+from chipsim.tracegen.quality import heldout_nll, measure_quality
+from chipsim.tracegen.recorder import RoutingRecorder, find_routers, model_counts, record
+from chipsim.tracegen.textdata import load_split
 from chipsim.workload.models import get_model
 
 TRACE_NAMES = {
@@ -270,7 +270,7 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="train a published-shape MoE at reduced width, record it, write a trace")
     ap.add_argument("--shape", required=True, help="model shape name (chipsim.workload.models)")
-    ap.add_argument("--data", required=True, help="folder written by python -m chipsim.trace.textdata")
+    ap.add_argument("--data", required=True, help="folder written by python -m chipsim.tracegen.textdata")
     ap.add_argument("--out", required=True, help="output folder for the trace (+ .json meta)")
     ap.add_argument("--minutes", type=float, default=6.0, help="training wall-time budget")
     ap.add_argument("--seed", type=int, default=0)
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"quality measured in {quality['seconds']} s")
     del rec_tr
 
-    cmd = "python -m chipsim.trace.train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m chipsim.tracegen.train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     meta = {
         "synthetic": False,
         "model": {**{k: counts[k] for k in tformat.META_MODEL_KEYS}, "name": shape.name, "hf_architecture": counts["hf_architecture"]},

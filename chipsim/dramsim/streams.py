@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.dram.standard import Standard
+from chipsim.dramsim.standard import Standard
 
 
 def _mapping(std: Standard) -> list[str]:

@@ -1,6 +1,6 @@
 """A DRAM standard as data (Ramulator 2.1's idea, chipsim's format): address levels, commands, and timing
 constraints "after command P at a node of level L, command F at that node (or, `sibling`, at its siblings) waits
-`latency` cycles" (or, with `window: n`, the n-th previous P). Files live in chipsim/dram/standards/; an
+`latency` cycles" (or, with `window: n`, the n-th previous P). Files live in chipsim/dramsim/standards/; an
 organisation preset gives the level counts and row size, a timing preset the parameters in clock cycles.
 
 Commands: ACT (open a row), PRE (close one bank), PREA (close every bank of the refresh level's node), RD and WR
@@ -162,7 +162,7 @@ def is_standard_path(value: str) -> bool:
 
 def standard_path(name_or_path: str) -> str:
     """The file a standard stands for: a path as written (is_standard_path), or a built-in name's
-    chipsim/dram/standards/<name>.yaml."""
+    chipsim/dramsim/standards/<name>.yaml."""
     if is_standard_path(name_or_path):
         return name_or_path
     known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
@@ -181,7 +181,7 @@ def standard_file_sha256(name_or_path: str) -> tuple[str, str]:
 
 def load_standard(name_or_path: str, org: str | None = None, timing: str | None = None,
                   timing_overrides: dict | None = None) -> Standard:
-    """Read a standard (a name in chipsim/dram/standards/ or a path, is_standard_path) and resolve one
+    """Read a standard (a name in chipsim/dramsim/standards/ or a path, is_standard_path) and resolve one
     organisation and one timing preset (the first of each unless named); `timing_overrides` replace preset
     parameters (cycles)."""
     path = standard_path(name_or_path)

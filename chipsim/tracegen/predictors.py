@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.trace.predictor_arrays import delta_hat, delta_star
-from chipsim.trace.recorder import Recording
+from chipsim.tracegen.recorder import Recording
 
 TAUS = (0.6, 0.75, 0.9, 0.97)
 FLOE_HIDDEN = 128
