@@ -24,7 +24,7 @@ from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
-from chipsim.sim.fast import fast_engine
+from chipsim.sim.core import core_for
 from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
@@ -206,10 +206,8 @@ TOKEN_BAR_MIN = 4096
 
 def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0,
              progress: bool = False) -> SimResult:
-    engine = fast_engine() if prep.config.hw.run.engine == "fast" else Simulation
-    sim = engine(prep.config.hw, prep.workload, prep.trace, policy,
-                     max_tokens=prep.config.hw.workload.max_tokens, record_events=record_events,
-                     record_tokens=record_tokens)
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
+                     record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine))
     if not (progress and sim.num_tokens >= TOKEN_BAR_MIN and sys.stderr.isatty()):
         return sim.run()
     from tqdm import tqdm

@@ -84,7 +84,7 @@ def tiny(request, tmp_path, monkeypatch) -> Tiny:
 
 def native_core():
     """chipsim.sim.native (the fast path's C event core), or the test is skipped where the install did not build it."""
-    from chipsim.sim.fast import native_available
+    from chipsim.sim.core import native_available
 
     if not native_available():
         pytest.skip("chipsim.sim.native was not built (no Cython or C compiler at install)")

@@ -1,5 +1,5 @@
-"""The fast path (chipsim.sim.fast, `run.engine: fast`, the default) against the engine of record
-(chipsim.sim.engine, `run.engine: reference`): every registered policy on the configs whose behaviour differs
+"""The native event core (chipsim.sim.core, chipsim.sim.native; `run.engine: fast`, the default) against the engine
+of record on SimPy (`run.engine: reference`): every registered policy on the configs whose behaviour differs
 (Thor's queue with preemption and cancels, DeepSeek-V2-Lite's shared experts, the H200's one FIFO copy stream,
 experts staged in SRAM, operations faster than their operand path, Thor without preemption or cancels), results
 identical to the picosecond, the byte and the picojoule, the recorded timeline included."""
@@ -15,7 +15,8 @@ import chipsim.sim
 from chipsim.errors import InputError
 from chipsim.policies.base import REGISTRY
 from chipsim.runner import prepare, simulate
-from chipsim.sim.fast import FastSimulation, NativeSimulation, fast_engine, native_available
+from chipsim.sim.core import SIMPY, fast_core, native_available
+from chipsim.sim.engine import Simulation
 from conftest import native_core
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.metrics import per_token_energy_pj
@@ -41,12 +42,6 @@ def _prepared(config: str, overrides: list[str], engine: str, policies):
                    [f"workload.max_tokens={TOKENS}", f"run.engine={engine}", *overrides], policies)
 
 
-def _fast_engines() -> list[type]:
-    """The fast path as `run.engine: fast` runs it (on chipsim.sim.native where it was built) and, where that is
-    native, its compiled Python classes too (what runs where Cython was not there at install)."""
-    return [FastSimulation, NativeSimulation] if native_available() else [FastSimulation]
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_policy_gives_the_reference_results_exactly(name):
     config, overrides = CONFIGS[name]
@@ -59,17 +54,25 @@ def test_every_policy_gives_the_reference_results_exactly(name):
         a = simulate(ref, p_ref)
         assert a.tokens == TOKENS
         energy_a = per_token_energy_pj(a, table)
-        for engine in _fast_engines():
-            b = engine(hw, workload, trace, copy.deepcopy(p_fast), max_tokens=TOKENS).run()
-            assert differences(a, b) == [], f"{name} {p_ref.label} {engine.__name__}"
-            energy_b = per_token_energy_pj(b, table)
-            assert all(np.array_equal(energy_a[k], energy_b[k]) for k in energy_a), f"{name} {p_ref.label}"
+        b = Simulation(hw, workload, trace, copy.deepcopy(p_fast), max_tokens=TOKENS, core=native_core_or_skip()).run()
+        assert differences(a, b) == [], f"{name} {p_ref.label}"
+        energy_b = per_token_energy_pj(b, table)
+        assert all(np.array_equal(energy_a[k], energy_b[k]) for k in energy_a), f"{name} {p_ref.label}"
 
 
-def test_the_fast_path_runs_on_the_c_event_core_where_it_was_built():
-    assert fast_engine() is (NativeSimulation if native_available() else FastSimulation)
+def native_core_or_skip():
+    native_core()  # skips where the install did not build it
+    from chipsim.sim.core import native_core as core
+
+    return core()
+
+
+def test_the_fast_engine_runs_on_the_c_event_core_where_it_was_built():
+    """`run.engine: fast` is the native core where it was built and may run, else SimPy (the same results)."""
+    assert fast_core().name == ("native" if native_available() else "simpy")
     if native_available():
         assert chipsim.sim.NATIVE and chipsim.sim.BUILD == "compiled (mypyc)"
+    assert SIMPY.name == "simpy" and SIMPY.operation is None
 
 
 def test_the_recorded_timeline_is_the_same():
@@ -78,10 +81,9 @@ def test_the_recorded_timeline_is_the_same():
     ref = simulate(prep, prep.policies[0], record_events=True, record_tokens=4).timeline
     assert len(ref.dma) > 0
     fast_prep = _prepared(config, overrides, "fast", ["apex"])
-    for engine in _fast_engines():
-        fast = engine(fast_prep.config.hw, fast_prep.workload, fast_prep.trace, copy.deepcopy(fast_prep.policies[0]),
-                      max_tokens=TOKENS, record_events=True, record_tokens=4).run().timeline
-        assert ref.events == fast.events and ref.dma == fast.dma and ref.link == fast.link, engine.__name__
+    fast = Simulation(fast_prep.config.hw, fast_prep.workload, fast_prep.trace, copy.deepcopy(fast_prep.policies[0]),
+                      max_tokens=TOKENS, record_events=True, record_tokens=4, core=native_core_or_skip()).run().timeline
+    assert ref.events == fast.events and ref.dma == fast.dma and ref.link == fast.link
 
 
 def test_an_unknown_engine_is_refused_naming_the_key():
@@ -134,17 +136,16 @@ def test_pure_python_and_compiled_print_the_same_run(tmp_path):
     assert outputs[""] == outputs["1"] and "apex" in outputs[""]
 
 
-@pytest.mark.parametrize("core", ["fast", "native"])
+@pytest.mark.parametrize("core", ["simpy", "native"])
 def test_a_finished_process_is_freed_by_reference_counting(core):
     """A process (a host-CPU job is one per expert) holds its resume callback, a method bound to itself: when its
     generator returns it lets go of it, so finished processes never pile up for the cyclic garbage collector."""
     import gc
     import weakref
 
-    from chipsim.sim.wake import Loop
+    import simpy
 
-    loop_class = Loop if core == "fast" else native_core().Loop
-    env = loop_class()
+    env = simpy.Environment() if core == "simpy" else native_core().Loop()
 
     def job(delay):
         yield env.timeout(delay)

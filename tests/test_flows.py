@@ -6,23 +6,18 @@ import numpy as np
 import pytest
 import simpy
 
-from chipsim.sim.fast_flows import FastFlowNetwork
 from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork
 from chipsim.units import PS_PER_S
-from chipsim.sim.wake import Loop
 from conftest import native_core
 
-Environment = simpy.Environment  # the reference's clock; the fast classes run on chipsim.sim.wake.Loop
+Environment = simpy.Environment  # the reference's clock; the native core's classes run on its own Loop
 
 
-@pytest.fixture(params=["reference", "fast", "native"], autouse=True)
+@pytest.fixture(params=["reference", "native"], autouse=True)
 def engine(request, monkeypatch):
-    """Every check here runs on the engine of record's FlowNetwork, on the fast path's FastFlowNetwork and on its C
-    event core's (chipsim.sim.native, where the install built it)."""
-    if request.param == "fast":
-        monkeypatch.setitem(globals(), "FlowNetwork", FastFlowNetwork)
-        monkeypatch.setitem(globals(), "Environment", Loop)  # the fast path's event loop (SimPy's queue, no SimPy)
-    elif request.param == "native":
+    """Every check here runs on the engine of record's FlowNetwork (on SimPy) and on the native event core's
+    (chipsim.sim.native, where the install built it): the same network, checked against the same hand sums."""
+    if request.param == "native":
         native = native_core()
         monkeypatch.setitem(globals(), "FlowNetwork", native.FlowNetwork)
         monkeypatch.setitem(globals(), "Environment", native.Loop)

@@ -17,11 +17,11 @@ from chipsim.policies import REGISTRY
 from chipsim.policies.base import LayerPlan, Policy, PolicyError
 from chipsim.runner import prepare, summarize_result
 from chipsim.sim.engine import Simulation
-from chipsim.sim.fast import fast_engine
+from chipsim.sim.core import core_for
 
 CLOSED_FORM = ("expert_buffer:\n  capacity_mib: 4\n"
                "memory:\n  hbm:\n    timing_model: closed-form\n  lpddr5x:\n    timing_model: closed-form\n")
-ENGINES = {"reference": lambda: Simulation, "fast": fast_engine}  # fast: the native core where it was built
+ENGINES = ("fast", "reference")  # fast: the native core where it was built (chipsim.sim.core.core_for)
 INTEGER_TYPES = [int, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.intp]
 
 
@@ -48,7 +48,7 @@ def registered(monkeypatch):
 def _run(cfg: str, policy: Policy, engine: str = "fast", tokens: int = 0) -> dict:
     """The policy's summary row (every number of its result) on the tiny config."""
     prep = prepare(cfg, [], ["no-prefetch"])
-    sim = ENGINES[engine]()(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=tokens)
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=tokens, core=core_for(engine))
     return summarize_result(prep, sim.run(), policy)
 
 

@@ -4,6 +4,8 @@ value checker as config keys."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from conftest import THOR
@@ -80,9 +82,9 @@ def test_a_policy_reading_an_array_it_does_not_declare_is_stopped(tiny):
 def test_an_expert_the_model_does_not_have_is_never_in_the_buffer_and_cannot_be_fetched(tiny, engine):
     """The buffer keys experts by layer * experts + expert: an id outside 0..experts-1 must not alias another
     layer's expert. Asked about, it is absent; prefetched or executed, the policy is stopped, naming it."""
-    from chipsim.sim.fast import fast_engine
+    from chipsim.sim.core import core_for
 
-    engine_class = Simulation if engine == "reference" else fast_engine()
+    engine_class = functools.partial(Simulation, core=core_for(engine))
     prep = prepare(tiny.config(), [], ["no-prefetch"])
     n = prep.workload.model.num_experts
     seen, layers_out = [], []
@@ -144,9 +146,9 @@ def test_cancel_unneeded_drops_only_this_layers_experts_still_on_their_way_and_n
     """At layer 1's routing, three of its experts and one of layer 2's are on their way (prefetched by layer 1's
     start, no time has passed) and one of layer 1's has arrived (prefetched a layer earlier). Keeping the first
     of the three drops the other two, returned in issue order; the arrived one and layer 2's stay."""
-    from chipsim.sim.fast import fast_engine
+    from chipsim.sim.core import core_for
 
-    engine_class = Simulation if engine == "reference" else fast_engine()
+    engine_class = functools.partial(Simulation, core=core_for(engine))
     prep = prepare(tiny.config(), [], ["no-prefetch"])
     answers = []
 

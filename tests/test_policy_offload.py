@@ -9,6 +9,7 @@ from conftest import ROOT, tiny_shape
 
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.engine import Simulation
+from chipsim.sim.observe import Observer
 
 TINY_LAYERS = 4
 TINY = tiny_shape(TINY_LAYERS)
@@ -31,12 +32,11 @@ def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
     policy = prep.policies[0]
     evicted = []
 
-    class Recording(Simulation):
-        def evict(self, layer, expert, stop_transfer=True):
+    class Evictions(Observer):
+        def evicted(self, layer, expert):
             evicted.append((layer, expert))
-            super().evict(layer, expert, stop_transfer)
 
-    sim = Recording(prep.config.hw, prep.workload, prep.trace, policy)
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, observers=[Evictions()])
     result = sim.run()
     assert policy.placed == {(2, 5), (3, 7), (0, 0), (0, 1), (0, 2)}
     assert set(sim.resident_keys()) == policy.placed and not evicted

@@ -15,6 +15,7 @@ from chipsim.policies.base import make_policy
 from chipsim.runner import prepare, simulate
 from chipsim.hw.paths import fetch_path_timing
 from chipsim.sim.engine import Simulation
+from chipsim.sim.observe import Observer
 from chipsim.trace import format as tf
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.models import MODELS
@@ -124,7 +125,7 @@ def test_a_saturated_link_sends_high_confidence_misses_to_the_host_cpu(make):
     original = policy.on_route
 
     def on_route(ctx, t, layer, rt):
-        queued_at_route.append(ctx.link_queued_bytes())
+        queued_at_route.append(sim.dma.queued_bytes())  # bytes on the link ahead of a fetch issued now
         return original(ctx, t, layer, rt)
 
     policy.on_route = on_route
@@ -331,13 +332,14 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
 
         policy.on_layer_end = on_layer_end
 
-        class Recording(Simulation):
-            def _issue(self, key, priority):
-                entry = super()._issue(key, priority)
-                occupancy.append(self._held + self._zombies)
-                return entry
+        class Occupancy(Observer):
+            def attach(self, sim):
+                self.sim = sim
 
-        sim = Recording(prep.config.hw, prep.workload, prep.trace, policy)
+            def issued(self, layer, expert, demand, transfer):  # slots taken, those still stopping included
+                occupancy.append(self.sim.slots - self.sim.free_slots())
+
+        sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, observers=[Occupancy()])
         result = sim.run()
         capacity = slots or sim.slots
         assert policy.capacity == capacity and result.extra["spice_cache_slots"] == capacity

@@ -254,8 +254,8 @@ def test_timeline_tokens_limits_what_is_recorded(tiny, tmp_path, capsys):
     prep = prepare(cfg, policy_specs=["static-3"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0], record_events=True,
                      record_tokens=1)
-    sim.run()
-    assert sim.dma.recorder is None and sim.events is None
+    recorded = sim.run().timeline
+    assert sim.dma.recorder is None and [name for lane, name, *_ in recorded.events if lane == "tokens"] == ["token 0"]
     plain = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
     assert plain.dma.recorder is None and plain.run().timeline is None
 

@@ -19,11 +19,11 @@ HOOKS = ("on_run_start", "on_token_start", "on_layer_start", "on_route", "on_lay
 
 def _part(filename: str) -> str:
     path = filename.replace("\\", "/")
-    if "/simpy/" in path or path.endswith("chipsim/sim/wake.py"):
+    if "/simpy/" in path:
         return "simpy"
-    if path.endswith(("chipsim/sim/flows.py", "chipsim/sim/fast_flows.py")):
+    if path.endswith("chipsim/sim/flows.py"):
         return "flows"
-    if path.endswith(("chipsim/sim/dma.py", "chipsim/sim/fast_dma.py")):
+    if path.endswith("chipsim/sim/dma.py"):
         return "dma"
     if "/chipsim/sim/" in path:
         return "engine"
@@ -53,13 +53,12 @@ def breakdown(stats: pstats.Stats) -> dict:
     for (filename, _line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
         part = _part(filename)
         seconds[part] += tottime
-        # an event: a SimPy step, or on the fast path a wake-up scheduled or an event triggered (chipsim.sim.wake;
-        # its Loop pops them without a call each)
-        if part == "simpy" and func in ("step", "wake_in", "trigger"):
+        # an event: a SimPy step (profiled, the engine runs as Python on SimPy: chipsim.cli)
+        if part == "simpy" and func == "step":
             counts["events"] += ncalls
         elif part == "flows" and func == "add":
             counts["transfers"] += ncalls
-        elif part == "dma" and func == "submit" and not filename.endswith("fast_dma.py"):  # it calls dma.py's
+        elif part == "dma" and func == "submit":
             counts["dma_submits"] += ncalls
         elif part == "policy" and func in HOOKS:
             # a hook overridden down a class chain (an override calling super()) is one call of the hook: its

@@ -107,10 +107,6 @@ class Standard:
     def tck_ps(self) -> int:
         return self.params["tck_ps"]
 
-    @property
-    def bank_level(self) -> int:
-        return len(self.levels) - 1
-
     def peak_gbps(self, channels: int | None = None) -> float:
         """Data-bus peak: every data-level node moves one burst per nBL cycles."""
         nodes = 1

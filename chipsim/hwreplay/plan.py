@@ -1,7 +1,8 @@
 """A policy's decisions on a trace, as the ordered action list the hardware replay executes (no torch).
 
-The simulator runs the policy as usual; a recorder notes, in the order they happen, every point where
-the decode step moves on and every decision the policy (or the engine on its behalf) takes:
+The simulator runs the policy as usual; a recorder watching it (an observer, chipsim.sim.observe) notes, in the order
+they happen, every point where the decode step moves on and every decision the policy (or the engine on its behalf)
+takes:
 
     ["token", t]                          token t starts (on_token_start)
     ["dense", t, i]                       dense first layer i runs
@@ -43,45 +44,13 @@ from dataclasses import dataclass
 
 from chipsim.errors import InputError
 from chipsim.runner import Prepared
-from chipsim.sim.dma import DEMAND, DmaRecorder
+from chipsim.sim.dma import DmaRecorder
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
 from chipsim.sim.metrics import per_token_energy_pj
+from chipsim.sim.observe import Observer
 from chipsim.units import PS_PER_S
 
-PHASES = ("token", "layer_start", "route", "layer_end", "victims")
-
-
-class _PhaseProxy:
-    """Wraps the policy: notes the decode step's phase before each hook runs."""
-
-    def __init__(self, policy, rec: "PlanRecorder"):
-        self._policy = policy
-        self._rec = rec
-
-    def __getattr__(self, name):
-        return getattr(self._policy, name)
-
-    def on_token_start(self, ctx, t):
-        self._rec.t = t
-        self._rec.actions.append(["token", t])
-        return self._policy.on_token_start(ctx, t)
-
-    def on_layer_start(self, ctx, t, layer):
-        self._rec.layer = layer
-        return self._policy.on_layer_start(ctx, t, layer)
-
-    def on_route(self, ctx, t, layer, routed):
-        self._rec.actions.append(["route", t, layer])
-        plan = self._policy.on_route(ctx, t, layer, routed)
-        if plan.on_host or plan.surrogate:
-            raise InputError(f"hwreplay: policy {self._policy.label} computes experts on the host CPU or with "
-                             "surrogates; the hardware replay runs only GPU-side policies")
-        return plan
-
-    def on_layer_end(self, ctx, t, layer):
-        self._rec.actions.append(["layer_end", t, layer])
-        return self._policy.on_layer_end(ctx, t, layer)
 
 
 class _SpanRecorder(DmaRecorder):
@@ -123,26 +92,61 @@ def fifo_copy_stream(dma) -> bool:
     return dma.engines == 1 and not (dma.cancel_in_flight or dma.demand_first or dma.demand_preempts_prefetch)
 
 
-class PlanRecorder(Simulation):
-    """A Simulation that records its action list (and, unless its DMA is one FIFO copy stream, its copy schedule;
-    see the module docstring)."""
+class PlanRecorder(Observer):
+    """An observer of the engine (chipsim.sim.observe) that records the action list and, unless the DMA is one FIFO
+    copy stream, the copy schedule (module docstring)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
         self.actions: list[list] = []
         self.t = 0
         self.layer = -1
-        self.policy = _PhaseProxy(self.policy, self)
         self.issue_of_tid: dict[int, int] = {}  # DMA transfer id -> its "issue" among the actions (0, 1, ...)
         self.spans: _SpanRecorder | None = None
-        if not fifo_copy_stream(self.hw.dma):
-            self.spans = self.dma.recorder = _SpanRecorder(self.dma.engines)
+        self._label = ""
 
-    def _issue(self, key, priority):
-        self.actions.append(["issue", self.t, self.layer, key[0], key[1], "demand" if priority == DEMAND else "prefetch"])
-        entry = super()._issue(key, priority)
-        self.issue_of_tid[entry.transfers[-1].tid] = len(self.issue_of_tid)
-        return entry
+    def attach(self, sim) -> None:
+        self._label = sim.policy.label
+        if not fifo_copy_stream(sim.hw.dma):
+            if sim.dma.recorder is not None:
+                raise ValueError("the DMA queue is recorded by another observer already (one DMA recorder per run)")
+            self.spans = sim.dma.recorder = _SpanRecorder(sim.dma.engines)
+
+    def token_start(self, t, now) -> None:
+        self.t = t
+        self.actions.append(["token", t])
+
+    def layer_start(self, t, layer) -> None:
+        self.layer = layer
+
+    def ops(self, kind, index, experts, start, end) -> None:
+        if kind == "attention":
+            self.layer = index
+            self.actions.append(["attention", self.t, index])
+        elif kind == "experts":
+            self.actions.append(["compute", self.t, index, [int(e) for e in experts]])
+        elif kind == "dense":
+            self.actions.append(["dense", self.t, index])
+        elif kind == "head":
+            self.actions.append(["head", self.t])
+        # "shared" and "combine" run inside the replay's route and layer_end steps
+
+    def route(self, t, layer) -> None:
+        self.actions.append(["route", t, layer])
+
+    def plan(self, t, layer, plan) -> None:
+        if plan.on_host or plan.surrogate:
+            raise InputError(f"hwreplay: policy {self._label} computes experts on the host CPU or with "
+                             "surrogates; the hardware replay runs only GPU-side policies")
+
+    def issued(self, layer, expert, demand, transfer) -> None:
+        self.actions.append(["issue", self.t, self.layer, layer, expert, "demand" if demand else "prefetch"])
+        self.issue_of_tid[transfer.tid] = len(self.issue_of_tid)
+
+    def evicted(self, layer, expert) -> None:
+        self.actions.append(["evict", self.t, self.layer, layer, expert])
+
+    def layer_end(self, t, layer) -> None:
+        self.actions.append(["layer_end", t, layer])
 
     def copy_schedule(self) -> list | None:
         """[engine, issue, first byte, end byte] per data span, engine by engine in the order they ran (None for
@@ -151,25 +155,6 @@ class PlanRecorder(Simulation):
             return None
         spans = sorted(self.spans.data_spans, key=lambda s: (s[0], s[2], s[1]))
         return [[e, self.issue_of_tid[tid], a, b] for e, tid, _, a, b in spans]
-
-    def evict(self, layer, expert, stop_transfer=True):
-        if self.present(layer, expert):
-            self.actions.append(["evict", self.t, self.layer, layer, expert])
-        return super().evict(layer, expert, stop_transfer)
-
-    def _compute(self, work, label, *label_args):
-        if label == "L%d attention+router":
-            self.layer = label_args[0]
-            self.actions.append(["attention", self.t, label_args[0]])
-        elif label == "L%d experts %s":
-            self.actions.append(["compute", self.t, label_args[0], [int(e) for e in label_args[1]]])
-        elif label == "dense layer %d":
-            self.actions.append(["dense", self.t, label_args[0]])
-        elif label == "lm head":
-            self.actions.append(["head", self.t])
-        elif label not in ("L%d shared", "L%d combine"):  # those two run inside the replay's route/layer_end steps
-            raise RuntimeError(f"hwreplay: the engine computes {label!r}, which the plan recorder does not know")
-        yield from super()._compute(work, label, *label_args)
 
 
 @dataclass
@@ -241,18 +226,20 @@ def assign_slots(actions: list, slots: int) -> list:
 
 
 def build_plan(prep: Prepared, policy) -> Plan:
-    """Run `policy` on the prepared config and trace with the recorder; return its Plan."""
-    sim = PlanRecorder(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens)
+    """Run `policy` on the prepared config and trace with the recorder watching; return its Plan."""
+    recorder = PlanRecorder()
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
+                     observers=[recorder])
     result = sim.run()
     energy = per_token_energy_pj(result, EnergyTable.from_config(prep.config.hw))
     fmt = sim.expert_format
     if fmt.slot_bytes != fmt.fetch_bytes:
         raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
-    actions = assign_slots(sim.actions, sim.slots)
+    actions = assign_slots(recorder.actions, sim.slots)
     return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
                 actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps],
                 sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()),
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(result.tokens)],
-                engines=sim.dma.engines, copies=sim.copy_schedule(), sim_segment_launches=sim.segment_launches)
+                engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches)

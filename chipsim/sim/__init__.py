@@ -1,9 +1,9 @@
-"""The event-level model: the decode-step engine (engine), its fast path (fast, fast_flows, fast_dma, wake, and the
-C event core native), the flow network (flows) and the DMA queue (dma), plus what they record.
+"""The event-level model: the decode-step engine (engine) on an event core (core: SimPy, the engine of record, or
+the C event core native), the flow network (flows) and the DMA queue (dma), plus what they record.
 
 The engine's modules are compiled by mypyc at install (chipsim._compiled: which modules, and the guard that runs
 their .py files instead where a compiled copy is stale). `BUILD` says how they run in this process and `NATIVE`
-whether the fast path runs on the C event core.
+whether the C event core may run (chipsim.sim.core.fast_core).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def _native_state() -> bool:
         return True
     if not os.environ.get("CHIPSIM_NATIVE_STALE_WARNED"):
         os.environ["CHIPSIM_NATIVE_STALE_WARNED"] = "1"  # once, not again in worker processes
-        print(f"chipsim: chipsim/{source} changed since it was built: the fast path runs without its C "
-              "event core (the same results, slower); `pip install -e .` builds it again", file=sys.stderr)
+        print(f"chipsim: chipsim/{source} changed since it was built: `run.engine: fast` runs on SimPy "
+              "(the same results, slower); `pip install -e .` builds it again", file=sys.stderr)
     return False
 
 
-NATIVE = _native_state()  # the fast path runs on chipsim.sim.native (chipsim.sim.fast.native_available)
+NATIVE = _native_state()  # `run.engine: fast` runs on chipsim.sim.native (chipsim.sim.core.native_available)

@@ -270,8 +270,9 @@ class DmaPath:
 
     # ------------------------------------------------------------------------------------ internals
     def _now(self) -> int:
-        """The clock (chipsim.sim.fast_dma reads its own, typed, without a generic attribute lookup)."""
-        return self.env.now
+        """The clock (typed: compiled code reads it as a native int)."""
+        now: int = self.env.now
+        return now
 
     def _start_data(self, tr: Transfer) -> None:
         tr.state = ACTIVE
@@ -363,8 +364,7 @@ class DmaPath:
         self._wake_in(when - self._now(), self._setup_wake_callback, when)
 
     def _wake_in(self, delay_ps: int, callback: Callable[[Any], None], value: object = None) -> None:
-        """A SimPy timeout of `delay_ps` whose processing calls `callback(event)` (chipsim.sim.fast_dma schedules
-        the same wake-up with less Python)."""
+        """A SimPy timeout of `delay_ps` whose processing calls `callback(event)`."""
         self.env.timeout(delay_ps, value=value).callbacks.append(callback)
 
     def _setup_wake(self, event: Any) -> None:

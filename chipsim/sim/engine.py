@@ -24,21 +24,22 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple
+from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple, Sequence
 
 import numpy as np
-import simpy
-from mypy_extensions import mypyc_attr
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import ROUTING_ARRAYS, LayerPlan, Policy, PolicyError
-from chipsim.sim.dma import DEMAND, PREFETCH, DmaPath, DmaRecorder
+from chipsim.sim.core import SIMPY, EventCore
+from chipsim.sim.dma import DEMAND, PREFETCH
 from chipsim.sim.energy import ACTIONS
-from chipsim.sim.flows import PPM, READ, WRITE, FlowNetwork, Path
-from chipsim.sim.record import RecordedTimeline, RunCounts, RunRecorder, SimResult
+from chipsim.sim.flows import PPM, READ, WRITE, Path
+from chipsim.sim.observe import Observer, combined
+from chipsim.sim.record import RunCounts, RunRecorder, SimResult
+from chipsim.sim.timeline_recorder import TimelineRecorder
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
@@ -155,13 +156,15 @@ class _Entry:
         self.layer_next: _Entry | None = None
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # chipsim.hwreplay.plan.PlanRecorder records its decisions
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
-                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0) -> None:
-        """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them)."""
+                 max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
+                 core: EventCore = SIMPY, observers: Sequence[Observer] = ()) -> None:
+        """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
+        `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
+        watch the run (chipsim.sim.observe)."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -174,7 +177,15 @@ class Simulation:
         self.num_moe_layers = self.model.num_moe_layers
         n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.num_tokens = n_tokens
-        self.env: Any = self._environment()  # a SimPy Environment, or the fast path's chipsim.sim.wake.Loop
+        self.core = core
+        # the core's constructors, held here: one call per event, no lookup through the core (chipsim.sim.core)
+        self._new_timeout: Any = core.timeout
+        self._new_event: Any = core.event
+        self._fire: Any = core.succeed
+        self._new_process: Any = core.process
+        self._new_all_of: Any = core.all_of
+        self._operation: Any = core.operation
+        self.env: Any = core.environment()  # a SimPy Environment, or the native core's Loop
         comps = components(hw)  # every memory and link: priced once here
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
@@ -210,10 +221,11 @@ class Simulation:
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path(("lpddr5x", READ))
-        # what one flow alone gets on the operand paths (the fast path's shortcut for an undisturbed operation)
+        # what one flow alone gets on the operand paths (the native core runs an operation alone until it ends as one
+        # wait)
         self._operand_alone_rate = net.alone_rate(self._operand_flow_path)
         self._sram_alone_rate = net.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
-        self.dma: Any = self._dma_class()(
+        self.dma: Any = core.dma_path(
             self.env,
             bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
@@ -277,19 +289,17 @@ class Simulation:
         self._layer_hits = [0] * cells
         self._layer_demands = [0] * cells
         self._layer_stall = [0] * cells
-        self.host = self._resource(1)  # one expert at a time, on all cores
+        self.host = core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
-        self.events: list[tuple[str, str, int, int]] | None = [] if record_events else None
-        self._recorded_events = self.events
-        self._record_until = record_tokens if record_events and record_tokens else -1
-        self._dma_recorder: DmaRecorder | None = None
         # called with each token's index once it is decoded (a progress bar)
         self.on_token: Callable[[int], None] | None = None
-        if record_events:
-            self._dma_recorder = self.dma.recorder = DmaRecorder(self.dma.engines)
+        self._timeline = TimelineRecorder(record_tokens) if record_events else None
+        watching = list(observers) + ([self._timeline] if self._timeline is not None else [])
+        self._observer: Any = combined(watching)  # None: nothing published
+        if self._observer is not None:
+            self._observer.attach(self)
 
-    @classmethod
-    def _network(cls, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> Any:
+    def _network(self, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> Any:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
         each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
         staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
@@ -308,17 +318,8 @@ class Simulation:
             gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
             shared.append(0)
-        return cls._network_class()(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
-                           [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
-
-    # the shared resources and the DMA queue (chipsim.sim.fast's subclasses: the same model, less Python; typed Any,
-    # as chipsim.sim.native's C classes stand in for them there)
-    @classmethod
-    def _network_class(cls) -> Any:
-        return FlowNetwork
-
-    def _dma_class(self) -> Any:
-        return DmaPath
+        return self.core.flow_network(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
+                                      [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
     @staticmethod
     def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, bool]]:
@@ -433,9 +434,6 @@ class Simulation:
     def free_slots(self) -> int:
         return self.slots - self._held - self._zombies
 
-    def link_queued_bytes(self) -> int:
-        return self.dma.queued_bytes()
-
     def fetch_estimate_ps(self) -> int:
         """When an expert fetched now would land if it queued behind every byte already on the link."""
         return self._fetch_fixed_ps + transfer_ps(self.dma.queued_bytes() + self._fetch_bytes, self._fetch_bytes_per_s)
@@ -467,6 +465,8 @@ class Simulation:
         entry = self._slot_of[index] if index >= 0 else None
         if entry is None:
             return
+        if self._observer is not None:
+            self._observer.evicted(entry.key[0], entry.key[1])
         self._unlink(entry)
         entry.evicted = True
         if entry.prefetched and not entry.used:
@@ -739,8 +739,11 @@ class Simulation:
         self._link(entry)
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
-        entry.transfers.append(self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes)))
+        transfer = self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes))
+        entry.transfers.append(transfer)
         entry.parts_left = 1
+        if self._observer is not None:
+            self._observer.issued(key[0], key[1], priority == DEMAND, transfer)
         self._fetches_total += 1
         held = self._held + self._zombies
         if held > self._peak_buffer_slots:
@@ -784,9 +787,8 @@ class Simulation:
         self._tally_fetched += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
             self._tally_sram_write_bits += 8 * moved
-        if self.events is not None:
-            lane = "dma-demand" if tr.priority == DEMAND else "dma-prefetch"
-            self.events.append((lane, f"L{key[0]}E{key[1]}", tr.issue_ps, self._now()))
+        if self._observer is not None:
+            self._observer.landed(key[0], key[1], tr.priority == DEMAND, tr.issue_ps, self._now())
         entry.parts_left -= 1
         if entry.parts_left:
             return
@@ -845,32 +847,25 @@ class Simulation:
             self._pending_demands.pop(0)
             self._issue(key, DEMAND)
 
-    # SimPy's environment and events, as the engine creates them (chipsim.sim.fast: the same ones with less Python)
-    @staticmethod
-    def _environment() -> Any:
-        return simpy.Environment()
-
+    # the events the engine creates, on its core (chipsim.sim.core)
     def _now(self) -> int:
-        """The clock (chipsim.sim.fast reads its own, typed, without a generic attribute lookup)."""
-        return self.env.now
+        now: int = self.env.now  # typed: compiled code reads it as a native int
+        return now
 
     def _timeout(self, delay_ps: int) -> Any:
-        return self.env.timeout(delay_ps)
+        return self._new_timeout(self.env, delay_ps)
 
     def _event(self) -> Any:
-        return self.env.event()
+        return self._new_event(self.env)
 
     def _succeed(self, event: Any) -> None:
-        event.succeed()
+        self._fire(event)
 
     def _process(self, generator: Generator[Any, Any, Any]) -> Any:
-        return self.env.process(generator)
+        return self._new_process(self.env, generator)
 
     def _all_of(self, events: list[Any]) -> Any:
-        return self.env.all_of(events)
-
-    def _resource(self, capacity: int) -> Any:
-        return simpy.Resource(self.env, capacity=capacity)
+        return self._new_all_of(self.env, events)
 
     def _host_job(self, layer: int, expert: int) -> Generator[Any, Any, None]:
         """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
@@ -890,22 +885,27 @@ class Simulation:
         tally[self._at_lpddr5x] += nbytes  # the CPU reads its own copy
         tally[self._at_pcie] += timing.activation_bytes
         tally[self._at_ucie] += timing.activation_bytes
-        if self.events is not None:
-            self.events.append(("host-cpu", f"L{layer}E{expert}", start, self._now()))
+        if self._observer is not None:
+            self._observer.host_job(layer, expert, start, self._now())
 
-    def _compute(self, work: _Work, label: str, *label_args: object) -> Generator[Any, Any, None]:
-        """Run arrays work; `label % label_args` names it on the timeline (built only then). Its fixed part
+    def _compute(self, work: _Work, kind: str, index: int, experts: list[int] | None = None
+                 ) -> Generator[Any, Any, None]:
+        """Run arrays work: an op group of `kind` (chipsim.sim.observe.OP_KINDS) of layer `index`. Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
         self._tally_work(work)
+        if self._operation is not None:  # the core runs it as one event, which hands back the time it took
+            busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
+                                              self._operand_alone_rate, work.sram_bytes, work.sram_ps,
+                                              self._sram_flow_path, self._sram_alone_rate)
+            self._ran(work, kind, index, experts, busy)
+            return
         start = self._now()
         fixed, hbm_ps, sram_ps = work.fixed, work.ps - work.fixed - work.sram_ps, work.sram_ps
         streams_hbm = work.bytes and hbm_ps > 0
         sram_path = self._sram_flow_path
         streams_sram = work.sram_bytes and sram_ps > 0 and sram_path is not None
-        if self._undisturbed(work, start):
-            yield self._timeout(work.ps)
-        elif streams_hbm or streams_sram:
+        if streams_hbm or streams_sram:
             fixed += (0 if streams_hbm else hbm_ps) + (0 if streams_sram else sram_ps)
             if fixed:
                 yield self._timeout(fixed)
@@ -915,11 +915,15 @@ class Simulation:
                 yield self._stream(work.sram_bytes, sram_ps, sram_path)  # the fetches landing there
         else:
             yield self._timeout(work.ps)
-        end = self._now()
-        self._tally_busy_ps += end - start
-        self._tally_occupied(work, end - start)
-        if self.events is not None:
-            self.events.append(("arrays", label % label_args, start, end))
+        self._ran(work, kind, index, experts, self._now() - start)
+
+    def _ran(self, work: _Work, kind: str, index: int, experts: list[int] | None, busy: int) -> None:
+        """Arrays work has run, taking `busy` ps up to now."""
+        self._tally_busy_ps += busy
+        self._tally_occupied(work, busy)
+        if self._observer is not None:
+            end = self._now()
+            self._observer.ops(kind, index, experts, end - busy, end)
 
     def _tally_occupied(self, work: _Work, busy: int) -> None:
         """The arrays' occupied time: the work's own, stretched as its time was (operand flows slowed by others)."""
@@ -938,11 +942,6 @@ class Simulation:
         self._tally_profiled_pj += work.profiled_pj
         self._tally_unpriced_operand_bytes += work.unpriced_bytes
 
-    def _undisturbed(self, work: _Work, start: int) -> bool:
-        """Whether nothing can change `work`'s time, so that its fixed wait and operand flows may be one wait of
-        `work.ps` (the reference never takes that shortcut; chipsim.sim.fast does when it is exact)."""
-        return False
-
     def _stream(self, nbytes: int, alone_ps: int, path: Path) -> Any:
         """An operand stream as a flow: the cap (rounded up) lets it move as fast as its arrays consume and no
         faster, so alone it ends after exactly `alone_ps`, with other flows on its resources later."""
@@ -959,6 +958,8 @@ class Simulation:
             return work
         self._synced = False
         self.segment_launches += 1
+        if self._observer is not None:
+            self._observer.launches(1)
         return work + launch
 
     def _launched_experts(self, work: _Work, entries: list[_Entry]) -> _Work:
@@ -981,6 +982,8 @@ class Simulation:
         if not n:
             return work
         self.segment_launches += n
+        if self._observer is not None:
+            self._observer.launches(n)
         return work + (launch if n == 1 else launch.times(n))
 
     @staticmethod
@@ -1018,11 +1021,9 @@ class Simulation:
 
     def _token(self, t: int, costs: list[_LayerCost], head: _Work) -> Generator[Any, Any, None]:
         """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
-        if t == self._record_until:  # the timeline has its tokens: stop recording (in-flight DMA spans finish)
-            self.events = None
-            if self._dma_recorder is not None:
-                self._dma_recorder.stopping = True
         token_start = self._now()
+        if self._observer is not None:
+            self._observer.token_start(t, token_start)
         self._token_routed = self._routed[t]  # this token's routing, per MoE layer
         self.rec.start_token()
         stall = 0
@@ -1031,13 +1032,13 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, cost in enumerate(costs):
             if li < dense:
-                yield from self._compute(self._launched(cost.pre + cost.dense), "dense layer %d", li)
+                yield from self._compute(self._launched(cost.pre + cost.dense), "dense", li)
             else:
                 stall += yield from self._moe_layer(t, li - dense, cost)
-        yield from self._compute(self._launched(head), "lm head")
+        yield from self._compute(self._launched(head), "head", -1)
         self._synced = True  # the token's end is marked between it and the next
-        if self.events is not None:
-            self.events.append(("tokens", f"token {t}", token_start, self._now()))
+        if self._observer is not None:
+            self._observer.token_end(t, token_start, self._now())
         self._add_tally()
         self.rec.end_token(t, self._now() - token_start, stall)
         if self.on_token is not None:
@@ -1046,12 +1047,16 @@ class Simulation:
     def _moe_layer(self, t: int, layer: int, cost: _LayerCost) -> Generator[Any, Any, int]:
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
+        if self._observer is not None:
+            self._observer.layer_start(t, layer)
         with self.dma.batch():
             self.policy.on_layer_start(self, t, layer)
-        yield from self._compute(self._launched(cost.pre), "L%d attention+router", layer)
+        yield from self._compute(self._launched(cost.pre), "attention", layer)
         plan = self._route(t, layer)
         stall = yield from self._run_experts(t, layer, plan, cost)
         self._layer_stall[t * self.num_moe_layers + layer] = stall
+        if self._observer is not None:
+            self._observer.layer_end(t, layer)
         with self.dma.batch():
             self.policy.on_layer_end(self, t, layer)
         return stall
@@ -1070,7 +1075,11 @@ class Simulation:
         self._layer_hits[cell] = hits  # (overlap: hits == routed experts, at the end)
         self._routed_upto = cell  # this layer's routing is known from here on
         with self.dma.batch():
+            if self._observer is not None:
+                self._observer.route(t, layer)
             plan = self._checked_plan(t, layer, self.policy.on_route(self, t, layer, routed))
+            if self._observer is not None:
+                self._observer.plan(t, layer, plan)
             execute = plan.execute  # (exact ids of the model: _run_experts copies it)
             demands = 0
             for expert in execute:
@@ -1121,11 +1130,11 @@ class Simulation:
                     entry.last_use = use
                 if self._segment_launch is not None:
                     work = self._launched_experts(work, ready_entries)
-                yield from self._compute(work, "L%d experts %s", layer, ready)
+                yield from self._compute(work, "experts", layer, ready)
                 self._expert_computes += len(ready)
                 remaining = waiting
             elif extra.ps:  # shared experts do not wait for routed ones
-                yield from self._compute(extra, "L%d shared", layer)
+                yield from self._compute(extra, "shared", layer)
                 extra = NO_WORK
             else:
                 self._waiting_layer = layer
@@ -1135,17 +1144,17 @@ class Simulation:
                 if self._copy_wait_ps:  # the hand-off from the copy engine back to compute
                     yield self._timeout(self._copy_wait_ps)
                 stall += self._now() - wait_start
-                if self.events is not None:
-                    self.events.append(("arrays", f"L{layer} stall", wait_start, self._now()))
+                if self._observer is not None:
+                    self._observer.stall(layer, wait_start, self._now())
         if host_jobs:
             wait_start = self._now()
             yield self._all_of(host_jobs)
             self.rec.host_wait_ps[t] += self._now() - wait_start
-            if self.events is not None:
-                self.events.append(("arrays", f"L{layer} host wait", wait_start, self._now()))
-            yield from self._compute(self._launched(extra + combine_later), "L%d combine", layer)
+            if self._observer is not None:
+                self._observer.host_wait(layer, wait_start, self._now())
+            yield from self._compute(self._launched(extra + combine_later), "combine", layer)
         elif not plan.execute:
-            yield from self._compute(self._launched(extra + combine), "L%d combine", layer)
+            yield from self._compute(self._launched(extra + combine), "combine", layer)
         return stall
 
     def run(self) -> SimResult:
@@ -1163,7 +1172,7 @@ class Simulation:
                                     prefetches_dropped=self._prefetches_dropped,
                                     prefetches_unused=self._prefetches_unused, fetches_total=self._fetches_total,
                                     peak_buffer_slots=self._peak_buffer_slots, expert_computes=self._expert_computes)
-        timeline = self._recorded_timeline() if self._dma_recorder is not None else None
+        timeline = self._timeline.timeline() if self._timeline is not None else None
         return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
 
     def _record_layers(self) -> None:
@@ -1174,18 +1183,3 @@ class Simulation:
         layers.demand_fetches[...] = np.array(self._layer_demands, dtype=np.int64).reshape(shape)
         layers.stall_ps[...] = np.array(self._layer_stall, dtype=np.int64).reshape(shape)
         layers.overlap[...] = layers.hits == self._routed_per_layer
-
-    def _recorded_timeline(self) -> RecordedTimeline:
-        """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
-        "demand"/"prefetch" at the span's start, cancelled, promoted to demand), its link samples and the
-        recorded events."""
-        recorder = self._dma_recorder
-        assert recorder is not None and self._recorded_events is not None
-        dma = []
-        for engine, phase, tr, start, end, priority in recorder.spans:
-            layer, expert = tr.tag.key
-            dma.append((engine, phase, start, end, layer, expert, tr.nbytes,
-                        "demand" if priority == DEMAND else "prefetch", tr.cancelled,
-                        priority == PREFETCH and tr.priority == DEMAND and not tr.cancelled))
-        return RecordedTimeline(arrays=self.hw.compute.arrays, engines=self.dma.engines,
-                                events=self._recorded_events, dma=dma, link=list(recorder.link))

@@ -42,8 +42,7 @@ class Flow:
     """N bytes over a path; `remaining` in units of 1e-12 byte. Lives in the network from `add` until it
     reaches its target (then `on_target(flow)` is called) or is removed."""
 
-    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before",
-                 "sid", "rank", "finish")
+    __slots__ = ("fid", "path", "level", "cap", "remaining", "target", "rate", "on_target", "tag", "sig", "not_before")
 
     def __init__(self, fid: int, nbytes: int, path: Path, level: int, cap: int,
                  on_target: Callable[["Flow"], None] | None, tag: Any) -> None:
@@ -58,9 +57,6 @@ class Flow:
         self.tag = tag
         self.sig: Signature = (path, level, cap)
         self.not_before = 0  # ps: it does not reach its target earlier (an operation's own compute time)
-        self.sid = -1  # the signature's id in a network that interns them (chipsim.sim.fast_flows)
-        self.rank = 0  # there: its place in the allocation's order as one int (signature's rank, then fid)
-        self.finish = -1  # there: when it reaches its target at its present rate (ps; -1: not known yet)
 
     @property
     def remaining_bytes(self) -> int:
@@ -160,13 +156,13 @@ class FlowNetwork:
 
     # ------------------------------------------------------------------------------------ internals
     def _insert(self, flow: Flow) -> None:
-        """A flow joins the network (added or resumed); the allocation sorts them (chipsim.sim.fast_flows inserts
-        each in order instead)."""
+        """A flow joins the network (added or resumed); the allocation sorts them."""
         self.flows.append(flow)
 
     def _now(self) -> int:
-        """The clock (chipsim.sim.fast_flows reads its own, typed, without a generic attribute lookup)."""
-        return self.env.now
+        """The clock (typed: compiled code reads it as a native int)."""
+        now: int = self.env.now
+        return now
 
     def _advance(self) -> None:
         now = self._now()
@@ -238,7 +234,7 @@ class FlowNetwork:
         self._schedule_tick(soonest, self._generation)
 
     def _schedule_tick(self, delay_ps: int, generation: int) -> None:
-        """A SimPy timeout for the tick (chipsim.sim.fast_flows schedules the same wake-up with less Python)."""
+        """A SimPy timeout for the tick."""
         self.env.timeout(delay_ps, value=generation).callbacks.append(self._tick_callback)
 
     def _tick(self, event: Any) -> None:

@@ -1,16 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""The fast path's event core in C (Cython): the event loop, the flow network and the DMA queue of chipsim.sim.wake,
-fast_flows and fast_dma, step for step, with C integers where those use Python's: times and rates in 64 bits, a flow's
-progress (1e-12 byte units: 4.7e18 for one 4.7 MB expert, past 64 bits for larger ones) in 128. The queue is a C
-heap of (time, priority, sequence number) entries; a flow tick, the end of a DMA setup and a landing are entries
-that call their owner directly, with no event object and no bound method.
+"""The native event core in C (Cython; chipsim.sim.core): SimPy's event loop and events (simpy/core.py,
+simpy/events.py, simpy/resources: Process, Condition, Request and Release step by step), the flow network of
+chipsim.sim.flows and the DMA queue of chipsim.sim.dma, with C integers where those use Python's: times and rates in
+64 bits, a flow's progress (1e-12 byte units: 4.7e18 for one 4.7 MB expert, past 64 bits for larger ones) in 128.
+The queue is a C heap of (time, priority, sequence number) entries; a flow tick, the end of a DMA setup and a landing
+are entries that call their owner directly, with no event object and no bound method.
 
 Same events, created in the same order, at the same times, with the same priorities and sequence numbers as the
-Python fast path (and so as SimPy orders the reference's): the results are identical to the picosecond
-(tests/test_fast_engine.py runs every policy through the reference, the Python fast path and this one).
-Division keeps Python's semantics (floor; Cython's default, cdivision off).
+reference on SimPy: the results are identical to the picosecond (tests/test_fast_engine.py runs every policy through
+both cores; tests/test_flows.py and tests/test_dma.py run every hand check on both networks and both DMA queues).
+What differs is only how the work is done: the network memoises its rates by interned signatures and keeps its flows
+in the allocation's order; the DMA queue does not settle again after a batch that changed nothing; an arrays
+operation alone until it ends (no flow, nothing scheduled before its end, its operand rate within what its path
+gives one flow) is one wake-up instead of the reference's fixed wait, operand flow, tick and trigger: nothing can
+happen meanwhile, and alone it ends at exactly its own time. Division keeps Python's semantics (floor; Cython's
+default, cdivision off).
 
-Built by setup.py with Cython when it is there; chipsim.sim.fast falls back to the Python fast path when it is not.
+Built by setup.py with Cython when it is there; without it `run.engine: fast` runs on SimPy (chipsim.sim.core).
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
@@ -51,12 +57,12 @@ cdef object _PENDING = object()
 
 def _check_constants():
     """The C values above restate chipsim's own constants: a change there must not leave them behind."""
-    from chipsim.sim import dma, fast_flows, flows
+    from chipsim.sim import dma, flows
     from chipsim.units import PS_PER_S as ps_per_s
 
-    ours = (DEMAND, PREFETCH, QUEUED, SETUP, ACTIVE, DRAINING, PAUSED, DONE, PS_PER_S, FID_BITS, MEMO_MAX)
+    ours = (DEMAND, PREFETCH, QUEUED, SETUP, ACTIVE, DRAINING, PAUSED, DONE, PS_PER_S, MEMO_MAX)
     theirs = (dma.DEMAND, dma.PREFETCH, dma.QUEUED, dma.SETUP, dma.ACTIVE, dma.DRAINING, dma.PAUSED, dma.DONE,
-              ps_per_s, fast_flows._FID_BITS, flows._MEMO_MAX)
+              ps_per_s, flows._MEMO_MAX)
     if ours != theirs:
         raise ImportError(f"chipsim.sim.native's constants {ours} differ from chipsim's {theirs}: rebuild it")
 
@@ -442,8 +448,8 @@ cdef class _NetworkBatch:
 
 
 cdef class FlowNetwork:
-    """chipsim.sim.fast_flows.FastFlowNetwork in C: the same rates (chipsim.sim.flows.solve_rates, memoised by the
-    flows' interned signatures), the flows in the allocation's order, the same ticks."""
+    """chipsim.sim.flows.FlowNetwork in C: the same rates (chipsim.sim.flows.solve_rates, memoised by the flows'
+    interned signatures), the flows kept in the allocation's order, the same ticks."""
 
     cdef public Loop env
     cdef public list names
@@ -515,8 +521,7 @@ cdef class FlowNetwork:
         self._changed()
 
     cpdef bint quiet_until(self, long long end):
-        """No flow, and nothing in the event queue at or before `end`: the fast path's check that an arrays
-        operation is alone until it ends (chipsim.sim.fast._alone_until_end), in one call."""
+        """No flow, and nothing in the event queue at or before `end`: an arrays operation is alone until it ends."""
         return not self.flows and not (self.env.size and self.env.heap[0].at <= end)
 
     def alone_rate(self, path):
@@ -627,7 +632,7 @@ cdef class FlowNetwork:
         if flow.sid < 0:
             flow.sid = self._sid_of(flow)
             if flow.fid >= (<long long>1 << FID_BITS):
-                raise OverflowError("more flows than the fast path's order key counts")
+                raise OverflowError("more flows than the native core's order key counts")
         flow.finish = -1
         key = flow.rank = (<long long>self._sig_rank[flow.sid] << FID_BITS) | flow.fid
         flows = self.flows
@@ -687,7 +692,7 @@ cdef class FlowNetwork:
 
     cdef long long _soonest(self, long long now) except -2:
         """In how many ps the first flow reaches its target (-1: none ever does); each flow's finish time kept while
-        its rate and target stay (chipsim.sim.fast_flows)."""
+        its rate and target stay."""
         cdef long long soonest = -1
         cdef long long dt, finish, rate
         cdef i128 left
@@ -763,7 +768,7 @@ def _rank(Flow flow):
 
 # ============================================================================================== arrays operations
 cdef class Operation(Wake):
-    """An arrays operation as chipsim.sim.engine.Simulation._compute runs it on the fast path, one object instead of a
+    """An arrays operation as chipsim.sim.engine.Simulation._compute runs it on SimPy, one object instead of a
     generator, an event and a flow callback per operand stream: alone until it ends (`quiet_until` and its streams
     within what their paths give one flow), one wait of its time; else its fixed part, then its HBM operand stream,
     then its SRAM one, each a flow capped at its bytes over its time alone. The same queue entries at the same times
@@ -809,7 +814,8 @@ cdef class Operation(Wake):
 
 
 cdef inline bint _within_alone_rate(long long nbytes, long long alone_ps, long long alone_rate):
-    """chipsim.sim.fast._within_alone_rates for one stream."""
+    """Whether a stream, capped at its bytes over its time alone, gets that cap from its path alone (then, with
+    nothing else running, it ends at exactly its own time)."""
     return not (nbytes and alone_ps > 0 and ceil_div(<i128>nbytes * PS_PER_S, alone_ps) > alone_rate)
 
 
@@ -951,7 +957,7 @@ cdef Transfer _setup_pop(list heap):
 
 
 cdef class DmaPath:
-    """chipsim.sim.fast_dma.FastDmaPath in C: the same queues, engines, setups, preemption at chunk boundaries,
+    """chipsim.sim.dma.DmaPath in C: the same queues, engines, setups, preemption at chunk boundaries,
     cancels and landings; a batch that changed nothing does not settle."""
 
     cdef public Loop env
