@@ -192,7 +192,7 @@ def _cmd_keys(args) -> int:
     for key, type_name, doc in iter_keys():
         print(f"{key:40} {type_name:6} {doc}")
     for name, cls in sorted(REGISTRY.items()):  # policy parameters: `policies.<name>.<param>` in a config
-        for param, p in cls.params.items():
+        for param, p in cls.param_specs().items():
             print(f"{f'policies.{name}.{param}':40} {p.type.__name__:6} "
                   f"{key_doc(p.doc, p.bounds, p.default, optional=True)}")
     return 0
@@ -203,7 +203,7 @@ def _cmd_policies(args) -> int:
 
     for name, cls in sorted(REGISTRY.items()):
         print(f"{name:14} {cls.summary}")
-        for key, p in cls.params.items():
+        for key, p in cls.param_specs().items():
             allowed = p.bounds.describe()
             print(f"{'':14}   policies.{name}.{key} ({p.type.__name__}, default {p.default}"
                   f"{', ' + allowed if allowed else ''}): {p.doc}")

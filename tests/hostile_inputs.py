@@ -614,7 +614,7 @@ def cases() -> list[tuple[str, list[str], object, bool, bool]]:
         for v in VALUES:
             out.append((f"--set {key}={v}", R + ["--json", "--set", f"{key}={v}"], None, True, False))
     for name, cls in sorted(REGISTRY.items()):
-        for param in cls.params:
+        for param in cls.param_specs():
             for v in ("-1", "1.0e+308", ".nan", "abc", "2.5", "true", "[1]"):
                 out.append((f"--policy {name}:{param}={v}", ["run", THOR, "--policy", f"{name}:{param}={v}", "--set",
                                                               "workload.max_tokens=4", "--jobs", "1", "--json"], None, True, False))

@@ -34,7 +34,7 @@ R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=2", "
 NUMERIC_KEYS = [key for key, tp, _ in iter_keys() if tp in ("int", "float") and "<name>" not in key]
 OTHER_KEYS = [key for key, tp, _ in iter_keys() if tp not in ("int", "float") and "<name>" not in key]
 MEMORY_KEYS = [key for key in NUMERIC_KEYS if key.startswith(("memory.hbm.", "memory.lpddr5x."))]
-POLICY_PARAMS = [(name, param) for name, cls in sorted(REGISTRY.items()) for param in cls.params]
+POLICY_PARAMS = [(name, param) for name, cls in sorted(REGISTRY.items()) for param in cls.param_specs()]
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2 ** 80), 2 ** 80),
                     st.floats(min_value=-1e3, max_value=1e6))

@@ -244,7 +244,7 @@ def test_window_contexts_are_plain_numbers_up_to_the_largest_context(capsys):
 
 
 def test_a_policy_parameter_given_twice_is_refused(capsys, tmp_path):
-    assert make_policy("apex:tau=0.6", {}).tau == 0.6
+    assert make_policy("apex:tau=0.6", {}).params.tau == 0.6
     refused(lambda: make_policy("apex:tau=0.9,tau=0.6", {}), "--policy apex:tau=0.9,tau=0.6",
             "parameter 'tau' given twice")
     one_line_exit_2(capsys, ["run", THOR, "--policy", "static:extra=2,extra=4"], "'extra' given twice")

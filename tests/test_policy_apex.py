@@ -224,6 +224,6 @@ def test_on_the_bundled_traces_oracle_le_apex_le_no_prefetch_and_apex_sf_le_apex
 def test_apex_sf_takes_tau_from_the_apex_section_unless_it_has_its_own():
     from chipsim.policies.base import make_policy
 
-    assert make_policy("apex-sf", {"apex": {"tau": 0.6}}).tau == 0.6
-    assert make_policy("apex-sf", {"apex": {"tau": 0.6}, "apex-sf": {"tau": 0.75}}).tau == 0.75
-    assert make_policy("apex-sf:tau=0.97", {"apex": {"tau": 0.6}}).tau == 0.97
+    assert make_policy("apex-sf", {"apex": {"tau": 0.6}}).params.tau == 0.6
+    assert make_policy("apex-sf", {"apex": {"tau": 0.6}, "apex-sf": {"tau": 0.75}}).params.tau == 0.75
+    assert make_policy("apex-sf:tau=0.97", {"apex": {"tau": 0.6}}).params.tau == 0.97

@@ -237,7 +237,7 @@ def test_the_same_bounds_hold_for_a_parameter_in_the_config_file(tmp_path, capsy
 
 
 def test_an_integral_float_is_an_integer_and_bounds_read_in_words():
-    assert make_policy("static:extra=3.0", {}).extra == 3
+    assert make_policy("static:extra=3.0", {}).params.extra == 3
     assert Param(float, 0.5, "", minimum=0, maximum=1, min_exclusive=True).bounds.describe() == "0 < x <= 1"
     assert Param(int, 1, "", minimum=1).bounds.describe() == "x >= 1"
     assert Param(str, "a", "", choices=("a", "b")).bounds.describe() == "one of a, b"

@@ -385,12 +385,12 @@ def test_spice_and_its_ablation_variants_complete_on_the_default_trace():
     for label, want in ABLATION.items():
         policy, result = rows[label]
         for key, value in want.items():
-            assert getattr(policy, key) == value
+            assert getattr(policy.params, key) == value
         extra = result.extra
         assert result.per_layer.surrogate.sum() == 0  # Granite has no shared experts
-        if not policy.cpu_fallback:
+        if not policy.params.cpu_fallback:
             assert result.per_layer.host.sum() == 0
-        if not policy.deep:
+        if not policy.params.deep:
             assert policy.depth.max() == 1
         else:
             assert extra["mean_prefetch_depth"] >= policy.d_min

@@ -122,9 +122,9 @@ def _check_key(path: str, config: str, key: str, value) -> None:
         cls = REGISTRY.get(name)
         if cls is None and name != "static":
             raise _err(path, f"grid key {key}: unknown policy '{name}' (chipsim policies lists them)")
-        if cls is not None and param not in cls.params:
+        if cls is not None and param not in cls.param_specs():
             raise _err(path, f"grid key {key}: policy {name} has no parameter '{param}' "
-                             f"(expected one of: {', '.join(cls.params)})")
+                             f"(expected one of: {', '.join(cls.param_specs())})")
     try:
         parse_set(f"{key}={yaml_text(key, value)}")
         load_config(config, [f"{key}={yaml_text(key, value)}"])

@@ -4,7 +4,7 @@ policy is one new file (no registry edit)."""
 import importlib
 import pkgutil
 
-from chipsim.policies.base import REGISTRY, LayerPlan, Param, Policy, make_policy, register  # noqa: F401
+from chipsim.policies.base import REGISTRY, LayerPlan, NoParams, Param, Policy, make_policy, param, register  # noqa: F401
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module != "base":

@@ -23,11 +23,22 @@ trace's model at its τ (meta['quality']['apex_sf'][τ], chipsim.tracegen.qualit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
+
+
+@dataclass(frozen=True)
+class ApexParams:
+    tau: float = param(0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
+                       minimum=0.0, maximum=1.0, min_exclusive=True, max_exclusive=True)
+    max_extra: int = param(-1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1, maximum=255)
+    complete_unpicked: bool = param(False, "true: prefetches the router did not pick still move all their bytes "
+                                           "(the APEX paper's accounting); false: they stop at routing")
 
 
 @register
@@ -35,19 +46,14 @@ class Apex(Policy):
     name = "apex"
     summary = ("before attention, prefetch the top-(k+δ̂) of the APEX prefetch router's ranking, δ̂ from its CDF at τ; "
                "missing routed experts are fetched on demand (correctness-preserving)")
-    params = {
-        "tau": Param(float, 0.90, "confidence τ of the CDF: δ̂ = min{δ : p_δ ≥ τ} (0 < τ < 1)",
-                     minimum=0.0, maximum=1.0, min_exclusive=True, max_exclusive=True),
-        "max_extra": Param(int, -1, "cap on δ̂ (experts beyond top-k); -1 = no cap (N−k)", minimum=-1,
-                           maximum=255),
-        "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
-                                               "bytes (the APEX paper's accounting); false: they stop at routing"),
-    }
+    Params = ApexParams
+    params: ApexParams
     stall_free = False
     trace_arrays = (pa.APEX_RANK, pa.APEX_SCORE, pa.APEX_THETA)
 
-    def __init__(self, label: str, **params):
-        super().__init__(label, **params)
+    def __init__(self, label: str, params: ApexParams | None = None):
+        super().__init__(label, params)
+        self.complete_unpicked = self.params.complete_unpicked
         self._reset()
 
     def _reset(self):
@@ -66,10 +72,11 @@ class Apex(Policy):
     # ------------------------------------------------------------------ hooks
     def on_run_start(self, ctx: SimContext) -> None:
         T = ctx.num_tokens
-        delta = pa.delta_hat(ctx.trace_array("apex_score"), ctx.trace_array("apex_theta"), self.tau)[:T]
-        self._capped = bool(self.max_extra >= 0 and (delta > self.max_extra).any())
-        if self.max_extra >= 0:
-            delta = np.minimum(delta, self.max_extra)
+        max_extra = self.params.max_extra
+        delta = pa.delta_hat(ctx.trace_array("apex_score"), ctx.trace_array("apex_theta"), self.params.tau)[:T]
+        self._capped = bool(max_extra >= 0 and (delta > max_extra).any())
+        if max_extra >= 0:
+            delta = np.minimum(delta, max_extra)
         self._delta_hat = delta
         self._budget = (delta + ctx.top_k).tolist()
         self._apex_rank = ctx.trace_array("apex_rank")[:T]
@@ -106,7 +113,7 @@ class Apex(Policy):
         routed = np.array(self._routed_seen, dtype=np.int64).reshape(self._apex_rank.shape[:2] + (-1,))
         ds = pa.delta_star(self._apex_rank, routed)[sl]
         out = {
-            "tau": self.tau,
+            "tau": self.params.tau,
             "mean_delta_hat": float(dh.mean()),
             "mean_delta_star": float(ds.mean()),
             "coverage": float((ds <= dh).mean()),
@@ -122,7 +129,7 @@ class ApexStallFree(Apex):
     param_family = "apex"
     summary = ("APEX prefetch; a routed expert missing at routing is replaced by the prefetched non-routed expert "
                "the router ranks highest, or dropped: never fetched on demand (stall-free, changes routing)")
-    params = dict(Apex.params)
+    # Params: apex's (ApexParams); param_family lets one policies.apex section set both
     stall_free = True
 
     def on_route(self, ctx: SimContext, t, layer, routed):
@@ -155,7 +162,8 @@ class ApexStallFree(Apex):
         out["substitution_rate"] = float(subs.sum() / routed)  # share of routed experts replaced
         out["drop_rate"] = float(drops.sum() / routed)
         # the measured record prefetches the uncapped top-(k+δ̂); a binding max_extra is another operating point
-        reason = (f"not measured: max_extra = {self.max_extra} caps δ̂ on this run, and meta['quality']['apex_sf'] "
-                  "was measured with the uncapped δ̂") if self._capped else None
-        out.update(quality_fields(f"tau {self.tau:g}", self._meta, ("apex_sf", float(self.tau)), reason))
+        tau = self.params.tau
+        reason = (f"not measured: max_extra = {self.params.max_extra} caps δ̂ on this run, and "
+                  "meta['quality']['apex_sf'] was measured with the uncapped δ̂") if self._capped else None
+        out.update(quality_fields(f"tau {tau:g}", self._meta, ("apex_sf", float(tau)), reason))
         return out

@@ -37,16 +37,22 @@ A policy that changes what the model computes (substitutes, drops or approximate
 the quality cost measured for it on the trace's model (meta['quality'], chipsim.tracegen.quality) through
 `quality_fields`: extra metrics `quality_mode`, `quality_cost` and `quality_source`.
 
-Policies are registered by name with `@register`; parameters are declared as `Param`s and come from
-`policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`), checked by
-the same value checker as config keys (chipsim.values).
+Policies are registered by name with `@register`. A policy's parameters are a frozen dataclass (its `Params`),
+one `param(...)` field each (type from the annotation, default, meaning, bounds); the policy receives one instance
+as `self.params` (annotated with its dataclass, so `self.params.tau` is checked by mypy and known to an IDE). The
+values come from `policies.<name>.<param>` in the config or inline (`--policy apex:tau=0.6`, `--policy static-4`),
+checked by the same value checker as config keys (chipsim.values).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Collection, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Mapping, Protocol, TypeVar
 
 import numpy as np
 
@@ -212,6 +218,40 @@ class Param:
         return check_value(key, value, self.type, self.bounds)
 
 
+_PARAM = "chipsim.policy_param"  # the metadata key of a `param` field: its Param minus the type
+_T = TypeVar("_T")
+
+
+def param(default: _T, doc: str, *, minimum: float | None = None, maximum: float | None = None,
+          min_exclusive: bool = False, max_exclusive: bool = False, choices: tuple | None = None) -> _T:
+    """A field of a policy's parameter dataclass: its default, one-line meaning and allowed values (bounds inclusive
+    unless marked exclusive, or a list of choices); its type is the field's annotation."""
+    spec = {"doc": doc, "minimum": minimum, "maximum": maximum, "min_exclusive": min_exclusive,
+            "max_exclusive": max_exclusive, "choices": choices}
+    return field(default=default, metadata={_PARAM: spec})
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """The parameters of a policy that has none."""
+
+
+@functools.cache
+def param_specs(params_class: type) -> Mapping[str, Param]:
+    """A parameter dataclass's fields as Params, in field order: what the config, --policy and the listings read
+    (read-only: the answer is cached)."""
+    made_by = getattr(params_class, "__dataclass_params__", None)  # @dataclass's arguments
+    if made_by is None or not made_by.frozen:
+        raise TypeError(f"{params_class.__name__}: a policy's parameters must be a frozen dataclass")
+    types = typing.get_type_hints(params_class)
+    specs = {}
+    for f in dataclasses.fields(params_class):
+        if _PARAM not in f.metadata:
+            raise TypeError(f"{params_class.__name__}.{f.name}: declare a policy parameter with param(...)")
+        specs[f.name] = Param(types[f.name], f.default, **f.metadata[_PARAM])
+    return MappingProxyType(specs)
+
+
 @dataclass
 class LayerPlan:
     """What a MoE layer executes once routing is known.
@@ -237,7 +277,10 @@ class LayerPlan:
 class Policy:
     name: str = ""
     summary: str = ""
-    params: dict[str, Param] = {}
+    # the frozen dataclass of this policy's parameters (fields made by `param`); a subclass that sets it also
+    # annotates `params` with it, so that a type checker knows `self.params.<field>`
+    Params: ClassVar[type] = NoParams
+    params: object  # this run's values, an instance of Params (`object` here: a subclass must say which)
     # False: experts are staged per layer (loaded, used, evicted); True: kept across tokens
     caches_across_tokens: bool = False
     # True: each expert moves as a chain of three DMA descriptors (gate, up, down) on one engine:
@@ -246,7 +289,7 @@ class Policy:
     # arrays cost of one surrogate expert, for policies that return LayerPlan.surrogate
     surrogate_op: OpCost | None = None
     # True: prefetches the router did not pick still move all their bytes (no cancel at routing or at the
-    # layer's end), as in the APEX paper's accounting of static k+N; set by the `complete_unpicked` parameter
+    # layer's end), as in the APEX paper's accounting of static k+N; set from the `complete_unpicked` parameter
     complete_unpicked: bool = False
     # a variant reads its family's `policies.<family>` section first (apex-sf reads policies.apex, then
     # policies.apex-sf), so one τ in the config reaches both modes
@@ -257,10 +300,20 @@ class Policy:
     # it, through trace_routed, trace_row and trace_array's routing arrays; every other policy is refused
     sees_future_routing: bool = False
 
-    def __init__(self, label: str, **params):
+    def __init__(self, label: str, params: object = None):
+        """params: an instance of this policy's Params (None: every default)."""
+        if params is None:
+            params = self.Params()
+        if type(params) is not self.Params:
+            raise TypeError(f"policy {self.name}: parameters must be a {self.Params.__name__}, got "
+                            f"{type(params).__name__}")
         self.label = label
-        for key, value in params.items():
-            setattr(self, key, value)
+        self.params = params
+
+    @classmethod
+    def param_specs(cls) -> Mapping[str, Param]:
+        """This policy's parameters by name, in declaration order (type, default, meaning, bounds)."""
+        return param_specs(cls.Params)
 
     def expert_format(self, workload: DecodeWorkload, hw: HardwareConfig) -> ExpertFormat:
         """How experts are moved, stored and computed under this policy (default: as published)."""
@@ -406,17 +459,18 @@ def make_policy(spec: str, config_params: dict) -> Policy:
     if name not in REGISTRY:
         raise InputError(f"--policy {spec}: unknown policy '{head}' (known: {', '.join(sorted(REGISTRY))})")
     cls = REGISTRY[name]
+    specs = cls.param_specs()
     family = (config_params.get(cls.param_family, {}) or {}) if cls.param_family else {}
-    family = {k: v for k, v in family.items() if k in cls.params}
+    family = {k: v for k, v in family.items() if k in specs}
     from_config = config_params.get(name, {}) or {}
-    values = {key: p.default for key, p in cls.params.items()}
+    values = {}
     for source in (family, from_config, shorthand, _parse_inline(inline, spec)):
         for key, value in source.items():
-            if key not in cls.params:
-                known = ", ".join(cls.params) or "none"
+            if key not in specs:
+                known = ", ".join(specs) or "none"
                 raise InputError(f"policies.{name}.{key}: unknown parameter (known: {known})")
-            values[key] = cls.params[key].check(f"policies.{name}.{key}", value)
-    return cls(label=spec, **values)
+            values[key] = specs[key].check(f"policies.{name}.{key}", value)
+    return cls(label=spec, params=cls.Params(**values))
 
 
 def check_policy_config(config_params: dict) -> None:
@@ -424,7 +478,8 @@ def check_policy_config(config_params: dict) -> None:
     for name, params in config_params.items():
         if name not in REGISTRY:
             raise InputError(f"policies.{name}: unknown policy (known: {', '.join(sorted(REGISTRY))})")
+        specs = REGISTRY[name].param_specs()
         for key, value in (params or {}).items():
-            if key not in REGISTRY[name].params:
+            if key not in specs:
                 raise InputError(f"policies.{name}.{key}: unknown parameter")
-            REGISTRY[name].params[key].check(f"policies.{name}.{key}", value)
+            specs[key].check(f"policies.{name}.{key}", value)

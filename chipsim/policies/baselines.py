@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from chipsim.policies.base import SHORTHANDS, Param, Policy, SimContext, register
+from chipsim.policies.base import SHORTHANDS, NoParams, Policy, SimContext, param, register
 from chipsim.trace import predictor_arrays as pa
 
 
@@ -12,7 +13,14 @@ from chipsim.trace import predictor_arrays as pa
 class NoPrefetch(Policy):
     name = "no-prefetch"
     summary = "on demand: route, then fetch the routed experts, then compute (per-layer staging)"
-    params = {}
+    Params = NoParams
+    params: NoParams
+
+
+@dataclass(frozen=True)
+class OracleParams:
+    lookahead: int = param(1, "0: prefetch layer l's set before its attention (APEX's timing); 1: also layer l+1's "
+                              "set at layer l's routing (as early as ProMoE and Pre-gated fetch)", minimum=0, maximum=1)
 
 
 @register
@@ -20,11 +28,8 @@ class Oracle(Policy):
     name = "oracle"
     summary = ("knows the routed sets in advance and prefetches exactly them: layer l's before its attention, "
                "and with lookahead=1 also layer l+1's as soon as layer l has routed (lower bound)")
-    params = {
-        "lookahead": Param(int, 1, "0: prefetch layer l's set before its attention (APEX's timing); 1: also "
-                                   "layer l+1's set at layer l's routing (as early as ProMoE and Pre-gated fetch)",
-                           minimum=0, maximum=1),
-    }
+    Params = OracleParams
+    params: OracleParams
     sees_future_routing = True  # the one policy that reads routing before the run reaches it (an upper bound)
 
     def on_layer_start(self, ctx: SimContext, t, layer):
@@ -33,7 +38,7 @@ class Oracle(Policy):
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         plan = super().on_route(ctx, t, layer, routed)
-        if self.lookahead and layer + 1 < ctx.num_moe_layers:
+        if self.params.lookahead and layer + 1 < ctx.num_moe_layers:
             for expert in ctx.trace_routed(t, layer + 1):
                 ctx.prefetch(layer + 1, expert)
         return plan
@@ -42,19 +47,27 @@ class Oracle(Policy):
         ctx.evict_layer(layer)  # only this layer: the next layer's prefetches stay staged
 
 
+@dataclass(frozen=True)
+class StaticParams:
+    extra: int = param(4, "N: experts prefetched beyond top-k", minimum=0, maximum=255)
+    complete_unpicked: bool = param(False, "true: prefetches the router did not pick still move all their bytes "
+                                           "(the APEX paper's accounting); false: they stop at routing")
+
+
 @register
 class StaticTopKPlusN(Policy):
     name = "static"
     summary = "before attention, prefetch the top-(k+N) of the APEX prefetch router's ranking (fixed N)"
     trace_arrays = (pa.APEX_RANK,)
-    params = {
-        "extra": Param(int, 4, "N: experts prefetched beyond top-k", minimum=0, maximum=255),
-        "complete_unpicked": Param(bool, False, "true: prefetches the router did not pick still move all their "
-                                               "bytes (the APEX paper's accounting); false: they stop at routing"),
-    }
+    Params = StaticParams
+    params: StaticParams
+
+    def __init__(self, label: str, params: StaticParams | None = None):
+        super().__init__(label, params)
+        self.complete_unpicked = self.params.complete_unpicked
 
     def on_layer_start(self, ctx: SimContext, t, layer):
-        budget = ctx.top_k + self.extra
+        budget = ctx.top_k + self.params.extra
         for expert in ctx.trace_array("apex_rank")[t, layer, :budget]:
             if not ctx.prefetch(layer, int(expert)):
                 break  # buffer full: the rest of the ranking cannot be staged

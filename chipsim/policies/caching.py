@@ -16,11 +16,13 @@ beside them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -39,6 +41,23 @@ def _per_layer(values: np.ndarray, counts: np.ndarray) -> list:
     return [float(a / b) if b else None for a, b in zip(v, c)]
 
 
+@dataclass(frozen=True)
+class CacheParams:
+    slots: int = param(0, SLOTS_DOC, minimum=0, maximum=1 << 24)
+    warmup: int = param(16, WARMUP_DOC, minimum=0, maximum=1 << 31)
+
+
+class CacheSizing(Protocol):
+    """The parameters ExpertCache reads, which every cache policy's dataclass has (ProMoE's is not a CacheParams:
+    its fields come in another order)."""
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def warmup(self) -> int: ...
+
+
 class ExpertCache(Policy):
     """Shared machinery: a capacity-bounded expert cache across tokens, with room made before fetches.
 
@@ -48,13 +67,11 @@ class ExpertCache(Policy):
     """
 
     caches_across_tokens = True
-    params = {
-        "slots": Param(int, 0, SLOTS_DOC, minimum=0, maximum=1 << 24),
-        "warmup": Param(int, 16, WARMUP_DOC, minimum=0, maximum=1 << 31),
-    }
+    Params: ClassVar[type] = CacheParams  # ProMoE sets its own, not a CacheParams
+    params: CacheSizing
 
-    def __init__(self, label: str, **params):
-        super().__init__(label, **params)
+    def __init__(self, label: str, params: CacheSizing | None = None):
+        super().__init__(label, params)
         self._hits = None
         self.capacity = 0
         self._reserved = 0
@@ -65,14 +82,15 @@ class ExpertCache(Policy):
 
     # ---------------------------------------------------------------- set-up
     def warmup_tokens(self) -> int:
-        return self.warmup
+        return self.params.warmup
 
     def _resolve_capacity(self, ctx: SimContext) -> int:
-        if self.slots == 0:
+        slots = self.params.slots
+        if slots == 0:
             return ctx.slots
-        if self.slots < ctx.top_k:
-            raise InputError(f"policies.{self.name}.slots: {self.slots} cannot hold one layer's top-{ctx.top_k} experts")
-        return min(self.slots, ctx.slots)
+        if slots < ctx.top_k:
+            raise InputError(f"policies.{self.name}.slots: {slots} cannot hold one layer's top-{ctx.top_k} experts")
+        return min(slots, ctx.slots)
 
     def on_run_start(self, ctx: SimContext) -> None:
         T, L = ctx.num_tokens, ctx.num_moe_layers
@@ -216,14 +234,16 @@ class ExpertCache(Policy):
 class LRU(ExpertCache):
     name = "lru"
     summary = "expert cache of S slots across tokens, least recently used evicted; misses fetched on demand"
-    params = dict(ExpertCache.params)
+    Params = CacheParams
+    params: CacheParams
 
 
 @register
 class LFU(ExpertCache):
     name = "lfu"
     summary = "expert cache of S slots across tokens, least frequently used evicted (ties: least recent)"
-    params = dict(ExpertCache.params)
+    Params = CacheParams
+    params: CacheParams
 
     # Use counts are kept for every (layer, expert) over the whole run, also while it is not cached
     # (MoE-Infinity's activation-frequency view): an expert that comes back is judged on its history.
@@ -238,6 +258,12 @@ class LFU(ExpertCache):
 
     def _order(self, ctx: SimContext, key):
         return (self._uses.get(key, 0), ctx.last_use(key), key)
+
+
+@dataclass(frozen=True)
+class AdapMoEParams(CacheParams):
+    gate_threshold: float = param(0.9, "keep routed experts until their normalised cumulative weight reaches this",
+                                  minimum=0.0, maximum=1.0)
 
 
 @register
@@ -271,11 +297,8 @@ class AdapMoE(ExpertCache):
     summary = ("AdapMoE: adaptive gating drops trailing experts past a cumulative router-weight threshold (top-k > 2), "
                "next-layer gate prefetch, LRU cache with per-layer sizes")
     trace_arrays = (pa.PREGATE_RANK, pa.TRAIN_EXPERT_COUNTS)
-    params = {
-        **ExpertCache.params,
-        "gate_threshold": Param(float, 0.9, "keep routed experts until their normalised cumulative weight reaches this",
-                                minimum=0.0, maximum=1.0),
-    }
+    Params = AdapMoEParams
+    params: AdapMoEParams
 
     def on_run_start(self, ctx: SimContext) -> None:
         super().on_run_start(ctx)
@@ -287,8 +310,8 @@ class AdapMoE(ExpertCache):
         self._dropped = np.zeros((T, L), dtype=np.int64)
         self._pred_hits = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|
         # adaptive gating changes the computation only above top-2 (see the class docstring)
-        self._quality = quality_fields(f"gate threshold {self.gate_threshold:g}" if k > 2 else None,
-                                       ctx.trace_meta, ("adapmoe", self.gate_threshold))
+        self._quality = quality_fields(f"gate threshold {self.params.gate_threshold:g}" if k > 2 else None,
+                                       ctx.trace_meta, ("adapmoe", self.params.gate_threshold))
         self._pred_exec = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ executed|
         self._predicted = np.zeros((T, L), dtype=bool)
         self._over_quota: set = set()
@@ -317,7 +340,7 @@ class AdapMoE(ExpertCache):
         if total <= 0:
             return k
         cum = np.cumsum(w / total)
-        reached = np.nonzero(cum >= self.gate_threshold - 1e-9)[0]
+        reached = np.nonzero(cum >= self.params.gate_threshold - 1e-9)[0]
         keep = int(reached[0]) + 1 if reached.size else k
         return max(1, keep)
 
@@ -376,7 +399,7 @@ class AdapMoE(ExpertCache):
         predicted = self._predicted[sl].astype(np.int64)
         executed = self._executed[sl]
         out.update({
-            "gate_threshold": self.gate_threshold,
+            "gate_threshold": self.params.gate_threshold,
             "deviation_rate": float(dropped.sum() / routed.sum()),  # routed experts not computed
             "deviation_rate_per_layer": _per_layer(dropped, routed),
             "dropped_experts_per_token_per_layer": [float(x) for x in dropped.mean(axis=0)],

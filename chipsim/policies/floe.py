@@ -32,8 +32,10 @@ reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from chipsim.hw.compute_formula import ArrayModel, ceil_div
-from chipsim.policies.base import Param, Policy, SimContext, quality_fields, register
+from chipsim.policies.base import Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import BF16_BYTES, ExpertFormat
@@ -68,26 +70,29 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
                         occupied_ps=op.occupied_ps, profiled_pj=op.profiled_pj, unpriced_bytes=op.unpriced_bytes)
 
 
+@dataclass(frozen=True)
+class FloEParams:
+    compression: float = param(9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0, maximum=1e4)
+    sparsity: float = param(0.9, "share of gate/down channels skipped (FloE: up to 90 %); sets the compute shape and "
+                                 "the byte split", minimum=0.0, maximum=0.99)
+
+
 @register
 class FloE(Policy):
     name = "floe"
     summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
                "prefetch, per-layer staging")
     trace_arrays = (pa.FLOE_RANK,)
-    params = {
-        "compression": Param(float, 9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0,
-                             maximum=1e4),
-        "sparsity": Param(float, 0.9, "share of gate/down channels skipped (FloE: up to 90 %); sets the compute "
-                          "shape and the byte split", minimum=0.0, maximum=0.99),
-    }
+    Params = FloEParams
+    params: FloEParams
 
     def expert_format(self, workload, hw):
-        return floe_expert_format(workload.model, hw, self.compression, self.sparsity)
+        return floe_expert_format(workload.model, hw, self.params.compression, self.params.sparsity)
 
     def on_run_start(self, ctx: SimContext) -> None:
         self._rank = ctx.trace_array("floe_rank")
         self._ctx = ctx
-        self._quality = quality_fields(f"compression {self.compression:g}", ctx.trace_meta, ("floe",))
+        self._quality = quality_fields(f"compression {self.params.compression:g}", ctx.trace_meta, ("floe",))
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         if layer + 1 >= ctx.num_moe_layers:
@@ -101,10 +106,10 @@ class FloE(Policy):
         fmt = ctx.expert_format
         out = {
             "floe_expert_bytes": int(fmt.fetch_bytes),
-            "floe_compression": float(self.compression),
+            "floe_compression": float(self.params.compression),
             **self._quality,
         }
         if ctx.workload.expert_bits != 16:
-            out["floe_note"] = (f"FloE's format (BF16 / {self.compression:g}) replaces model.expert_bits = "
+            out["floe_note"] = (f"FloE's format (BF16 / {self.params.compression:g}) replaces model.expert_bits = "
                                 f"{ctx.workload.expert_bits}")
         return out

@@ -21,10 +21,20 @@ Metrics: fiddler_placed_experts. The share of routed experts found in the placed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, param, register
 from chipsim.trace import predictor_arrays as pa
+
+
+@dataclass(frozen=True)
+class FiddlerParams:
+    slots: int = param(0, "experts placed on the accelerator (0 = the whole expert buffer; never more than it holds)",
+                       minimum=0, maximum=1 << 24)
+    warmup: int = param(4, "leading tokens reported separately while the static placement lands", minimum=0,
+                        maximum=1 << 31)
 
 
 @register
@@ -33,19 +43,16 @@ class Fiddler(Policy):
     summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"
     caches_across_tokens = True
     trace_arrays = (pa.TRAIN_EXPERT_COUNTS,)
-    params = {
-        "slots": Param(int, 0, "experts placed on the accelerator (0 = the whole expert buffer; never more than it "
-                       "holds)", minimum=0, maximum=1 << 24),
-        "warmup": Param(int, 4, "leading tokens reported separately while the static placement lands", minimum=0,
-                        maximum=1 << 31),
-    }
+    Params = FiddlerParams
+    params: FiddlerParams
 
     def warmup_tokens(self) -> int:
-        return self.warmup
+        return self.params.warmup
 
     def on_run_start(self, ctx: SimContext) -> None:
         L, N = ctx.num_moe_layers, ctx.num_experts
-        capacity = min(self.slots, ctx.slots) if self.slots else ctx.slots
+        slots = self.params.slots
+        capacity = min(slots, ctx.slots) if slots else ctx.slots
         counts = np.asarray(ctx.trace_array("train_expert_counts"), dtype=np.int64)
         order = sorted(((layer, e) for layer in range(L) for e in range(N)),
                        key=lambda key: (-int(counts[key]), key))

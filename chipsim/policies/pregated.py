@@ -24,11 +24,19 @@ cost measured on the trace's model (meta['quality']['pregated'], chipsim.tracege
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
+
+
+@dataclass(frozen=True)
+class PreGatedParams:
+    lookahead: int = param(1, "1: fetch layer l+1's pre-gated set at layer l's routing, when the pre-gate has chosen "
+                              "it; 0: only at layer l+1's start", minimum=0, maximum=1)
 
 
 @register
@@ -37,13 +45,11 @@ class PreGated(Policy):
     summary = ("Pre-gated MoE: layer l−1's pre-gate picks layer l's top-k, which are prefetched and executed "
                "instead of the router's choice (routing deviations counted)")
     trace_arrays = (pa.PREGATE_RANK,)
-    params = {
-        "lookahead": Param(int, 1, "1: fetch layer l+1's pre-gated set at layer l's routing, when the pre-gate has "
-                                   "chosen it; 0: only at layer l+1's start", minimum=0, maximum=1),
-    }
+    Params = PreGatedParams
+    params: PreGatedParams
 
-    def __init__(self, label: str, **params):
-        super().__init__(label, **params)
+    def __init__(self, label: str, params: PreGatedParams | None = None):
+        super().__init__(label, params)
         self._pred = None
         self._meta = {}
 
@@ -84,7 +90,7 @@ class PreGated(Policy):
             deviations = sum(1 for e in execute if e not in routed_set)
         self._deviations[t, layer] = deviations
         ctx.cancel_unneeded(layer, execute)
-        if self.lookahead and layer + 1 < self._L:
+        if self.params.lookahead and layer + 1 < self._L:
             # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
             self._prefetch(ctx, t, layer + 1)
         return LayerPlan(execute=execute, substituted=deviations)

@@ -23,12 +23,22 @@ decided / routed experts, whether they came from the cache or from this token's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from chipsim.policies.base import Param, SimContext, register
+from chipsim.policies.base import SimContext, param, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.policies.caching import WARMUP_DOC, ExpertCache, _mean_or_none, _per_layer
 from chipsim.trace.format import NO_EXPERT, TokenRows
+
+
+@dataclass(frozen=True)
+class ProMoEParams:
+    slots: int = param(0, "experts the LRU cache holds (0 = the whole expert buffer, -1 = no cache)", minimum=-1,
+                       maximum=1 << 24)
+    cache: bool = param(True, "false: no cache across tokens, experts staged per layer (as slots=-1)")
+    warmup: int = param(16, WARMUP_DOC + " (no cache: none)", minimum=0, maximum=1 << 31)
 
 
 @register
@@ -37,23 +47,19 @@ class ProMoE(ExpertCache):
     summary = ("ProMoE: previous-layer predictor, top-k prefetched one layer ahead in gate/up/down chunks, "
                "LRU expert cache (cache=false: per-layer staging)")
     trace_arrays = (pa.PROMOE_RANK,)
-    params = {
-        "slots": Param(int, 0, "experts the LRU cache holds (0 = the whole expert buffer, -1 = no cache)", minimum=-1,
-                       maximum=1 << 24),
-        "cache": Param(bool, True, "false: no cache across tokens, experts staged per layer (as slots=-1)"),
-        "warmup": Param(int, 16, WARMUP_DOC + " (no cache: none)", minimum=0, maximum=1 << 31),
-    }
+    Params = ProMoEParams
+    params: ProMoEParams
     transfer_per_matrix = True
 
-    def __init__(self, label: str, **params):
-        super().__init__(label, **params)
-        self.cached = self.cache and self.slots != -1
+    def __init__(self, label: str, params: ProMoEParams | None = None):
+        super().__init__(label, params)
+        self.cached = self.params.cache and self.params.slots != -1
         # instance attributes: anyone reading them sees the per-layer staging
         self.caches_across_tokens = self.cached
         self.prefetch_evicts = self.cached  # staging: a prefetch takes free room, never evicts
 
     def warmup_tokens(self) -> int:
-        return self.warmup if self.cached else 0
+        return self.params.warmup if self.cached else 0
 
     def _resolve_capacity(self, ctx: SimContext) -> int:
         return super()._resolve_capacity(ctx) if self.cached else ctx.slots

@@ -75,13 +75,14 @@ surrogates off or no shared experts every routed expert is computed exactly (qua
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
-from chipsim.policies.base import LayerPlan, Param, Policy, SimContext, quality_fields, quality_record, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, quality_record, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
@@ -111,6 +112,26 @@ def lore_op(am: ArrayModel, d: int, inter: int, rank: int, form: str):
     return op + am.vector("lore_add_shared", d)
 
 
+@dataclass(frozen=True)
+class SpiceParams:
+    confidence: float = param(0.7, "draft confidence (probability mass on its top-k) needed to look one layer deeper, "
+                                   "and below which a miss is low-confidence", minimum=0.0, maximum=1.0)
+    max_depth: int = param(8, "deepest prefetch, in layers ahead (the trace's draft depth is 8)", minimum=1,
+                           maximum=DRAFT_DEPTH)
+    slots: int = param(0, "experts the cache holds (0 = the whole expert buffer; never more than it holds)", minimum=0,
+                       maximum=1 << 24)
+    lore_rank: int = param(16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1, maximum=1 << 16)
+    lore_form: str = param("residual", "LoRE shape: 'residual' (paper: y_shared + B·A·h, d→r→d) or 'factored' "
+                                       "(rank-r factors of gate, up and down)", choices=LORE_FORMS)
+    deep: bool = param(True, "true: confidence-adaptive depth (≥ D_min); false: next layer only (depth 1)")
+    cpu_fallback: bool = param(True, "true: high-confidence misses go to the cheaper of fetch and host CPU; false: "
+                                     "always fetched")
+    surrogate: bool = param(True, "true: low-confidence misses use shared expert + LoRE (models with shared experts "
+                                  "only); false: exact (cost model)")
+    schedule: bool = param(True, "true: cancel this layer's unrouted prefetches still on the link when routing decides")
+    warmup: int = param(4, "leading tokens reported separately while the cache fills", minimum=0, maximum=1 << 31)
+
+
 @register
 class Spice(Policy):
     name = "spice"
@@ -118,34 +139,15 @@ class Spice(Policy):
                "misses: LoRE surrogate (low confidence) or the cheaper of fetch / host CPU")
     caches_across_tokens = True
     trace_arrays = (pa.DRAFT_IDS, pa.DRAFT_CONF)
-    params = {
-        "confidence": Param(float, 0.7, "draft confidence (probability mass on its top-k) needed to look one layer "
-                            "deeper, and below which a miss is low-confidence", minimum=0.0, maximum=1.0),
-        "max_depth": Param(int, 8, "deepest prefetch, in layers ahead (the trace's draft depth is 8)",
-                           minimum=1, maximum=DRAFT_DEPTH),
-        "slots": Param(int, 0, "experts the cache holds (0 = the whole expert buffer; never more than it holds)",
-                       minimum=0, maximum=1 << 24),
-        "lore_rank": Param(int, 16, "rank r of the LoRE residual (the paper uses 16 or 32)", minimum=1,
-                           maximum=1 << 16),
-        "lore_form": Param(str, "residual", "LoRE shape: 'residual' (paper: y_shared + B·A·h, d→r→d) or 'factored' "
-                           "(rank-r factors of gate, up and down)", choices=LORE_FORMS),
-        "deep": Param(bool, True, "true: confidence-adaptive depth (≥ D_min); false: next layer only (depth 1)"),
-        "cpu_fallback": Param(bool, True, "true: high-confidence misses go to the cheaper of fetch and host CPU; "
-                              "false: always fetched"),
-        "surrogate": Param(bool, True, "true: low-confidence misses use shared expert + LoRE (models with shared "
-                           "experts only); false: exact (cost model)"),
-        "schedule": Param(bool, True, "true: cancel this layer's unrouted prefetches still on the link when "
-                          "routing decides"),
-        "warmup": Param(int, 4, "leading tokens reported separately while the cache fills", minimum=0,
-                        maximum=1 << 31),
-    }
+    Params = SpiceParams
+    params: SpiceParams
 
-    def __init__(self, label: str, **params):
-        super().__init__(label, **params)
+    def __init__(self, label: str, params: SpiceParams | None = None):
+        super().__init__(label, params)
         self.surrogate_op = None
 
     def warmup_tokens(self) -> int:
-        return self.warmup
+        return self.params.warmup
 
     # ------------------------------------------------------------------------------ set-up
     def on_run_start(self, ctx: SimContext) -> None:
@@ -155,12 +157,13 @@ class Spice(Policy):
         self._E = ctx.num_experts
         self._cells = L * ctx.num_experts  # (MoE layer, expert) pairs: a stamp's heap entry is stamp * cells + index
         self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
-        if self.slots == 0:
+        slots, rank, form = self.params.slots, self.params.lore_rank, self.params.lore_form
+        if slots == 0:
             self.capacity = ctx.slots
-        elif self.slots < ctx.top_k:
-            raise InputError(f"policies.spice.slots: {self.slots} cannot hold one layer's top-{ctx.top_k} experts")
+        elif slots < ctx.top_k:
+            raise InputError(f"policies.spice.slots: {slots} cannot hold one layer's top-{ctx.top_k} experts")
         else:
-            self.capacity = min(self.slots, ctx.slots)
+            self.capacity = min(slots, ctx.slots)
 
         # D_min = ⌈W_e / (B · T_layer)⌉, capped at max_depth
         fmt = ctx.expert_format
@@ -168,34 +171,32 @@ class Spice(Policy):
         costs = ctx.workload.moe_layer(0)
         t_layer = sum(op.duration_ps for op in (costs.attention, costs.router, costs.dense, costs.combine) if op)
         t_layer += ctx.top_k * fmt.compute_ps
-        self.t_layer_ps = t_layer
         d_min = -(-fmt.fetch_bytes * PS_PER_S // (self._bandwidth * t_layer))
-        self.d_min = max(1, min(d_min, self.max_depth))
+        self.d_min = max(1, min(d_min, self.params.max_depth))
         self._fetch_one_ps = transfer_ps(fmt.fetch_bytes, self._bandwidth)
         self._t_acc = fmt.compute_ps
 
         # surrogates: only where a shared expert exists, with LoRE weights that fit the spare HBM
         self.surrogate_op = None
         self.lore_bytes = 0
-        self._use_surrogate = bool(self.surrogate and m.num_shared_experts > 0)
+        self._use_surrogate = bool(self.params.surrogate and m.num_shared_experts > 0)
         if self._use_surrogate:
-            per_expert = lore_weights_per_expert(m.hidden_size, m.expert_ffn, self.lore_rank, self.lore_form)
+            per_expert = lore_weights_per_expert(m.hidden_size, m.expert_ffn, rank, form)
             self.lore_bytes = per_expert * BF16_BYTES * m.num_moe_layers * m.num_experts
             spare = ctx.workload.hbm_spare_bytes
             if self.lore_bytes > spare:
                 raise InputError(
-                    f"policies.spice.lore_rank: LoRE weights of rank {self.lore_rank} for all "
+                    f"policies.spice.lore_rank: LoRE weights of rank {rank} for all "
                     f"{m.num_moe_layers * m.num_experts} experts take {self.lore_bytes / 2**20:.1f} MiB, more than "
                     f"the {max(spare, 0) / 2**20:.1f} MiB of HBM left after weights, KV cache, activations and "
                     f"the expert buffer")
-            self.surrogate_op = lore_op(ArrayModel(ctx.hw), m.hidden_size, m.expert_ffn, self.lore_rank,
-                                        self.lore_form)
+            self.surrogate_op = lore_op(ArrayModel(ctx.hw), m.hidden_size, m.expert_ffn, rank, form)
         self._quality = self._quality_fields(ctx.trace_meta)
         if self._use_surrogate:
             cost = self._quality["quality_source"]
             if self._quality["quality_cost"] is not None:
                 cost = f"measured, {cost}"
-            self.surrogate_note = f"shared expert + LoRE rank {self.lore_rank} ({self.lore_form}); quality cost {cost}"
+            self.surrogate_note = f"shared expert + LoRE rank {rank} ({form}); quality cost {cost}"
         elif m.num_shared_experts == 0:
             self.surrogate_note = ("none: the model has no shared experts, so low-confidence misses go to the "
                                    "fetch / host-CPU cost model")
@@ -231,23 +232,24 @@ class Spice(Policy):
         """The measured quality cost of what this run computes: the LoRE variant of its rank (residual form, at
         its confidence) when surrogates are on; none when every routed expert is computed exactly."""
         if not self._use_surrogate:
-            why = ("surrogates are off (policies.spice.surrogate = false)" if not self.surrogate
+            why = ("surrogates are off (policies.spice.surrogate = false)" if not self.params.surrogate
                    else "the model has no shared experts, so there are no surrogates")
             return quality_fields(None, reason=f"exact: {why}; every routed expert is computed as routed "
                                                "(fetched or on the host CPU)")
-        mode = f"shared expert + LoRE rank {self.lore_rank} surrogates"
-        if self.lore_form != "residual":
-            mode += f", {self.lore_form} form"
+        rank, form, confidence = self.params.lore_rank, self.params.lore_form, self.params.confidence
+        mode = f"shared expert + LoRE rank {rank} surrogates"
+        if form != "residual":
+            mode += f", {form} form"
         reason = None
         record, _ = quality_record(meta, ("spice_lore",))
-        if self.lore_form != "residual":
+        if form != "residual":
             reason = (f"not measured: meta['quality']['spice_lore'] holds the residual LoRE form (y_shared + B·A·h) "
-                      f"only, this run uses lore_form {self.lore_form}")
+                      f"only, this run uses lore_form {form}")
         elif record is not None and isinstance(record.get("confidence"), (int, float)) and not math.isclose(
-                record["confidence"], self.confidence, rel_tol=0.0, abs_tol=1e-9):
+                record["confidence"], confidence, rel_tol=0.0, abs_tol=1e-9):
             reason = (f"not measured: meta['quality']['spice_lore'] was measured at confidence "
-                      f"{record['confidence']:g}, this run uses {self.confidence:g}")
-        return quality_fields(mode, meta, ("spice_lore", "variants", str(self.lore_rank)), reason)
+                      f"{record['confidence']:g}, this run uses {confidence:g}")
+        return quality_fields(mode, meta, ("spice_lore", "variants", str(rank)), reason)
 
     # ------------------------------------------------------------------------------ cache
     def _room(self, ctx: SimContext) -> int:
@@ -336,8 +338,8 @@ class Spice(Policy):
         remaining = L - 1 - layer
         if remaining <= 0:
             return
-        if self.deep:
-            limit, floor = min(self.max_depth, remaining), self.d_min
+        if self.params.deep:
+            limit, floor = min(self.params.max_depth, remaining), self.d_min
         else:
             limit, floor = 1, 1
         ids, conf = self._token_ids, self._token_conf
@@ -348,7 +350,7 @@ class Spice(Policy):
         # while this hook runs) and read again after evictions, which may free fewer slots (transfers stopping) or
         # let a waiting demand fetch take one
         room = self._room(ctx)
-        confidence, no_expert = self.confidence, NO_EXPERT
+        confidence, no_expert = self.params.confidence, NO_EXPERT
         reached = 0
         for d in range(1, limit + 1):
             target = layer + d
@@ -393,7 +395,7 @@ class Spice(Policy):
                 execute.append(e)
             else:
                 misses.append(e)
-        if self.schedule:  # this layer's prefetches still on their way that the router did not pick stop
+        if self.params.schedule:  # this layer's prefetches still on their way that the router did not pick stop
             for e in ctx.cancel_unneeded(layer, routed):
                 stamp.pop(base + e, None)
         plan = LayerPlan(execute=execute)
@@ -402,7 +404,7 @@ class Spice(Policy):
         self.misses[t, layer] = len(misses)
         first = self._token_ids[layer * self._draft_layer]  # the depth-1 draft's first id
         predicted = first != NO_EXPERT
-        low = predicted and self._token_conf[layer][0] < self.confidence
+        low = predicted and self._token_conf[layer][0] < self.params.confidence
         if low:
             self.low_conf[t, layer] = len(misses)
         if low and self._use_surrogate:
@@ -415,7 +417,7 @@ class Spice(Policy):
         for e in misses:
             fetch_ps = fetch_base + len(to_fetch) * self._fetch_one_ps
             host_ps = host_base + len(plan.on_host) * host_one
-            if self.cpu_fallback and host_ps < fetch_ps:
+            if self.params.cpu_fallback and host_ps < fetch_ps:
                 plan.on_host.append(e)
                 choice = "cpu"
             else:
