@@ -361,3 +361,30 @@ def test_trace_row_reads_only_what_trace_array_would(cfg):
         policy.key = key
         with pytest.raises(PolicyError, match=rf"^policy rows: trace_row\('{key}'(, \.\.\.)?\): {problem}"):
             _run(cfg, policy, tokens=1)
+
+
+def test_a_policy_receives_exactly_sim_context_never_the_engine(tiny):
+    """The object a policy's hooks get (chipsim.sim.context.PolicyContext) has SimContext's members and nothing
+    else: not the engine, its DMA queue, its buffer or its policy."""
+    from chipsim.policies.base import SimContext
+    from chipsim.sim.context import PolicyContext
+
+    declared = {name for name in vars(SimContext) if not name.startswith("_")}
+    public = {name for name in dir(PolicyContext) if not name.startswith("_")}
+    assert public == declared
+    prep = prepare(tiny.config(tiny.routing(4)), [], ["lru"])
+    seen = []
+
+    class Watch(Policy):
+        name = "watch"
+
+        def on_token_start(self, ctx, t):
+            seen.append(ctx)
+
+    Simulation(prep.config.hw, prep.workload, prep.trace, Watch("watch"), max_tokens=1).run()
+    ctx = seen[0]
+    assert type(ctx) is PolicyContext and not isinstance(ctx, Simulation)
+    for engine_part in ("dma", "policy", "network", "env", "evict_at", "free_slots_of"):
+        assert not hasattr(ctx, engine_part), engine_part
+    with pytest.raises(AttributeError):
+        ctx.num_experts = 3  # the run's set-up is read-only

@@ -87,7 +87,7 @@ def test_staging_is_per_layer_and_keeps_the_next_layers_prefetches(tiny):
 
     def on_layer_end(ctx, t, layer):
         original(ctx, t, layer)
-        after_end.append((layer, sorted({entry.key[0] for entry in ctx._in_buffer()})))
+        after_end.append((layer, sorted({l for l in range(ctx.num_moe_layers) if ctx.keys_of_layer(l)})))
 
     policy.on_layer_end = on_layer_end
     sim.run()

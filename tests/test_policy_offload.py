@@ -39,7 +39,7 @@ def test_the_most_used_experts_are_placed_and_never_evicted(tiny):
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, observers=[Evictions()])
     result = sim.run()
     assert policy.placed == {(2, 5), (3, 7), (0, 0), (0, 1), (0, 2)}
-    assert set(sim.resident_keys()) == policy.placed and not evicted
+    assert set(sim.context.resident_keys()) == policy.placed and not evicted
     assert result.counts.fetches_total == 5 and result.counts.prefetches_issued == 5
     # the whole buffer by default
     prep = prepare(cfg, [], ["fiddler"])

@@ -328,7 +328,8 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
         def on_layer_end(ctx, t, layer, _orig=original_end):
             _orig(ctx, t, layer)
             occupancy.append(ctx.slots - ctx.free_slots())
-            assert set(policy._stamp) == {entry.index for entry in ctx._in_buffer()}
+            held = {l * ctx.num_experts + e for l in range(ctx.num_moe_layers) for _, e in ctx.keys_of_layer(l)}
+            assert set(policy._stamp) == held
 
         policy.on_layer_end = on_layer_end
 

@@ -12,9 +12,11 @@ compute has not arrived; that waiting is the `stall`. Every byte moved and every
 time goes into the token's `Ledger` and every per-layer outcome into the `RunRecorder`
 (chipsim.sim.record); energy is computed from the ledgers afterwards (chipsim.sim.metrics).
 
-The `Simulation` object is also the context handed to policies: the members of
-chipsim.policies.base.SimContext are its policy API (read the trace, prefetch, evict, query the buffer
-and the link).
+A policy's hooks receive `Simulation.context` (chipsim.sim.context.PolicyContext): exactly
+chipsim.policies.base.SimContext (read the trace, prefetch, evict, query the buffer and the link), with the checks
+of every id it hands over, never the engine itself. The engine runs on an event core (chipsim.sim.core: SimPy, the
+engine of record, or the native C core) and publishes what it does to observers (chipsim.sim.observe: the timeline,
+the GPU replay's plan recorder).
 
 A decode step, as the methods below run it: `_token` runs the dense layers, each MoE layer
 (`_moe_layer`: the policy's layer start, attention and router, `_route`, `_run_experts`, the policy's
@@ -23,8 +25,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Callable, Collection, Final, Generator, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Final, Generator, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from chipsim.errors import InputError
 from chipsim.hw.compute_formula import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
-from chipsim.policies.base import ROUTING_ARRAYS, LayerPlan, Policy, PolicyError
+from chipsim.policies.base import LayerPlan, Policy, PolicyError
+from chipsim.sim.context import PolicyContext
 from chipsim.sim.core import SIMPY, EventCore
 from chipsim.sim.dma import DEMAND, PREFETCH
 from chipsim.sim.energy import ACTIONS
@@ -40,8 +42,8 @@ from chipsim.sim.flows import PPM, READ, WRITE, Path
 from chipsim.sim.observe import Observer, combined
 from chipsim.sim.record import RunCounts, RunRecorder, SimResult
 from chipsim.sim.timeline_recorder import TimelineRecorder
-from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
-from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
+from chipsim.trace.format import TokenRows, Trace
+from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
 
@@ -95,32 +97,6 @@ _SRAM_WRITE_BIT: Final = ACTIONS.index("sram_write_bit")
 # UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
 _UCIE_FETCH: Final = "ucie_io"
 _UCIE_OPERANDS: Final = "ucie_compute"
-
-
-def _exact_int(value: Any) -> int | None:
-    """`value` as the int it is, when it is an integer of any type (int, a NumPy integer: operator.index); None for
-    anything else, a bool included (True is not expert 1)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    try:
-        return operator.index(value)
-    except Exception:  # noqa: BLE001 - a policy's odd object: whatever its __index__ raises, it is no integer
-        return None
-
-
-def _plain_pair(pair: Any) -> bool:
-    """A (MoE layer, expert ids) pair of plain ints, the ids in a set, list or tuple: nothing to check further."""
-    if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not int:
-        return False
-    experts = pair[1]
-    if not isinstance(experts, (set, frozenset, list, tuple)):
-        return False
-    for e in experts:
-        if type(e) is not int:
-            return False
-    return True
 
 
 class _LayerCost(NamedTuple):
@@ -250,13 +226,9 @@ class Simulation:
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
                              f"format, fewer than top-{self.top_k}")
-        # the trace arrays this policy may read: the core schema and what it declares
-        self._readable = set(CORE_ARRAYS) | {spec.name for spec in policy.trace_arrays}
-        self._rows: dict[str, TokenRows] = {}  # trace_row's arrays, per token as nested lists
         # what routing the run knows: every (token, MoE layer) up to this cell, t * MoE layers + layer (-1: none yet;
         # _route moves it on just before on_route); only the oracle reads beyond it
         self._routed_upto = -1
-        self._sees_future = bool(policy.sees_future_routing)
         # the buffer's experts by index, layer * num_experts + expert (None: not in the buffer): a list read by a
         # plain int, no int object made, no hash; _Entry.key holds the (layer, expert) policies see
         self._slot_of: list[_Entry | None] = [None] * (self.num_moe_layers * self.num_experts)
@@ -293,6 +265,8 @@ class Simulation:
         self.host_timing = host_timing(hw, workload)
         # called with each token's index once it is decoded (a progress bar)
         self.on_token: Callable[[int], None] | None = None
+        # what the policy's hooks receive: exactly chipsim.policies.base.SimContext, with its checks (chipsim.sim.context)
+        self.context = PolicyContext(self, trace, self._routed, bool(policy.sees_future_routing))
         self._timeline = TimelineRecorder(record_tokens) if record_events else None
         watching = list(observers) + ([self._timeline] if self._timeline is not None else [])
         self._observer: Any = combined(watching)  # None: nothing published
@@ -331,123 +305,13 @@ class Simulation:
             hops.append(("sram", WRITE))
         return hops
 
-    # ======================================================================== policy API
-    # Every id a policy hands over is taken exactly when it is an integer of any type (an int at once, a NumPy
-    # integer through operator.index) and refused otherwise, in one line naming the policy, the call and the value
-    # (PolicyError); routing is read only once the run has routed it (chipsim.policies.base says what each hook
-    # knows). Plain ints in range take one type check per id.
-    @property
-    def now(self) -> int:
-        return self._now()
-
-    def trace_routed(self, t: Any, layer: Any) -> list[int]:
-        """The router's experts at token t, MoE layer `layer`, once the run has routed it (any time: the oracle)."""
-        cell = self._routing_cell("trace_routed", None, t, layer, True)
-        n = self.num_moe_layers
-        return list(self._routed[cell // n][cell % n])
-
-    def trace_row(self, key: Any, t: Any, layer: Any) -> Any:
-        """Row [t, layer] of a (T, L, ...) trace array this policy may read, as a list (a number for a (T, L)
-        array); a routing array's once the run has routed (t, layer)."""
-        rows = self._rows.get(key) if type(key) is str else None
-        if rows is None:
-            rows = self._token_rows(key)
-        cell = self._routing_cell("trace_row", key, t, layer, key in ROUTING_ARRAYS)
-        n = self.num_moe_layers
-        row = rows[cell // n][cell % n]
-        return list(row) if type(row) is list else row
-
-    @property
-    def trace_meta(self) -> dict:
-        return self.trace.meta
-
-    def trace_array(self, key: Any) -> np.ndarray:
-        """A core trace array or one the policy declares in `trace_arrays`, whole; a routing array only for a policy
-        that sees future routing (the others read it per token and layer, with trace_routed and trace_row)."""
-        self._check_readable("trace_array", key)
-        if key in ROUTING_ARRAYS and not self._sees_future:
-            raise self._refuse(f"trace_array({key!r})", f"'{key}' carries routing, which is known only as the run "
-                               "routes each token and layer: read it with trace_routed(t, layer) or "
-                               f"trace_row('{key}', t, layer) (only a policy that sees_future_routing, the oracle, "
-                               "reads it whole)")
-        return self.trace[key]
-
-    def present(self, layer: Any, expert: Any) -> bool:
-        """In the buffer: arrived or on its way."""
-        index = self._index("present", layer, expert)
-        return index >= 0 and self._slot_of[index] is not None
-
-    def resident(self, layer: Any, expert: Any) -> bool:
-        index = self._index("resident", layer, expert)
-        if index < 0:
-            return False
-        entry = self._slot_of[index]
-        return entry is not None and entry.resident
-
-    def resident_keys(self) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._in_buffer() if entry.resident]
-
-    def keys_of_layer(self, layer: Any) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._of_layer(self._layer_id("keys_of_layer", layer))]
-
-    def last_use(self, key: Any) -> int:
-        if type(key) is tuple and len(key) == 2:
-            layer, expert = key
-            if type(layer) is not int or type(expert) is not int:
-                layer = self._as_id(layer, "MoE layer", f"last_use({key!r})")
-                expert = self._as_id(expert, "expert id", f"last_use({key!r})")
-            index = self._index("last_use", layer, expert)
-            entry = self._slot_of[index] if index >= 0 else None
-            if entry is not None:
-                return entry.last_use
-        raise self._refuse(f"last_use({key!r})", f"{key!r} is not a (MoE layer, expert) key in the buffer")
-
-    def least_recently_used(self, count: int, protect: Any) -> list[tuple[int, int]]:
-        """The `count` arrived experts used longest ago ((last use, key) order), none of `protect`'s."""
-        if count <= 0:
-            return []
-        protected = self._protected(count, protect)
-        n = self.num_experts
-        # every arrived expert as one int, last_use * cells + index: sorted as plain ints in (last use, layer,
-        # expert) order; the protected are skipped as they come up, so only the first few are checked
-        cells = self.num_moe_layers * n
-        ranked: list[int] = []
-        entry = self._first
-        while entry is not None:
-            if entry.resident:
-                ranked.append(entry.last_use * cells + entry.index)
-            entry = entry.next
-        ranked.sort()
-        victims: list[tuple[int, int]] = []
-        for rank in ranked:
-            index = rank % cells
-            layer, expert = index // n, index % n
-            for protected_layer, experts in protected:
-                if layer == protected_layer and expert in experts:
-                    break
-            else:
-                victims.append((layer, expert))
-                if len(victims) == count:
-                    break
-        return victims
-
+    # ======================================================================== what the policy context acts through
     def free_slots(self) -> int:
+        """Slots neither held nor still draining an evicted transfer."""
         return self.slots - self._held - self._zombies
 
-    def fetch_estimate_ps(self) -> int:
-        """When an expert fetched now would land if it queued behind every byte already on the link."""
-        return self._fetch_fixed_ps + transfer_ps(self.dma.queued_bytes() + self._fetch_bytes, self._fetch_bytes_per_s)
-
-    def host_estimate_ps(self) -> int:
-        """When an expert handed to the host CPU now would be done, counting the host's queue."""
-        queued = len(self.host.queue) + self.host.count
-        return (queued + 1) * self.host_timing.total_ps
-
-    def prefetch(self, layer: Any, expert: Any) -> bool:
-        """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
-        index = self._index("prefetch", layer, expert)
-        if index < 0:
-            raise self._outside_model("prefetch", layer, expert)
+    def _prefetch_at(self, index: int) -> bool:
+        """Stage the expert at buffer index `index` ahead of need; False if no slot is free (nothing is evicted)."""
         if self._slot_of[index] is not None:
             return True
         if self.free_slots() <= 0:
@@ -458,11 +322,11 @@ class Simulation:
         self._prefetches_issued += 1
         return True
 
-    def evict(self, layer: Any, expert: Any, stop_transfer: bool = True) -> None:
-        """Free an expert's slot. One still on its way stops at its next chunk boundary, or, with
-        stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees when they land)."""
-        index = self._index("evict", layer, expert)
-        entry = self._slot_of[index] if index >= 0 else None
+    def _evict_at(self, index: int, stop_transfer: bool) -> None:
+        """Free the slot of the expert at buffer index `index`, if present. One still on its way stops at its next
+        chunk boundary, or, with stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees
+        when they land)."""
+        entry = self._slot_of[index]
         if entry is None:
             return
         if self._observer is not None:
@@ -485,187 +349,6 @@ class Simulation:
                         self.dma.promote(tr)
         if self._pending_demands:
             self._serve_pending_demands()
-
-    def cancel_unneeded(self, layer: Any, needed: Any) -> list[int]:
-        """Drop this layer's experts that are still on their way and not in `needed`; the experts dropped."""
-        layer_id = self._layer_id("cancel_unneeded", layer)
-        keep = self._expert_ids("cancel_unneeded", layer_id, "needed", needed)
-        dropped: list[int] = []
-        for entry in self._of_layer(layer_id):
-            if entry.key[1] not in keep and not entry.resident:
-                dropped.append(entry.key[1])
-                self.evict(layer_id, entry.key[1])
-        return dropped
-
-    def evict_layer(self, layer: Any, stop_transfers: bool = True) -> None:
-        layer_id = self._layer_id("evict_layer", layer)
-        for entry in self._of_layer(layer_id):
-            self.evict(layer_id, entry.key[1], stop_transfers)
-
-    # ---- the boundary's checks (their slow paths run only for an id that is not a plain int, or is refused)
-    def _refuse(self, call: str, problem: str) -> PolicyError:
-        return PolicyError(f"policy {self.policy.label}: {call}: {problem}")
-
-    def _as_id(self, value: Any, what: str, call: str) -> int:
-        """`value` as the exact int it is; refused, naming `what` ("expert id", "MoE layer", "token") and `call`,
-        when it is not an integer (a bool included: True is not expert 1)."""
-        number = _exact_int(value)
-        if number is None:
-            kind = "a bool, not an integer id" if isinstance(value, (bool, np.bool_)) else "not an integer"
-            raise self._refuse(call, f"{what} {value!r} is {kind}")
-        return number
-
-    def _index(self, call: str, layer: Any, expert: Any) -> int:
-        """layer * experts + expert, the buffer index of a key a policy names in `call`; -1 for integers outside the
-        model (no such expert: never another layer's); refused when either is not an integer."""
-        if type(layer) is int and type(expert) is int:
-            layer_id: int = layer  # typed: compiled code compares and adds them natively
-            expert_id: int = expert
-        else:
-            text = f"{call}({layer!r}, {expert!r})"
-            layer_id = self._as_id(layer, "MoE layer", text)
-            expert_id = self._as_id(expert, "expert id", text)
-        if 0 <= layer_id < self.num_moe_layers and 0 <= expert_id < self.num_experts:
-            return layer_id * self.num_experts + expert_id
-        return -1
-
-    def _outside_model(self, call: str, layer: Any, expert: Any) -> PolicyError:
-        """The refusal of an action on a key whose integers name no expert of the model."""
-        text = f"{call}({layer!r}, {expert!r})"
-        number = _exact_int(expert)
-        if number is None or not 0 <= number < self.num_experts:
-            return self._refuse(text, f"expert id {number} is out of range: the model has experts "
-                                      f"0..{self.num_experts - 1}")
-        return self._refuse(text, f"MoE layer {_exact_int(layer)} is out of range: the model has MoE layers "
-                                  f"0..{self.num_moe_layers - 1}")
-
-    def _layer_id(self, call: str, layer: Any) -> int:
-        """A MoE layer a policy names in `call` as an exact int (one outside the model has no experts)."""
-        return layer if type(layer) is int else self._as_id(layer, "MoE layer", f"{call}({layer!r})")
-
-    def _expert_ids(self, call: str, first: int, what: str, experts: Any) -> set[int]:
-        """A collection of expert ids a policy hands over in `call`(`first`, ...) (`what`: "needed", "protect"), as a
-        set of exact ints."""
-        try:
-            ids = set(experts)
-        except TypeError:
-            raise self._refuse(f"{call}({first}, ...)", f"{what} {experts!r} is not a collection of expert ids") from None
-        for e in ids:
-            if type(e) is not int:
-                return {self._as_id(x, f"{what} expert id", f"{call}({first}, ...)") for x in ids}
-        return ids
-
-    def _protected(self, count: int, protect: Any) -> list[tuple[int, Collection[int]]]:
-        """least_recently_used's `protect`, (MoE layer, expert ids) pairs whose ids are exact ints: as given when they
-        are plain ints in a list (nothing copied), else a checked copy."""
-        if type(protect) is list and all(_plain_pair(pair) for pair in protect):
-            return protect
-        call = f"least_recently_used({count}, ...)"
-        if not isinstance(protect, (list, tuple)):
-            raise self._refuse(call, f"protect {protect!r} is not a list of (MoE layer, expert ids) pairs")
-        out: list[tuple[int, Collection[int]]] = []
-        for pair in protect:
-            if type(pair) is not tuple or len(pair) != 2:
-                raise self._refuse(call, f"protect holds {pair!r}, not a (MoE layer, expert ids) pair")
-            layer, experts = pair
-            if type(layer) is not int:
-                layer = self._as_id(layer, "protect's MoE layer", call)
-            out.append((layer, self._expert_ids("least_recently_used", count, "protect", experts)))
-        return out
-
-    def _check_readable(self, call: str, key: Any) -> None:
-        if type(key) is not str or key not in self._readable:
-            raise self._refuse(f"{call}({key!r})", f"trace array {key!r} is not a core array and not declared in "
-                                                   "the policy's trace_arrays")
-
-    def _token_rows(self, key: Any) -> TokenRows:
-        """A (T, L, ...) trace array the policy may read, per token as nested lists (made once, on first use)."""
-        self._check_readable("trace_row", key)
-        array = self.trace[key]
-        if array.ndim < 2 or array.shape[1] != self.num_moe_layers or array.shape[0] < self.num_tokens:
-            raise self._refuse(f"trace_row({key!r}, ...)", f"'{key}' is not a (token, MoE layer, ...) array")
-        rows = self._routed if key == "routed_ids" else TokenRows(array[:self.num_tokens])
-        self._rows[key] = rows
-        return rows
-
-    def _routing_cell(self, call: str, key: Any, t: Any, layer: Any, routing: bool) -> int:
-        """t * MoE layers + layer of a position a policy reads the trace at in `call` (of array `key`; None:
-        trace_routed's): both exact ints of the run, and, when the array carries routing, routed already (unless the
-        policy sees future routing); refused otherwise."""
-        if type(t) is int and type(layer) is int:
-            token: int = t  # typed: compiled code compares them natively
-            layer_id: int = layer
-        else:
-            first = "" if key is None else f"{key!r}, "
-            text = f"{call}({first}{t!r}, {layer!r})"
-            token = self._as_id(t, "token", text)
-            layer_id = self._as_id(layer, "MoE layer", text)
-        if not (0 <= token < self.num_tokens and 0 <= layer_id < self.num_moe_layers):
-            first = "" if key is None else f"{key!r}, "  # (the message's: made only for a refusal)
-            raise self._refuse(f"{call}({first}{token}, {layer_id})", f"outside the run: it has tokens "
-                               f"0..{self.num_tokens - 1} and MoE layers 0..{self.num_moe_layers - 1}")
-        cell = token * self.num_moe_layers + layer_id
-        if routing and cell > self._routed_upto and not self._sees_future:
-            upto = self._routed_upto
-            first = "" if key is None else f"{key!r}, "
-            known = (f"the run has routed up to token {upto // self.num_moe_layers}, MoE layer "
-                     f"{upto % self.num_moe_layers}" if upto >= 0 else "the run has routed nothing yet")
-            raise self._refuse(f"{call}({first}{token}, {layer_id})", f"token {token}, MoE layer {layer_id} has not "
-                               f"routed yet ({known}); only a policy that sees_future_routing (the oracle) reads "
-                               "routing ahead")
-        return cell
-
-    def _checked_plan(self, t: int, layer: int, plan: Any) -> LayerPlan:
-        """The plan on_route returned, every expert of it an exact int of the model (a copy only where an id was
-        another integer type); refused otherwise."""
-        if not isinstance(plan, LayerPlan):
-            raise self._refuse(f"on_route({t}, {layer})", f"returned {type(plan).__name__}, not a LayerPlan")
-        given_execute, given_on_host, given_surrogate = plan.execute, plan.on_host, plan.surrogate
-        execute = self._plan_experts(t, layer, "execute", given_execute)
-        on_host = self._plan_experts(t, layer, "on_host", given_on_host) if given_on_host else given_on_host
-        surrogate = self._plan_experts(t, layer, "surrogate", given_surrogate) if given_surrogate else given_surrogate
-        if execute is given_execute and on_host is given_on_host and surrogate is given_surrogate:
-            return plan
-        return LayerPlan(execute, on_host, surrogate, plan.substituted, plan.dropped)
-
-    def _plan_experts(self, t: int, layer: int, field: str, experts: Any) -> Any:
-        """A LayerPlan field's experts: the list itself when each is a plain int of the model, else a checked copy."""
-        n = self.num_experts
-        if type(experts) is list:
-            for e in experts:
-                if type(e) is not int:
-                    break
-                expert: int = e  # typed: compared natively
-                if not 0 <= expert < n:
-                    break
-            else:
-                return experts
-        call = f"on_route({t}, {layer}) -> LayerPlan.{field}"
-        if not isinstance(experts, (list, tuple)):
-            raise self._refuse(call, f"{experts!r} is not a list of expert ids")
-        checked: list[int] = []
-        for e in experts:
-            expert = self._as_id(e, "expert id", call)
-            if not 0 <= expert < n:
-                raise self._refuse(call, f"expert id {expert} is out of range: the model has experts 0..{n - 1}")
-            checked.append(expert)
-        return checked
-
-    def _victim(self, victim: Any, layer: int, count: int) -> tuple[int, int]:
-        """A key choose_victims returned, as exact ints of the model; refused otherwise."""
-        n = self.num_experts
-        if type(victim) is tuple and len(victim) == 2:
-            a, b = victim
-            if type(a) is int and type(b) is int:
-                index = self._index("", a, b)  # plain ints: never refused, no message made
-            else:
-                index = self._index(f"choose_victims({layer}, ..., {count}) -> ", a, b)
-            if index >= 0:
-                return index // n, index % n
-        call = f"choose_victims({layer}, ..., {count})"
-        if type(victim) is not tuple or len(victim) != 2:
-            raise self._refuse(call, f"returned {victim!r}, not a (MoE layer, expert) key")
-        raise self._outside_model(call + " -> ", victim[0], victim[1])
 
     # ======================================================================== internals
     def _of_layer(self, layer: int) -> list[_Entry]:
@@ -839,9 +522,9 @@ class Simulation:
                 continue
             if self.free_slots() <= 0:
                 count = 1 - self.free_slots()
-                for victim in self.policy.choose_victims(self, key[0], needed, count):
-                    layer, expert = self._victim(victim, key[0], count)
-                    self.evict(layer, expert)
+                for victim in self.policy.choose_victims(self.context, key[0], needed, count):
+                    layer, expert = self.context._victim(victim, key[0], count)
+                    self._evict_at(layer * self.num_experts + expert, True)
             if self.free_slots() <= 0:
                 return  # wait for an in-flight transfer to land or stop
             self._pending_demands.pop(0)
@@ -1014,7 +697,7 @@ class Simulation:
     def _decode(self) -> Generator[Any, Any, None]:
         costs = self._layer_costs()
         head = self._cost(self.workload.token_head)
-        self.policy.on_run_start(self)
+        self.policy.on_run_start(self.context)
         for t in range(self.num_tokens):
             yield from self._token(t, costs, head)
         # transfers still in flight land after this, charged to the last token's ledger
@@ -1028,7 +711,7 @@ class Simulation:
         self.rec.start_token()
         stall = 0
         with self.dma.batch():
-            self.policy.on_token_start(self, t)
+            self.policy.on_token_start(self.context, t)
         dense = self.model.first_dense_layers
         for li, cost in enumerate(costs):
             if li < dense:
@@ -1050,7 +733,7 @@ class Simulation:
         if self._observer is not None:
             self._observer.layer_start(t, layer)
         with self.dma.batch():
-            self.policy.on_layer_start(self, t, layer)
+            self.policy.on_layer_start(self.context, t, layer)
         yield from self._compute(self._launched(cost.pre), "attention", layer)
         plan = self._route(t, layer)
         stall = yield from self._run_experts(t, layer, plan, cost)
@@ -1058,7 +741,7 @@ class Simulation:
         if self._observer is not None:
             self._observer.layer_end(t, layer)
         with self.dma.batch():
-            self.policy.on_layer_end(self, t, layer)
+            self.policy.on_layer_end(self.context, t, layer)
         return stall
 
     def _route(self, t: int, layer: int) -> LayerPlan:
@@ -1077,7 +760,7 @@ class Simulation:
         with self.dma.batch():
             if self._observer is not None:
                 self._observer.route(t, layer)
-            plan = self._checked_plan(t, layer, self.policy.on_route(self, t, layer, routed))
+            plan = self.context._checked_plan(t, layer, self.policy.on_route(self.context, t, layer, routed))
             if self._observer is not None:
                 self._observer.plan(t, layer, plan)
             execute = plan.execute  # (exact ids of the model: _run_experts copies it)
