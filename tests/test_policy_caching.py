@@ -72,7 +72,7 @@ def test_lru_and_lfu_evict_exactly_the_expected_victims(tmp_path, name, how):
     assert result.per_layer.demand_fetches[:, 0].tolist() == demands
     assert _demand_fetched(result) == fetched
     assert row["cache_slots"] == 2
-    assert row["hit_rate"] == pytest.approx(demands.count(0) / len(demands))
+    assert row["resident_rate"] == pytest.approx(demands.count(0) / len(demands))
     assert row["prefetches_issued"] == 0  # no prefetch: every miss is a demand fetch
 
 
@@ -83,7 +83,7 @@ def test_lru_thrashes_on_a_cycle_longer_than_the_cache_and_lfu_keeps_the_frequen
     trace = write_hand_trace(tmp_path / "cyc.npz", ONE_LAYER, routed)
     cfg = _config(tmp_path, ONE_LAYER, trace, capacity_mib=0.4)
     *_, lru = _run(cfg, "lru:warmup=0")
-    assert lru["hit_rate"] == 0.0 and lru["demand_fetches_per_token"] == 1
+    assert lru["resident_rate"] == 0.0 and lru["demand_fetches_per_token"] == 1
     routed = np.array([0, 0, 0] + [0, 1, 2] * 3, dtype=np.uint8).reshape(-1, 1, 1)
     trace = write_hand_trace(tmp_path / "cyc2.npz", ONE_LAYER, routed)
     cfg = _config(tmp_path, ONE_LAYER, trace, capacity_mib=0.4, name="c2")
@@ -131,8 +131,8 @@ def test_a_repeated_routing_pattern_hits_every_time_after_warm_up(tmp_path, name
     cfg = _config(tmp_path, THREE_LAYERS, trace, capacity_mib=4)
     spec = f"{name}:warmup=1" + (",slots=10" if name == "adapmoe" else "")  # 2k staging + 6 cached
     _, _, result, row = _run(cfg, spec)
-    assert row["hit_rate"] == 1.0 and row["hit_rate_per_layer"] == [1.0, 1.0, 1.0]
-    assert row["warmup_tokens"] == 1 and row["warmup_hit_rate"] == 0.0
+    assert row["resident_rate"] == 1.0 and row["resident_rate_per_layer"] == [1.0, 1.0, 1.0]
+    assert row["warmup_tokens"] == 1 and row["warmup_resident_rate"] == 0.0
     assert row["warmup"]["tokens"] == 1 and row["tokens"] == 5
     assert row["demand_fetches_per_token"] == 0 and row["stall_ms_per_token"] == 0
     assert result.per_layer.demand_fetches[0].tolist() == [2, 2, 2]
@@ -237,8 +237,8 @@ def test_every_caching_policy_completes_on_the_default_trace_and_reports_its_war
         assert result.tokens == 48 and (result.per_token.latency_ps > 0).all()
         assert row["warmup_tokens"] == 16 and row["warmup"]["tokens"] == 16 and row["tokens"] == 32
         assert row["cache_slots"] == prep.workload.buffer_slots
-        assert 0.0 <= row["hit_rate"] <= 1.0 and len(row["hit_rate_per_layer"]) == 32
-        assert "warmup_hit_rate" in row
+        assert 0.0 <= row["resident_rate"] <= 1.0 and len(row["resident_rate_per_layer"]) == 32
+        assert "warmup_resident_rate" in row
         if policy.name == "adapmoe":
             assert 0.0 < row["deviation_rate"] < 1.0 and 0.0 < row["prefetch_accuracy"] <= 1.0
             assert sum(row["cache_quota_per_layer"]) == prep.workload.buffer_slots - 2 * 8

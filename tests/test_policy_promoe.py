@@ -127,7 +127,7 @@ def test_no_cache_by_slots_minus_one_or_cache_false_is_the_same_per_layer_stagin
     assert (a[0].per_token.latency_ps == b[0].per_token.latency_ps).all() and a[0].counts.fetches_total == b[0].counts.fetches_total
     for res, row in (a, b):
         assert row["warmup_tokens"] == 0 and "warmup" not in row and row["cache_slots"] == 0
-        assert row["hit_rate_from_cache"] == 0.0  # nothing survives a layer
+        assert row["resident_from_cache_rate"] == 0.0  # nothing survives a layer
     cached = runs["promoe"][1]
     assert cached["warmup_tokens"] == min(16, T - 1) and cached["cache_slots"] == 21
     with pytest.raises(InputError, match="policies.promoe.cache"):
@@ -141,7 +141,7 @@ def test_the_lru_cache_serves_a_repeated_pattern_without_any_fetch_after_warm_up
     result, row = runs["promoe:warmup=1"]
     assert result.counts.fetches_total == 6  # token 0 only: layer 0 on demand, layers 1-2 prefetched
     assert result.per_layer.demand_fetches[0].tolist() == [2, 0, 0] and result.per_layer.demand_fetches[1:].sum() == 0
-    assert row["cache_hit_rate"] == 1.0 and row["hit_rate_from_cache"] == 1.0
+    assert row["cache_resident_rate"] == 1.0 and row["resident_from_cache_rate"] == 1.0
     assert row["warmup_tokens"] == 1 and row["warmup"]["tokens"] == 1
     staged = runs["promoe:cache=false"][0]
     assert staged.counts.fetches_total == 6 * T
@@ -168,7 +168,7 @@ def test_promoe_completes_on_the_default_trace_and_reports_its_warm_up_apart():
         rows[policy.label] = row = summarize_result(prep, result, policy)
         assert result.tokens == 48 and (result.per_token.latency_ps > 0).all()
         assert 0.5 < row["prediction_recall"] < 1.0 and row["prediction_recall_per_layer"][0] is None
-        assert len(row["cache_hit_rate_per_layer"]) == 32
+        assert len(row["cache_resident_rate_per_layer"]) == 32
     assert rows["promoe"]["warmup_tokens"] == 16 and rows["promoe"]["warmup"]["tokens"] == 16
     assert rows["promoe:cache=false"]["warmup_tokens"] == 0 and "warmup" not in rows["promoe:cache=false"]
 

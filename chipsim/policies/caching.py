@@ -8,10 +8,11 @@ routed experts miss, its victims are evicted in `on_route`, before the engine's 
 occupancy never exceeds `capacity`, not even inside a layer. The engine's own `choose_victims` call (buffer
 full) gets the same victims. The routed experts of the running layer are never victims.
 
-Hits are counted when routing decides: a routed expert whose bytes are already in the buffer (landed).
-Results are means over the tokens after the warm-up (`warmup` parameter, default 16, or the config's
-`workload.warmup_tokens` if larger), as for the engine's own metrics; the warm-up's hit rate is reported
-beside them.
+`resident_rate`: the share of executed experts whose bytes had all landed in the buffer when routing decided (a
+"hit", in chipsim's one meaning, is an expert present then, landed or on its way: the engine's per-layer `hits`,
+`overlap` and `recall`; the resident rate is the stricter count a cache's own bookkeeping sees). Results are means over
+the tokens after the warm-up (`warmup` parameter, default 16, or the config's `workload.warmup_tokens` if larger), as
+for the engine's own metrics; the warm-up's resident rate is reported beside them.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class ExpertCache(Policy):
 
     def __init__(self, label: str, params: CacheSizing | None = None):
         super().__init__(label, params)
-        self._hits = None
+        self._resident = None
         self.capacity = 0
         self._reserved = 0
         self._running = (-1, frozenset())
@@ -96,7 +97,7 @@ class ExpertCache(Policy):
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self.capacity = self._resolve_capacity(ctx)
         self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
-        self._hits = np.zeros((T, L), dtype=np.int64)  # executed experts resident when routing decided
+        self._resident = np.zeros((T, L), dtype=np.int64)  # executed experts landed when routing decided
         self._executed = np.zeros((T, L), dtype=np.int64)
         self._pending: dict[int, set[int]] = {}  # layer -> experts predicted (and protected) until it routes
         self._prefetch_refused = 0
@@ -191,11 +192,11 @@ class ExpertCache(Policy):
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._pending.pop(layer, None)
         execute, dropped = self._select(ctx, t, layer, routed)
-        hits = 0
+        resident = 0
         for e in execute:
             if ctx.resident(layer, e):
-                hits += 1
-        self._hits[t, layer] = hits
+                resident += 1
+        self._resident[t, layer] = resident
         self._executed[t, layer] = len(execute)
         self._note_use(ctx, layer, execute)
         ctx.cancel_unneeded(layer, execute)  # mispredicted prefetches still on their way stop
@@ -217,16 +218,16 @@ class ExpertCache(Policy):
 
     # ---------------------------------------------------------------- results
     def extra_metrics(self) -> dict:
-        if self._hits is None:
+        if self._resident is None:
             return {}
         sl, wu = slice(self._warm, None), slice(0, self._warm)
         out = {
             "cache_slots": self.capacity,
-            "hit_rate": _mean_or_none(self._hits[sl], self._executed[sl]),
-            "hit_rate_per_layer": _per_layer(self._hits[sl], self._executed[sl]),
+            "resident_rate": _mean_or_none(self._resident[sl], self._executed[sl]),
+            "resident_rate_per_layer": _per_layer(self._resident[sl], self._executed[sl]),
         }
         if self._warm:
-            out["warmup_hit_rate"] = _mean_or_none(self._hits[wu], self._executed[wu])
+            out["warmup_resident_rate"] = _mean_or_none(self._resident[wu], self._executed[wu])
         return out
 
 
@@ -308,7 +309,7 @@ class AdapMoE(ExpertCache):
         self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k])
         self.quota = self.layer_quotas(ctx.trace_array("train_expert_counts"), k, max(0, self.capacity - 2 * k))
         self._dropped = np.zeros((T, L), dtype=np.int64)
-        self._pred_hits = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|
+        self._pred_correct = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|
         # adaptive gating changes the computation only above top-2 (see the class docstring)
         self._quality = quality_fields(f"gate threshold {self.params.gate_threshold:g}" if k > 2 else None,
                                        ctx.trace_meta, ("adapmoe", self.params.gate_threshold))
@@ -355,7 +356,7 @@ class AdapMoE(ExpertCache):
         if NO_EXPERT not in pred:
             ps = set(pred)
             self._predicted[t, layer] = True
-            self._pred_hits[t, layer] = len(ps & set(routed))
+            self._pred_correct[t, layer] = len(ps & set(routed))
             self._pred_exec[t, layer] = len(ps & set(execute))
         return execute, dropped
 
@@ -403,8 +404,8 @@ class AdapMoE(ExpertCache):
             "deviation_rate": float(dropped.sum() / routed.sum()),  # routed experts not computed
             "deviation_rate_per_layer": _per_layer(dropped, routed),
             "dropped_experts_per_token_per_layer": [float(x) for x in dropped.mean(axis=0)],
-            "prefetch_accuracy": _mean_or_none(self._pred_hits[sl], predicted * self._k),  # |pred ∩ routed| / k
-            "prefetch_accuracy_per_layer": _per_layer(self._pred_hits[sl], predicted * self._k),
+            "prefetch_accuracy": _mean_or_none(self._pred_correct[sl], predicted * self._k),  # |pred ∩ routed| / k
+            "prefetch_accuracy_per_layer": _per_layer(self._pred_correct[sl], predicted * self._k),
             "prefetch_coverage": _mean_or_none(self._pred_exec[sl], predicted * executed),  # of executed ones
             "prefetches_refused": self._prefetch_refused,
             "cache_quota_per_layer": list(self.quota),

@@ -16,9 +16,10 @@ one layer ahead, an LRU expert cache, experts moved in gate/up/down chunks.
   of queued prefetches and pause moving ones at their next chunk boundary (the DMA model does this).
 
 Metrics: `prediction_recall` = mean |predicted ∩ routed| / k over the layers that have a prediction (and per
-layer, None for layer 0); `cache_hit_rate` = routed experts already in the buffer (landed) when routing
-decided / routed experts, whether they came from the cache or from this token's prefetch; and
-`hit_rate_from_cache`, the part of it that no prefetch of this token brought in.
+layer, None for layer 0); `cache_resident_rate` = routed experts already landed in the buffer when routing decided /
+routed experts, whether they came from the cache or from this token's prefetch; and `resident_from_cache_rate`, the
+part of it that no prefetch of this token brought in (chipsim.policies.caching: "resident", not "hit", which in
+chipsim means present, landed or on its way).
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ class ProMoE(ExpertCache):
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k, self._L = k, L
         self._pred = TokenRows(ctx.trace_array("promoe_rank")[:T, :, :k])
-        self._recall_hits = np.zeros((T, L), dtype=np.int64)
+        self._pred_correct = np.zeros((T, L), dtype=np.int64)
         self._has_pred = np.zeros((T, L), dtype=bool)
-        self._cache_hits = np.zeros((T, L), dtype=np.int64)  # landed, and no prefetch of this token brought it
+        self._from_cache = np.zeros((T, L), dtype=np.int64)  # landed, and no prefetch of this token brought it
         self._issued: dict[int, set[int]] = {}  # layer -> experts this token's prefetch issued
 
     def _next_layer_prediction(self, t, layer):
@@ -81,13 +82,13 @@ class ProMoE(ExpertCache):
         pred = self._pred[t][layer]
         if NO_EXPERT not in pred:
             self._has_pred[t, layer] = True
-            self._recall_hits[t, layer] = len(set(pred) & set(routed))
+            self._pred_correct[t, layer] = len(set(pred) & set(routed))
         issued = self._issued.pop(layer, set())
-        cache_hits = 0
+        from_cache = 0
         for e in routed:
             if e not in issued and ctx.resident(layer, e):
-                cache_hits += 1
-        self._cache_hits[t, layer] = cache_hits
+                from_cache += 1
+        self._from_cache[t, layer] = from_cache
         plan = super().on_route(ctx, t, layer, routed)  # also prefetches layer + 1
         self._issued[layer + 1] = self._issued_next
         return plan
@@ -104,12 +105,12 @@ class ProMoE(ExpertCache):
         sl = slice(self._warm, None)
         k_counts = self._has_pred[sl].astype(np.int64) * self._k
         out["cache_slots"] = self.capacity if self.cached else 0
-        out["cache_hit_rate"] = out.pop("hit_rate")
-        out["cache_hit_rate_per_layer"] = out.pop("hit_rate_per_layer")
-        if "warmup_hit_rate" in out:
-            out["warmup_cache_hit_rate"] = out.pop("warmup_hit_rate")
-        out["hit_rate_from_cache"] = _mean_or_none(self._cache_hits[sl], self._executed[sl])
-        out["prediction_recall"] = _mean_or_none(self._recall_hits[sl], k_counts)
-        out["prediction_recall_per_layer"] = _per_layer(self._recall_hits[sl], k_counts)
+        out["cache_resident_rate"] = out.pop("resident_rate")
+        out["cache_resident_rate_per_layer"] = out.pop("resident_rate_per_layer")
+        if "warmup_resident_rate" in out:
+            out["warmup_cache_resident_rate"] = out.pop("warmup_resident_rate")
+        out["resident_from_cache_rate"] = _mean_or_none(self._from_cache[sl], self._executed[sl])
+        out["prediction_recall"] = _mean_or_none(self._pred_correct[sl], k_counts)
+        out["prediction_recall_per_layer"] = _per_layer(self._pred_correct[sl], k_counts)
         out["prefetches_refused"] = self._prefetch_refused
         return out
