@@ -20,7 +20,7 @@ from pathlib import Path
 
 COMPILED: dict[str, tuple[str, ...]] = {
     # the event engine on SimPy (the engine of record): its flow network, DMA queue and decode steps
-    "sim": ("flows", "dma", "context", "engine"),
+    "sim": ("flows", "dma", "work", "buffer", "tally", "context", "demands", "engine"),
     # the command-level DRAM model: a config's memories are calibrated with it once per new config
     "dramsim": ("controller", "streams"),
 }

@@ -338,7 +338,7 @@ def test_the_slot_budget_is_honoured_and_the_cache_is_kept_across_tokens(make):
                 self.sim = sim
 
             def issued(self, layer, expert, demand, transfer):  # slots taken, those still stopping included
-                occupancy.append(self.sim.slots - self.sim.free_slots())
+                occupancy.append(self.sim.slots - self.sim.buffer.free_slots())
 
         sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, observers=[Occupancy()])
         result = sim.run()

@@ -165,10 +165,10 @@ class PolicyContext:
         return entry is not None and entry.resident
 
     def resident_keys(self) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._sim._in_buffer() if entry.resident]
+        return [entry.key for entry in self._sim.buffer.in_buffer() if entry.resident]
 
     def keys_of_layer(self, layer: Any) -> list[tuple[int, int]]:
-        return [entry.key for entry in self._sim._of_layer(self._layer_id("keys_of_layer", layer))]
+        return [entry.key for entry in self._sim.buffer.of_layer(self._layer_id("keys_of_layer", layer))]
 
     def last_use(self, key: Any) -> int:
         if type(key) is tuple and len(key) == 2:
@@ -192,7 +192,7 @@ class PolicyContext:
         # expert) order; the protected are skipped as they come up, so only the first few are checked
         cells = self._layers * n
         ranked: list[int] = []
-        entry = self._sim._first
+        entry = self._sim.buffer.first
         while entry is not None:
             if entry.resident:
                 ranked.append(entry.last_use * cells + entry.index)
@@ -212,7 +212,7 @@ class PolicyContext:
         return victims
 
     def free_slots(self) -> int:
-        return self._sim.free_slots()
+        return self._sim.buffer.free_slots()
 
     # ---- estimates
     def fetch_estimate_ps(self) -> int:
@@ -248,7 +248,7 @@ class PolicyContext:
         keep = self._expert_ids("cancel_unneeded", layer_id, "needed", needed)
         dropped: list[int] = []
         sim = self._sim
-        for entry in sim._of_layer(layer_id):
+        for entry in sim.buffer.of_layer(layer_id):
             if entry.key[1] not in keep and not entry.resident:
                 dropped.append(entry.key[1])
                 sim._evict_at(entry.index, True)
@@ -257,7 +257,7 @@ class PolicyContext:
     def evict_layer(self, layer: Any, stop_transfers: bool = True) -> None:
         layer_id = self._layer_id("evict_layer", layer)
         sim = self._sim
-        for entry in sim._of_layer(layer_id):
+        for entry in sim.buffer.of_layer(layer_id):
             sim._evict_at(entry.index, stop_transfers)
 
     # ---- the boundary's checks (their slow paths run only for an id that is not a plain int, or is refused)

@@ -25,111 +25,34 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, Final, Generator, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Final, Generator, Sequence
 
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.hw.compute_formula import OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy, PolicyError
+from chipsim.sim.buffer import Entry, ExpertBuffer
 from chipsim.sim.context import PolicyContext
 from chipsim.sim.core import SIMPY, EventCore
+from chipsim.sim.demands import DemandQueue
 from chipsim.sim.dma import DEMAND, PREFETCH
-from chipsim.sim.energy import ACTIONS
 from chipsim.sim.flows import PPM, READ, WRITE, Path
 from chipsim.sim.observe import Observer, combined
 from chipsim.sim.record import RunCounts, RunRecorder, SimResult
+from chipsim.sim.tally import TokenTally
 from chipsim.sim.timeline_recorder import TimelineRecorder
+from chipsim.sim.work import NO_WORK, LayerCost, Work, cost_of
 from chipsim.trace.format import TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
 
 
-class _Work:
-    """Arrays work run as one step: its time alone, the HBM operand bytes it streams, the part of the time
-    that streams nothing (issue overhead, first-operand latency), and its actions for the energy ledger.
-    Never changed once made."""
-
-    __slots__ = ("ps", "bytes", "fixed", "macs", "sfu_ops", "vector_ops", "sram_bytes", "sram_ps", "occupied",
-                 "profiled_pj", "unpriced_bytes", "unpriced_sram_bytes")
-
-    def __init__(self, ps: int, nbytes: int, fixed: int, macs: int = 0, sfu_ops: int = 0, vector_ops: int = 0,
-                 sram_bytes: int = 0, sram_ps: int = 0, occupied: int = 0, profiled_pj: int = 0,
-                 unpriced_bytes: int = 0, unpriced_sram_bytes: int = 0) -> None:
-        self.ps = ps
-        self.bytes = nbytes
-        self.fixed = fixed
-        self.macs = macs
-        self.sfu_ops = sfu_ops
-        self.vector_ops = vector_ops
-        self.sram_bytes = sram_bytes  # operands already in SRAM (experts staged there): read from it, not streamed
-        self.sram_ps = sram_ps  # the part of ps that reads sram_bytes
-        self.occupied = occupied  # ps weighted by the share of the arrays it occupies (clock energy by occupancy)
-        self.profiled_pj = profiled_pj  # compute.op_energy_pj: measured energy of its listed operations
-        self.unpriced_bytes = unpriced_bytes  # of bytes, those whose energy profiled_pj holds
-        self.unpriced_sram_bytes = unpriced_sram_bytes  # of sram_bytes, the same
-
-    # spelled out: these run a few times per layer of every token
-    def __add__(self, o: "_Work") -> "_Work":
-        return _Work(self.ps + o.ps, self.bytes + o.bytes, self.fixed + o.fixed, self.macs + o.macs,
-                     self.sfu_ops + o.sfu_ops, self.vector_ops + o.vector_ops, self.sram_bytes + o.sram_bytes,
-                     self.sram_ps + o.sram_ps, self.occupied + o.occupied, self.profiled_pj + o.profiled_pj,
-                     self.unpriced_bytes + o.unpriced_bytes, self.unpriced_sram_bytes + o.unpriced_sram_bytes)
-
-    def times(self, n: int) -> "_Work":
-        return _Work(self.ps * n, self.bytes * n, self.fixed * n, self.macs * n, self.sfu_ops * n,
-                     self.vector_ops * n, self.sram_bytes * n, self.sram_ps * n, self.occupied * n,
-                     self.profiled_pj * n, self.unpriced_bytes * n, self.unpriced_sram_bytes * n)
-
-
-NO_WORK: Final = _Work(0, 0, 0)
-
-# the arrays' actions by their place in ACTIONS (the engine tallies them in a list, chipsim.sim.energy prices them)
-_MAC: Final = ACTIONS.index("mac")
-_SFU_OP: Final = ACTIONS.index("sfu_op")
-_VECTOR_OP: Final = ACTIONS.index("vector_op")
-_SRAM_READ_BIT: Final = ACTIONS.index("sram_read_bit")
-_SRAM_WRITE_BIT: Final = ACTIONS.index("sram_write_bit")
-
 # UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
 _UCIE_FETCH: Final = "ucie_io"
 _UCIE_OPERANDS: Final = "ucie_compute"
-
-
-class _LayerCost(NamedTuple):
-    """One layer's operations, priced once per run."""
-
-    pre: _Work  # attention + router
-    dense: _Work  # shared experts (MoE layer) or the dense FFN (dense layer)
-    expert: _Work  # one routed expert in the policy's format
-    combine: _Work  # weighted sum of the experts' outputs
-
-
-class _Entry:
-    """One expert's slot in the buffer and the DMA transfer that fills it."""
-
-    __slots__ = ("key", "index", "transfers", "parts_left", "evicted", "resident", "prefetched", "used",
-                 "waited", "last_use", "prev", "next", "layer_prev", "layer_next")
-
-    def __init__(self, key: tuple[int, int], index: int, prefetched: bool) -> None:
-        self.key = key  # (MoE layer, expert), as policies name it
-        self.index = index  # layer * experts + expert
-        self.transfers: list[Any] = []  # chipsim.sim.dma.Transfer (or chipsim.sim.native's)
-        self.parts_left = 0
-        self.evicted = False
-        self.resident = False
-        self.prefetched = prefetched
-        self.used = False
-        self.waited = False  # computed since it was fetched: its first use synchronised with the DMA
-        self.last_use = -1
-        # neighbours in issue order, in the whole buffer and within its layer (None at the ends; cleared when evicted)
-        self.prev: _Entry | None = None
-        self.next: _Entry | None = None
-        self.layer_prev: _Entry | None = None
-        self.layer_next: _Entry | None = None
 
 
 class Simulation:
@@ -151,10 +74,19 @@ class Simulation:
         self.top_k = self.model.top_k
         self.num_experts = self.model.num_experts
         self.num_moe_layers = self.model.num_moe_layers
-        n_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
-        self.num_tokens = n_tokens
+        self.num_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
+        self._on_core(core)
+        self._fetch_path(hw)
+        self._expert_format(policy, workload, hw)
+        self._run_state(hw, workload, trace)
+        # what the policy's hooks receive: exactly chipsim.policies.base.SimContext, with its checks (chipsim.sim.context)
+        self.context = PolicyContext(self, trace, self._routed, bool(policy.sees_future_routing))
+        self._watched_by(observers, record_events, record_tokens)
+
+    def _on_core(self, core: EventCore) -> None:
+        """The event core the run schedules on (chipsim.sim.core), its constructors held here: one call per event,
+        no lookup through the core."""
         self.core = core
-        # the core's constructors, held here: one call per event, no lookup through the core (chipsim.sim.core)
         self._new_timeout: Any = core.timeout
         self._new_event: Any = core.event
         self._fire: Any = core.succeed
@@ -162,6 +94,10 @@ class Simulation:
         self._new_all_of: Any = core.all_of
         self._operation: Any = core.operation
         self.env: Any = core.environment()  # a SimPy Environment, or the native core's Loop
+
+    def _fetch_path(self, hw: HardwareConfig) -> None:
+        """The chip's shared resources as a flow network, the paths of fetches, operand streams and host reads
+        across it, and the DMA queue that moves experts."""
         comps = components(hw)  # every memory and link: priced once here
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
@@ -172,27 +108,6 @@ class Simulation:
         net = self.network
         self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
-        # what the current token moves and does, tallied here as plain ints and added to its Ledger when it ends
-        # (and once the last transfers have landed): the same sums as adding to the Ledger's dicts as it goes
-        self._tally_bytes = [0] * len(self._components)
-        self._tally_actions = [0] * len(ACTIONS)
-        self._tally_busy_ps = 0
-        self._tally_occupied_ps = 0
-        self._tally_host_busy_ps = 0
-        # the counts every fetch and every arrays operation add to, as plain int fields (compiled: added natively,
-        # no int object made per addition); _add_tally spreads them over the lists above
-        self._tally_fetched = 0  # bytes landed: each crosses every component of the fetch path
-        self._tally_operand_bytes = 0  # operands streamed from HBM over the memory-to-compute link
-        self._tally_macs = self._tally_sfu_ops = self._tally_vector_ops = 0
-        self._tally_sram_read_bits = self._tally_sram_write_bits = 0
-        self._tally_profiled_pj = self._tally_unpriced_operand_bytes = 0  # compute.op_energy_pj's operations
-        place = {name: i for i, name in enumerate(self._components)}
-        self._at_hbm, self._at_ucie, self._at_lpddr5x, self._at_pcie = (place["hbm"], place["ucie"],
-                                                                        place["lpddr5x"], place["pcie"])
-        self._fetch_places = [place[c] for c in self._fetch_components]
-        # the run's counters as plain ints (compiled code counts them natively); rec.counts gets them at the end
-        self._prefetches_issued = self._prefetches_dropped = self._prefetches_unused = 0
-        self._fetches_total = self._expert_computes = self._peak_buffer_slots = 0
         self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
         self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
         self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
@@ -201,7 +116,7 @@ class Simulation:
         # wait)
         self._operand_alone_rate = net.alone_rate(self._operand_flow_path)
         self._sram_alone_rate = net.alone_rate(self._sram_flow_path) if self._sram_flow_path else 0
-        self.dma: Any = core.dma_path(
+        self.dma: Any = self.core.dma_path(
             self.env,
             bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
@@ -215,42 +130,45 @@ class Simulation:
             path=self._fetch_flow_path,
         )
         self._cancel_in_flight = hw.dma.cancel_in_flight
+
+    def _expert_format(self, policy: Policy, workload: DecodeWorkload, hw: HardwareConfig) -> None:
+        """How this policy moves and stores its experts, and the buffer slots that gives."""
         fmt = policy.expert_format(workload, hw)
         self.expert_format = fmt
         self._part_bytes = fmt.part_bytes
         self._fetch_bytes = fmt.fetch_bytes
         # fetch_estimate_ps's constants: a setup per part, the path's latency, its bottleneck bandwidth
-        self._fetch_fixed_ps = ns_to_ps(hw.dma.setup_ns) * len(self._part_bytes) + ns_to_ps(path.latency_ns)
-        self._fetch_bytes_per_s = gbps_to_bytes_per_s(path.bandwidth_gbps)
+        latency_ps = ns_to_ps(self.path_timing.latency_ns)
+        self._fetch_fixed_ps = ns_to_ps(hw.dma.setup_ns) * len(self._part_bytes) + latency_ps
+        self._fetch_bytes_per_s = gbps_to_bytes_per_s(self.path_timing.bandwidth_gbps)
         self.slots = workload.buffer_bytes // fmt.slot_bytes
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
                              f"format, fewer than top-{self.top_k}")
+
+    def _run_state(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace) -> None:
+        """The buffer, the demand queue, the token's tallies, the routing as it becomes known, the run's counters
+        and records, and the host CPU."""
+        self.buffer = ExpertBuffer(self.num_moe_layers, self.num_experts, self.slots)
+        self._slot_of = self.buffer.slot_of  # the buffer's entries by index: read on every routed expert
+        self._demands = DemandQueue(self)
+        self._tally = TokenTally(self._components, self._fetch_components)
+        # the run's counters as plain ints (compiled code counts them natively); rec.counts gets them at the end
+        self._prefetches_issued = self._prefetches_dropped = self._prefetches_unused = 0
+        self._fetches_total = self._expert_computes = self._peak_buffer_slots = 0
         # what routing the run knows: every (token, MoE layer) up to this cell, t * MoE layers + layer (-1: none yet;
         # _route moves it on just before on_route); only the oracle reads beyond it
         self._routed_upto = -1
-        # the buffer's experts by index, layer * num_experts + expert (None: not in the buffer): a list read by a
-        # plain int, no int object made, no hash; _Entry.key holds the (layer, expert) policies see
-        self._slot_of: list[_Entry | None] = [None] * (self.num_moe_layers * self.num_experts)
-        # the same entries in the order they were issued, the order policies see them in: linked through the entries,
-        # over the whole buffer and within each MoE layer (a layer's entries without walking the buffer)
-        self._held = 0
-        self._first: _Entry | None = None
-        self._last: _Entry | None = None
-        self._layer_first: list[_Entry | None] = [None] * self.num_moe_layers
-        self._layer_last: list[_Entry | None] = [None] * self.num_moe_layers
-        self._zombies = 0  # evicted while in flight: the slot frees when the bytes land
-        self._pending_demands: list[tuple[tuple[int, int], set]] = []  # (key, experts the layer needs)
-        self._serving = False
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
         # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
         seg = workload.segment_launch
-        self._segment_launch: _Work | None = self._cost(seg) if seg is not None else None
+        self._segment_launch: Work | None = cost_of(seg) if seg is not None else None
         self._synced = True
         self.segment_launches = 0
+        n_tokens = self.num_tokens
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self._token_routed: list[list[int]] = []
@@ -261,12 +179,13 @@ class Simulation:
         self._layer_hits = [0] * cells
         self._layer_demands = [0] * cells
         self._layer_stall = [0] * cells
-        self.host = core.resource(self.env, 1)  # one expert at a time, on all cores
+        self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
         # called with each token's index once it is decoded (a progress bar)
         self.on_token: Callable[[int], None] | None = None
-        # what the policy's hooks receive: exactly chipsim.policies.base.SimContext, with its checks (chipsim.sim.context)
-        self.context = PolicyContext(self, trace, self._routed, bool(policy.sees_future_routing))
+
+    def _watched_by(self, observers: Sequence[Observer], record_events: bool, record_tokens: int) -> None:
+        """The observers of the run (chipsim.sim.observe), a TimelineRecorder among them with `record_events`."""
         self._timeline = TimelineRecorder(record_tokens) if record_events else None
         watching = list(observers) + ([self._timeline] if self._timeline is not None else [])
         self._observer: Any = combined(watching)  # None: nothing published
@@ -306,15 +225,11 @@ class Simulation:
         return hops
 
     # ======================================================================== what the policy context acts through
-    def free_slots(self) -> int:
-        """Slots neither held nor still draining an evicted transfer."""
-        return self.slots - self._held - self._zombies
-
     def _prefetch_at(self, index: int) -> bool:
         """Stage the expert at buffer index `index` ahead of need; False if no slot is free (nothing is evicted)."""
         if self._slot_of[index] is not None:
             return True
-        if self.free_slots() <= 0:
+        if self.buffer.free_slots() <= 0:
             self._prefetches_dropped += 1
             return False
         n = self.num_experts
@@ -331,12 +246,12 @@ class Simulation:
             return
         if self._observer is not None:
             self._observer.evicted(entry.key[0], entry.key[1])
-        self._unlink(entry)
+        self.buffer.unlink(entry)
         entry.evicted = True
         if entry.prefetched and not entry.used:
             self._prefetches_unused += 1
         if not entry.resident:
-            self._zombies += 1  # the slot frees when its transfers stop (at once if they never started)
+            self.buffer.zombies += 1  # the slot frees when its transfers stop (at once if they never started)
             if stop_transfer and self._cancel_in_flight:
                 with self.dma.batch():
                     for tr in entry.transfers:
@@ -347,79 +262,14 @@ class Simulation:
                 with self.dma.batch():
                     for tr in entry.transfers:
                         self.dma.promote(tr)
-        if self._pending_demands:
-            self._serve_pending_demands()
+        if self._demands.pending:
+            self._demands.serve()
 
     # ======================================================================== internals
-    def _of_layer(self, layer: int) -> list[_Entry]:
-        """A MoE layer's entries in issue order (a copy: the caller may evict them as it goes)."""
-        entries: list[_Entry] = []
-        if not 0 <= layer < self.num_moe_layers:
-            return entries
-        entry = self._layer_first[layer]
-        while entry is not None:
-            entries.append(entry)
-            entry = entry.layer_next
-        return entries
-
-    def _in_buffer(self) -> list[_Entry]:
-        """Every entry in issue order."""
-        entries: list[_Entry] = []
-        entry = self._first
-        while entry is not None:
-            entries.append(entry)
-            entry = entry.next
-        return entries
-
-    def _link(self, entry: _Entry) -> None:
-        """Into the buffer: found by its index, last in issue order."""
-        self._slot_of[entry.index] = entry
-        self._held += 1
-        last = self._last
-        entry.prev = last
-        if last is None:
-            self._first = entry
-        else:
-            last.next = entry
-        self._last = entry
-        layer = entry.key[0]
-        last = self._layer_last[layer]
-        entry.layer_prev = last
-        if last is None:
-            self._layer_first[layer] = entry
-        else:
-            last.layer_next = entry
-        self._layer_last[layer] = entry
-
-    def _unlink(self, entry: _Entry) -> None:
-        """Out of the buffer; its links cleared (no reference cycle is left for the garbage collector)."""
-        self._slot_of[entry.index] = None
-        self._held -= 1
-        prev, nxt = entry.prev, entry.next
-        if prev is None:
-            self._first = nxt
-        else:
-            prev.next = nxt
-        if nxt is None:
-            self._last = prev
-        else:
-            nxt.prev = prev
-        layer = entry.key[0]
-        prev, nxt = entry.layer_prev, entry.layer_next
-        if prev is None:
-            self._layer_first[layer] = nxt
-        else:
-            prev.layer_next = nxt
-        if nxt is None:
-            self._layer_last[layer] = prev
-        else:
-            nxt.layer_prev = prev
-        entry.prev = entry.next = entry.layer_prev = entry.layer_next = None
-
-    def _issue(self, key: tuple[int, int], priority: int) -> _Entry:
-        entry = _Entry(key, key[0] * self.num_experts + key[1], priority == PREFETCH)
+    def _issue(self, key: tuple[int, int], priority: int) -> Entry:
+        entry = Entry(key, key[0] * self.num_experts + key[1], priority == PREFETCH)
         self._synced = True  # the compute after the issue point starts a new segment
-        self._link(entry)
+        self.buffer.link(entry)
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
         transfer = self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes))
@@ -428,48 +278,18 @@ class Simulation:
         if self._observer is not None:
             self._observer.issued(key[0], key[1], priority == DEMAND, transfer)
         self._fetches_total += 1
-        held = self._held + self._zombies
+        held = self.buffer.held + self.buffer.zombies
         if held > self._peak_buffer_slots:
             self._peak_buffer_slots = held
         return entry
 
-    def _add_tally(self) -> None:
-        """Add what was tallied since the last call to the current token's Ledger."""
-        tally, actions = self._tally_bytes, self._tally_actions
-        for i in self._fetch_places:
-            tally[i] += self._tally_fetched
-        tally[self._at_hbm] += self._tally_operand_bytes
-        tally[self._at_ucie] += self._tally_operand_bytes
-        actions[_MAC] += self._tally_macs
-        actions[_SFU_OP] += self._tally_sfu_ops
-        actions[_VECTOR_OP] += self._tally_vector_ops
-        actions[_SRAM_READ_BIT] += self._tally_sram_read_bits
-        actions[_SRAM_WRITE_BIT] += self._tally_sram_write_bits
-        self._tally_fetched = self._tally_operand_bytes = 0
-        self._tally_macs = self._tally_sfu_ops = self._tally_vector_ops = 0
-        self._tally_sram_read_bits = self._tally_sram_write_bits = 0
-        ledger = self.rec.ledger
-        for tally, counts, names in ((self._tally_bytes, ledger.bytes, self._components),
-                                     (self._tally_actions, ledger.actions, ACTIONS)):
-            for i, n in enumerate(tally):
-                if n:
-                    counts[names[i]] += n
-                    tally[i] = 0
-        ledger.busy_ps += self._tally_busy_ps
-        ledger.occupied_ps += self._tally_occupied_ps
-        ledger.profiled_pj += self._tally_profiled_pj
-        ledger.unpriced_operand_bytes += self._tally_unpriced_operand_bytes
-        self._tally_profiled_pj = self._tally_unpriced_operand_bytes = 0
-        ledger.host_busy_ps += self._tally_host_busy_ps
-        self._tally_busy_ps = self._tally_occupied_ps = self._tally_host_busy_ps = 0
-
     def _on_fetch_done(self, tr: Any) -> None:  # a chipsim.sim.dma.Transfer (or chipsim.sim.native's)
-        entry: _Entry = tr.tag  # typed: compiled code reads its fields natively
+        entry: Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
         moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
-        self._tally_fetched += moved
+        self._tally.fetched += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
-            self._tally_sram_write_bits += 8 * moved
+            self._tally.sram_write_bits += 8 * moved
         if self._observer is not None:
             self._observer.landed(key[0], key[1], tr.priority == DEMAND, tr.issue_ps, self._now())
         entry.parts_left -= 1
@@ -479,56 +299,15 @@ class Simulation:
         # once evicted instead of waiting for the cyclic garbage collector
         entry.transfers.clear()
         if entry.evicted:
-            self._zombies -= 1
-            self._serve_pending_demands()
+            self.buffer.zombies -= 1
+            self._demands.serve()
             return
         entry.resident = True
-        if self._pending_demands:
-            self._serve_pending_demands()
+        if self._demands.pending:
+            self._demands.serve()
         if self._arrival_event is not None and key[0] == self._waiting_layer:
             ev, self._arrival_event = self._arrival_event, None
             self._succeed(ev)
-
-    def _demand(self, layer: int, expert: int, execute: Iterable[int]) -> None:
-        """Fetch an expert the layer executes (`execute`: all of them), promote it if on its way, or, when the
-        buffer is full, queue it until the policy's victims make room."""
-        entry = self._slot_of[layer * self.num_experts + expert]  # (_route checked the expert id)
-        if entry is not None:
-            if not entry.resident:
-                for tr in entry.transfers:
-                    self.dma.promote(tr)
-            return
-        if not self._pending_demands and self.free_slots() > 0:
-            self._issue((layer, expert), DEMAND)
-            return
-        self._pending_demands.append(((layer, expert), set(execute)))
-        self._serve_pending_demands()
-
-    def _serve_pending_demands(self) -> None:
-        """Issue waiting demand fetches, evicting the policy's victims when the buffer is full."""
-        if self._serving:
-            return  # re-entered through evict(): the outer loop carries on
-        self._serving = True
-        try:
-            self._serve_pending_loop()
-        finally:
-            self._serving = False
-
-    def _serve_pending_loop(self) -> None:
-        while self._pending_demands:
-            key, needed = self._pending_demands[0]
-            if self._slot_of[key[0] * self.num_experts + key[1]] is not None:
-                self._pending_demands.pop(0)
-                continue
-            if self.free_slots() <= 0:
-                count = 1 - self.free_slots()
-                for victim in self.policy.choose_victims(self.context, key[0], needed, count):
-                    layer, expert = self.context._victim(victim, key[0], count)
-                    self._evict_at(layer * self.num_experts + expert, True)
-            if self.free_slots() <= 0:
-                return  # wait for an in-flight transfer to land or stop
-            self._pending_demands.pop(0)
-            self._issue(key, DEMAND)
 
     # the events the engine creates, on its core (chipsim.sim.core)
     def _now(self) -> int:
@@ -563,20 +342,20 @@ class Simulation:
             self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
                              on_target=lambda _f: self._succeed(done), not_before=self._now() + timing.compute_ps)
             yield done
-        self._tally_host_busy_ps += self._now() - start - timing.transit_ps
-        tally = self._tally_bytes
-        tally[self._at_lpddr5x] += nbytes  # the CPU reads its own copy
-        tally[self._at_pcie] += timing.activation_bytes
-        tally[self._at_ucie] += timing.activation_bytes
+        self._tally.host_busy_ps += self._now() - start - timing.transit_ps
+        tally = self._tally
+        tally.bytes[tally.at_lpddr5x] += nbytes  # the CPU reads its own copy
+        tally.bytes[tally.at_pcie] += timing.activation_bytes
+        tally.bytes[tally.at_ucie] += timing.activation_bytes
         if self._observer is not None:
             self._observer.host_job(layer, expert, start, self._now())
 
-    def _compute(self, work: _Work, kind: str, index: int, experts: list[int] | None = None
+    def _compute(self, work: Work, kind: str, index: int, experts: list[int] | None = None
                  ) -> Generator[Any, Any, None]:
         """Run arrays work: an op group of `kind` (chipsim.sim.observe.OP_KINDS) of layer `index`. Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
         no faster than the arrays consume them alone, slower when other flows share those resources."""
-        self._tally_work(work)
+        self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
                                               self._operand_alone_rate, work.sram_bytes, work.sram_ps,
@@ -600,30 +379,13 @@ class Simulation:
             yield self._timeout(work.ps)
         self._ran(work, kind, index, experts, self._now() - start)
 
-    def _ran(self, work: _Work, kind: str, index: int, experts: list[int] | None, busy: int) -> None:
+    def _ran(self, work: Work, kind: str, index: int, experts: list[int] | None, busy: int) -> None:
         """Arrays work has run, taking `busy` ps up to now."""
-        self._tally_busy_ps += busy
-        self._tally_occupied(work, busy)
+        self._tally.busy_ps += busy
+        self._tally.occupied(work, busy)
         if self._observer is not None:
             end = self._now()
             self._observer.ops(kind, index, experts, end - busy, end)
-
-    def _tally_occupied(self, work: _Work, busy: int) -> None:
-        """The arrays' occupied time: the work's own, stretched as its time was (operand flows slowed by others)."""
-        self._tally_occupied_ps += work.occupied if busy == work.ps else busy * work.occupied // max(work.ps, 1)
-
-    def _tally_work(self, work: _Work) -> None:
-        """What arrays work moves and does, into the token's tallies (its time is added once it has run)."""
-        self._tally_operand_bytes += work.bytes  # read from HBM, across the HBM->compute UCIe link
-        self._tally_macs += work.macs
-        self._tally_sfu_ops += work.sfu_ops
-        self._tally_vector_ops += work.vector_ops
-        # each operand lands in SRAM once and is read from it once (but those of operations with a measured energy)
-        priced = work.bytes - work.unpriced_bytes
-        self._tally_sram_write_bits += 8 * priced
-        self._tally_sram_read_bits += 8 * (priced + work.sram_bytes - work.unpriced_sram_bytes)
-        self._tally_profiled_pj += work.profiled_pj
-        self._tally_unpriced_operand_bytes += work.unpriced_bytes
 
     def _stream(self, nbytes: int, alone_ps: int, path: Path) -> Any:
         """An operand stream as a flow: the cap (rounded up) lets it move as fast as its arrays consume and no
@@ -633,7 +395,7 @@ class Simulation:
                          not_before=self._now() + alone_ps)
         return done
 
-    def _launched(self, work: _Work) -> _Work:
+    def _launched(self, work: Work) -> Work:
         """`work` with a segment launch (compute.launch_per: segment) if a synchronisation with the DMA came
         since the last compute."""
         launch = self._segment_launch
@@ -645,7 +407,7 @@ class Simulation:
             self._observer.launches(1)
         return work + launch
 
-    def _launched_experts(self, work: _Work, entries: list[_Entry]) -> _Work:
+    def _launched_experts(self, work: Work, entries: list[Entry]) -> Work:
         """A batch of experts with its segment launches: each expert in turn starts one after a synchronisation,
         and a fetched expert's first use is one (a wait for its transfer). The layer's shared experts, computed
         with the batch here, run before the route's issues on a GPU, in attention's segment: no launch."""
@@ -669,40 +431,32 @@ class Simulation:
             self._observer.launches(n)
         return work + (launch if n == 1 else launch.times(n))
 
-    @staticmethod
-    def _cost(op: OpCost | None) -> _Work:
-        if op is None:
-            return NO_WORK
-        return _Work(op.duration_ps, op.hbm_read_bytes + op.hbm_write_bytes, op.fixed_ps, op.macs, op.sfu_ops,
-                     op.vector_ops, occupied=op.occupied_ps, profiled_pj=op.profiled_pj,
-                     unpriced_bytes=op.unpriced_bytes)
-
-    def _layer_costs(self) -> list[_LayerCost]:
+    def _layer_costs(self) -> list[LayerCost]:
         costs = []
         fmt = self.expert_format
         for layer in self.workload.layers:
             if not layer.expert:
                 expert = NO_WORK
             elif fmt.operands_in_sram:
-                expert = _Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes,
+                expert = Work(fmt.compute_ps, 0, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops, fmt.hbm_bytes,
                                fmt.compute_ps - fmt.fixed_ps, fmt.occupied_ps, fmt.profiled_pj,
                                unpriced_sram_bytes=fmt.unpriced_bytes)
             else:
-                expert = _Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops,
+                expert = Work(fmt.compute_ps, fmt.hbm_bytes, fmt.fixed_ps, fmt.macs, fmt.sfu_ops, fmt.vector_ops,
                                occupied=fmt.occupied_ps, profiled_pj=fmt.profiled_pj, unpriced_bytes=fmt.unpriced_bytes)
-            costs.append(_LayerCost(self._cost(layer.attention) + self._cost(layer.router), self._cost(layer.dense),
-                                    expert, self._cost(layer.combine)))
+            costs.append(LayerCost(cost_of(layer.attention) + cost_of(layer.router), cost_of(layer.dense),
+                                    expert, cost_of(layer.combine)))
         return costs
 
     def _decode(self) -> Generator[Any, Any, None]:
         costs = self._layer_costs()
-        head = self._cost(self.workload.token_head)
+        head = cost_of(self.workload.token_head)
         self.policy.on_run_start(self.context)
         for t in range(self.num_tokens):
             yield from self._token(t, costs, head)
         # transfers still in flight land after this, charged to the last token's ledger
 
-    def _token(self, t: int, costs: list[_LayerCost], head: _Work) -> Generator[Any, Any, None]:
+    def _token(self, t: int, costs: list[LayerCost], head: Work) -> Generator[Any, Any, None]:
         """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
         token_start = self._now()
         if self._observer is not None:
@@ -722,12 +476,12 @@ class Simulation:
         self._synced = True  # the token's end is marked between it and the next
         if self._observer is not None:
             self._observer.token_end(t, token_start, self._now())
-        self._add_tally()
+        self._tally.add_to(self.rec.ledger)
         self.rec.end_token(t, self._now() - token_start, stall)
         if self.on_token is not None:
             self.on_token(t)
 
-    def _moe_layer(self, t: int, layer: int, cost: _LayerCost) -> Generator[Any, Any, int]:
+    def _moe_layer(self, t: int, layer: int, cost: LayerCost) -> Generator[Any, Any, int]:
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         if self._observer is not None:
@@ -768,11 +522,11 @@ class Simulation:
             for expert in execute:
                 if slot_of[base + expert] is None:
                     demands += 1
-                self._demand(layer, expert, execute)
+                self._demands.demand(layer, expert, execute)
         self._layer_demands[cell] = demands
         return plan
 
-    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: _LayerCost) -> Generator[Any, Any, int]:
+    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: LayerCost) -> Generator[Any, Any, int]:
         """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
         while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
         expert, combine = cost.expert, cost.combine
@@ -785,7 +539,7 @@ class Simulation:
             layers.substituted[t, layer] = plan.substituted
             layers.dropped[t, layer] = plan.dropped
             if plan.surrogate:
-                extra = extra + self._cost(self.policy.surrogate_op).times(len(plan.surrogate))
+                extra = extra + cost_of(self.policy.surrogate_op).times(len(plan.surrogate))
             if host_jobs:  # the weighted sum waits for the host's results
                 combine_later, combine = combine, NO_WORK
         stall = 0
@@ -794,7 +548,7 @@ class Simulation:
         base = layer * self.num_experts  # (_route checked each executed expert)
         while remaining:
             ready: list[int] = []
-            ready_entries: list[_Entry] = []
+            ready_entries: list[Entry] = []
             waiting: list[int] = []
             for e in remaining:
                 entry = slot_of[base + e]
@@ -846,10 +600,10 @@ class Simulation:
         if not process.triggered:
             raise PolicyError(
                 f"policy {self.policy.label} stalled for good at t={self._now()} ps: the layer waits for experts "
-                f"that can never arrive (buffer of {self.slots} slots full: {self._held} entries, "
-                f"{self._zombies} stopping, {len(self._pending_demands)} demands waiting)"
+                f"that can never arrive (buffer of {self.slots} slots full: {self.buffer.held} entries, "
+                f"{self.buffer.zombies} stopping, {len(self._demands.pending)} demands waiting)"
             )
-        self._add_tally()  # transfers that landed after the last token: charged to it
+        self._tally.add_to(self.rec.ledger)  # transfers that landed after the last token: charged to it
         self._record_layers()
         self.rec.counts = RunCounts(prefetches_issued=self._prefetches_issued,
                                     prefetches_dropped=self._prefetches_dropped,
