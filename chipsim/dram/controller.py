@@ -467,7 +467,8 @@ def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, off
     return _result(std, chans, max(1, now - start_cycle), reads, writes, latencies, base)
 
 
-def _pending_requests(std: Standard, chans: list[_Channel], requests: Iterable[tuple]) -> list[tuple[_Channel, _Request]]:
+def _pending_requests(std: Standard, chans: list[_Channel],
+                      requests: Iterable[tuple]) -> list[tuple[_Channel, _Request]]:
     """Each request with the channel it goes to, its address below the channel as node ids at every level."""
     counts = std.org.counts[1:]
 
