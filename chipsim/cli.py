@@ -389,11 +389,8 @@ def _add_cache_parser(sub) -> None:
     cache_cmd.set_defaults(func=_cmd_cache)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
-    parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_run_parser(sub) -> None:
+    """`chipsim run CONFIG`: replay a trace with policies."""
     run = sub.add_parser("run", help="replay a trace with one or more policies and report latency, energy, EDP")
     run.add_argument("config", help="hardware/run YAML, e.g. hwconfigs/thor.yaml")
     run.add_argument("--policy", action="append", metavar="SPEC",
@@ -415,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "with identical results")
     run.set_defaults(func=_cmd_run)
 
+
+def _add_sweep_parser(sub) -> None:
+    """`chipsim sweep CONFIG --grid ...`: the cross product of config-key grids x policies."""
     sweep = sub.add_parser("sweep", help="run the cross product of config-key grids x policies; results.csv, cached")
     sweep.add_argument("config", help="hardware/run YAML, e.g. hwconfigs/thor.yaml")
     sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
@@ -430,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(func=_cmd_sweep)
 
+
+def _add_reproduce_parser(sub) -> None:
+    """`chipsim reproduce [NAME...]`: run experiments/*.yaml and write REPRODUCTION.md."""
     reproduce = sub.add_parser("reproduce", help="run experiments/*.yaml (the papers' figures and tables), draw "
                                                  "them and write REPRODUCTION.md")
     reproduce.add_argument("names", nargs="*", metavar="NAME",
@@ -444,21 +447,18 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quiet", action="store_true", help="no progress bar")
     reproduce.set_defaults(func=_cmd_reproduce)
 
+
+def _add_plot_parser(sub) -> None:
+    """`chipsim plot DIR`: redraw a reproduce DIR's figures from its saved results."""
     plot = sub.add_parser("plot", help="redraw the figures (and REPRODUCTION.md) of a reproduce DIR from its "
                                        "saved results, without simulating")
     plot.add_argument("dir", metavar="DIR", help="an output directory of chipsim reproduce")
     plot.add_argument("--report", metavar="FILE", help="write REPRODUCTION.md here (default DIR/REPRODUCTION.md)")
     plot.set_defaults(func=_cmd_plot)
 
-    sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
-    sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
-    sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
-    sub.add_parser("trace", help="record a trace from a local Hugging Face MoE checkpoint over a text file "
-                                 "(needs torch; `chipsim trace --help` for its options)")
-    sub.add_parser("hwreplay", help="replay policies' decisions on a CUDA GPU and measure per-token latency "
-                                    "(needs torch with CUDA; `chipsim hwreplay --help`)")
-    sub.add_parser("hwcompare", help="simulated vs measured latency and bytes of hwreplay measurements; writes "
-                                     "VALIDATION.md (`chipsim hwcompare --help`)")
+
+def _add_calibrate_parser(sub) -> None:
+    """`chipsim calibrate CONFIG`: the analytic array model against the cycle-level tile loop."""
     calibrate = sub.add_parser("calibrate", help="cost every operation of the config's decode step by the analytic "
                                                  "array model and the cycle-level tile loop, side by side")
     calibrate.add_argument("config", help="a config with compute.timing: cycle-level, e.g. hwconfigs/thor-cycle-level.yaml")
@@ -468,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--window", metavar="CONTEXTS", help="instead, per MoE layer at these contexts (e.g. "
                            "512,1024,2048): attention, router, one expert and the top-k experts' load (the APEX window)")
     calibrate.set_defaults(func=_cmd_calibrate)
+
+
+def _add_dram_parser(sub) -> None:
+    """`chipsim dram [STANDARD]`: a request stream through the command-level DRAM model, or --validate."""
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")
     dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dramsim/standards/)")
@@ -488,11 +492,38 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare every validation point with Ramulator 2.1's results (default "
                            "validation/dram/ramulator.json); exit 1 if a point misses the target")
     dram.set_defaults(func=_cmd_dram)
-    _add_cache_parser(sub)
+
+
+def _add_inspect_parser(sub) -> None:
+    """`chipsim inspect TRACE`: a trace's provenance and routing statistics."""
     inspect = sub.add_parser("inspect", help="print a trace's provenance and routing statistics")
     inspect.add_argument("trace", help="trace file, e.g. traces/real-granite-3b.npz")
     inspect.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     inspect.set_defaults(func=_cmd_inspect)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
+    parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_run_parser(sub)
+    _add_sweep_parser(sub)
+    _add_reproduce_parser(sub)
+    _add_plot_parser(sub)
+    sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
+    sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
+    sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
+    sub.add_parser("trace", help="record a trace from a local Hugging Face MoE checkpoint over a text file "
+                                 "(needs torch; `chipsim trace --help` for its options)")
+    sub.add_parser("hwreplay", help="replay policies' decisions on a CUDA GPU and measure per-token latency "
+                                    "(needs torch with CUDA; `chipsim hwreplay --help`)")
+    sub.add_parser("hwcompare", help="simulated vs measured latency and bytes of hwreplay measurements; writes "
+                                     "VALIDATION.md (`chipsim hwcompare --help`)")
+    _add_calibrate_parser(sub)
+    _add_dram_parser(sub)
+    _add_cache_parser(sub)
+    _add_inspect_parser(sub)
     return parser
 
 

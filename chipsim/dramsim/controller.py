@@ -398,17 +398,7 @@ def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, off
     of the statistics; or, with `window` = (first, end) cycles, only the commands issued in it count and the run
     stops at its end (a window of whole refresh intervals measures refresh without sampling error)."""
     chans = [_Channel(std, controller) for _ in range(channels)]
-    counts = std.org.counts[1:]
-
-    def nodes_of(addr: tuple) -> list[int]:  # the address below the channel -> node ids at every level, channel first
-        out: list[int] = [0]
-        flat = 0
-        for lvl, idx in enumerate(addr):
-            flat = flat * counts[lvl] + idx
-            out.append(flat)
-        return out
-
-    pending = [(chans[ch], _Request(bool(w), nodes_of(addr), row)) for w, ch, addr, row, _col in requests]
+    pending = _pending_requests(std, chans, requests)
     total = len(pending)
     sent = 0
     now = 0
@@ -419,14 +409,7 @@ def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, off
     done = 0
     start_cycle = 0
     base = [0, 0, 0]
-
-    def totals() -> list[int]:
-        return [sum(c.stats_acts - c.stats_conflicts for c in chans), sum(c.stats_conflicts for c in chans),
-                sum(c.stats_refreshes for c in chans)]
-
-    # no request can wait longer than every timing of the standard together, several times over: beyond that the
-    # model is stuck (a bug), not slow
-    limit = (total + 10) * 8 * (sum(v for k, v in std.params.items() if k not in ("rate_mtps", "tck_ps")) + 64)
+    limit = _cycle_limit(std, total)
     w_from, w_end = window if window is not None else (0, INF)
     opened = w_from <= 0
     if window is not None:
@@ -456,7 +439,7 @@ def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, off
                 done += 1
                 if done == warmup:
                     start_cycle = now + 1
-                    base = totals()
+                    base = _row_totals(chans)
                 elif done > warmup:
                     if lat < 0:
                         writes += 1
@@ -475,16 +458,49 @@ def simulate(std: Standard, requests: Iterable[tuple], *, channels: int = 1, off
         if not opened and now >= w_from:
             opened = True
             start_cycle = now
-            base = totals()
+            base = _row_totals(chans)
     if window is not None:
         if now < w_end:
             raise ValueError(f"DRAM model {std.name}: the requests ran out at cycle {now}, before the window's end "
                              f"{w_end}")
         now = w_end
-    cycles = max(1, now - start_cycle)
+    return _result(std, chans, max(1, now - start_cycle), reads, writes, latencies, base)
+
+
+def _pending_requests(std: Standard, chans: list[_Channel],
+                      requests: Iterable[tuple]) -> list[tuple[_Channel, _Request]]:
+    """Each request with the channel it goes to, its address below the channel as node ids at every level."""
+    counts = std.org.counts[1:]
+
+    def nodes_of(addr: tuple) -> list[int]:  # the address below the channel -> node ids at every level, channel first
+        out: list[int] = [0]
+        flat = 0
+        for lvl, idx in enumerate(addr):
+            flat = flat * counts[lvl] + idx
+            out.append(flat)
+        return out
+
+    return [(chans[ch], _Request(bool(w), nodes_of(addr), row)) for w, ch, addr, row, _col in requests]
+
+
+def _cycle_limit(std: Standard, total: int) -> int:
+    """No request can wait longer than every timing of the standard together, several times over: beyond this
+    cycle the model is stuck (a bug), not slow."""
+    return (total + 10) * 8 * (sum(v for k, v in std.params.items() if k not in ("rate_mtps", "tck_ps")) + 64)
+
+
+def _row_totals(chans: list[_Channel]) -> list[int]:
+    """Row misses, row conflicts and refreshes so far, over every channel."""
+    return [sum(c.stats_acts - c.stats_conflicts for c in chans), sum(c.stats_conflicts for c in chans),
+            sum(c.stats_refreshes for c in chans)]
+
+
+def _result(std: Standard, chans: list[_Channel], cycles: int, reads: int, writes: int, latencies: list[int],
+            base: list[int]) -> DramResult:
+    """The measured run: `cycles` since the statistics started, row outcomes counted since `base`."""
     tck_ns = std.tck_ps * 1e-3
     served = reads + writes
-    misses, conflicts, refreshes = (a - b for a, b in zip(totals(), base))
+    misses, conflicts, refreshes = (a - b for a, b in zip(_row_totals(chans), base))
     lat_ns = np.array(latencies, dtype=np.float64) * tck_ns if latencies else np.zeros(1)
     return DramResult(
         cycles=cycles, reads=reads, writes=writes,

@@ -465,51 +465,9 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
     lines += summary_lines(groups) + [""]
     lines += regimes or []
     if microbench:
-        mb = microbench
-        lines += ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
-                  f"{mb['machine']['gpu']}, {mb['machine']['sm_count']} SMs, host {mb['machine'].get('host_cpu')} "
-                  f"({mb['machine'].get('host_cpus')} CPUs, {mb['machine'].get('host_memory_gib')} GiB); "
-                  f"torch {mb['machine']['torch']}, CUDA {mb['machine']['cuda']}; nvidia-smi (max SM clock, max memory "
-                  f"clock, PCIe gen, width, driver): {mb['machine'].get('nvidia_smi')}.", "",
-                  "| measurement | fit | used for |", "| --- | --- | --- |",
-                  f"| pinned host-to-device copies, 16 back to back, 256 KiB–16 MiB | {mb['h2d_pinned_queued16_fit']['bandwidth_gbps']} GB/s, "
-                  f"{mb['h2d_pinned_queued16_fit']['intercept_us']} µs per copy | links.pcie.bandwidth_gbps, dma.setup_ns |",
-                  f"| pinned copies one at a time, 1–64 MiB | {mb['h2d_pinned_single_fit']['bandwidth_gbps']} GB/s, "
-                  f"{mb['h2d_pinned_single_fit']['intercept_us']} µs | links.pcie.latency_ns (single − queued intercept) |",
-                  f"| pageable copy, 16 MiB | {mb['h2d_pageable'][0]['gbps']} GB/s | (reference only) |",
-                  f"| GEMV, 8–256 MiB of weights, each on a different weight | {mb['gemv_fit']['bandwidth_gbps']} GB/s, "
-                  f"{mb['gemv_fit']['intercept_us']} µs | operand path bandwidth (links.ucie), compute.sram_access_ns |",
-                  f"| tiny kernel, GPU side ({mb['tiny_kernels'].get('queued_kernels', '')} queued behind a sleep) | "
-                  f"{mb['tiny_kernels']['gpu_us_per_kernel']} µs | compute.op_overhead_cycles |",
-                  f"| tiny kernel, eager PyTorch chain (host dispatch included) | {mb['tiny_kernels']['eager_chain_us_per_kernel']} µs "
-                  "| not used (see Findings) |"]
-        if isinstance(mb["tiny_kernels"].get("graph_us_per_kernel"), (int, float)):
-            lines.append(f"| tiny kernel inside one CUDA graph | {mb['tiny_kernels']['graph_us_per_kernel']} µs | "
-                         "compute.op_overhead_cycles of the graph config (ops outside the profile) |")
-        if isinstance(mb.get("graph_launch", {}).get("us_per_one_kernel_graph"), (int, float)):
-            lines.append(f"| one-kernel CUDA graph, GPU time per launch | {mb['graph_launch']['us_per_one_kernel_graph']} µs | "
-                         "compute.op_group_launch_ns (minus the kernel's own time) |")
-        if mb.get("op_times"):
-            src = mb.get("op_times_from", {})
-            lines.append(f"| every kernel shape of the decode steps ({len(mb['op_times'])} shapes: the four validation "
-                         f"shapes at contexts {', '.join(map(str, src.get('contexts', [])))}), each alone, in a CUDA graph | "
-                         "per shape | compute.op_times_ns (profiled operators) |")
-        lines.append("")
+        lines += _microbench_lines(microbench)
         if profile_check:
-            lines += ["### The array model against the profiled kernels", "",
-                      "What chipsim's analytic array model (hwconfigs/h200-pcie5.yaml without `op_times_ns`) predicts for "
-                      "each profiled kernel shape, against its measured time inside a CUDA graph. The simulated latencies "
-                      "above use the measured times; the 'array model only' columns use these estimates.", "",
-                      "| kind | shapes | median error | worst |", "| --- | --- | --- | --- |"]
-            for kind in ("matvec", "sfu", "vector"):
-                rs = [r for r in profile_check if r["key"].startswith(kind)]
-                if not rs:
-                    continue
-                errs = sorted(rs, key=lambda r: r["error_pct"])
-                worst = max(rs, key=lambda r: abs(r["error_pct"]))
-                lines.append(f"| {kind} | {len(rs)} | {errs[len(errs) // 2]['error_pct']:+.0f} % | {worst['error_pct']:+.0f} % "
-                             f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
-            lines.append("")
+            lines += _profile_check_lines(profile_check)
         if cycle_level:
             lines += cycle_level
         if pcie:
@@ -519,41 +477,132 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
     lines += [f"## Held-out shape: {held_out}", "",
               "Kept out of all tuning of the harness and the microbenchmarks (see Findings for what was seen when).", ""]
     lines += _table(held) + [""]
-    lines += ["## How it was measured", "",
-              "- `chipsim hwreplay CONFIG` builds, for every policy and context, the simulator's decisions on the trace as an "
-              "ordered action list (chipsim.hwreplay.plan: fetch issues with their buffer slot, evictions, expert "
-              "computes, layer and token boundaries) and replays it on the GPU (chipsim.hwreplay.harness): expert weights "
-              "of the published shape in pinned host memory, a bounded GPU buffer of the plan's slots, copies on one copy "
-              "stream (FIFO, as the config's DMA: one engine, no preemption, no cancel), one kernel per primitive the "
-              "simulator costs on the compute stream (with `--graphs`, each simulator op group captured once as a CUDA "
-              "graph and launched as one), a copy waiting for the compute stream to reach its issue point and "
-              "for its slot's last reader, an expert waiting for its copy. Per-token latency is measured with CUDA "
-              "events; the first tokens are warm-up.",
-              "- The regimes' replays with experts cached run with `--segments`: each run of compute between two "
-              "synchronisations with the copy stream is one CUDA graph (18–20 launches per token instead of ~400), "
-              "so the GPU, not the host's launches, sets the pace; the config then charges no per-group launch gap. "
-              "With `--stalls`, CUDA events around every wait of the compute stream for a copy time each MoE layer's "
-              "stall; the board's energy is read from NVML (nvmlDeviceGetTotalEnergyConsumption) before the first "
-              "token is enqueued and after the last has run.",
-              "- 4-bit experts (`--set model.expert_bits=4`): the host store and the GPU slots hold each expert's "
-              "packed weights and BF16 scales (one per 128 weights); its matvecs run a Triton kernel that "
-              "dequantises in registers as it streams them (chipsim/hwreplay/triton_kernels.py `gemv_q4`; no "
-              "separate dequantisation kernel, so the profile times that primitive at 0), checked against the "
-              "dequantised reference on the device (validation/compute/check_q4.py).",
-              "- DMA semantics (`dma.engines` > 1, `demand_first`, `demand_preempts_prefetch`, `cancel_in_flight`): "
-              "the plan also holds the simulator's copy schedule, every span in which one engine moved a run of one "
-              "transfer's bytes; the replay gives each engine a copy stream and each span its own copy, in the "
-              "schedule's order (a GPU copy engine cannot pause or drop a copy it has begun), so a prefetch "
-              "abandoned at routing moves only the bytes the simulator moved.",
-              "- Bytes: the plan's bytes (every issue's whole expert, or the schedule's spans), the bytes the GPU "
-              "copied, and the bytes in the measurement file must be equal; decisions: the plan rebuilt here must "
-              "have the digest recorded on the device.",
-              "- error = (simulated − measured) / measured; MAPE = mean |error|. Overlapped policies: "
-              + ", ".join(OVERLAPPED) + ".", "", "Commands:", "", "```"] + commands + ["```", ""]
+    lines += _method_lines(commands)
     return "\n".join(lines)
 
 
+def _microbench_lines(mb: dict) -> list[str]:
+    """The machine and the microbenchmark fits the config's timing comes from, with the keys each sets."""
+    lines = ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
+             f"{mb['machine']['gpu']}, {mb['machine']['sm_count']} SMs, host {mb['machine'].get('host_cpu')} "
+             f"({mb['machine'].get('host_cpus')} CPUs, {mb['machine'].get('host_memory_gib')} GiB); "
+             f"torch {mb['machine']['torch']}, CUDA {mb['machine']['cuda']}; nvidia-smi (max SM clock, max memory "
+             f"clock, PCIe gen, width, driver): {mb['machine'].get('nvidia_smi')}.", "",
+             "| measurement | fit | used for |", "| --- | --- | --- |",
+             f"| pinned host-to-device copies, 16 back to back, 256 KiB–16 MiB | {mb['h2d_pinned_queued16_fit']['bandwidth_gbps']} GB/s, "
+             f"{mb['h2d_pinned_queued16_fit']['intercept_us']} µs per copy | links.pcie.bandwidth_gbps, dma.setup_ns |",
+             f"| pinned copies one at a time, 1–64 MiB | {mb['h2d_pinned_single_fit']['bandwidth_gbps']} GB/s, "
+             f"{mb['h2d_pinned_single_fit']['intercept_us']} µs | links.pcie.latency_ns (single − queued intercept) |",
+             f"| pageable copy, 16 MiB | {mb['h2d_pageable'][0]['gbps']} GB/s | (reference only) |",
+             f"| GEMV, 8–256 MiB of weights, each on a different weight | {mb['gemv_fit']['bandwidth_gbps']} GB/s, "
+             f"{mb['gemv_fit']['intercept_us']} µs | operand path bandwidth (links.ucie), compute.sram_access_ns |",
+             f"| tiny kernel, GPU side ({mb['tiny_kernels'].get('queued_kernels', '')} queued behind a sleep) | "
+             f"{mb['tiny_kernels']['gpu_us_per_kernel']} µs | compute.op_overhead_cycles |",
+             f"| tiny kernel, eager PyTorch chain (host dispatch included) | {mb['tiny_kernels']['eager_chain_us_per_kernel']} µs "
+             "| not used (see Findings) |"]
+    if isinstance(mb["tiny_kernels"].get("graph_us_per_kernel"), (int, float)):
+        lines.append(f"| tiny kernel inside one CUDA graph | {mb['tiny_kernels']['graph_us_per_kernel']} µs | "
+                    "compute.op_overhead_cycles of the graph config (ops outside the profile) |")
+    if isinstance(mb.get("graph_launch", {}).get("us_per_one_kernel_graph"), (int, float)):
+        lines.append(f"| one-kernel CUDA graph, GPU time per launch | {mb['graph_launch']['us_per_one_kernel_graph']} µs | "
+                    "compute.op_group_launch_ns (minus the kernel's own time) |")
+    if mb.get("op_times"):
+        src = mb.get("op_times_from", {})
+        lines.append(f"| every kernel shape of the decode steps ({len(mb['op_times'])} shapes: the four validation "
+                    f"shapes at contexts {', '.join(map(str, src.get('contexts', [])))}), each alone, in a CUDA graph | "
+                    "per shape | compute.op_times_ns (profiled operators) |")
+    lines.append("")
+    return lines
+
+
+def _profile_check_lines(profile_check: list[dict]) -> list[str]:
+    """The array model's estimate of each profiled kernel shape against its measured time, per kind."""
+    lines = ["### The array model against the profiled kernels", "",
+             "What chipsim's analytic array model (hwconfigs/h200-pcie5.yaml without `op_times_ns`) predicts for "
+             "each profiled kernel shape, against its measured time inside a CUDA graph. The simulated latencies "
+             "above use the measured times; the 'array model only' columns use these estimates.", "",
+             "| kind | shapes | median error | worst |", "| --- | --- | --- | --- |"]
+    for kind in ("matvec", "sfu", "vector"):
+        rs = [r for r in profile_check if r["key"].startswith(kind)]
+        if not rs:
+            continue
+        errs = sorted(rs, key=lambda r: r["error_pct"])
+        worst = max(rs, key=lambda r: abs(r["error_pct"]))
+        lines.append(f"| {kind} | {len(rs)} | {errs[len(errs) // 2]['error_pct']:+.0f} % | {worst['error_pct']:+.0f} % "
+                     f"({worst['users'][0]}: {worst['model_us']:.2f} µs modelled, {worst['measured_us']:.2f} µs measured) |")
+    lines.append("")
+    return lines
+
+
+def _method_lines(commands: list[str]) -> list[str]:
+    """How the replays were measured and compared, and the commands that did it."""
+    return ["## How it was measured", "",
+            "- `chipsim hwreplay CONFIG` builds, for every policy and context, the simulator's decisions on the trace as an "
+            "ordered action list (chipsim.hwreplay.plan: fetch issues with their buffer slot, evictions, expert "
+            "computes, layer and token boundaries) and replays it on the GPU (chipsim.hwreplay.harness): expert weights "
+            "of the published shape in pinned host memory, a bounded GPU buffer of the plan's slots, copies on one copy "
+            "stream (FIFO, as the config's DMA: one engine, no preemption, no cancel), one kernel per primitive the "
+            "simulator costs on the compute stream (with `--graphs`, each simulator op group captured once as a CUDA "
+            "graph and launched as one), a copy waiting for the compute stream to reach its issue point and "
+            "for its slot's last reader, an expert waiting for its copy. Per-token latency is measured with CUDA "
+            "events; the first tokens are warm-up.",
+            "- The regimes' replays with experts cached run with `--segments`: each run of compute between two "
+            "synchronisations with the copy stream is one CUDA graph (18–20 launches per token instead of ~400), "
+            "so the GPU, not the host's launches, sets the pace; the config then charges no per-group launch gap. "
+            "With `--stalls`, CUDA events around every wait of the compute stream for a copy time each MoE layer's "
+            "stall; the board's energy is read from NVML (nvmlDeviceGetTotalEnergyConsumption) before the first "
+            "token is enqueued and after the last has run.",
+            "- 4-bit experts (`--set model.expert_bits=4`): the host store and the GPU slots hold each expert's "
+            "packed weights and BF16 scales (one per 128 weights); its matvecs run a Triton kernel that "
+            "dequantises in registers as it streams them (chipsim/hwreplay/triton_kernels.py `gemv_q4`; no "
+            "separate dequantisation kernel, so the profile times that primitive at 0), checked against the "
+            "dequantised reference on the device (validation/compute/check_q4.py).",
+            "- DMA semantics (`dma.engines` > 1, `demand_first`, `demand_preempts_prefetch`, `cancel_in_flight`): "
+            "the plan also holds the simulator's copy schedule, every span in which one engine moved a run of one "
+            "transfer's bytes; the replay gives each engine a copy stream and each span its own copy, in the "
+            "schedule's order (a GPU copy engine cannot pause or drop a copy it has begun), so a prefetch "
+            "abandoned at routing moves only the bytes the simulator moved.",
+            "- Bytes: the plan's bytes (every issue's whole expert, or the schedule's spans), the bytes the GPU "
+            "copied, and the bytes in the measurement file must be equal; decisions: the plan rebuilt here must "
+            "have the digest recorded on the device.",
+            "- error = (simulated − measured) / measured; MAPE = mean |error|. Overlapped policies: "
+            + ", ".join(OVERLAPPED) + ".", "", "Commands:", "", "```"] + commands + ["```", ""]
+
+
 def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
+    regimes = _regime_rows(a.regime, a.jobs)
+    report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
+    figure_dir = a.figures or os.path.join(report_dir, "figures")
+    mb = read_json(a.microbench)
+    notes, pcie = _notes_and_pcie(a)
+    graphs = all(res["kernel_launch"] == ["graph"] for res in results)
+    commands = _commands(a, [res["config"] for res in results], graphs)
+    config = _resolve(results[0]["config"], a.measurements[0])
+    check = array_model_vs_profile(mb, config, graphs) if mb and mb.get("op_times") else None
+    cycle = None
+    if a.cycle_level and mb and mb.get("op_times"):
+        probe, known = (read_json(a.gemv_probe), read_json(a.kernel_times))
+        known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
+        cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
+    extra = regime_lines(regimes, figure_dir if a.report else None, report_dir) + _probe_lines(a, config, regimes)
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
+    if a.report:
+        with open(a.report, "w") as f:
+            f.write(text)
+        print(f"wrote {a.report}")
+    else:
+        print(text)
+    rows = [r for res in results for r in res["rows"]]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    _print_mapes(rows, a.held_out, regimes)
+    return 0
+
+
+def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwcompare", description="simulated vs measured latency and bytes of hardware "
                        "replays: re-simulates every measured case and writes the comparison (VALIDATION.md)")
     ap.add_argument("measurements", nargs="+", metavar="MEASUREMENT",
@@ -590,10 +639,13 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default=None, metavar="FILE", help="write the markdown report here (VALIDATION.md)")
     ap.add_argument("--json", default=None, help="also write every row as JSON")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes rebuilding plans (default: cores)")
-    a = ap.parse_args(argv)
-    results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
+    return ap
+
+
+def _regime_rows(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
+    """Each --regime NAME FILE[@N,N]...: its name and the compared rows of its files (of those contexts only)."""
     regimes = []
-    for spec in a.regime:
+    for spec in specs:
         if len(spec) < 2:
             raise InputError(f"--regime {' '.join(spec)}: expected a name and at least one measurement file")
         rows = []
@@ -603,13 +655,15 @@ def main(argv=None) -> int:
                 contexts = {int(c) for c in ctx.split(",")} if ctx else None
             except ValueError:
                 raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
-            rows += compare_file(path, jobs=a.jobs, contexts=contexts)["rows"]
+            rows += compare_file(path, jobs=jobs, contexts=contexts)["rows"]
         if not rows:
             raise InputError(f"--regime {spec[0]}: no case in {' '.join(spec[1:])} (check the @contexts)")
         regimes.append((spec[0], rows))
-    report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
-    figure_dir = a.figures or os.path.join(report_dir, "figures")
-    mb = read_json(a.microbench)
+    return regimes
+
+
+def _notes_and_pcie(a) -> tuple[list[str], dict | None]:
+    """The --notes file's lines, and the PCIe probes checked against the microbenchmark (with --pcie-probes)."""
     try:
         notes = read_input_text(a.notes, "--notes", TEXT_MAX_BYTES).splitlines() if a.notes else []
         pcie = pcie_check.load(a.microbench, *a.pcie_probes) if a.pcie_probes and a.microbench else None
@@ -619,8 +673,11 @@ def main(argv=None) -> int:
         raise InputError(f"{' / '.join(a.pcie_probes)}: not JSON ({exc})") from None
     except (KeyError, StopIteration, TypeError) as exc:
         raise InputError(f"{' / '.join(a.pcie_probes)}: not the probes' format ({exc!r})") from None
-    graphs = all(res["kernel_launch"] == ["graph"] for res in results)
-    configs = [res["config"] for res in results]
+    return notes, pcie
+
+
+def _commands(a, configs: list[str], graphs: bool) -> list[str]:
+    """The commands that measured and compared, for the report: on the GPU machine, then this one."""
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
                 "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
@@ -651,41 +708,33 @@ def main(argv=None) -> int:
                  + (f" --figures {a.figures}" if a.figures else "")
                  + (f" --notes {a.notes}" if a.notes else "")
                  + " --report VALIDATION.md"]
-    check = (array_model_vs_profile(mb, _resolve(results[0]["config"], a.measurements[0]), graphs)
-             if mb and mb.get("op_times") else None)
-    cycle = None
-    if a.cycle_level and mb and mb.get("op_times"):
-        probe, known = (read_json(a.gemv_probe), read_json(a.kernel_times))
-        known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
-        cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
-    extra = regime_lines(regimes, figure_dir if a.report else None, report_dir)
+    return commands
+
+
+def _probe_lines(a, config: str, regimes: list[tuple[str, list]]) -> list[str]:
+    """The single-op probes' sections: each kernel's energy alone (and a step's against its kernels'), a token's
+    kernels together against alone, and the copy/compute hand-off."""
+    lines: list[str] = []
     if a.op_energy:
         op_probe = read_json(a.op_energy)
-        extra += op_energy_lines(op_probe, _resolve(results[0]["config"], a.measurements[0]))
-        extra += step_against_kernels_lines(op_probe, regimes)
+        lines += op_energy_lines(op_probe, config)
+        lines += step_against_kernels_lines(op_probe, regimes)
     if a.step_energy:
-        extra += step_energy_lines([(path, read_json(path)) for path in a.step_energy])
+        lines += step_energy_lines([(path, read_json(path)) for path in a.step_energy])
     if a.handoff:
-        extra += handoff_lines(read_json(a.handoff), a.handoff)
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
-    if a.report:
-        with open(a.report, "w") as f:
-            f.write(text)
-        print(f"wrote {a.report}")
-    else:
-        print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([r for res in results for r in res["rows"]], f, indent=1)
-    rows = [r for res in results for r in res["rows"]]
-    print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({a.held_out}) "
-          f"{mape([r for r in rows if r['model'] == a.held_out]):.1f} %")
+        lines += handoff_lines(read_json(a.handoff), a.handoff)
+    return lines
+
+
+def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]]) -> None:
+    """One line of latency MAPE over every case and the held-out shape, and one per regime with its energy MAPE."""
+    print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({held_out}) "
+          f"{mape([r for r in rows if r['model'] == held_out]):.1f} %")
     for name, rs in regimes:
         e = energy_mape(rs)
         print(f"{name}: latency MAPE {mape(rs):.1f} % over {len(rs)} cases, worst "
               f"{max((r['error_pct'] for r in rs), key=abs):+.1f} %; "
               + (f"energy MAPE {e:.1f} %" if e == e else "no energy over experts like real ones"))
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy nu
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import read_json
@@ -172,51 +173,100 @@ def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
                 f"{listed} ({source})")
 
 
-def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
-           energy_source: str | None = None, command: str = "", handoff: dict | None = None,
-           handoff_source: str | None = None, launch_gaps: dict | None = None,
-           launch_gaps_source: str | None = None, op_energy: tuple = ()) -> str:
-    """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
-    cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
-    extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
-    EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures."""
-    m = mb["machine"]
-    clock_mhz = 1980
-    smi = str(m.get("nvidia_smi", ""))
+@dataclass(frozen=True)
+class _Derived:
+    """What the config derives from the microbenchmark file, in the units its keys take."""
+
+    clock_mhz: int  # the SM clock (nvidia-smi clocks.max.sm)
+    per_op_us: float  # one tiny kernel, eager or inside a graph as the replay launches them
+    per_op_source: str
+    overhead_cycles: int  # per_op_us at clock_mhz
+    launch_ns: float  # compute.op_group_launch_ns
+    launch_source: str
+    hbm_access_ns: float  # the HBM model's first-byte latency
+    sram_ns: float  # a GEMV's fixed time less the per-kernel time and the HBM access
+    gemv_gbps: float  # the SMs' HBM read rate in a GEMV
+    pcie_latency_ns: float  # single-copy less queued-copy intercept
+    setup_ns: float  # per-copy fixed cost
+
+
+def _clock_mhz(smi: str) -> int:
+    """The SM clock from nvidia-smi's first field; 1980 MHz (H200's maximum) where it cannot be read."""
     try:
-        clock_mhz = int(float(smi.split(",")[0].split()[0]))
+        return int(float(smi.split(",")[0].split()[0]))
     except (ValueError, IndexError):
-        pass
-    q = mb["h2d_pinned_queued16_fit"]
-    s = mb["h2d_pinned_single_fit"]
-    g = mb["gemv_fit"]
-    tiny = mb["tiny_kernels"]
-    per_op_us = tiny["gpu_us_per_kernel"] if kernel_launch == "eager" else tiny["graph_us_per_kernel"]
+        return 1980
+
+
+def _per_op_us(mb: dict, kernel_launch: str, source: str) -> tuple[float, str]:
+    """One tiny kernel's time as the replay launches it (eager, or inside one CUDA graph), and where it is from."""
+    key = "gpu_us_per_kernel" if kernel_launch == "eager" else "graph_us_per_kernel"
+    per_op_us = mb["tiny_kernels"][key]
     if not isinstance(per_op_us, (int, float)):
-        raise SystemExit(f"microbenchmark has no usable {kernel_launch} per-kernel time: {per_op_us}")
-    per_op_source = ("GPU side, 500 queued behind a sleep (microbench tiny_kernels.gpu_us_per_kernel)" if kernel_launch == "eager"
-                     else "inside one CUDA graph (microbench tiny_kernels.graph_us_per_kernel); the replay runs with --graphs")
-    overhead_cycles = max(0, round(per_op_us * clock_mhz))
-    launch_ns, launch_source = 0.0, "eager launches: no per-group start beyond each kernel's own time"
-    if kernel_launch == "graph":
-        gl = mb.get("graph_launch", {}).get("us_per_one_kernel_graph")
-        if not isinstance(gl, (int, float)):
-            raise SystemExit(f"microbenchmark has no graph launch time: {mb.get('graph_launch')}")
-        launch_ns = max(0.0, round((gl - per_op_us) * 1e3, 1))
-        launch_source = (f"measured: a one-kernel graph takes {gl} us per launch (graph_launch) - {per_op_us} us for "
-                         f"its kernel (tiny_kernels.graph_us_per_kernel)")
-        if launch_gaps is not None:
-            launch_ns, launch_source = _launch_from_gaps(launch_gaps, launch_gaps_source)
-    table = _op_table(mb, kernel_launch, extra_op_times)
-    e = _energy_lines(energy, energy_source, m["sm_count"])
+        raise InputError(f"{source}: tiny_kernels.{key}: no usable {kernel_launch} per-kernel time: {per_op_us}")
+    return per_op_us, ("GPU side, 500 queued behind a sleep (microbench tiny_kernels.gpu_us_per_kernel)"
+                       if kernel_launch == "eager" else
+                       "inside one CUDA graph (microbench tiny_kernels.graph_us_per_kernel); the replay runs with --graphs")
+
+
+def _op_group_launch(mb: dict, kernel_launch: str, per_op_us: float, launch_gaps: dict | None,
+                     launch_gaps_source: str | None, source: str) -> tuple[float, str]:
+    """compute.op_group_launch_ns and its comment: nothing for eager launches; for graphs, a one-kernel graph's
+    launch less its kernel, or probe_launch_gaps.py's measurement when given."""
+    if kernel_launch != "graph":
+        return 0.0, "eager launches: no per-group start beyond each kernel's own time"
+    gl = mb.get("graph_launch", {}).get("us_per_one_kernel_graph")
+    if not isinstance(gl, (int, float)):
+        raise InputError(f"{source}: graph_launch.us_per_one_kernel_graph: no graph launch time: "
+                         f"{mb.get('graph_launch')}")
+    if launch_gaps is not None:
+        return _launch_from_gaps(launch_gaps, launch_gaps_source)
+    return max(0.0, round((gl - per_op_us) * 1e3, 1)), (
+        f"measured: a one-kernel graph takes {gl} us per launch (graph_launch) - {per_op_us} us for "
+        f"its kernel (tiny_kernels.graph_us_per_kernel)")
+
+
+def _derive(mb: dict, kernel_launch: str, launch_gaps: dict | None, launch_gaps_source: str | None,
+            source: str) -> _Derived:
+    """The microbenchmark's numbers turned into the config's."""
+    m, tiny, g = mb["machine"], mb["tiny_kernels"], mb["gemv_fit"]
+    q, s = mb["h2d_pinned_queued16_fit"], mb["h2d_pinned_single_fit"]
+    clock_mhz = _clock_mhz(str(m.get("nvidia_smi", "")))
+    per_op_us, per_op_source = _per_op_us(mb, kernel_launch, source)
+    launch_ns, launch_source = _op_group_launch(mb, kernel_launch, per_op_us, launch_gaps, launch_gaps_source, source)
     hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
     hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
     # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
     first_operand_ns = g["intercept_us"] * 1e3 - tiny["gpu_us_per_kernel"] * 1e3  # the GEMV sweep launches eagerly
-    sram_ns = max(0.0, round(first_operand_ns - hbm_access_ns, 1))
-    gemv_gbps = g["bandwidth_gbps"]
-    pcie_latency_ns = max(0.0, round((s["intercept_us"] - q["intercept_us"]) * 1e3, 1))
-    setup_ns = max(0.0, round(q["intercept_us"] * 1e3, 1))
+    return _Derived(
+        clock_mhz=clock_mhz, per_op_us=per_op_us, per_op_source=per_op_source,
+        overhead_cycles=max(0, round(per_op_us * clock_mhz)), launch_ns=launch_ns, launch_source=launch_source,
+        hbm_access_ns=hbm_access_ns, sram_ns=max(0.0, round(first_operand_ns - hbm_access_ns, 1)),
+        gemv_gbps=g["bandwidth_gbps"], pcie_latency_ns=max(0.0, round((s["intercept_us"] - q["intercept_us"]) * 1e3, 1)),
+        setup_ns=max(0.0, round(q["intercept_us"] * 1e3, 1)))
+
+
+def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
+           energy_source: str | None = None, command: str = "", handoff: dict | None = None,
+           handoff_source: str | None = None, launch_gaps: dict | None = None,
+           launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark") -> str:
+    """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
+    cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
+    extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
+    EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures; source:
+    the microbenchmark file's name, for errors."""
+    d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
+    table = _op_table(mb, kernel_launch, extra_op_times)
+    e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"])
+    header = _header_text(mb["machine"], kernel_launch, command, energy is not None)
+    tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
+    return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e) + _links_text(mb, d, e) + \
+        _tail_text(mb["machine"], d)
+
+
+def _header_text(m: dict, kernel_launch: str, command: str, measured_energy: bool) -> str:
+    """The comment saying how the file was written and from what, the config's name and description."""
+    smi = str(m.get("nvidia_smi", ""))
     return f"""# chipsim hardware config: the lent NVIDIA H200 (PCIe 5.0 x16 host link) as chipsim sees it, for
 # validation against real replays (chipsim hwreplay; VALIDATION.md). WRITTEN BY
 #   {command or f"python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch {kernel_launch}"}
@@ -227,21 +277,27 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
 # Chiplet terms mapped onto a GPU: the "arrays" are the SMs; "UCIe" is not present and stands for the SMs'
 # achieved HBM read path in a GEMV; "LPDDR5X" is the host's DRAM holding the pinned experts; the DMA engine
 # is one CUDA copy stream (FIFO, no preemption, an enqueued copy cannot be abandoned). No number below was
-# fitted to an end-to-end replay.{"" if energy is None else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, tiny kernels, small and" + chr(10) + "# large GEMVs, a GEMM."}
+# fitted to an end-to-end replay.{"" if not measured_energy else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, tiny kernels, small and" + chr(10) + "# large GEMVs, a GEMM."}
 name: h200-pcie5
 description: NVIDIA H200 with experts in pinned host memory over PCIe 5.0 x16 (validation target)
 
-compute:
+"""
+
+
+def _compute_text(mb: dict, d: _Derived, e: dict, tables: str) -> str:
+    """compute: the SMs as arrays, per-op and launch costs, the measured op tables."""
+    m = mb["machine"]
+    return f"""compute:
   arrays: {m["sm_count"]}                     # measured: torch.cuda device properties, SM count
   unit_rows: 4                    # Hopper SM: 4 sub-partitions (NVIDIA H100 whitepaper)
   unit_cols: 32                   # Hopper SM sub-partition: 32 FP32 lanes (whitepaper)
   vector_length: 2                # BF16x2 FMA per lane; sets a compute bound far below a batch-1 GEMV's memory time
-  clock_mhz: {clock_mhz}                 # measured: nvidia-smi clocks.max.sm
+  clock_mhz: {d.clock_mhz}                 # measured: nvidia-smi clocks.max.sm
   sfus_per_array: 16              # Hopper SM: 4 SFUs per sub-partition (whitepaper)
   sfu_ops_per_cycle: 1            # one result per SFU per cycle
-  op_overhead_cycles: {overhead_cycles}         # measured: {per_op_us} us per tiny kernel, {per_op_source}, x clock
+  op_overhead_cycles: {d.overhead_cycles}         # measured: {d.per_op_us} us per tiny kernel, {d.per_op_source}, x clock
   sram_mib_per_array: 0.25        # Hopper SM: 256 KB L1/shared memory (whitepaper)
-  sram_access_ns: {sram_ns}            # measured: GEMV fixed time {g["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({hbm_access_ns:.1f} ns)
+  sram_access_ns: {d.sram_ns}            # measured: GEMV fixed time {mb["gemv_fit"]["intercept_us"]} us (gemv_fit) - per-kernel time - HBM access ({d.hbm_access_ns:.1f} ns)
   mac_energy_pj: {e['mac']}
   sram_read_pj_per_bit: {e['sram_read']}
   sram_write_pj_per_bit: {e['sram_write']}
@@ -251,9 +307,14 @@ compute:
   clock_gated_when_idle: {e['gated']}
 {e['occupancy']}  leakage_power_w_per_array: {e['leakage']}
   dequant_ops_per_weight: 2       # an offset and a scale per weight below 16 bit, as the 4-bit replays' kernel (triton_kernels.gemv_q4) does
-  op_group_launch_ns: {launch_ns}   # {launch_source}
-{_handoff_line(handoff, handoff_source)}{table}{_op_energy_table(op_energy)}
-memory:
+  op_group_launch_ns: {d.launch_ns}   # {d.launch_source}
+{tables}
+"""
+
+
+def _memory_text(m: dict, e: dict) -> str:
+    """memory: the GPU's HBM3e and the host DRAM that holds the pinned experts."""
+    return f"""memory:
   hbm:
     capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory
     channels: 96                  # H200 datasheet 4.8 TB/s = 6 HBM3e stacks x 16 channels x 64 bit x 6.25 GT/s
@@ -295,25 +356,36 @@ memory:
     energy_pj_per_bit: 3.0        # ASSUMPTION; energy is not validated here
     background_power_w: 1.0       # ASSUMPTION (as thor.yaml)
 
-links:
+"""
+
+
+def _links_text(mb: dict, d: _Derived, e: dict) -> str:
+    """links: PCIe as the copies measured it, and the SMs' GEMV read path standing for UCIe."""
+    q, s = mb["h2d_pinned_queued16_fit"], mb["h2d_pinned_single_fit"]
+    return f"""links:
   pcie:
     bandwidth_gbps: {q["bandwidth_gbps"]}         # measured: pinned H2D, 16 copies back to back, fit t = a + N/B over 256 KiB-16 MiB (h2d_pinned_queued16_fit)
     max_payload_bytes: 256        # PCIe base spec default max payload (the measured copy rate already includes its cost)
     tlp_overhead_bytes: 0         # measured: bandwidth_gbps is the data rate of real copies, net of TLP overhead
-    latency_ns: {pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
+    latency_ns: {d.pcie_latency_ns}             # measured: single-copy fit intercept {s["intercept_us"]} us - queued intercept {q["intercept_us"]} us (not serialised)
     energy_pj_per_bit: {e['pcie']}
     static_power_w: {e['pcie_static']}
   ucie:                           # not present: the SMs' HBM read path in a GEMV
     modules: 1
     lanes_per_module: 64
-    gtps: {round(gemv_gbps * 8 / 64, 3)}                 # measured: GEMV bandwidth {gemv_gbps} GB/s (gemv_fit over 8-256 MiB) = 64 lanes x this / 8
+    gtps: {round(d.gemv_gbps * 8 / 64, 3)}                 # measured: GEMV bandwidth {d.gemv_gbps} GB/s (gemv_fit over 8-256 MiB) = 64 lanes x this / 8
     latency_ns: 0.0               # folded into sram_access_ns (the measured GEMV fixed time)
     energy_pj_per_bit: 0.0        # not present
     static_power_w: 0.0           # not present
 
-dma:
+"""
+
+
+def _tail_text(m: dict, d: _Derived) -> str:
+    """dma, host CPU, expert buffer, model, workload, run and policies."""
+    return f"""dma:
   engines: 1                      # one CUDA copy stream: one copy at a time
-  setup_ns: {setup_ns}              # measured: per-copy fixed cost, queued fit intercept (h2d_pinned_queued16_fit)
+  setup_ns: {d.setup_ns}              # measured: per-copy fixed cost, queued fit intercept (h2d_pinned_queued16_fit)
   chunk_kib: 256                  # unused (no preemption, no cancel)
   demand_preempts_prefetch: false # a CUDA stream cannot pause a copy
   demand_first: false             # a CUDA stream runs copies in issue order
@@ -396,7 +468,7 @@ def main(argv=None) -> int:
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
-                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy))
+                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench)
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

@@ -304,6 +304,183 @@ def _cudart_steps(prog: list, cs, synchronize) -> list:
     return _RUNTIME[0].bind(low)
 
 
+class _ProgramCompiler:
+    """A plan's action list compiled into a flat program, every tensor view and event made beforehand:
+    ("c", [op group keys]) on the compute stream, ("x", copy stream, event to wait for or None,
+    [(destination, source)], event recorded after), ("rec", event, stream), ("wait", stream, event), ("tok", event)."""
+
+    def __init__(self, plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
+                 first_dense: int, stalls: bool, Event, cs, copy_streams: list) -> None:
+        self.plan, self.step, self.host_experts, self.gpu_slots = plan, step, host_experts, gpu_slots
+        self.first_dense, self.stalls, self.Event, self.cs, self.copy_streams = first_dense, stalls, Event, cs, copy_streams
+        self.part_ranges = [(sum(plan.part_bytes[:i]), sum(plan.part_bytes[:i + 1])) for i in range(len(plan.part_bytes))]
+        # the copy schedule, engine by engine: (issue, first byte, end byte); a FIFO copy stream's is every issue whole
+        if plan.copies is None:
+            self.queues = [[(n, 0, plan.expert_bytes) for n in range(plan.fetches)]]
+        else:
+            self.queues = [[] for _ in copy_streams]
+            for e, n, first, end in plan.copies:
+                self.queues[e].append((n, first, end))
+        self.heads = [0] * len(self.queues)
+        self.prog: list = []
+        self.copy_done: dict[tuple[int, int], object] = {}
+        self.waited: set = set()  # copy events the compute stream has waited for: later work is behind them in stream order
+        self.slot_of: dict[tuple[int, int], int] = {}
+        self.issued: list = []  # issue n -> (expert key, slot, the compute-stream marker it starts behind)
+        self.span_done: dict = {}  # issue -> (engine, event after its latest enqueued span)
+        self.marker = None
+        self.token_events: list = []
+        self.stall_marks: list = []  # (token, MoE layer, [(event before a wait for a copy, event after it), ...])
+        self.copies = self.copied_bytes = 0
+
+    def enqueue_spans(self) -> None:
+        """Each engine's next spans, as far as their transfers have been issued (program order)."""
+        for e, q in enumerate(self.queues):
+            while self.heads[e] < len(q) and q[self.heads[e]][0] < len(self.issued):
+                n, first, end = q[self.heads[e]]
+                key, slot, mark = self.issued[n]
+                before = self.span_done.get(n)
+                after = None  # what the span waits for on its copy stream besides the spans before it there
+                if before is None:
+                    after = mark
+                elif before[0] != e:  # a paused prefetch resumed on another engine: after its earlier span
+                    after = before[1]
+                pairs = []  # (destination, source) per part (descriptor) the span touches: one copy each
+                for lo, hi in self.part_ranges:
+                    a, b = max(lo, first), min(hi, end)
+                    if a < b:
+                        pairs.append((self.gpu_slots[slot, a:b], self.host_experts[key[0], key[1], a:b]))
+                        self.copies += 1
+                        self.copied_bytes += b - a
+                ev = self.Event()
+                self.prog.append(("x", self.copy_streams[e], after, pairs, ev))  # wait, copy, record: one program step
+                self.span_done[n] = (e, ev)
+                if end == self.plan.expert_bytes:  # spans run on from where the last stopped: this was the transfer's last
+                    self.copy_done[key] = ev  # the transfer's bytes have all landed
+                self.heads[e] += 1
+
+    def add(self, a: tuple) -> None:
+        """One plan action's program steps."""
+        kind = a[0]
+        if kind == "issue":
+            key, slot = (a[3], a[4]), a[6]
+            # the copy starts once the compute stream reaches the issue point. That point is also behind every
+            # compute that read the slot's previous expert (the plan evicts before it reuses a slot, and an
+            # evicted expert is not computed again), so the marker covers write-after-read as well
+            if self.marker is None:
+                self.marker = self.Event()
+                self.prog.append(("rec", self.marker, self.cs))
+            self.issued.append((key, slot, self.marker))
+            self.copy_done.pop(key, None)
+            self.enqueue_spans()
+            self.slot_of[key] = slot
+            return
+        if kind == "evict":
+            self.slot_of.pop((a[3], a[4]), None)
+            return
+        if kind == "token":
+            return
+        if kind == "attention":  # one launch per simulator op group: with graphs, one graph each
+            layer = self.first_dense + a[2]
+            self.prog.append(("c", [("group", "attention", layer), ("group", "router", layer)]))
+        elif kind == "dense":
+            self.prog.append(("c", [("group", "attention", a[2]), ("group", "dense", a[2])]))
+        elif kind == "route":
+            if "shared" in self.step.groups:
+                self.prog.append(("c", [("group", "shared", self.first_dense + a[2])]))
+        elif kind == "compute":
+            self.add_compute(a)
+        elif kind == "layer_end":
+            self.prog.append(("c", [("group", "combine", self.first_dense + a[2])]))
+        elif kind == "head":
+            self.prog.append(("c", [("group", "head", -1)]))
+            ev = self.Event(enable_timing=True)
+            self.prog.append(("tok", ev))
+            self.token_events.append(ev)
+        else:
+            raise ValueError(f"unknown plan action {a!r}")
+        self.marker = None
+
+    def add_compute(self, a: tuple) -> None:
+        """A "compute" action: each expert behind its copy's last span (a wait, timed when stalls are), then run."""
+        layer = a[2]
+        waits = []  # (event before, event after) around each wait, when stalls are timed
+        for e in a[3]:
+            if (layer, e) in self.slot_of and (layer, e) not in self.copy_done:
+                raise RuntimeError(f"hwreplay: expert {e} of MoE layer {layer} is computed at token {a[1]} before "
+                                   "the copy schedule has enqueued its last bytes")
+            ev = self.copy_done.get((layer, e))
+            if ev is not None and ev not in self.waited:
+                if self.stalls:
+                    waits.append((self.Event(enable_timing=True), self.Event(enable_timing=True)))
+                    self.prog.append(("rec", waits[-1][0], self.cs))
+                self.prog.append(("wait", self.cs, ev))
+                if self.stalls:
+                    self.prog.append(("rec", waits[-1][1], self.cs))
+                self.waited.add(ev)
+            self.prog.append(("c", [("expert", self.slot_of[(layer, e)])]))
+        if waits:
+            self.stall_marks.append((a[1], layer, waits))
+
+
+def _torch_enqueue(cs, use, make_current):
+    """enqueue(ops, host_marks) through PyTorch calls: the program's steps on their streams, in order."""
+
+    def enqueue(ops, host_marks):
+        with use(cs):
+            for op in ops:
+                kind = op[0]
+                if kind == "c":
+                    for fn, args, kwargs in op[1]:
+                        fn(*args, **kwargs)
+                elif kind == "x":
+                    _, stream, after, pairs, done = op
+                    make_current(stream)
+                    if after is not None:
+                        stream.wait_event(after)
+                    for dst, src in pairs:
+                        dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
+                    done.record(stream)
+                    make_current(cs)
+                elif kind == "wait":
+                    op[1].wait_event(op[2])
+                elif kind == "rec":
+                    op[1].record(op[2])
+                else:  # "tok"
+                    op[1].record(cs)
+                    host_marks.append(time.perf_counter())
+
+    return enqueue
+
+
+def _enqueuer(prog: list, cs, enqueue_with: str, use, make_current, synchronize):
+    """(steps, enqueue(ops, host_marks), is_token(op)): the program as it is enqueued, through PyTorch or, with
+    enqueue_with="cudart", as raw CUDA runtime calls (no PyTorch call per copy or launch)."""
+    if enqueue_with == "cudart":
+        steps = _cudart_steps(prog, cs, synchronize)
+
+        def enqueue(ops, host_marks):
+            with use(cs):  # for graphs replayed through PyTorch (no raw executable)
+                _RUNTIME[0].run(ops, host_marks, time.perf_counter)
+
+        return steps, enqueue, lambda op: op[2]
+    return prog, _torch_enqueue(cs, use, make_current), lambda op: op[0] == "tok"
+
+
+def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize) -> list[float]:
+    """The host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
+    before), so the host never waits for a full launch queue; in the timed run it always may."""
+    ends = [i for i, op in enumerate(steps) if is_token(op)]
+    dispatch_ms = []
+    for t in range(min(dispatch_tokens, len(ends) - 1)):
+        first, last = ends[t] + 1, ends[t + 1] + 1
+        synchronize()
+        t0 = time.perf_counter()
+        enqueue(steps[first:last], [])
+        dispatch_ms.append(round(1e3 * (time.perf_counter() - t0), 4))
+    return dispatch_ms
+
+
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
            first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None,
            segments: bool = False, stalls: bool = False, energy_settle_s: float = 0.5,
@@ -332,159 +509,17 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     Stream, Event, use, make_current, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
     copy_streams = [Stream() for _ in range(plan.engines if plan.copies is not None else 1)]
-    part_ranges = [(sum(plan.part_bytes[:i]), sum(plan.part_bytes[:i + 1])) for i in range(len(plan.part_bytes))]
     graphs = graphs and gpu_slots.device.type == "cuda"
-    # the copy schedule, engine by engine: (issue, first byte, end byte); a FIFO copy stream's is every issue whole
-    if plan.copies is None:
-        queues = [[(n, 0, plan.expert_bytes) for n in range(plan.fetches)]]
-    else:
-        queues = [[] for _ in copy_streams]
-        for e, n, first, end in plan.copies:
-            queues[e].append((n, first, end))
-    heads = [0] * len(queues)
-
-    # ---- compile: ("c", [op group keys]) on the compute stream, ("x", copy stream, event to wait for or None,
-    #      [(destination, source)], event recorded after), ("rec", event, stream), ("wait", stream, event),
-    #      ("tok", event)
-    prog = []
-    copy_done: dict[tuple[int, int], object] = {}
-    waited = set()  # copy events the compute stream has waited for: later work is behind them in stream order
-    slot_of: dict[tuple[int, int], int] = {}
-    issued = []  # issue n -> (expert key, slot, the compute-stream marker it starts behind)
-    span_done = {}  # issue -> (engine, event after its latest enqueued span)
-    marker = None
-    token_events = []
-    stall_marks = []  # (token, MoE layer, [(event before a wait for a copy, event after it), ...])
-    copies = copied_bytes = 0
-
-    def enqueue_spans():
-        """Each engine's next spans, as far as their transfers have been issued (program order)."""
-        nonlocal copies, copied_bytes
-        for e, q in enumerate(queues):
-            while heads[e] < len(q) and q[heads[e]][0] < len(issued):
-                n, first, end = q[heads[e]]
-                key, slot, mark = issued[n]
-                before = span_done.get(n)
-                after = None  # what the span waits for on its copy stream besides the spans before it there
-                if before is None:
-                    after = mark
-                elif before[0] != e:  # a paused prefetch resumed on another engine: after its earlier span
-                    after = before[1]
-                pairs = []  # (destination, source) per part (descriptor) the span touches: one copy each
-                for lo, hi in part_ranges:
-                    a, b = max(lo, first), min(hi, end)
-                    if a < b:
-                        pairs.append((gpu_slots[slot, a:b], host_experts[key[0], key[1], a:b]))
-                        copies += 1
-                        copied_bytes += b - a
-                ev = Event()
-                prog.append(("x", copy_streams[e], after, pairs, ev))  # wait, copy, record: one program step
-                span_done[n] = (e, ev)
-                if end == plan.expert_bytes:  # spans run on from where the last stopped: this was the transfer's last
-                    copy_done[key] = ev  # the transfer's bytes have all landed
-                heads[e] += 1
-
+    compiled = _ProgramCompiler(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
     for a in plan.actions:
-        kind = a[0]
-        if kind == "issue":
-            key, slot = (a[3], a[4]), a[6]
-            # the copy starts once the compute stream reaches the issue point. That point is also behind every
-            # compute that read the slot's previous expert (the plan evicts before it reuses a slot, and an
-            # evicted expert is not computed again), so the marker covers write-after-read as well
-            if marker is None:
-                marker = Event()
-                prog.append(("rec", marker, cs))
-            issued.append((key, slot, marker))
-            copy_done.pop(key, None)
-            enqueue_spans()
-            slot_of[key] = slot
-            continue
-        if kind == "evict":
-            slot_of.pop((a[3], a[4]), None)
-            continue
-        if kind == "token":
-            continue
-        if kind == "attention":  # one launch per simulator op group: with graphs, one graph each
-            layer = first_dense + a[2]
-            prog.append(("c", [("group", "attention", layer), ("group", "router", layer)]))
-        elif kind == "dense":
-            prog.append(("c", [("group", "attention", a[2]), ("group", "dense", a[2])]))
-        elif kind == "route":
-            if "shared" in step.groups:
-                prog.append(("c", [("group", "shared", first_dense + a[2])]))
-        elif kind == "compute":
-            layer = a[2]
-            waits = []  # (event before, event after) around each wait, when stalls are timed
-            for e in a[3]:
-                if (layer, e) in slot_of and (layer, e) not in copy_done:
-                    raise RuntimeError(f"hwreplay: expert {e} of MoE layer {layer} is computed at token {a[1]} before "
-                                       "the copy schedule has enqueued its last bytes")
-                ev = copy_done.get((layer, e))
-                if ev is not None and ev not in waited:
-                    if stalls:
-                        waits.append((Event(enable_timing=True), Event(enable_timing=True)))
-                        prog.append(("rec", waits[-1][0], cs))
-                    prog.append(("wait", cs, ev))
-                    if stalls:
-                        prog.append(("rec", waits[-1][1], cs))
-                    waited.add(ev)
-                prog.append(("c", [("expert", slot_of[(layer, e)])]))
-            if waits:
-                stall_marks.append((a[1], layer, waits))
-        elif kind == "layer_end":
-            prog.append(("c", [("group", "combine", first_dense + a[2])]))
-        elif kind == "head":
-            prog.append(("c", [("group", "head", -1)]))
-            ev = Event(enable_timing=True)
-            prog.append(("tok", ev))
-            token_events.append(ev)
-        else:
-            raise ValueError(f"unknown plan action {a!r}")
-        marker = None
-    prog = _bind_compute(prog, step, gpu_slots, graphs, segments)
+        compiled.add(a)
+    prog = _bind_compute(compiled.prog, step, gpu_slots, graphs, segments)
+    token_events = compiled.token_events
 
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
     import gc
 
-    if enqueue_with == "cudart":  # the same steps as raw CUDA runtime calls: no PyTorch call per copy or launch
-        steps = _cudart_steps(prog, cs, synchronize)
-
-        def enqueue(ops, host_marks):
-            with use(cs):  # for graphs replayed through PyTorch (no raw executable)
-                _RUNTIME[0].run(ops, host_marks, time.perf_counter)
-
-        def is_token(op):
-            return op[2]
-    else:
-        steps = prog
-
-        def enqueue(ops, host_marks):
-            with use(cs):
-                for op in ops:
-                    kind = op[0]
-                    if kind == "c":
-                        for fn, args, kwargs in op[1]:
-                            fn(*args, **kwargs)
-                    elif kind == "x":
-                        _, stream, after, pairs, done = op
-                        make_current(stream)
-                        if after is not None:
-                            stream.wait_event(after)
-                        for dst, src in pairs:
-                            dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
-                        done.record(stream)
-                        make_current(cs)
-                    elif kind == "wait":
-                        op[1].wait_event(op[2])
-                    elif kind == "rec":
-                        op[1].record(op[2])
-                    else:  # "tok"
-                        op[1].record(cs)
-                        host_marks.append(time.perf_counter())
-
-        def is_token(op):
-            return op[0] == "tok"
-
+    steps, enqueue, is_token = _enqueuer(prog, cs, enqueue_with, use, make_current, synchronize)
     host_at_token = []
     synchronize()
     start = Event(enable_timing=True)
@@ -503,27 +538,19 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         energy = meter.stop(t_host) if meter is not None else None
         marks = [start] + token_events  # read now: the check below records the token events again
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
-        stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)] for t, layer, waits in stall_marks]
-        # the host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
-        # before), so the host never waits for a full launch queue; in the run above it always may
-        ends = [i for i, op in enumerate(steps) if is_token(op)]
-        dispatch_ms = []
-        for t in range(min(dispatch_tokens, len(ends) - 1)):
-            first, last = ends[t] + 1, ends[t + 1] + 1
-            synchronize()
-            t0 = time.perf_counter()
-            enqueue(steps[first:last], [])
-            dispatch_ms.append(round(1e3 * (time.perf_counter() - t0), 4))
+        stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)]
+                    for t, layer, waits in compiled.stall_marks]
+        dispatch_ms = _dispatch_ms(steps, enqueue, is_token, dispatch_tokens, synchronize)
         synchronize()
     finally:
         if gc_was:
             gc.enable()
     host_ms = [1e3 * (host_at_token[i] - (host_at_token[i - 1] if i else t_host0)) for i in range(len(host_at_token))]
     return {"latency_ms": [round(x, 5) for x in latency], "host_enqueue_ms": [round(x, 4) for x in host_ms],
-            "copies": copies, "copied_bytes": copied_bytes, "host_seconds": round(t_host, 3),
+            "copies": compiled.copies, "copied_bytes": compiled.copied_bytes, "host_seconds": round(t_host, 3),
             "program_steps": len(prog), "kernel_launch": ("segment-" if segments else "") + ("graph" if graphs else "eager"),
             "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
             # runs of compute the program enqueues in one step: with graphs, each one graph (per op group or segment)
             "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
-            "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy, "copy_streams": len(copy_streams),
-            **({"stall_ms": stall_ms} if stalls else {})}
+            "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy,
+            "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {})}

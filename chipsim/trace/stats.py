@@ -359,7 +359,20 @@ def _is_number(value) -> bool:
 
 def format_report(stats: dict) -> str:
     """A readable rendering of `trace_stats`: provenance, a per-layer table and summary lines."""
-    tr, prov = stats["trace"], stats["provenance"]
+    tr = stats["trace"]
+    pr, ds = _filled_predictability(stats)
+    lines = _provenance_lines(tr, stats["provenance"])
+    lines += _per_layer_table(stats, pr, ds)
+    lines += _summary_lines(stats, pr)
+    lines += _delta_star_lines(stats, ds)
+    lines += [""] + format_quality(stats.get("quality"))
+    if tr["synthetic"]:
+        lines += ["", "SYNTHETIC trace: routing and predictions come from a generator, not a model."]
+    return "\n".join(lines)
+
+
+def _provenance_lines(tr: dict, prov: dict) -> list[str]:
+    """The trace's one-line description, then what its provenance says of the model, its training and its text."""
     lines = [tr["provenance_line"]]
     if "kind" in prov:
         lines.append(f"  kind: {prov['kind']}")
@@ -399,15 +412,26 @@ def format_report(stats: dict) -> str:
     if "command" in prov:
         lines.append(f"  command: {prov['command']}")
     lines.append(f"  sha256: {tr['sha256']}")
+    return lines
 
-    k = tr["top_k"]
-    pop, ru, pr = stats["popularity"], stats["reuse"], stats["predictability"]
+
+def _filled_predictability(stats: dict) -> tuple[dict, dict]:
+    """The predictability and δ* statistics with every predictor the trace does not carry as all-None rows
+    (printed '-'), so the table and the summary read them alike."""
+    tr = stats["trace"]
     none_per_layer = {"recall_per_layer": [None] * len(tr["moe_layers"]), "recall": None, "overlap": None}
-    pr = {name: (v if v is not None else none_per_layer) for name, v in pr.items()}  # not carried: '-'
+    pr = {name: (v if v is not None else none_per_layer) for name, v in stats["predictability"].items()}
     if not pr["draft"]:
         pr["draft"] = [none_per_layer]
     ds = stats["delta_star"] or {"mean_per_layer": [None] * len(tr["moe_layers"])}
-    lines += ["", f"Per MoE layer (recall = mean |predicted top-{k} ∩ routed| / {k}; '-' = no prediction):"]
+    return pr, ds
+
+
+def _per_layer_table(stats: dict, pr: dict, ds: dict) -> list[str]:
+    """Popularity, reuse, every predictor's recall and mean δ* per MoE layer."""
+    tr, pop, ru = stats["trace"], stats["popularity"], stats["reuse"]
+    k = tr["top_k"]
+    lines = ["", f"Per MoE layer (recall = mean |predicted top-{k} ∩ routed| / {k}; '-' = no prediction):"]
     header = (f"{'layer':>5} {'zipf':>6} {'gini':>6} {'reuse':>6} {'apex':>6} {'pregate':>7} {'promoe':>6} "
               f"{'floe':>6} {'draft1':>6} {'draft8':>6} {'prev-l':>6} {'mean δ*':>7}")
     lines += [header, "-" * len(header)]
@@ -420,8 +444,14 @@ def format_report(stats: dict) -> str:
             f"{_f(pr['draft'][-1]['recall_per_layer'][i]):>6} {_f(pr['previous_layer']['recall_per_layer'][i]):>6} "
             f"{_f(ds['mean_per_layer'][i], 2):>7}"
         )
+    return lines
+
+
+def _summary_lines(stats: dict, pr: dict) -> list[str]:
+    """Popularity, reuse, recall and strict overlap over all layers, and the draft's recall by depth."""
+    pop, ru = stats["popularity"], stats["reuse"]
     pt = stats["popularity_train_counts"] or {}
-    lines += [
+    lines = [
         "",
         "Summary:",
         f"  popularity (trace tokens): Zipf exponent per layer mean {_f(pop['zipf_mean'], 2)} "
@@ -439,19 +469,18 @@ def format_report(stats: dict) -> str:
     lines.append("  strict overlap (whole routed set predicted): "
                  + ", ".join(f"{name} {_f(pr[name]['overlap'])}" for name in ("apex", "pregate", "promoe", "floe")))
     lines.append("  draft recall by depth 1..8: " + " ".join(_f(d["recall"]) for d in pr["draft"]))
+    return lines
+
+
+def _delta_star_lines(stats: dict, ds: dict) -> list[str]:
+    """δ* of the oracle and the stored APEX CDF's coverage, or why there are none."""
     if stats["delta_star"] is None:
-        lines.append("  δ* and the APEX CDF: the trace carries no APEX predictor arrays")
-    else:
-        shares = " ".join(f"{label}: {_f(v)}" for label, v in ds["shares"].items())
-        lines.append(f"  δ* (oracle): mean {_f(ds['mean'], 2)}, median {ds['median']}, p90 {ds['p90']}, "
-                     f"p99 {ds['p99']}, max {ds['max']}; shares {shares}")
-        lines.append("  APEX CDF: " + "; ".join(
-            f"τ {a['tau']}: coverage {_f(a['coverage'])}, mean δ̂ {_f(a['mean_delta_hat'], 2)}"
-            for a in stats["apex_cdf"]))
-    lines += [""] + format_quality(stats.get("quality"))
-    if tr["synthetic"]:
-        lines += ["", "SYNTHETIC trace: routing and predictions come from a generator, not a model."]
-    return "\n".join(lines)
+        return ["  δ* and the APEX CDF: the trace carries no APEX predictor arrays"]
+    shares = " ".join(f"{label}: {_f(v)}" for label, v in ds["shares"].items())
+    return [f"  δ* (oracle): mean {_f(ds['mean'], 2)}, median {ds['median']}, p90 {ds['p90']}, "
+            f"p99 {ds['p99']}, max {ds['max']}; shares {shares}",
+            "  APEX CDF: " + "; ".join(f"τ {a['tau']}: coverage {_f(a['coverage'])}, mean δ̂ {_f(a['mean_delta_hat'], 2)}"
+                                      for a in stats["apex_cdf"])]
 
 
 def _setting_text(mode: str, setting) -> str:

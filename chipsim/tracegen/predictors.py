@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -242,6 +243,17 @@ def _routed_target(rec: Recording, n: int, device) -> torch.Tensor:
     return y.permute(1, 0, 2).contiguous()
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """How every predictor head is fitted: where, how long, on how large batches, from which seed."""
+
+    device: torch.device
+    steps: int
+    cdf_steps: int
+    batch_tokens: int
+    seed: int
+
+
 def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[int, torch.Tensor], *, device=None,
                        steps: int = 300, cdf_steps: int = 400, batch_tokens: int = 8192, seed: int = 0,
                        log=print) -> tuple[dict[str, np.ndarray], dict]:
@@ -253,20 +265,36 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     """
     if train.layer_inputs is None or test.layer_inputs is None:
         raise ValueError("predictor training needs recordings with hidden states (record(..., hidden=True))")
-    device = device or train.routed_ids.device
+    fit = _Fit(device or train.routed_ids.device, steps, cdf_steps, batch_tokens, seed)
     moe = list(train.moe_layers)
-    n_layers_moe = len(moe)
     k = int(train.routed_ids.shape[-1])
     n = int(train.router_logits.shape[-1])
     m = min(n, 2 * k)
-    c = n - k + 1
-    t_test = test.num_tokens
     routed_te = test.routed_ids.cpu().numpy()
-    metrics: dict = {"train_tokens": train.num_tokens, "heldout_tokens": t_test, "inputs": "RMS-normalised hidden states"}
+    metrics: dict = {"train_tokens": train.num_tokens, "heldout_tokens": test.num_tokens,
+                     "inputs": "RMS-normalised hidden states"}
     arrays: dict[str, np.ndarray] = {}
     t_all = time.perf_counter()
+    _router_outputs(train, test, m, arrays, metrics)
+    apex_rank_tr, apex_rank_te, x_tr, x_te = _apex_router(train, test, fit, arrays, metrics, log)
+    _apex_cdf((apex_rank_tr, apex_rank_te), (train.routed_ids.cpu().numpy(), routed_te), x_tr, x_te, n - k + 1, fit,
+              arrays, metrics, log)
+    del x_tr, x_te
+    have = [i for i, a in enumerate(moe) if a - 1 >= 0]  # the MoE layers whose layer a-1 exists (indices)
+    routed_tr_target = _routed_target(train, n, fit.device)
+    _next_layer_heads(train, test, have, routed_tr_target, m, fit, arrays, metrics, log)
+    _pregate(test, moe, have, router_weights, m, fit.device, arrays, metrics, log)
+    _drafts(train, test, routed_tr_target, k, fit, arrays, metrics, log)
+    metrics["seconds"] = round(time.perf_counter() - t_all, 1)
+    return arrays, metrics
 
-    # the original router
+
+def _router_outputs(train: Recording, test: Recording, m: int, arrays: dict, metrics: dict) -> None:
+    """The original router's arrays (routed ids and weights, ranking and its probabilities), the training split's
+    expert counts, the MoE layers and the token ids."""
+    routed_te = test.routed_ids.cpu().numpy()
+    n_layers_moe = len(train.moe_layers)
+    n = int(train.router_logits.shape[-1])
     p_te = torch.softmax(test.router_logits.float(), -1)
     rr = rank_desc(p_te)
     arrays["routed_ids"] = routed_te.astype(np.uint8)
@@ -279,15 +307,20 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     for li in range(n_layers_moe):
         counts[li] = torch.bincount(ids_tr[:, li].reshape(-1), minlength=n)
     arrays["train_expert_counts"] = counts.numpy().astype(np.int64)
-    arrays["moe_layers"] = np.asarray(moe, dtype=np.int16)
+    arrays["moe_layers"] = np.asarray(list(train.moe_layers), dtype=np.int16)
     arrays["token_ids"] = test.token_ids.cpu().numpy().astype(np.int32)
 
-    # APEX prefetch router: KL to the frozen router, on the state entering the layer
+
+def _apex_router(train: Recording, test: Recording, fit: _Fit, arrays: dict, metrics: dict,
+                 log) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """APEX prefetch router: KL to the frozen router, on the state entering the layer. Returns its ranking of the
+    training and the held-out split (T, L, N) and the gathered layer inputs of both (the CDF reads them too)."""
+    moe, device = list(train.moe_layers), fit.device
     x_tr = _gather(train.layer_inputs, moe, device)
     x_te = _gather(test.layer_inputs, moe, device)
     target = torch.softmax(train.router_logits.to(device).float(), -1).permute(1, 0, 2).contiguous()
     ent = float(-(target * torch.log(target.clamp_min(1e-12))).sum(-1).mean())
-    head, info = fit_head(x_tr, target, steps=steps, batch_tokens=batch_tokens, seed=seed)
+    head, info = fit_head(x_tr, target, steps=fit.steps, batch_tokens=fit.batch_tokens, seed=fit.seed)
     q_tr = predict_probs(head, x_tr)
     q_te = predict_probs(head, x_te)
     apex_rank_tr = rank_desc(q_tr).permute(1, 0, 2).cpu().numpy()
@@ -301,10 +334,17 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
                               "params_per_layer": head.num_parameters_per_group()}
     del q_tr, q_te, target
     log(f"  apex router: KL {info['loss_first'] - ent:.3f} -> {info['loss_last'] - ent:.3f} (held-out {held_kl - ent_te:.3f}), {info['seconds']:.1f}s")
+    return apex_rank_tr, apex_rank_te, x_tr, x_te
 
-    # APEX CDF on δ* of the prefetch router's own training-split ranking
-    ds_tr = torch.from_numpy(delta_star(apex_rank_tr, ids_tr.numpy())).T.contiguous().to(device)  # (L, T)
-    cdf, cinfo = fit_cdf(x_tr, ds_tr, c, steps=cdf_steps, batch_tokens=batch_tokens, seed=seed + 1)
+
+def _apex_cdf(apex_ranks: tuple[np.ndarray, np.ndarray], routed: tuple[np.ndarray, np.ndarray], x_tr: torch.Tensor,
+              x_te: torch.Tensor, c: int, fit: _Fit, arrays: dict, metrics: dict, log) -> None:
+    """APEX CDF on δ* of the prefetch router's own training-split ranking: apex_score and apex_theta. apex_ranks and
+    routed: the prefetch router's ranking and the routed ids of the training and the held-out split."""
+    apex_rank_tr, apex_rank_te = apex_ranks
+    ids_tr, routed_te = routed
+    ds_tr = torch.from_numpy(delta_star(apex_rank_tr, ids_tr)).T.contiguous().to(fit.device)  # (L, T)
+    cdf, cinfo = fit_cdf(x_tr, ds_tr, c, steps=fit.cdf_steps, batch_tokens=fit.batch_tokens, seed=fit.seed + 1)
     with torch.no_grad():
         theta = cdf.theta().float().cpu().numpy()
         score_te = cdf.score(x_te).T.float().cpu().numpy()
@@ -315,26 +355,28 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     metrics["apex"] = apex_metrics(apex_rank_te, score_te, theta, routed_te)
     metrics["apex"]["recall_at_k_per_layer"] = recall_overlap(apex_rank_te, routed_te)["recall_per_layer"]
     metrics["apex_calibration_train"] = {
-        str(tau): round(float((delta_star(apex_rank_tr, ids_tr.numpy()) <= delta_hat(score_tr, theta, tau)).mean()), 4) for tau in TAUS
+        str(tau): round(float((delta_star(apex_rank_tr, ids_tr) <= delta_hat(score_tr, theta, tau)).mean()), 4) for tau in TAUS
     }
     metrics["apex_cdf"] = {"train_bce_first": cinfo["loss_first"], "train_bce_last": cinfo["loss_last"], "seconds": round(cinfo["seconds"], 2)}
     log("  apex: " + ", ".join(f"τ={t}: coverage {v['coverage']:.3f} δ̂ {v['mean_delta_hat']:.2f}" for t, v in metrics["apex"]["tau"].items())
         + f" (recall@k {metrics['apex']['recall_at_k']:.3f}; train coverage {metrics['apex_calibration_train']})")
-    del x_tr, x_te
 
-    # predictors one layer ahead, from the FFN input of layer a-1
-    prev_ok = [a - 1 >= 0 for a in moe]
-    src = [max(a - 1, 0) for a in moe]
-    have = [i for i, ok in enumerate(prev_ok) if ok]
-    valid = np.asarray(prev_ok)
-    routed_tr_target = _routed_target(train, n, device)
+
+def _next_layer_heads(train: Recording, test: Recording, have: list[int], routed_tr_target: torch.Tensor, m: int,
+                      fit: _Fit, arrays: dict, metrics: dict, log) -> None:
+    """ProMoE (linear) and FloE (one hidden layer) heads predicting layer a's routing from layer a-1's FFN input,
+    for the MoE layers `have` (indices) whose a-1 exists."""
+    moe = list(train.moe_layers)
+    routed_te = test.routed_ids.cpu().numpy()
+    valid = np.isin(np.arange(len(moe)), have)
+    src = [moe[i] - 1 for i in have]
     for name, hidden in (("promoe", 0), ("floe", FLOE_HIDDEN)):
-        out = np.full((t_test, n_layers_moe, m), NO_EXPERT, dtype=np.uint8)
+        out = np.full((test.num_tokens, len(moe), m), NO_EXPERT, dtype=np.uint8)
         if have:
-            xs_tr = _gather(train.ffn_inputs, [src[i] for i in have], device)
-            xs_te = _gather(test.ffn_inputs, [src[i] for i in have], device)
-            head, info = fit_head(xs_tr, routed_tr_target[have], hidden=hidden, steps=steps, batch_tokens=batch_tokens,
-                                  seed=seed + (2 if hidden else 3), lr=(3e-3 if hidden else 1e-2))
+            xs_tr = _gather(train.ffn_inputs, src, fit.device)
+            xs_te = _gather(test.ffn_inputs, src, fit.device)
+            head, info = fit_head(xs_tr, routed_tr_target[have], hidden=hidden, steps=fit.steps, batch_tokens=fit.batch_tokens,
+                                  seed=fit.seed + (2 if hidden else 3), lr=(3e-3 if hidden else 1e-2))
             q = predict_probs(head, xs_te)
             out[:, have] = rank_desc(q, m).permute(1, 0, 2).cpu().numpy().astype(np.uint8)
             del xs_tr, xs_te, q
@@ -345,9 +387,14 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
                                   "params_per_layer": head.num_parameters_per_group()})
         log(f"  {name}: held-out recall {metrics[name]['recall_mean']}, overlap {metrics[name]['overlap_mean']}")
 
-    # pre-gate: layer a's frozen router on layer a-1's FFN input (also reported: on the state entering a-1)
-    out = np.full((t_test, n_layers_moe, m), NO_EXPERT, dtype=np.uint8)
-    alt = np.full((t_test, n_layers_moe, m), NO_EXPERT, dtype=np.uint8)
+
+def _pregate(test: Recording, moe: list[int], have: list[int], router_weights: dict[int, torch.Tensor], m: int, device,
+             arrays: dict, metrics: dict, log) -> None:
+    """Pre-gate: layer a's frozen router on layer a-1's FFN input (also reported: on the state entering a-1)."""
+    routed_te = test.routed_ids.cpu().numpy()
+    valid = np.isin(np.arange(len(moe)), have)
+    out = np.full((test.num_tokens, len(moe), m), NO_EXPERT, dtype=np.uint8)
+    alt = np.full((test.num_tokens, len(moe), m), NO_EXPERT, dtype=np.uint8)
     for i in have:
         a = moe[i]
         w = router_weights[a].to(device).float()
@@ -361,7 +408,14 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     metrics["pregate_from_layer_input"] = {k_: v for k_, v in recall_overlap(alt, routed_te, valid).items() if k_.endswith("mean")}
     log(f"  pregate: held-out recall {metrics['pregate']['recall_mean']} (from layer input: {metrics['pregate_from_layer_input']['recall_mean']})")
 
-    # SPICE drafts, depth 1..8, from the state entering layer a-d
+
+def _drafts(train: Recording, test: Recording, routed_tr_target: torch.Tensor, k: int, fit: _Fit, arrays: dict,
+            metrics: dict, log) -> None:
+    """SPICE drafts, depth 1..8, from the state entering layer a-d: draft_ids, and draft_conf (the top-k's
+    predicted mass)."""
+    moe = list(train.moe_layers)
+    routed_te = test.routed_ids.cpu().numpy()
+    n_layers_moe, t_test = len(moe), test.num_tokens
     draft_ids = np.full((t_test, n_layers_moe, DRAFT_DEPTH, k), NO_EXPERT, dtype=np.uint8)
     draft_conf = np.zeros((t_test, n_layers_moe, DRAFT_DEPTH), dtype=np.float16)
     metrics["draft"] = {"per_depth": {}}
@@ -369,9 +423,9 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
         ok = [i for i, a in enumerate(moe) if a - d >= 0]
         if not ok:
             continue
-        xs_tr = _gather(train.layer_inputs, [moe[i] - d for i in ok], device)
-        xs_te = _gather(test.layer_inputs, [moe[i] - d for i in ok], device)
-        head, info = fit_head(xs_tr, routed_tr_target[ok], steps=steps, batch_tokens=batch_tokens, seed=seed + 10 + d)
+        xs_tr = _gather(train.layer_inputs, [moe[i] - d for i in ok], fit.device)
+        xs_te = _gather(test.layer_inputs, [moe[i] - d for i in ok], fit.device)
+        head, info = fit_head(xs_tr, routed_tr_target[ok], steps=fit.steps, batch_tokens=fit.batch_tokens, seed=fit.seed + 10 + d)
         q = predict_probs(head, xs_te)  # (G, T, N)
         top = torch.topk(q, k, dim=-1)
         draft_ids[:, ok, d - 1] = top.indices.permute(1, 0, 2).cpu().numpy().astype(np.uint8)
@@ -389,5 +443,3 @@ def build_trace_arrays(train: Recording, test: Recording, router_weights: dict[i
     arrays["draft_ids"] = draft_ids
     arrays["draft_conf"] = draft_conf
     log("  draft recall by depth: " + ", ".join(f"d{d}={v['recall_mean']:.3f}" for d, v in metrics["draft"]["per_depth"].items()))
-    metrics["seconds"] = round(time.perf_counter() - t_all, 1)
-    return arrays, metrics

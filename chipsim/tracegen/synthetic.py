@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -442,23 +442,39 @@ def _r(value) -> float | None:
     return None if not math.isfinite(value) else round(value, 6)
 
 
-def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """Generate a complete schema-v1 trace for `model`: (arrays, meta), ready for `format.save`."""
-    if isinstance(model, str):
-        model = get_model(model)
-    p = _check_params(params if params is not None else SyntheticParams())
-    n, k = model.num_experts, model.top_k
-    n_layers, n_tokens = model.num_moe_layers, p.num_tokens
-    if n_layers < 1:
-        raise InputError(f"model {model.name}: has no MoE layers")
-    if not 1 <= k < n or n > fmt.NO_EXPERT:
-        raise InputError(f"model {model.name}: needs 1 <= top_k < num_experts <= {fmt.NO_EXPERT}")
-    m = min(n, 2 * k)
-    depth = fmt.DRAFT_DEPTH
-    streams = dict(zip(_STREAMS, np.random.default_rng(p.seed).spawn(len(_STREAMS))))
-    layer_idx = np.arange(n_layers)
+@dataclass
+class _RoutingDraws:
+    """What the routing was drawn from, per layer: recorded in the provenance and the measured statistics."""
 
-    # --- popularity and routing with token-to-token reuse
+    zipf_s: np.ndarray  # (L,) Zipf exponents
+    pop: np.ndarray  # (L, N) popularity
+    reuse_targets: np.ndarray  # (L,) aimed-for reuse
+    keep_p: np.ndarray  # (L,) keep-probabilities calibrated to reach it
+    reuse_base: np.ndarray  # (L,) the reuse popularity alone gives (q = 0)
+
+
+@dataclass
+class _DraftStats:
+    """Per draft depth (1..D): the noise scale solved, the recall aimed for and measured, and the confidence's
+    mean and correlation with the recall; None where the depth reaches before the first layer."""
+
+    sigma: list = field(default_factory=list)
+    target: list = field(default_factory=list)
+    recall: list = field(default_factory=list)
+    conf_mean: list = field(default_factory=list)
+    conf_corr: list = field(default_factory=list)
+
+
+def _check_model(model: ModelShape) -> None:
+    if model.num_moe_layers < 1:
+        raise InputError(f"model {model.name}: has no MoE layers")
+    if not 1 <= model.top_k < model.num_experts or model.num_experts > fmt.NO_EXPERT:
+        raise InputError(f"model {model.name}: needs 1 <= top_k < num_experts <= {fmt.NO_EXPERT}")
+
+
+def _draw_routing(streams: dict, n_tokens: int, n_layers: int, n: int, k: int,
+                  p: SyntheticParams) -> tuple[_RoutingDraws, np.ndarray]:
+    """Popularity and the routed sets (T, L, k) (unordered) with token-to-token reuse calibrated on a pilot run."""
     zipf_s, pop = _popularity(streams["popularity"], n_layers, n, p)
     offsets = streams["popularity"].uniform(-p.reuse_spread, p.reuse_spread, size=n_layers)
     reuse_targets = np.clip(p.reuse + offsets - offsets.mean(), 0.0, 0.99)
@@ -469,17 +485,17 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     keep_u = rng.random((n_tokens, n_layers, k))
     np.divide(keys, pop[None].astype(np.float32), out=keys)  # race keys E/p, in place
     routed_sets = _route_keys(keys, keep_p, keep_u, k)
-    del keys, keep_u
+    return _RoutingDraws(zipf_s, pop, reuse_targets, keep_p, reuse_base), routed_sets
 
-    # --- router logits, weights and ranking
-    z, routed_ids = _router_logits(streams["router"], pop, routed_sets, p.router_gap, p.router_logit_scale)
-    del routed_sets
-    routed_ids = routed_ids.astype(np.uint8)
-    routed = _onehot(routed_ids, n)
+
+def _router_arrays(z: np.ndarray, k: int, m: int, renormalise: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """router_rank, router_rank_prob and routed_weights from the logits (softmax), and the softmax mass of the
+    routed experts (T, L); the weights renormalised to sum 1 when `renormalise` (no shared experts)."""
+    n_tokens, n_layers, n = z.shape
     router_rank = np.empty((n_tokens, n_layers, n), dtype=np.uint8)
     router_rank_prob = np.empty((n_tokens, n_layers, m), dtype=np.float16)
     routed_weights = np.empty((n_tokens, n_layers, k), dtype=np.float16)
-    routed_mass = np.empty((n_tokens, n_layers))  # softmax mass of the routed experts
+    routed_mass = np.empty((n_tokens, n_layers))
     for a, b in _chunks(n_tokens, n_layers * n):
         probs = np.exp(z[a:b] - z[a:b].max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)
@@ -489,60 +505,75 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         router_rank[a:b] = rank
         router_rank_prob[a:b] = rank_prob
         routed_mass[a:b] = routed_prob.sum(axis=-1)
-        if model.num_shared_experts == 0:
+        if renormalise:
             routed_weights[a:b] = routed_prob / routed_prob.sum(axis=-1, keepdims=True)
         else:
             routed_weights[a:b] = routed_prob
-    del probs, rank, rank_prob, routed_prob
+    arrays = {"routed_weights": routed_weights, "router_rank": router_rank, "router_rank_prob": router_rank_prob}
+    return arrays, routed_mass
 
-    # --- difficulty (noise level) per token-layer, shared by all predictors
-    rng = streams["difficulty"]
+
+def _log_difficulty(rng: np.random.Generator, n_tokens: int, n_layers: int, p: SyntheticParams) -> np.ndarray:
+    """log h (T, L): the noise level per token-layer shared by all predictors, part of it common to a token."""
     share = p.difficulty_token_share
     g = math.sqrt(share) * rng.standard_normal((n_tokens, 1)) + math.sqrt(1.0 - share) * rng.standard_normal((n_tokens, n_layers))
-    log_h = p.difficulty_sigma * g
-    h = np.exp(log_h)
-    calib_tokens = max(1, min(n_tokens, -(-CALIBRATION_ROWS // n_layers)))
+    return p.difficulty_sigma * g
 
-    def early(source_layer: np.ndarray) -> np.ndarray:
-        return 1.0 + p.early_layer_penalty * np.exp(-source_layer / 2.0)
 
-    # --- APEX prefetch router: same-layer prediction
-    rng = streams["apex"]
-    apex_layer_mult = np.exp(p.layer_sigma * rng.standard_normal(n_layers))
-    apex_rank = np.empty((n_tokens, n_layers, n), dtype=np.uint8)
-    sigma_apex = _noisy_top_ids(rng, z, routed, h * apex_layer_mult[None], k, p.apex_accuracy, calib_tokens, apex_rank)
+def _early(p: SyntheticParams, source_layer: np.ndarray) -> np.ndarray:
+    """Noise multiplier of a predictor working from MoE layer `source_layer` (the first layers worst)."""
+    return 1.0 + p.early_layer_penalty * np.exp(-source_layer / 2.0)
 
-    # --- next-layer predictors (ProMoE, Pre-gated, FloE): for layer l from layer l-1
-    next_layer = {}
-    next_layer_sigma = {}
+
+def _apex_rank(rng: np.random.Generator, z: np.ndarray, routed: np.ndarray, h: np.ndarray, k: int,
+               p: SyntheticParams, calib_tokens: int) -> tuple[np.ndarray, float]:
+    """The APEX prefetch router's same-layer ranking (T, L, N) and its noise scale."""
+    apex_layer_mult = np.exp(p.layer_sigma * rng.standard_normal(z.shape[1]))
+    apex_rank = np.empty(z.shape, dtype=np.uint8)
+    sigma = _noisy_top_ids(rng, z, routed, h * apex_layer_mult[None], k, p.apex_accuracy, calib_tokens, apex_rank)
+    return apex_rank, sigma
+
+
+def _next_layer_ranks(streams: dict, z: np.ndarray, routed: np.ndarray, h: np.ndarray, k: int, m: int,
+                      p: SyntheticParams, calib_tokens: int) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
+    """ProMoE, Pre-gated and FloE rankings (T, L, m) for layer l from layer l-1 (NO_EXPERT at layer 0), and
+    their noise scales (None with one MoE layer)."""
+    n_tokens, n_layers, _ = z.shape
+    layer_idx = np.arange(n_layers)
+    next_layer, next_layer_sigma = {}, {}
     for name, target in (("promoe", p.promoe_accuracy), ("pregate", p.pregate_accuracy), ("floe", p.floe_accuracy)):
         rng = streams[name]
         ranks = np.full((n_tokens, n_layers, m), fmt.NO_EXPERT, dtype=np.uint8)
         layer_mult = np.exp(p.layer_sigma * rng.standard_normal(n_layers))
         sigma = None
         if n_layers > 1:
-            mult = h[:, 1:] * (layer_mult * early(layer_idx - 1.0))[None, 1:]
+            mult = h[:, 1:] * (layer_mult * _early(p, layer_idx - 1.0))[None, 1:]
             sigma = _noisy_top_ids(rng, z[:, 1:], routed[:, 1:], mult, k, target, calib_tokens, ranks[:, 1:])
         next_layer[name] = ranks
         next_layer_sigma[name] = sigma
+    return next_layer, next_layer_sigma
 
-    # --- SPICE drafts: for layer l made d+1 layers earlier
-    rng = streams["draft"]
+
+def _drafts(rng: np.random.Generator, z: np.ndarray, routed: np.ndarray, h: np.ndarray, k: int, p: SyntheticParams,
+            calib_tokens: int) -> tuple[np.ndarray, np.ndarray, _DraftStats]:
+    """SPICE drafts: draft_ids (T, L, D, k) for layer l made d+1 layers earlier, their confidence draft_conf
+    (T, L, D) and the statistics per depth."""
+    n_tokens, n_layers, _ = z.shape
+    depth = fmt.DRAFT_DEPTH
+    layer_idx = np.arange(n_layers)
     draft_ids = np.full((n_tokens, n_layers, depth, k), fmt.NO_EXPERT, dtype=np.uint8)
     draft_conf = np.zeros((n_tokens, n_layers, depth), dtype=np.float16)
     draft_layer_mult = np.exp(p.layer_sigma * rng.standard_normal(n_layers))
-    draft_sigma, draft_target, draft_recall, draft_conf_mean, draft_conf_corr = [], [], [], [], []
+    stats = _DraftStats()
     for d in range(depth):
         target = p.draft_accuracy * p.draft_accuracy_decay**d
-        draft_target.append(_r(target))
+        stats.target.append(_r(target))
         if d + 1 >= n_layers:
-            draft_sigma.append(None)
-            draft_recall.append(None)
-            draft_conf_mean.append(None)
-            draft_conf_corr.append(None)
+            for column in (stats.sigma, stats.recall, stats.conf_mean, stats.conf_corr):
+                column.append(None)
             continue
         source = layer_idx[d + 1 :] - (d + 1.0)
-        mult = h[:, d + 1 :] * (draft_layer_mult[d + 1 :] * early(source))[None]
+        mult = h[:, d + 1 :] * (draft_layer_mult[d + 1 :] * _early(p, source))[None]
         rr = routed[:, d + 1 :]
         ids = draft_ids[:, d + 1 :, d, :]
         sigma = _noisy_top_ids(rng, z[:, d + 1 :], rr, mult, k, target, calib_tokens, ids)
@@ -552,62 +583,49 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         a, b = _fit_fractional_logit(feature.reshape(-1), correct.reshape(-1))
         conf = _sigmoid(a + b * feature)
         draft_conf[:, d + 1 :, d] = conf.astype(np.float16)
-        draft_sigma.append(_r(sigma))
-        draft_recall.append(_r(correct.mean()))
-        draft_conf_mean.append(_r(conf.mean()))
-        draft_conf_corr.append(_r(np.corrcoef(conf.reshape(-1), correct.reshape(-1))[0, 1]) if correct.std() > 0 and conf.std() > 0 else None)
-    del z
+        stats.sigma.append(_r(sigma))
+        stats.recall.append(_r(correct.mean()))
+        stats.conf_mean.append(_r(conf.mean()))
+        stats.conf_corr.append(_r(np.corrcoef(conf.reshape(-1), correct.reshape(-1))[0, 1]) if correct.std() > 0 and conf.std() > 0 else None)
+    return draft_ids, draft_conf, stats
 
-    # --- training-split expert counts: same popularity law, independent tokens
-    rng = streams["train"]
+
+def _train_counts(rng: np.random.Generator, pop: np.ndarray, k: int, n_train: int) -> np.ndarray:
+    """(L, N) expert counts of `n_train` independent tokens from the popularity law (no reuse)."""
+    n_layers, n = pop.shape
     train_counts = np.zeros((n_layers, n), dtype=np.int64)
-    n_train = p.train_tokens_factor * n_tokens
     inv_pop = (1.0 / pop)[None].astype(np.float32)
     for start in range(0, n_train, 2048):
         size = min(2048, n_train - start)
         keys = rng.standard_exponential((size, n_layers, n), dtype=np.float32) * inv_pop
         picked = np.argpartition(keys, k - 1, axis=-1)[..., :k]
         train_counts += _onehot(picked, n).sum(axis=0)
+    return train_counts
 
-    arrays = {
-        "routed_ids": routed_ids,
-        "routed_weights": routed_weights,
-        "router_rank": router_rank,
-        "router_rank_prob": router_rank_prob,
-        "apex_rank": apex_rank,
-        "apex_score": np.zeros((n_tokens, n_layers), dtype=np.float32),  # filled below
-        "apex_theta": np.zeros((n_layers, n - k + 1), dtype=np.float32),
-        "promoe_rank": next_layer["promoe"],
-        "pregate_rank": next_layer["pregate"],
-        "floe_rank": next_layer["floe"],
-        "draft_ids": draft_ids,
-        "draft_conf": draft_conf,
-        "train_expert_counts": train_counts,
-        "moe_layers": np.arange(model.first_dense_layers, model.num_layers, dtype=np.int16),
-        "token_ids": (np.arange(n_tokens) % model.vocab_size).astype(np.int32),
-    }
-    model_meta = _model_meta(model)
-    trace = fmt.Trace(arrays=arrays, meta={"model": model_meta, "synthetic": True})
 
-    # --- APEX CDF: latent score from the token-layer's difficulty, fitted to the oracle δ*
-    dstar = predictor_arrays.delta_star(trace["apex_rank"], trace["routed_ids"])
-    rng = streams["apex"]
-    x = log_h + p.apex_score_noise * rng.standard_normal((n_tokens, n_layers))
-    _, w = _fit_cdf(x, dstar, n - k + 1, fit_slope=True)
+def _apex_cdf(rng: np.random.Generator, log_h: np.ndarray, dstar: np.ndarray, n_thresholds: int,
+              p: SyntheticParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """apex_score (T, L) float32 and apex_theta (L, C) float32, non-decreasing: a latent score from the
+    token-layer's difficulty, fitted to the oracle δ*; and the fitted slope per layer."""
+    x = log_h + p.apex_score_noise * rng.standard_normal(log_h.shape)
+    _, w = _fit_cdf(x, dstar, n_thresholds, fit_slope=True)
     score = (w[None] * x).astype(np.float32)
-    theta, _ = _fit_cdf(score.astype(np.float64), dstar, n - k + 1, fit_slope=False)
-    arrays["apex_score"] = score
-    arrays["apex_theta"] = np.maximum.accumulate(theta.astype(np.float32), axis=1)
+    theta, _ = _fit_cdf(score.astype(np.float64), dstar, n_thresholds, fit_slope=False)
+    return score, np.maximum.accumulate(theta.astype(np.float32), axis=1), w
 
-    # --- measured statistics
-    reuse_layer = _reuse_per_layer(routed_ids, n)
-    apex_member = _onehot(apex_rank[..., :k], n)
+
+def _measured(arrays: dict[str, np.ndarray], routed: np.ndarray, routed_mass: np.ndarray, draws: _RoutingDraws,
+              dstar: np.ndarray, drafts: _DraftStats, n: int, k: int) -> dict:
+    """Every statistic the generator aimed for, measured on the generated arrays."""
+    n_tokens, n_layers, _ = routed.shape
+    reuse_layer = _reuse_per_layer(arrays["routed_ids"], n)
+    apex_member = _onehot(arrays["apex_rank"][..., :k], n)
     apex_recall_layer = (apex_member & routed).sum(axis=(0, 2)) / (n_tokens * k)
     measured = {
         "reuse": _r(np.nanmean(reuse_layer)) if n_tokens > 1 else None,
         "reuse_per_layer": [_r(v) for v in reuse_layer],
         "reuse_random_baseline": _r(k / n),
-        "reuse_popularity_baseline": _r(reuse_base.mean()),
+        "reuse_popularity_baseline": _r(draws.reuse_base.mean()),
         "routed_weight_mass": _r(routed_mass.mean()),
         "apex_topk_recall": _r(apex_recall_layer.mean()),
         "apex_topk_recall_per_layer": [_r(v) for v in apex_recall_layer],
@@ -616,56 +634,103 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
         "delta_star_max": int(dstar.max()),
         "delta_star_zero_share": _r((dstar == 0).mean()),
     }
-    for name, ranks in next_layer.items():
+    for name in ("promoe", "pregate", "floe"):
         if n_layers > 1:
-            hit = _onehot(ranks[:, 1:, :k], n) & routed[:, 1:]
+            hit = _onehot(arrays[f"{name}_rank"][:, 1:, :k], n) & routed[:, 1:]
             measured[f"{name}_recall"] = _r(hit.sum() / (n_tokens * (n_layers - 1) * k))
         else:
             measured[f"{name}_recall"] = None
-    measured["draft_recall_by_depth"] = draft_recall
-    measured["draft_conf_mean_by_depth"] = draft_conf_mean
-    measured["draft_conf_recall_corr_by_depth"] = draft_conf_corr
-    final_trace = fmt.Trace(arrays=arrays, meta={"model": model_meta, "synthetic": True})
+    measured["draft_recall_by_depth"] = drafts.recall
+    measured["draft_conf_mean_by_depth"] = drafts.conf_mean
+    measured["draft_conf_recall_corr_by_depth"] = drafts.conf_corr
     cdf = {"tau": list(REPORT_TAUS), "mean_delta_hat": [], "coverage": []}
     for tau in REPORT_TAUS:
-        dhat = predictor_arrays.delta_hat(final_trace["apex_score"], final_trace["apex_theta"], tau)
+        dhat = predictor_arrays.delta_hat(arrays["apex_score"], arrays["apex_theta"], tau)
         cdf["mean_delta_hat"].append(_r(dhat.mean()))
         cdf["coverage"].append(_r((dstar <= dhat).mean()))
     measured["apex_cdf"] = cdf
+    train_counts = arrays["train_expert_counts"]
     train_share = train_counts / train_counts.sum(axis=1, keepdims=True)
     measured["train_popularity_top1_share"] = _r(train_share.max(axis=1).mean())
+    return measured
 
+
+def _provenance(p: SyntheticParams, draws: _RoutingDraws, noise_scale: dict, drafts: _DraftStats, apex_slope: np.ndarray,
+                n_train: int) -> dict:
+    """meta['provenance']: what was asked for and every number drawn on the way."""
     description = (
-        f"SYNTHETIC generator (no model was run), seed {p.seed}, {n_tokens} tokens, zipf {p.zipf_exponent}"
+        f"SYNTHETIC generator (no model was run), seed {p.seed}, {p.num_tokens} tokens, zipf {p.zipf_exponent}"
         f"±{p.zipf_spread}, reuse {p.reuse}±{p.reuse_spread}, apex top-k recall {p.apex_accuracy}, "
         f"promoe {p.promoe_accuracy}, pregate {p.pregate_accuracy}, floe {p.floe_accuracy}, draft "
         f"{p.draft_accuracy}×{p.draft_accuracy_decay}^(d-1)"
     )
+    return {
+        "description": description,
+        "generator": GENERATOR,
+        "chipsim_version": chipsim.__version__,
+        "params": asdict(p),
+        "token_ids": "positions t mod vocab_size, not real tokens",
+        "apex_cdf_fit": "in-sample proportional-odds fit on this trace's own δ*",
+        "draws": {
+            "zipf_exponent_per_layer": [_r(v) for v in draws.zipf_s],
+            "reuse_target_per_layer": [_r(v) for v in draws.reuse_targets],
+            "reuse_keep_probability_per_layer": [_r(v) for v in draws.keep_p],
+            "noise_scale": {
+                **{name: (_r(s) if s is not None else None) for name, s in noise_scale.items()},
+                "draft_by_depth": drafts.sigma,
+            },
+            "draft_target_by_depth": drafts.target,
+            "apex_cdf_slope_per_layer": [_r(v) for v in apex_slope],
+            "train_tokens": n_train,
+        },
+    }
+
+
+def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """Generate a complete schema-v1 trace for `model`: (arrays, meta), ready for `format.save`."""
+    if isinstance(model, str):
+        model = get_model(model)
+    p = _check_params(params if params is not None else SyntheticParams())
+    _check_model(model)
+    n, k = model.num_experts, model.top_k
+    n_layers, n_tokens = model.num_moe_layers, p.num_tokens
+    streams = dict(zip(_STREAMS, np.random.default_rng(p.seed).spawn(len(_STREAMS))))
+    draws, routed_sets = _draw_routing(streams, n_tokens, n_layers, n, k, p)
+    z, routed_ids = _router_logits(streams["router"], draws.pop, routed_sets, p.router_gap, p.router_logit_scale)
+    del routed_sets
+    routed_ids = routed_ids.astype(np.uint8)
+    routed = _onehot(routed_ids, n)
+    router, routed_mass = _router_arrays(z, k, min(n, 2 * k), model.num_shared_experts == 0)
+    log_h = _log_difficulty(streams["difficulty"], n_tokens, n_layers, p)
+    h = np.exp(log_h)
+    calib_tokens = max(1, min(n_tokens, -(-CALIBRATION_ROWS // n_layers)))
+    apex_rank, sigma_apex = _apex_rank(streams["apex"], z, routed, h, k, p, calib_tokens)
+    next_layer, next_layer_sigma = _next_layer_ranks(streams, z, routed, h, k, min(n, 2 * k), p, calib_tokens)
+    draft_ids, draft_conf, drafts = _drafts(streams["draft"], z, routed, h, k, p, calib_tokens)
+    del z
+    dstar = predictor_arrays.delta_star(apex_rank, routed_ids)
+    apex_score, apex_theta, apex_slope = _apex_cdf(streams["apex"], log_h, dstar, n - k + 1, p)
+    n_train = p.train_tokens_factor * n_tokens
+    arrays = {
+        "routed_ids": routed_ids,
+        **router,
+        "apex_rank": apex_rank,
+        "apex_score": apex_score,
+        "apex_theta": apex_theta,
+        "promoe_rank": next_layer["promoe"],
+        "pregate_rank": next_layer["pregate"],
+        "floe_rank": next_layer["floe"],
+        "draft_ids": draft_ids,
+        "draft_conf": draft_conf,
+        "train_expert_counts": _train_counts(streams["train"], draws.pop, k, n_train),
+        "moe_layers": np.arange(model.first_dense_layers, model.num_layers, dtype=np.int16),
+        "token_ids": (np.arange(n_tokens) % model.vocab_size).astype(np.int32),
+    }
     meta = {
         "synthetic": True,
-        "model": model_meta,
-        "provenance": {
-            "description": description,
-            "generator": GENERATOR,
-            "chipsim_version": chipsim.__version__,
-            "params": asdict(p),
-            "token_ids": "positions t mod vocab_size, not real tokens",
-            "apex_cdf_fit": "in-sample proportional-odds fit on this trace's own δ*",
-            "draws": {
-                "zipf_exponent_per_layer": [_r(v) for v in zipf_s],
-                "reuse_target_per_layer": [_r(v) for v in reuse_targets],
-                "reuse_keep_probability_per_layer": [_r(v) for v in keep_p],
-                "noise_scale": {
-                    "apex": _r(sigma_apex),
-                    **{name: (_r(s) if s is not None else None) for name, s in next_layer_sigma.items()},
-                    "draft_by_depth": draft_sigma,
-                },
-                "draft_target_by_depth": draft_target,
-                "apex_cdf_slope_per_layer": [_r(v) for v in w],
-                "train_tokens": n_train,
-            },
-        },
-        "measured": measured,
+        "model": _model_meta(model),
+        "provenance": _provenance(p, draws, {"apex": sigma_apex, **next_layer_sigma}, drafts, apex_slope, n_train),
+        "measured": _measured(arrays, routed, routed_mass, draws, dstar, drafts, n, k),
         "predictor_metrics": {},
         "quality": {},
     }

@@ -267,7 +267,57 @@ def save_trimmed(path: Path, arrays: dict, meta: dict, unit: int, log=print,
             log(f"{exc}; keeping {t_keep} tokens")
 
 
-def main(argv: list[str] | None = None) -> int:
+class ShapeMismatchError(RuntimeError):
+    """The model built for a shape lacks the shape's counts: a bug in build_config, not a bad input."""
+
+
+@dataclass(frozen=True)
+class RunSizes:
+    """How much main() trains, records and evaluates: the options given, else --tiny's or a full run's defaults."""
+
+    width: Width
+    seq: int  # tokens per training window
+    batch: int  # windows per step
+    max_steps: int
+    warmup_steps: int
+    heldout_tokens: int  # recorded for the trace
+    pred_train_tokens: int  # training-split tokens recorded for the predictors
+    pred_steps: int
+    eval_windows: int  # windows of seq + 1 tokens per loss evaluation
+
+    @classmethod
+    def from_args(cls, a) -> "RunSizes":
+        tiny = a.tiny
+        return cls(width=TINY_WIDTH if tiny else DEFAULT_WIDTH, seq=a.seq or (64 if tiny else 512),
+                   batch=a.batch or (4 if tiny else 32),
+                   max_steps=a.max_steps if a.max_steps is not None else (6 if tiny else 10**9),
+                   warmup_steps=6 if tiny else 100, heldout_tokens=a.heldout_tokens or (256 if tiny else 8192),
+                   pred_train_tokens=a.pred_train_tokens or (1024 if tiny else 32768),
+                   pred_steps=a.pred_steps or (30 if tiny else 300), eval_windows=4 if tiny else 64)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    tokens: int
+    seconds: float
+    history: list  # (step, training loss) at every logged step
+
+
+@dataclass
+class Recording:
+    """What was recorded from the trained model: the trace arrays, the predictors' and quality metrics."""
+
+    arrays: dict
+    predictor_metrics: dict
+    quality: dict
+    heldout_tokens: int  # held-out tokens recorded (the trace keeps as many as fit)
+    train_windows: int
+    heldout_windows: int
+    hidden_dtype: torch.dtype
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="train a published-shape MoE at reduced width, record it, write a trace")
     ap.add_argument("--shape", required=True, help="model shape name (chipsim.workload.models)")
     ap.add_argument("--data", required=True, help="folder written by python -m chipsim.tracegen.textdata")
@@ -290,20 +340,141 @@ def main(argv: list[str] | None = None) -> int:
                     help="GraniteMoe only: the attention softmax scale (GraniteMoe uses config.attention_multiplier as the "
                          "scale, class default 1.0; 0.015625 = 1/head_dim is, as far as we recall, the published configs' value: not checked offline). "
                          "Default: the class default, as the shipped real-granite-3b trace was trained")
-    a = ap.parse_args(argv)
+    return ap
 
+
+def checked_counts(model, shape) -> dict:
+    """The built model's counts (recorder.model_counts); ShapeMismatchError where one differs from `shape`'s."""
+    counts = model_counts(model)
+    for key in tformat.META_MODEL_KEYS:
+        if counts[key] != getattr(shape, key):
+            raise ShapeMismatchError(f"built model has {key}={counts[key]}, the shape {shape.name} says "
+                                     f"{getattr(shape, key)}")
+    return counts
+
+
+def _optimizer(model, lr: float, device) -> torch.optim.AdamW:
+    """AdamW, weight decay 0.1 on the matrices but the embeddings."""
+    decay = [p for n_, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n_]
+    no_decay = [p for n_, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n_)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+
+
+def _train(model, opt, train_ids: np.ndarray, np_rng, sz: RunSizes, lr: float, budget: float, top_k: int, aux: dict,
+           amp: bool, device, log, tiny: bool) -> TrainResult:
+    """Train on random training windows until `budget` seconds or sz.max_steps steps, whichever comes first."""
+    model.train()
+    step, tokens = 0, 0
+    t_train = time.perf_counter()
+    hist = []
+    bar = _time_bar(budget)  # a progress bar on a terminal; the log lines below either way
+    while step < sz.max_steps:
+        elapsed = time.perf_counter() - t_train
+        if bar is not None:
+            bar.update(min(elapsed, budget) - bar.n)
+        if elapsed >= budget:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(elapsed / budget, step, lr, sz.warmup_steps)
+        x = windows(train_ids, np_rng.integers(0, train_ids.size - sz.seq - 1, sz.batch), sz.seq).to(device, non_blocking=True)
+        ce, bal = train_step(model, x, top_k, aux, amp, device)
+        loss = ce + bal
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += x.numel()
+        if step % (1 if tiny else 25) == 0 or step == 1:
+            ce_f, bal_f = float(ce.detach()), float(bal.detach())
+            hist.append((step, ce_f))
+            el = time.perf_counter() - t_train
+            log(f"step {step}: loss {ce_f:.4f} aux {bal_f:.5f} gnorm {float(gnorm):.2f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"{tokens / el:,.0f} tok/s, {tokens / 1e6:.2f} M tokens")
+    train_seconds = time.perf_counter() - t_train
+    if bar is not None:
+        bar.close()
+    return TrainResult(step, tokens, train_seconds, hist)
+
+
+def _record(model, train_ids: np.ndarray, held_ids: np.ndarray, np_rng, sz: RunSizes, device, seed: int,
+            with_quality: bool, log) -> Recording:
+    """Record a training split (for the predictors) and held-out windows (for the trace), fit the predictors
+    and, unless told not to, measure the approximate modes' held-out perplexity."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("highest")
+    model.eval()
+    seq = sz.seq
+    n_tr = max(1, sz.pred_train_tokens // seq)
+    tr_seqs = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 1, n_tr), seq)
+    n_he = max(1, math.ceil(sz.heldout_tokens / seq))
+    he_starts = even_starts(held_ids.size, n_he, seq)
+    he_seqs = windows(held_ids, he_starts, seq)
+    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    t_rec = time.perf_counter()
+    tty = sys.stderr.isatty()
+    rec_tr = record(model, tr_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
+    rec_te = record(model, he_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
+    log(f"recorded {rec_tr.num_tokens:,} training-split and {rec_te.num_tokens:,} held-out tokens in {time.perf_counter() - t_rec:.1f} s")
+    router_w = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
+    arrays, pmetrics = build_trace_arrays(rec_tr, rec_te, router_w, device=device, steps=sz.pred_steps,
+                                          cdf_steps=int(sz.pred_steps * 4 / 3), seed=seed, log=log)
+    log(f"predictors fitted in {pmetrics['seconds']} s")
+    quality = {}
+    if with_quality:
+        quality = measure_quality(model, he_seqs, arrays, train_rec=rec_tr, heldout_rec=rec_te, batch=8, amp=False, log=log)
+        log(f"quality measured in {quality['seconds']} s")
+    return Recording(arrays, pmetrics, quality, int(rec_te.num_tokens), n_tr, n_he, hdt)
+
+
+@dataclass
+class Losses:
+    """Mean cross-entropy (nats per token) on the evaluation windows, before and after training."""
+
+    heldout_before: float
+    train_before: float
+    train_after: float = math.nan
+    heldout_after: float = math.nan
+
+
+@dataclass
+class BuiltModel:
+    model: torch.nn.Module
+    config: object  # the transformers config it was built from
+    aux: dict  # load-balancing loss settings
+    counts: dict  # recorder.model_counts, checked against the shape
+    parameters: int
+    routed_expert_parameters: int
+
+
+def _build(a, shape, width: Width, vocab: int, seq: int, device, log) -> BuiltModel:
+    """The reduced-width model of the shape, its counts checked against the shape's."""
+    model, cfg, aux = build_model(a.shape, width, vocab, max(seq, 2048), a.seed, device, a.attention_multiplier)
+    counts = checked_counts(model, shape)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_expert_params = sum(p.numel() for n_, p in model.named_parameters() if ".experts." in n_)
+    log(f"model {counts['hf_architecture']}: {counts['num_layers']} layers ({counts['first_dense_layers']} dense first), "
+        f"{counts['num_experts']} experts top-{counts['top_k']}, {counts['num_shared_experts']} shared; d {width.d}, expert FFN {width.ffn}; "
+        f"{n_params / 1e6:.1f} M parameters ({n_expert_params / 1e6:.1f} M in routed experts)")
+    return BuiltModel(model, cfg, aux, counts, n_params, n_expert_params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        return _run(a, argv)
+    except ShapeMismatchError as exc:
+        print(f"chipsim: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(a, argv: list[str] | None) -> int:
     t_start = time.perf_counter()
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = device.type == "cuda"
-    tiny = a.tiny
-    width = TINY_WIDTH if tiny else DEFAULT_WIDTH
-    seq = a.seq or (64 if tiny else 512)
-    batch = a.batch or (4 if tiny else 32)
-    max_steps = a.max_steps if a.max_steps is not None else (6 if tiny else 10**9)
-    heldout_tokens = a.heldout_tokens or (256 if tiny else 8192)
-    pred_train_tokens = a.pred_train_tokens or (1024 if tiny else 32768)
-    pred_steps = a.pred_steps or (30 if tiny else 300)
-    eval_windows = 4 if tiny else 64
+    sz = RunSizes.from_args(a)
+    seq, batch = sz.seq, sz.batch
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = a.name or TRACE_NAMES.get(a.shape, "real-" + a.shape)
@@ -321,20 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     train_ids, held_ids, data_meta = load_split(a.data)
     vocab = int(data_meta["vocab_size"])
     log(f"data: {train_ids.size:,} training / {held_ids.size:,} held-out tokens, vocab {vocab}")
+    built = _build(a, shape, sz.width, vocab, seq, device, log)
+    model, aux = built.model, built.aux
 
-    model, cfg, aux = build_model(a.shape, width, vocab, max(seq, 2048), a.seed, device, a.attention_multiplier)
-    counts = model_counts(model)
-    for key in tformat.META_MODEL_KEYS:
-        if counts[key] != getattr(shape, key):
-            raise SystemExit(f"built model has {key}={counts[key]}, the shape says {getattr(shape, key)}")
-    n_params = sum(p.numel() for p in model.parameters())
-    n_expert_params = sum(p.numel() for n_, p in model.named_parameters() if ".experts." in n_)
-    log(f"model {counts['hf_architecture']}: {counts['num_layers']} layers ({counts['first_dense_layers']} dense first), "
-        f"{counts['num_experts']} experts top-{counts['top_k']}, {counts['num_shared_experts']} shared; d {width.d}, expert FFN {width.ffn}; "
-        f"{n_params / 1e6:.1f} M parameters ({n_expert_params / 1e6:.1f} M in routed experts)")
-
-    eval_held = windows(held_ids, even_starts(held_ids.size, eval_windows, seq + 1), seq + 1)
-    eval_train = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 2, eval_windows), seq + 1)
+    eval_held = windows(held_ids, even_starts(held_ids.size, sz.eval_windows, seq + 1), seq + 1)
+    eval_train = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 2, sz.eval_windows), seq + 1)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     x0 = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 2, batch), seq).to(device)
@@ -345,127 +507,81 @@ def main(argv: list[str] | None = None) -> int:
         impl, impl_timing = a.experts_impl, {}
     log(f"experts implementation: {impl}")
 
-    loss0_held = eval_loss(model, eval_held, batch, device, amp)
-    loss0_train = eval_loss(model, eval_train, batch, device, amp)
-    log(f"before training: train loss {loss0_train:.4f}, held-out loss {loss0_held:.4f} (ln V = {math.log(vocab):.4f})")
+    losses = Losses(heldout_before=eval_loss(model, eval_held, batch, device, amp),
+                    train_before=eval_loss(model, eval_train, batch, device, amp))
+    log(f"before training: train loss {losses.train_before:.4f}, held-out loss {losses.heldout_before:.4f} "
+        f"(ln V = {math.log(vocab):.4f})")
+    trained = _train(model, _optimizer(model, a.lr, device), train_ids, np_rng, sz, a.lr, a.minutes * 60.0,
+                     shape.top_k, aux, amp, device, log, a.tiny)
+    losses.heldout_after = eval_loss(model, eval_held, batch, device, amp)
+    losses.train_after = eval_loss(model, eval_train, batch, device, amp)
+    log(f"after {trained.steps} steps ({trained.tokens:,} tokens, {trained.seconds:.0f} s): train loss "
+        f"{losses.train_before:.4f} -> {losses.train_after:.4f}, held-out loss {losses.heldout_before:.4f} -> "
+        f"{losses.heldout_after:.4f}")
 
-    decay = [p for n_, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n_]
-    no_decay = [p for n_, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n_)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
-    budget = a.minutes * 60.0
-    warmup = 6 if tiny else 100
-    model.train()
-    step, tokens = 0, 0
-    t_train = time.perf_counter()
-    hist = []
-    bar = _time_bar(budget)  # a progress bar on a terminal; the log lines below either way
-    while step < max_steps:
-        elapsed = time.perf_counter() - t_train
-        if bar is not None:
-            bar.update(min(elapsed, budget) - bar.n)
-        if elapsed >= budget:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(elapsed / budget, step, a.lr, warmup)
-        x = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 1, batch), seq).to(device, non_blocking=True)
-        ce, bal = train_step(model, x, shape.top_k, aux, amp, device)
-        loss = ce + bal
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens += x.numel()
-        if step % (1 if tiny else 25) == 0 or step == 1:
-            ce_f, bal_f = float(ce.detach()), float(bal.detach())
-            hist.append((step, ce_f))
-            el = time.perf_counter() - t_train
-            log(f"step {step}: loss {ce_f:.4f} aux {bal_f:.5f} gnorm {float(gnorm):.2f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"{tokens / el:,.0f} tok/s, {tokens / 1e6:.2f} M tokens")
-    train_seconds = time.perf_counter() - t_train
-    if bar is not None:
-        bar.close()
-    loss1_held = eval_loss(model, eval_held, batch, device, amp)
-    loss1_train = eval_loss(model, eval_train, batch, device, amp)
-    log(f"after {step} steps ({tokens:,} tokens, {train_seconds:.0f} s): train loss {loss0_train:.4f} -> {loss1_train:.4f}, "
-        f"held-out loss {loss0_held:.4f} -> {loss1_held:.4f}")
-
-    # record: a training split for the predictors, held-out sequences for the trace
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("highest")
-    model.eval()
-    n_tr = max(1, pred_train_tokens // seq)
-    tr_seqs = windows(train_ids, np_rng.integers(0, train_ids.size - seq - 1, n_tr), seq)
-    n_he = max(1, math.ceil(heldout_tokens / seq))
-    he_starts = even_starts(held_ids.size, n_he, seq)
-    he_seqs = windows(held_ids, he_starts, seq)
-    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    t_rec = time.perf_counter()
-    tty = sys.stderr.isatty()
-    rec_tr = record(model, tr_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
-    rec_te = record(model, he_seqs, batch_size=8, hidden=True, hidden_dtype=hdt, progress=tty)
-    log(f"recorded {rec_tr.num_tokens:,} training-split and {rec_te.num_tokens:,} held-out tokens in {time.perf_counter() - t_rec:.1f} s")
-    router_w = {i: r.weight.detach().float() for i, (_, r) in find_routers(model).items()}
-    arrays, pmetrics = build_trace_arrays(rec_tr, rec_te, router_w, device=device, steps=pred_steps, cdf_steps=int(pred_steps * 4 / 3),
-                                          seed=a.seed, log=log)
-    log(f"predictors fitted in {pmetrics['seconds']} s")
-    quality = {}
-    if not a.no_quality:
-        quality = measure_quality(model, he_seqs, arrays, train_rec=rec_tr, heldout_rec=rec_te, batch=8, amp=False, log=log)
-        log(f"quality measured in {quality['seconds']} s")
-    del rec_tr
-
+    rec = _record(model, train_ids, held_ids, np_rng, sz, device, a.seed, not a.no_quality, log)
     cmd = "python -m chipsim.tracegen.train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-    meta = {
+    meta = _trace_meta(a, cmd, shape, built, sz, (impl, impl_timing), losses, trained, rec, data_meta, amp, device)
+    path = out_dir / f"{name}.npz"
+    meta["provenance"]["metrics_tokens"] = rec.heldout_tokens
+    save_trimmed(path, rec.arrays, meta, seq, log)
+    trace = tformat.load(path)
+    (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    log(f"wrote {path} ({path.stat().st_size / (1 << 20):.2f} MiB): {trace.provenance_line()}")
+    log(f"total {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+def _trace_meta(a, cmd: str, shape, built: BuiltModel, sz: RunSizes, experts_impl: tuple[str, dict], losses: Losses,
+                trained: TrainResult, rec: Recording, data_meta: dict, amp: bool, device) -> dict:
+    """The trace's meta: the model's counts, and a provenance saying how it was built, trained and recorded."""
+    import transformers
+
+    counts, width, seq, tiny = built.counts, sz.width, sz.seq, a.tiny
+    impl, impl_timing = experts_impl
+    return {
         "synthetic": False,
         "model": {**{k: counts[k] for k in tformat.META_MODEL_KEYS}, "name": shape.name, "hf_architecture": counts["hf_architecture"]},
         "provenance": {
             "description": (f"{'TINY DRY RUN, not a result: ' if tiny else ''}{counts['hf_architecture']} at the {shape.name} counts, "
-                            f"d {width.d}, trained {tokens / 1e6:.1f} M tokens, held-out loss {loss1_held:.3f}"),
+                            f"d {width.d}, trained {trained.tokens / 1e6:.1f} M tokens, held-out loss {losses.heldout_after:.3f}"),
             "kind": "tiny CPU dry run (not a result)" if tiny else "trained reduced-width model of the published shape",
             "architecture": counts["hf_architecture"],
             "shape": shape.name,
-            "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None},
+            "config": {k: v for k, v in built.config.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None},
             "width": {"hidden_size": width.d, "expert_ffn": width.ffn, "heads": width.heads, "kv_heads": width.kv_heads,
                       "head_dim": width.head_dim},
-            "parameters": n_params,
-            "routed_expert_parameters": n_expert_params,
-            "load_balancing": aux,
+            "parameters": built.parameters,
+            "routed_expert_parameters": built.routed_expert_parameters,
+            "load_balancing": built.aux,
             "training": {
-                "steps": step, "tokens": tokens, "batch": batch, "seq": seq, "seconds": round(train_seconds, 1),
+                "steps": trained.steps, "tokens": trained.tokens, "batch": sz.batch, "seq": seq,
+                "seconds": round(trained.seconds, 1),
                 "budget_minutes": a.minutes, "lr": a.lr, "optimizer": "AdamW(0.9, 0.95), wd 0.1 on matrices, clip 1.0, "
-                f"warm-up {warmup} steps, cosine on wall time to 10 %", "precision": "bf16 autocast" if amp else "fp32",
+                f"warm-up {sz.warmup_steps} steps, cosine on wall time to 10 %", "precision": "bf16 autocast" if amp else "fp32",
                 "experts_implementation": impl, "experts_implementation_timing": impl_timing,
-                "loss_history": hist[:: max(1, len(hist) // 40)],
+                "loss_history": trained.history[:: max(1, len(trained.history) // 40)],
             },
-            "loss": {"train_before": round(loss0_train, 4), "train_after": round(loss1_train, 4),
-                     "heldout_before": round(loss0_held, 4), "heldout_after": round(loss1_held, 4),
-                     "eval": f"{eval_windows} windows of {seq + 1} tokens each (held-out: spread evenly over the held-out documents)",
+            "loss": {"train_before": round(losses.train_before, 4), "train_after": round(losses.train_after, 4),
+                     "heldout_before": round(losses.heldout_before, 4), "heldout_after": round(losses.heldout_after, 4),
+                     "eval": f"{sz.eval_windows} windows of {seq + 1} tokens each (held-out: spread evenly over the held-out documents)",
                      "unit": "nats per token"},
             "text": {"sources": data_meta["sources"], "split": data_meta["split"], "tokenizer": data_meta["tokenizer"],
                      "train_tokens_available": data_meta["train_tokens"], "heldout_tokens_available": data_meta["heldout_tokens"],
                      "data_sha256": data_meta["sha256"], "prepare_command": data_meta["command"]},
-            "recording": {"predictor_train_tokens": pred_train_tokens, "predictor_train_windows": f"{n_tr} random training windows of {seq}",
-                          "heldout_windows": f"{n_he} windows of {seq} spread evenly over the held-out documents",
-                          "precision": "fp32 forward (TF32 off)", "hidden_state_storage": str(hdt).replace("torch.", ""),
+            "recording": {"predictor_train_tokens": sz.pred_train_tokens,
+                          "predictor_train_windows": f"{rec.train_windows} random training windows of {seq}",
+                          "heldout_windows": f"{rec.heldout_windows} windows of {seq} spread evenly over the held-out documents",
+                          "precision": "fp32 forward (TF32 off)", "hidden_state_storage": str(rec.hidden_dtype).replace("torch.", ""),
                           "train_expert_counts": "routed-expert counts over the predictor training split"},
             "seed": a.seed,
             "command": cmd,
             "software": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         },
-        "predictor_metrics": pmetrics,
-        "quality": quality,
+        "predictor_metrics": rec.predictor_metrics,
+        "quality": rec.quality,
     }
-    path = out_dir / f"{name}.npz"
-    meta["provenance"]["metrics_tokens"] = int(rec_te.num_tokens)
-    save_trimmed(path, arrays, meta, seq, log)
-    trace = tformat.load(path)
-    (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    log(f"wrote {path} ({path.stat().st_size / (1 << 20):.2f} MiB): {trace.provenance_line()}")
-    log(f"total {time.perf_counter() - t_start:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
