@@ -130,3 +130,25 @@ def test_the_checker_sees_an_import_inside_a_function(tmp_path):
     src.write_text("def f():\n    from chipsim.analysis import sweep\n    import chipsim.runner\n")
     known = {"chipsim.analysis", "chipsim.analysis.sweep", "chipsim.runner"}
     assert imports_of(str(src), "chipsim.analysis.m", known) == {"chipsim.analysis.sweep", "chipsim.runner"}
+
+
+MAX_FUNCTION_LINES = 80  # a function that fits on a screen (CONTRIBUTING.md)
+
+
+def test_no_function_is_longer_than_a_screen():
+    """Every function and method of the package, its decorators excluded, is at most MAX_FUNCTION_LINES long."""
+    long = []
+    for module, path in sorted(modules().items()):
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+    assert not long, "\n".join(long)
+
+
+def test_the_length_check_counts_a_function_from_def_to_its_last_line(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    node = ast.parse(f"def f():\n{body}").body[0]
+    assert node.end_lineno - node.lineno + 1 == MAX_FUNCTION_LINES + 1  # the def line and 80 statements: too long
