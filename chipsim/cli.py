@@ -44,7 +44,8 @@ def _cmd_run(args) -> int:
 
         runs, profiled = [], ([], [], [])
         for policy in prep.policies:
-            result, wall, parts = profile_run(lambda policy=policy: simulate(prep, policy))
+            result, wall, parts = profile_run(lambda observers, policy=policy: simulate(prep, policy,
+                                                                                       observers=observers))
             runs.append((summarize_result(prep, result, policy), None))
             for store, value in zip(profiled, (policy.label, wall, parts)):
                 store.append(value)

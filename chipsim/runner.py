@@ -13,6 +13,7 @@ import sys
 from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from chipsim import __version__
 from chipsim._compiled import RECORD
@@ -23,8 +24,9 @@ from chipsim.hw.paths import components, fetch_path_timing, memory_timing, packa
 from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
-from chipsim.sim.engine import Simulation
 from chipsim.sim.core import core_for
+from chipsim.sim.engine import Simulation
+from chipsim.sim.observe import Observer
 from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
@@ -205,16 +207,35 @@ TOKEN_BAR_MIN = 4096
 
 
 def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record_tokens: int = 0,
-             progress: bool = False) -> SimResult:
-    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
-                     record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine))
-    if not (progress and sim.num_tokens >= TOKEN_BAR_MIN and sys.stderr.isatty()):
+             progress: bool = False, observers: Sequence[Observer] = ()) -> SimResult:
+    """Run `policy` on the prepared config and trace; `observers` watch the engine (chipsim.sim.observe), and with
+    `progress` a long run on a terminal shows a per-token bar."""
+    max_tokens = prep.config.hw.workload.max_tokens
+    tokens = prep.trace.num_tokens if not max_tokens else min(max_tokens, prep.trace.num_tokens)
+    bar = _TokenBar(tokens, policy.label) if progress and tokens >= TOKEN_BAR_MIN and sys.stderr.isatty() else None
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=max_tokens,
+                     record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
+                     observers=list(observers) + ([bar] if bar is not None else []))
+    try:
         return sim.run()
-    from tqdm import tqdm
+    finally:
+        if bar is not None:
+            bar.close()
 
-    with tqdm(total=sim.num_tokens, desc=policy.label, unit="token", file=sys.stderr, leave=False) as bar:
-        sim.on_token = lambda t: bar.update(1)
-        return sim.run()
+
+class _TokenBar(Observer):
+    """A per-token progress bar (tqdm, on stderr) for one long run."""
+
+    def __init__(self, tokens: int, label: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=tokens, desc=label, unit="token", file=sys.stderr, leave=False)
+
+    def token_end(self, t: int, start: int, end: int) -> None:
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:

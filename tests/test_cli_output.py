@@ -97,9 +97,9 @@ def test_every_bundled_hwconfig_runs(capsys):
 
 
 def test_run_profile_prints_where_the_time_goes_and_leaves_the_results_as_they_are(capsys):
-    """--profile: the same JSON rows as a plain run, and per policy its SimPy events, transfers, DMA submissions
-    and hook calls (one on_layer_start, on_route and on_layer_end per layer and token, one on_token_start per
-    token, one on_run_start) with the seconds of each part."""
+    """--profile: the same JSON rows as a plain run, and per policy its SimPy events, flows, fetches, op groups,
+    stalls and hook calls (one on_layer_start, on_route and on_layer_end per layer and token, one on_token_start per
+    token, one on_run_start) with the seconds of each part; no-prefetch fetches every routed expert (8 per layer)."""
     import json
     from pathlib import Path
 
@@ -117,11 +117,13 @@ def test_run_profile_prints_where_the_time_goes_and_leaves_the_results_as_they_a
     header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
     rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 4]}
     assert set(rows) == {"no-prefetch", "apex"}
-    for cells in rows.values():
-        events, transfers, submits, hooks = (int(c.replace(",", "")) for c in cells[2:6])
-        assert events > transfers > 0 and submits > 0
+    for name, cells in rows.items():
+        events, transfers, fetches, op_groups, stalls, hooks = (int(c.replace(",", "")) for c in cells[2:8])
+        assert events > transfers > 0 and fetches > 0 and stalls > 0
+        assert op_groups >= 4 * (2 * 32 + 1)  # per token at least each layer's attention and experts, and the head
         assert hooks == 4 * 32 * 3 + 4 + 1
-        assert float(cells[1]) >= sum(float(c) for c in cells[6:]) * 0.5
+        assert float(cells[1]) >= sum(float(c) for c in cells[8:]) * 0.5
+    assert int(rows["no-prefetch"][4].replace(",", "")) == 4 * 32 * 8  # every routed expert fetched on demand
     assert "slowest policy hook" in captured.err
     assert cli.main(base + ["--profile", "--timeline", str(Path(thor).parent / "never-written.json")]) == 2
     assert "--profile and --timeline" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Where a run's time goes (`chipsim run --profile`): each policy simulated once under cProfile, its Python time
-split by the part of the simulator it was spent in, with the counts that drive it (SimPy events, transfers on
-the flow network, DMA submissions, policy hook calls). A user whose policy is slow sees it in the `policy` column
+split by the part of the simulator it was spent in, with the counts that drive it: SimPy events and flows added to
+the network (cProfile's call counts), fetches issued, op groups run and stalls (an observer of the engine:
+chipsim.sim.observe), policy hook calls. A user whose policy is slow sees it in the `policy` column
 and in its slowest hooks. cProfile sees nothing inside the engine compiled by mypyc, so `chipsim run --profile`
 profiles it as Python (chipsim.cli). Profiling slows the run (2-4x); the results are the same.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import cProfile
 import pstats
 import time
+
+from chipsim.sim.observe import Observer
 
 # (column, the part of the simulator): by the file a function is defined in
 PARTS = (("simpy", "SimPy event loop"), ("flows", "flow network (bandwidth sharing)"), ("dma", "DMA queue"),
@@ -32,23 +35,42 @@ def _part(filename: str) -> str:
     return "other"
 
 
+class EngineCounts(Observer):
+    """What the engine did, as it publishes it: fetches issued, op groups run on the arrays, stalls."""
+
+    def __init__(self) -> None:
+        self.fetches = self.op_groups = self.stalls = 0
+
+    def issued(self, layer, expert, demand, transfer) -> None:
+        self.fetches += 1
+
+    def ops(self, kind, index, experts, start, end) -> None:
+        self.op_groups += 1
+
+    def stall(self, layer, start, end) -> None:
+        self.stalls += 1
+
+
 def profile_run(run):
-    """Call `run()` under cProfile: (its result, wall seconds, the profile's breakdown)."""
+    """Call `run(observers)` under cProfile, an EngineCounts among the observers: (its result, wall seconds, the
+    profile's breakdown)."""
+    engine = EngineCounts()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     try:
-        result = run()
+        result = run([engine])
     finally:
         prof.disable()
     wall = time.perf_counter() - t0
-    return result, wall, breakdown(pstats.Stats(prof))
+    return result, wall, breakdown(pstats.Stats(prof), engine)
 
 
-def breakdown(stats: pstats.Stats) -> dict:
+def breakdown(stats: pstats.Stats, engine: EngineCounts) -> dict:
     """Seconds of Python per part (own time of the functions defined there), and the counts."""
     seconds = {name: 0.0 for name, _ in PARTS}
-    counts = {"events": 0, "transfers": 0, "dma_submits": 0, "hook_calls": 0}
+    counts = {"events": 0, "transfers": 0, "fetches": engine.fetches, "op_groups": engine.op_groups,
+              "stalls": engine.stalls, "hook_calls": 0}
     hooks: dict[str, list] = {}
     for (filename, _line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
         part = _part(filename)
@@ -58,8 +80,6 @@ def breakdown(stats: pstats.Stats) -> dict:
             counts["events"] += ncalls
         elif part == "flows" and func == "add":
             counts["transfers"] += ncalls
-        elif part == "dma" and func == "submit":
-            counts["dma_submits"] += ncalls
         elif part == "policy" and func in HOOKS:
             # a hook overridden down a class chain (an override calling super()) is one call of the hook: its
             # outermost implementation's calls and cumulative time
@@ -71,12 +91,14 @@ def breakdown(stats: pstats.Stats) -> dict:
 
 
 def format_profile(labels: list[str], walls: list[float], parts: list[dict]) -> str:
-    head = ["policy", "wall s", "events", "transfers", "DMA submits", "hook calls"] + [f"{n} s" for n, _ in PARTS]
+    head = (["policy", "wall s", "events", "transfers", "fetches", "op groups", "stalls", "hook calls"]
+            + [f"{n} s" for n, _ in PARTS])
     rows = [head]
     for label, wall, b in zip(labels, walls, parts):
         c, s = b["counts"], b["seconds"]
-        rows.append([label, f"{wall:.2f}", f"{c['events']:,}", f"{c['transfers']:,}", f"{c['dma_submits']:,}",
-                     f"{c['hook_calls']:,}"] + [f"{s[n]:.2f}" for n, _ in PARTS])
+        rows.append([label, f"{wall:.2f}"] + [f"{c[k]:,}" for k in ("events", "transfers", "fetches", "op_groups",
+                                                                     "stalls", "hook_calls")]
+                    + [f"{s[n]:.2f}" for n, _ in PARTS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["profile: each policy once under cProfile, the engine run as Python (2-4x slower than a plain run of "
              "the compiled engine); seconds of Python by where it was spent: "

@@ -25,7 +25,7 @@ layer end) and the LM head; `_layer_costs` prices each layer's operations once p
 
 from __future__ import annotations
 
-from typing import Any, Callable, Final, Generator, Sequence
+from typing import Any, Final, Generator, Sequence
 
 import numpy as np
 
@@ -181,8 +181,6 @@ class Simulation:
         self._layer_stall = [0] * cells
         self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
-        # called with each token's index once it is decoded (a progress bar)
-        self.on_token: Callable[[int], None] | None = None
 
     def _watched_by(self, observers: Sequence[Observer], record_events: bool, record_tokens: int) -> None:
         """The observers of the run (chipsim.sim.observe), a TimelineRecorder among them with `record_events`."""
@@ -478,8 +476,6 @@ class Simulation:
             self._observer.token_end(t, token_start, self._now())
         self._tally.add_to(self.rec.ledger)
         self.rec.end_token(t, self._now() - token_start, stall)
-        if self.on_token is not None:
-            self.on_token(t)
 
     def _moe_layer(self, t: int, layer: int, cost: LayerCost) -> Generator[Any, Any, int]:
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
