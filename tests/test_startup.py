@@ -1,5 +1,6 @@
-"""What `chipsim run` loads before its first event: the modules a run does not need stay unimported, and the trace's
-checks that replaced sorting (rows of distinct ids) refuse what sorting refused. Speed itself is measured by
+"""What `chipsim run` loads before its first event: the modules a run does not need stay unimported, the trace's
+checks that replaced sorting (rows of distinct ids) refuse what sorting refused, and a trace read a second time comes
+from its checked, unpacked copy in the cache (a changed copy is noticed and rebuilt). Speed itself is measured by
 benchmarks/bench_startup.py, not here."""
 
 import json
@@ -10,9 +11,11 @@ import sys
 import numpy as np
 import pytest
 
+from chipsim import cli
 from chipsim.errors import InputError
 from chipsim.runner import prepare
 from chipsim.trace import format as tf
+from chipsim.trace import unpacked
 from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing
 
@@ -99,3 +102,98 @@ def test_distinct_rows_agree_with_sorting(monkeypatch, chunk):
             arr[tuple(int(rng.integers(0, s)) for s in arr.shape)] = int(rng.integers(0, n))
         ordered = np.sort(arr, axis=-1)
         assert tf._rows_distinct(arr, n) == (not (ordered[..., 1:] == ordered[..., :-1]).any())
+
+
+# ---------------------------------------------------------------------------------------------- the trace cache
+def _saved_trace(tmp_path, monkeypatch) -> str:
+    """A hand trace written to tmp_path, with this test's own cache folder and no trace loaded in the process."""
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tf, "_LOADED", type(tf._LOADED)())
+    arrays, meta = _arrays()
+    path = str(tmp_path / "hand.npz")
+    tf.save(path, arrays, meta)
+    return path
+
+
+def _cache_files(tmp_path) -> list[str]:
+    return sorted(os.listdir(tmp_path / "cache" / "trace"))
+
+
+def _fresh_load(path: str) -> tf.Trace:
+    tf._LOADED.clear()  # as a new process: not the Trace this process already holds
+    return tf.load(path)
+
+
+def _same(a: tf.Trace, b: tf.Trace) -> None:
+    assert (a.meta, a.sha256, sorted(a.arrays)) == (b.meta, b.sha256, sorted(b.arrays))
+    for name in a.arrays:
+        assert a.arrays[name].dtype == b.arrays[name].dtype and np.array_equal(a.arrays[name], b.arrays[name])
+        assert not b.arrays[name].flags.writeable
+
+
+def _root(array: np.ndarray):
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def test_a_second_load_reads_the_unpacked_copy(tmp_path, monkeypatch):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    assert len({id(_root(a)) for a in first.arrays.values()}) == len(first.arrays)  # unpacked one by one
+    key = unpacked.entry_key(first.sha256)
+    assert _cache_files(tmp_path) == [f"{key}.arrays", f"{key}.json"]
+    second = _fresh_load(path)
+    _same(first, second)
+    assert len({id(_root(a)) for a in second.arrays.values()}) == 1  # views of the one arrays file read
+
+
+def test_a_changed_array_in_the_cache_is_noticed_and_rebuilt(tmp_path, monkeypatch, capsys):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    arrays_file = tmp_path / "cache" / "trace" / f"{unpacked.entry_key(first.sha256)}.arrays"
+    good = arrays_file.read_bytes()
+    arrays_file.write_bytes(b"\x07" + good[1:])  # the first array (apex_rank) starts at byte 0
+    capsys.readouterr()
+    _same(first, _fresh_load(path))
+    assert capsys.readouterr().err == (f"chipsim: note: trace cache {arrays_file}: array apex_rank: checksum mismatch "
+                                       "(changed since it was written); recomputing\n")
+    assert arrays_file.read_bytes() == good  # stored again
+    _same(first, _fresh_load(path))
+
+
+def test_a_damaged_cache_entry_is_noticed_and_rebuilt(tmp_path, monkeypatch, capsys):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    entry = tmp_path / "cache" / "trace" / f"{unpacked.entry_key(first.sha256)}.json"
+    good = entry.read_text()
+    entry.write_text(good.replace('"order": "C"', '"order": "F"', 1))
+    capsys.readouterr()
+    _same(first, _fresh_load(path))
+    assert capsys.readouterr().err == (f"chipsim: note: trace cache {entry}: checksum mismatch (changed since it was "
+                                       "written); recomputing\n")
+    assert entry.read_text() == good
+
+
+def test_a_trace_that_fails_its_checks_is_not_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    arrays, meta = _arrays()
+    arrays["routed_ids"][0, 0, 0] = tf.NO_EXPERT
+    path = tmp_path / "bad.npz"
+    np.savez(path, meta=np.array(json.dumps(dict(meta, schema_version=1))), **arrays)
+    with pytest.raises(InputError, match="routed_ids must name an expert"):
+        tf.load(str(path))
+    assert not (tmp_path / "cache" / "trace").exists()
+
+
+def test_cache_info_and_clear_know_the_trace_cache(tmp_path, monkeypatch, capsys):
+    path = _saved_trace(tmp_path, monkeypatch)
+    tf.load(path)
+    folder = tmp_path / "cache" / "trace"
+    size = sum(os.lstat(folder / name).st_size for name in _cache_files(tmp_path))
+    capsys.readouterr()
+    assert cli.main(["cache", "info", "trace"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split() == ["trace", "1", str(size), "0", str(folder)]
+    assert cli.main(["cache", "clear", "trace"]) == 0
+    assert capsys.readouterr().out == f"removed 1 trace entry ({size} bytes) from {folder}\n"
+    assert _cache_files(tmp_path) == []

@@ -410,40 +410,64 @@ def _check_members(f, label: str) -> None:
 
 
 def _load(path: str) -> Trace:
+    """The trace at `path`, its arrays read-only: from the checked, unpacked copy of this file's bytes in the cache
+    (chipsim.trace.unpacked) where there is one, else unpacked and validated (and the copy stored)."""
+    from chipsim.trace import unpacked  # imports this module
+
     label = f"trace {path}"
-    digest = hashlib.sha256()
     with open_input(path, "trace", TRACE_MAX_BYTES) as f:
-        try:
-            read = 0
-            for block in iter(lambda: f.read(1 << 22), b""):  # hashed in blocks: never held whole beside its arrays
-                read += len(block)
-                if read > TRACE_MAX_BYTES:
-                    raise InputError(f"{label}: grew past {TRACE_MAX_BYTES / GIB:g} GiB while it was read")
-                digest.update(block)
-        except OSError as exc:
-            raise InputError(f"{label}: cannot read ({exc.strerror})") from None
-        try:
-            f.seek(0)
-            _check_members(f, label)
-            f.seek(0)
-            with np.load(f, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except InputError:
-            raise
-        except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
-            raise InputError(f"{label}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
-    if "meta" not in arrays:
-        raise InputError(f"trace {path}: has no meta record")
-    meta_array = arrays.pop("meta")
+        sha256 = _file_sha256(f, label)
+        cached = unpacked.read(sha256)
+        arrays, meta_text = cached if cached is not None else _unpack(f, label)
+    meta = _parse_meta(meta_text, path)
+    if cached is None:
+        validate(arrays, meta, where=label)
+        for array in arrays.values():
+            array.flags.writeable = False
+        unpacked.write(sha256, arrays, meta_text)
+    return Trace(arrays=arrays, meta=meta, path=path, sha256=sha256)
+
+
+def _file_sha256(f, label: str) -> str:
+    """sha256 of the open file's bytes, hashed in blocks: never held whole beside its arrays."""
+    digest = hashlib.sha256()
     try:
-        if meta_array.size != 1 or meta_array.dtype.kind != "U":
-            raise ValueError("meta is not one string")
-        meta = json.loads(str(meta_array.reshape(-1)[0]))
+        read = 0
+        for block in iter(lambda: f.read(1 << 22), b""):
+            read += len(block)
+            if read > TRACE_MAX_BYTES:
+                raise InputError(f"{label}: grew past {TRACE_MAX_BYTES / GIB:g} GiB while it was read")
+            digest.update(block)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    return digest.hexdigest()
+
+
+def _unpack(f, label: str) -> tuple[dict[str, np.ndarray], str]:
+    """The arrays of the open .npz and its meta record's text (checked to be one string)."""
+    try:
+        f.seek(0)
+        _check_members(f, label)
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except InputError:
+        raise
+    except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
+        raise InputError(f"{label}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
+    if "meta" not in arrays:
+        raise InputError(f"{label}: has no meta record")
+    meta_array = arrays.pop("meta")
+    if meta_array.size != 1 or meta_array.dtype.kind != "U":
+        raise InputError(f"{label}: meta record is not valid JSON")
+    return arrays, str(meta_array.reshape(-1)[0])
+
+
+def _parse_meta(meta_text: str, path: str) -> dict:
+    try:
+        meta = json.loads(meta_text)
     except (json.JSONDecodeError, ValueError):
         raise InputError(f"trace {path}: meta record is not valid JSON") from None
     if not isinstance(meta, dict):
         raise InputError(f"trace {path}: meta record must be a JSON object")
-    validate(arrays, meta, where=f"trace {path}")
-    for array in arrays.values():
-        array.flags.writeable = False
-    return Trace(arrays=arrays, meta=meta, path=path, sha256=digest.hexdigest())
+    return meta
