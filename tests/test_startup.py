@@ -1,8 +1,10 @@
 """What `chipsim run` loads before its first event: the modules a run does not need stay unimported, the trace's
-checks that replaced sorting (rows of distinct ids) refuse what sorting refused, and a trace read a second time comes
-from its checked, unpacked copy in the cache (a changed copy is noticed and rebuilt). Speed itself is measured by
+checks that replaced sorting (rows of distinct ids) refuse what sorting refused, a trace read a second time comes
+from its checked, unpacked copy in the cache (a changed copy is noticed and rebuilt), and YAML read by libyaml's
+parser gives what PyYAML's Python parser gives, data and refusals alike. Speed itself is measured by
 benchmarks/bench_startup.py, not here."""
 
+import glob
 import json
 import os
 import subprocess
@@ -10,8 +12,9 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
-from chipsim import cli
+from chipsim import cli, values
 from chipsim.errors import InputError
 from chipsim.runner import prepare
 from chipsim.trace import format as tf
@@ -197,3 +200,53 @@ def test_cache_info_and_clear_know_the_trace_cache(tmp_path, monkeypatch, capsys
     assert cli.main(["cache", "clear", "trace"]) == 0
     assert capsys.readouterr().out == f"removed 1 trace entry ({size} bytes) from {folder}\n"
     assert _cache_files(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------- YAML through libyaml
+SHIPPED_YAML = sorted(glob.glob(os.path.join(ROOT, "hwconfigs", "*.yaml")) + glob.glob(os.path.join(ROOT, "experiments",
+                                                                                     "*.yaml"))
+                      + glob.glob(os.path.join(ROOT, "chipsim", "dram", "standards", "*.yaml")))
+needs_libyaml = pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
+
+
+@needs_libyaml
+@pytest.mark.parametrize("path", SHIPPED_YAML, ids=os.path.basename)
+def test_libyaml_and_the_python_parser_read_every_shipped_file_alike(path):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    python = values._parse_with(values._Loader, text)
+    assert repr(values._parse_with(values._FastLoader, text)) == repr(python)  # types too: 1, 1.0 and True differ
+    assert repr(values.yaml_load(text)) == repr(python)
+
+
+def test_thor_and_its_memories_are_read_by_libyaml():
+    for path in (THOR, *glob.glob(os.path.join(ROOT, "chipsim", "dram", "standards", "*.yaml"))):
+        with open(path, encoding="utf-8") as f:
+            assert values._fast_ok(f.read()), path
+    assert values._LOADERS[0].__name__ == ("_FastLoader" if yaml.__with_libyaml__ else "_Loader")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("a: [1,\t2]\n", "found character '\\t' that cannot start any token"),  # libyaml would read [1, 2]
+    ("a: [0.2?, 1]\n", "expected ',' or ']', but got '?'"),  # libyaml: ['0.2?', 1]
+    ("a: |#x\n", "expected chomping or indentation indicators, but found '#'"),  # libyaml: ''
+])
+def test_what_pyyaml_refuses_stays_refused_with_its_words(text, problem):
+    with pytest.raises(yaml.YAMLError) as caught:
+        values.yaml_load(text)
+    assert caught.value.problem == problem
+
+
+def test_an_empty_tagged_node_reads_as_before():
+    assert values.yaml_load("a: !\nb: 1\n") == {"a": None, "b": 1}  # libyaml alone reads a: ''
+
+
+@pytest.mark.parametrize("text, problem, line", [
+    ("a: 1\nb: 2\na: 3\n", "duplicate key 'a' (first at line 1)", 3),
+    ("x: " + "[" * 70 + "]" * 70 + "\n", "nested deeper than 64 levels", 1),
+    ("a: 1\n  b: 2\n", "mapping values are not allowed here", 2),
+])
+def test_chipsims_yaml_checks_and_pyyaml_messages_are_unchanged(text, problem, line):
+    with pytest.raises(yaml.YAMLError) as caught:
+        values.yaml_load(text)
+    assert (caught.value.problem, caught.value.problem_mark.line + 1) == (problem, line)
