@@ -81,9 +81,9 @@ def read_bytes(path: str, max_bytes: int) -> bytes | None:
             raise BadEntry(f"is {file_kind(st.st_mode)}")
         if st.st_size > max_bytes:
             raise BadEntry(f"{st.st_size} bytes, more than any entry ({max_bytes})")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise BadEntry(f"more than {max_bytes} bytes")
+        data = f.read(st.st_size + 1)  # what the file holds, never a buffer of max_bytes
+    if len(data) != st.st_size:
+        raise BadEntry("changed while it was read")
     return data
 
 

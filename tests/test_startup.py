@@ -6,6 +6,7 @@ benchmarks/bench_startup.py, not here."""
 
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from chipsim import cli, values
+from chipsim import cache, cli, values
 from chipsim.errors import InputError
 from chipsim.runner import prepare
 from chipsim.trace import format as tf
@@ -250,3 +251,22 @@ def test_chipsims_yaml_checks_and_pyyaml_messages_are_unchanged(text, problem, l
     with pytest.raises(yaml.YAMLError) as caught:
         values.yaml_load(text)
     assert (caught.value.problem, caught.value.problem_mark.line + 1) == (problem, line)
+
+
+def test_an_entry_that_claims_more_bytes_than_its_file_holds_is_noticed(tmp_path, monkeypatch, capsys):
+    """A well-formed entry (its checksum recomputed) promising 1,000 times the last array: one note, and the trace
+    is unpacked again."""
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    key = unpacked.entry_key(first.sha256)
+    entry = str(tmp_path / "cache" / "trace" / f"{key}.json")
+    payload = cache.inspect(entry, "trace", key, unpacked.check_entry)
+    last = payload["arrays"][-1]
+    last["shape"][0] *= 1000
+    payload["bytes"] = last["offset"] + math.prod(last["shape"]) * np.dtype(last["dtype"]).itemsize
+    cache.write(entry, "trace", key, payload)
+    capsys.readouterr()
+    _same(first, _fresh_load(path))
+    arrays_file = tmp_path / "cache" / "trace" / f"{key}.arrays"
+    assert capsys.readouterr().err == (f"chipsim: note: trace cache {arrays_file}: {arrays_file.stat().st_size} bytes, "
+                                       f"expected {payload['bytes']}; recomputing\n")

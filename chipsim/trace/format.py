@@ -41,6 +41,7 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.files import GIB, TRACE_MAX_BYTES, open_input, write_atomic
+from chipsim.trace import unpacked
 
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
@@ -383,7 +384,7 @@ def load(path: str | os.PathLike) -> Trace:
 
 # The arrays of a trace unpack to about 1.6x its file (real-granite-3b.npz: 13.9 MB -> 22 MB; a 32k-token trace
 # ~0.3 GB); beyond this the declared sizes are a zip bomb or a foreign archive, refused before anything unpacks.
-TRACE_MAX_UNPACKED_BYTES = 8 * GIB
+TRACE_MAX_UNPACKED_BYTES = unpacked.MAX_BYTES  # 8 GiB; its cached copies are bound by the same
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -412,8 +413,6 @@ def _check_members(f, label: str) -> None:
 def _load(path: str) -> Trace:
     """The trace at `path`, its arrays read-only: from the checked, unpacked copy of this file's bytes in the cache
     (chipsim.trace.unpacked) where there is one, else unpacked and validated (and the copy stored)."""
-    from chipsim.trace import unpacked  # imports this module
-
     label = f"trace {path}"
     with open_input(path, "trace", TRACE_MAX_BYTES) as f:
         sha256 = _file_sha256(f, label)

@@ -28,10 +28,10 @@ import numpy as np
 
 from chipsim import cache
 from chipsim.errors import InputError
-from chipsim.files import cache_dir, write_atomic
-from chipsim.trace.format import TRACE_MAX_UNPACKED_BYTES
+from chipsim.files import GIB, cache_dir, write_atomic
 
 KIND = "trace"
+MAX_BYTES = 8 * GIB  # the most a trace's arrays may unpack to (trace.format's TRACE_MAX_UNPACKED_BYTES)
 ALIGN = 64  # each array starts at a multiple of this: aligned for every dtype
 _DTYPE = re.compile(r"^[<>|][biuf][1248]$")  # numeric, as validate() requires of every array
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -77,7 +77,7 @@ def check_entry(payload) -> None:
         if not isinstance(spec["shape"], list) or len(spec["shape"]) > 8:
             raise cache.BadEntry(f"{where}.shape: not a list of at most 8 sizes")
         for size in spec["shape"]:
-            cache.number(size, f"{where}.shape", low=0, high=TRACE_MAX_UNPACKED_BYTES, integer=True)
+            cache.number(size, f"{where}.shape", low=0, high=MAX_BYTES, integer=True)
         if spec["order"] not in ("C", "F"):
             raise cache.BadEntry(f"{where}.order: not C or F")
         if spec["offset"] != _aligned(end):
@@ -85,8 +85,8 @@ def check_entry(payload) -> None:
         if not isinstance(spec["sha256"], str) or not _SHA256.match(spec["sha256"]):
             raise cache.BadEntry(f"{where}.sha256: not a sha256")
         end = spec["offset"] + math.prod(spec["shape"]) * np.dtype(spec["dtype"]).itemsize
-        if end > TRACE_MAX_UNPACKED_BYTES:
-            raise cache.BadEntry(f"{where}: ends past {TRACE_MAX_UNPACKED_BYTES} bytes")
+        if end > MAX_BYTES:
+            raise cache.BadEntry(f"{where}: ends past {MAX_BYTES} bytes")
     if payload["bytes"] != end:
         raise cache.BadEntry(f"bytes: {str(payload['bytes'])[:40]!r}, the arrays end at {end}")
 
