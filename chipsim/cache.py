@@ -1,5 +1,5 @@
 """Cache entries that are checked, never trusted: the one reader and writer of every computed-once file (DRAM
-calibrations, the cycle-level operation tables, a sweep's results).
+calibrations, the cycle-level operation tables, unpacked traces, a sweep's results).
 
 An entry is one JSON file `<key>.json`:
 
@@ -33,7 +33,9 @@ FORMAT = "chipsim-cache-1"
 MAX_ENTRY_BYTES = 64 << 20  # far above any real entry (a compute table of thousands of shapes is < 1 MB)
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")  # what chipsim writes; anything else in a cache folder is not its
 # an interrupted write's temporary file: write_atomic's (.<name>.<random>.tmp), the old calibrate's (<name>.<pid>.tmp)
-TEMP_NAME = re.compile(r"^(\.[0-9a-f]{64}\.json\..+\.tmp|[0-9a-f]{64}\.json\.\d+\.tmp)$")
+TEMP_NAME = re.compile(r"^(\.[0-9a-f]{64}\.(json|arrays)\..+\.tmp|[0-9a-f]{64}\.json\.\d+\.tmp)$")
+# an entry's data beside it (the trace cache's unpacked arrays: chipsim.trace.unpacked), checked when it is read
+DATA_NAME = re.compile(r"^[0-9a-f]{64}\.arrays$")
 
 Check = Callable[[Any], None]  # raises BadEntry(why) when a payload is not usable
 
@@ -58,8 +60,8 @@ def entry_path(folder: str, key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def _read_text(path: str) -> str | None:
-    """The entry's text; None when there is none. Never opens anything but a regular file of bounded size."""
+def read_bytes(path: str, max_bytes: int) -> bytes | None:
+    """The file's bytes; None when there is none. Never opens anything but a regular file of at most `max_bytes`."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -77,11 +79,19 @@ def _read_text(path: str) -> str | None:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise BadEntry(f"is {file_kind(st.st_mode)}")
-        if st.st_size > MAX_ENTRY_BYTES:
-            raise BadEntry(f"{st.st_size} bytes, more than any entry ({MAX_ENTRY_BYTES})")
-        data = f.read(MAX_ENTRY_BYTES + 1)
-    if len(data) > MAX_ENTRY_BYTES:
-        raise BadEntry(f"more than {MAX_ENTRY_BYTES} bytes")
+        if st.st_size > max_bytes:
+            raise BadEntry(f"{st.st_size} bytes, more than any entry ({max_bytes})")
+        data = f.read(st.st_size + 1)  # what the file holds, never a buffer of max_bytes
+    if len(data) != st.st_size:
+        raise BadEntry("changed while it was read")
+    return data
+
+
+def _read_text(path: str) -> str | None:
+    """The entry's text; None when there is none."""
+    data = read_bytes(path, MAX_ENTRY_BYTES)
+    if data is None:
+        return None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -146,7 +156,7 @@ def entry_text(kind: str, key: str, payload) -> str:
     return json.dumps(entry, sort_keys=True, indent=1, allow_nan=False) + "\n"
 
 
-def _clear_bad(path: str) -> bool:
+def clear_place(path: str) -> bool:
     """Make room for a new entry: a file, link, FIFO or device in its place is removed (a link, not what it points
     to). False when the place cannot be used (a folder there, or nothing can be removed)."""
     try:
@@ -173,7 +183,7 @@ def write(path: str, kind: str, key: str, payload) -> None:
         text = entry_text(kind, key, payload)
     except ValueError:  # NaN or infinity: not a value to keep
         return
-    if not _clear_bad(path):
+    if not clear_place(path):
         return
     with contextlib.suppress(OSError, InputError):
         write_atomic(path, text)
@@ -186,7 +196,7 @@ def entries(folder: str) -> list[str]:
         names = os.listdir(folder)
     except OSError:
         return []
-    return sorted(n for n in names if ENTRY_NAME.match(n) or TEMP_NAME.match(n))
+    return sorted(n for n in names if ENTRY_NAME.match(n) or TEMP_NAME.match(n) or DATA_NAME.match(n))
 
 
 def survey(folder: str, kind: str, check: Check) -> dict:
@@ -199,6 +209,8 @@ def survey(folder: str, kind: str, check: Check) -> dict:
             out["bytes"] += os.lstat(path).st_size
         except OSError:
             continue
+        if DATA_NAME.match(name):
+            continue  # part of the entry of its name (checked when that entry is used)
         out["entries"] += 1
         if not ENTRY_NAME.match(name):
             out["failing"] += 1
@@ -213,7 +225,8 @@ def survey(folder: str, kind: str, check: Check) -> dict:
 
 
 def clear(folder: str) -> tuple[int, int]:
-    """Remove chipsim's entries from `folder` (never a folder, nor a file it did not name): (files, bytes)."""
+    """Remove chipsim's entries from `folder` (never a folder, nor a file it did not name): (entries, bytes), an
+    entry's data file (DATA_NAME) counted with its entry."""
     files = size = 0
     for name in entries(folder):
         path = os.path.join(folder, name)
@@ -224,7 +237,7 @@ def clear(folder: str) -> tuple[int, int]:
             os.unlink(path)
         except OSError:
             continue
-        files += 1
+        files += 0 if DATA_NAME.match(name) else 1
         size += st.st_size
     return files, size
 

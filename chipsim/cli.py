@@ -330,7 +330,7 @@ def _cmd_dram(args) -> int:
     return 0
 
 
-CACHE_KINDS = ("dram", "compute", "sweep")
+CACHE_KINDS = ("dram", "compute", "trace", "sweep")
 
 
 def _cache_folders(args) -> dict[str, str]:
@@ -345,7 +345,7 @@ def _cache_folders(args) -> dict[str, str]:
     if "sweep" in args.kinds and args.sweep is None:
         raise InputError(f"chipsim cache {args.action} sweep: needs --sweep DIR (a sweep's or reproduce's --out)")
     kinds = args.kinds or [k for k in CACHE_KINDS if k != "sweep" or args.sweep is not None]
-    folders = {"dram": cache_dir("dram"), "compute": cache_dir("compute"),
+    folders = {"dram": cache_dir("dram"), "compute": cache_dir("compute"), "trace": cache_dir("trace"),
                "sweep": os.path.join(args.sweep or "", "cache")}
     return {kind: folders[kind] for kind in CACHE_KINDS if kind in kinds}
 
@@ -357,6 +357,7 @@ def _cmd_cache(args) -> int:
     from chipsim.tilesim.op_cache import check_table
     from chipsim.dramsim.calibrate import check_calibration
     from chipsim.files import cache_dir
+    from chipsim.trace.unpacked import check_entry
 
     folders = _cache_folders(args)
     if args.action == "clear":
@@ -364,7 +365,7 @@ def _cmd_cache(args) -> int:
             files, size = cache.clear(folder)
             print(f"removed {files} {kind} entr{'y' if files == 1 else 'ies'} ({size} bytes) from {folder}")
         return 0
-    checks = {"dram": check_calibration, "compute": check_table, "sweep": check_row}
+    checks = {"dram": check_calibration, "compute": check_table, "trace": check_entry, "sweep": check_row}
     where = "$CHIPSIM_CACHE_DIR" if os.environ.get("CHIPSIM_CACHE_DIR") else "the default; $CHIPSIM_CACHE_DIR moves it"
     print(f"cache: {os.path.dirname(cache_dir('dram'))} ({where})")
     print(f"{'kind':8} {'entries':>7} {'bytes':>10} {'failing':>7}  folder")
@@ -384,7 +385,7 @@ def _add_cache_parser(sub) -> None:
                                              "empty them (clear)")
     cache_cmd.add_argument("action", choices=("info", "clear"))
     cache_cmd.add_argument("kinds", nargs="*", metavar="KIND",
-                           help="dram, compute (in $CHIPSIM_CACHE_DIR), sweep (needs --sweep); default: all")
+                           help="dram, compute, trace (in $CHIPSIM_CACHE_DIR), sweep (needs --sweep); default: all")
     cache_cmd.add_argument("--sweep", metavar="DIR", help="also the results cache of this sweep's or reproduce's "
                                                           "--out (DIR/cache)")
     cache_cmd.set_defaults(func=_cmd_cache)

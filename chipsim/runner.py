@@ -10,7 +10,6 @@ import functools
 import hashlib
 import os
 import sys
-from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +20,6 @@ from chipsim.dramsim.standard import standard_file_sha256
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
-from chipsim.pool import worker_pool
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.core import core_for
@@ -269,7 +267,22 @@ def run_policies(prep: Prepared, jobs: int = 0) -> list[dict]:
     return [row for row, _ in run_policies_with_timelines(prep, jobs)]
 
 
+class _NoBar:
+    """A progress bar that shows nothing: a run with one policy, or not on a terminal, never imports tqdm."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
 def _progress(total: int, show: bool):
+    if not (show and total > 1 and sys.stderr.isatty()):
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, desc="run", unit="policy", file=sys.stderr,
@@ -292,6 +305,10 @@ def run_policies_with_timelines(prep: Prepared, jobs: int = 0, timeline_tokens: 
                 out.append(_run_one(prep, policy, timeline_tokens, progress))
                 bar.update(1)
         return out
+    from concurrent.futures import as_completed
+
+    from chipsim.pool import worker_pool  # multiprocessing's import only where there are workers
+
     _WORKER_PREP = prep  # inherited by forked workers: nothing is pickled but an index
     try:
         # longest first (policies moving each expert as several transfers cost the most), one at a time,

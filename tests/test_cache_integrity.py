@@ -353,7 +353,7 @@ def test_cache_info_and_clear_of_a_sweep(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, error", [
-    (["cache", "clear", "nope"], "chipsim cache clear: unknown kind 'nope' (expected dram, compute, sweep)"),
+    (["cache", "clear", "nope"], "chipsim cache clear: unknown kind 'nope' (expected dram, compute, trace, sweep)"),
     (["cache", "info", "sweep"], "chipsim cache info sweep: needs --sweep DIR (a sweep's or reproduce's --out)"),
     (["cache", "info", "--sweep", "/nonexistent"], "--sweep /nonexistent: not a directory (a sweep's or "
                                                    "reproduce's --out)"),

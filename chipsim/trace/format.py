@@ -41,6 +41,7 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.files import GIB, TRACE_MAX_BYTES, open_input, write_atomic
+from chipsim.trace import unpacked
 
 SCHEMA_VERSION = 1
 DRAFT_DEPTH = 8
@@ -88,7 +89,7 @@ class ArraySpec:
             if bad.any():
                 raise InputError(f"{where}: array {self.name} holds expert id {int(arr[bad][0])} out of range "
                                  f"0..{n - 1}")
-        if self.ids == "permutation" and not (np.sort(arr, axis=-1) == np.arange(n, dtype=arr.dtype)).all():
+        if self.ids == "permutation" and not (arr.shape[-1] == n and _rows_distinct(arr, n)):
             raise InputError(f"{where}: every row of {self.name} must be a permutation of 0..{n - 1}")
         if self.finite and not np.isfinite(arr).all():
             raise InputError(f"{where}: {self.name} holds a non-finite value")
@@ -101,6 +102,26 @@ class ArraySpec:
         problem = self.rule(arr) if self.rule else None
         if problem:
             raise InputError(f"{where}: {self.name} {problem}")
+
+
+DISTINCT_CHUNK = 1 << 20  # ids marked at a time by _rows_distinct (bounds its scratch memory)
+
+
+def _rows_distinct(arr: np.ndarray, n: int) -> bool:
+    """Whether every row (last axis) of an id array holds ids below n, none twice: each row's ids are marked in a
+    row of n flags, and the marks count every id once exactly when no row repeats one. Several times faster than
+    sorting the rows (a 2,560-token ranking of 40 experts: 7 ms against 57)."""
+    rows = arr.reshape(-1, arr.shape[-1])
+    if not (rows < n).all():
+        return False
+    per_chunk = max(1, DISTINCT_CHUNK // n)
+    for start in range(0, len(rows), per_chunk):
+        chunk = rows[start:start + per_chunk]
+        seen = np.zeros(len(chunk) * n, dtype=bool)
+        seen[(np.arange(len(chunk), dtype=np.intp)[:, None] * n + chunk).ravel()] = True
+        if np.count_nonzero(seen) != chunk.size:
+            return False
+    return True
 
 
 CORE_ARRAYS: dict[str, ArraySpec] = {s.name: s for s in (
@@ -253,8 +274,7 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
         spec.check(arrays[spec.name], dims, where)
     if (arrays["routed_ids"] == NO_EXPERT).any():
         raise InputError(f"{where}: routed_ids must name an expert for every token and layer")
-    routed_sorted = np.sort(arrays["routed_ids"], axis=-1)
-    if (routed_sorted[..., 1:] == routed_sorted[..., :-1]).any():
+    if not _rows_distinct(arrays["routed_ids"], dims["N"]):  # every id is below N (checked above)
         raise InputError(f"{where}: routed_ids repeats an expert within one token-layer")
     expected_layers = np.arange(int(model["first_dense_layers"]), int(model["num_layers"]), dtype=np.int16)
     if not (arrays["moe_layers"] == expected_layers).all():
@@ -364,7 +384,7 @@ def load(path: str | os.PathLike) -> Trace:
 
 # The arrays of a trace unpack to about 1.6x its file (real-granite-3b.npz: 13.9 MB -> 22 MB; a 32k-token trace
 # ~0.3 GB); beyond this the declared sizes are a zip bomb or a foreign archive, refused before anything unpacks.
-TRACE_MAX_UNPACKED_BYTES = 8 * GIB
+TRACE_MAX_UNPACKED_BYTES = unpacked.MAX_BYTES  # 8 GiB; its cached copies are bound by the same
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -391,40 +411,62 @@ def _check_members(f, label: str) -> None:
 
 
 def _load(path: str) -> Trace:
+    """The trace at `path`, its arrays read-only: from the checked, unpacked copy of this file's bytes in the cache
+    (chipsim.trace.unpacked) where there is one, else unpacked and validated (and the copy stored)."""
     label = f"trace {path}"
-    digest = hashlib.sha256()
     with open_input(path, "trace", TRACE_MAX_BYTES) as f:
-        try:
-            read = 0
-            for block in iter(lambda: f.read(1 << 22), b""):  # hashed in blocks: never held whole beside its arrays
-                read += len(block)
-                if read > TRACE_MAX_BYTES:
-                    raise InputError(f"{label}: grew past {TRACE_MAX_BYTES / GIB:g} GiB while it was read")
-                digest.update(block)
-        except OSError as exc:
-            raise InputError(f"{label}: cannot read ({exc.strerror})") from None
-        try:
-            f.seek(0)
-            _check_members(f, label)
-            f.seek(0)
-            with np.load(f, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except InputError:
-            raise
-        except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
-            raise InputError(f"{label}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
-    if "meta" not in arrays:
-        raise InputError(f"trace {path}: has no meta record")
-    meta_array = arrays.pop("meta")
+        sha256 = _file_sha256(f, label)
+        cached = unpacked.read(sha256)
+        arrays, meta_text = cached if cached is not None else _unpack(f, label)
+    meta = _parse_meta(meta_text, path)
+    if cached is None:
+        validate(arrays, meta, where=label)
+        for array in arrays.values():
+            array.flags.writeable = False
+        unpacked.write(sha256, arrays, meta_text)
+    return Trace(arrays=arrays, meta=meta, path=path, sha256=sha256)
+
+
+def _file_sha256(f, label: str) -> str:
+    """sha256 of the open file's bytes, hashed in blocks: never held whole beside its arrays."""
+    digest = hashlib.sha256()
     try:
-        if meta_array.size != 1 or meta_array.dtype.kind != "U":
-            raise ValueError("meta is not one string")
-        meta = json.loads(str(meta_array.reshape(-1)[0]))
+        read = 0
+        for block in iter(lambda: f.read(1 << 22), b""):
+            read += len(block)
+            if read > TRACE_MAX_BYTES:
+                raise InputError(f"{label}: grew past {TRACE_MAX_BYTES / GIB:g} GiB while it was read")
+            digest.update(block)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    return digest.hexdigest()
+
+
+def _unpack(f, label: str) -> tuple[dict[str, np.ndarray], str]:
+    """The arrays of the open .npz and its meta record's text (checked to be one string)."""
+    try:
+        f.seek(0)
+        _check_members(f, label)
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except InputError:
+        raise
+    except Exception as exc:  # zipfile, numpy and zlib raise many types for a truncated or foreign file
+        raise InputError(f"{label}: not a readable chipsim trace (truncated or not .npz: {type(exc).__name__})") from None
+    if "meta" not in arrays:
+        raise InputError(f"{label}: has no meta record")
+    meta_array = arrays.pop("meta")
+    if meta_array.size != 1 or meta_array.dtype.kind != "U":
+        raise InputError(f"{label}: meta record is not valid JSON")
+    return arrays, str(meta_array.reshape(-1)[0])
+
+
+def _parse_meta(meta_text: str, path: str) -> dict:
+    try:
+        meta = json.loads(meta_text)
     except (json.JSONDecodeError, ValueError):
         raise InputError(f"trace {path}: meta record is not valid JSON") from None
     if not isinstance(meta, dict):
         raise InputError(f"trace {path}: meta record must be a JSON object")
-    validate(arrays, meta, where=f"trace {path}")
-    for array in arrays.values():
-        array.flags.writeable = False
-    return Trace(arrays=arrays, meta=meta, path=path, sha256=digest.hexdigest())
+    return meta
