@@ -81,7 +81,7 @@ import chipsim.cli
 from chipsim import runner
 from chipsim.analysis import report  # what `chipsim run` imports (cli._cmd_run)
 from chipsim.hw import paths
-import chipsim.dram.calibrate as calibrate
+import chipsim.dramsim.calibrate as calibrate
 from chipsim.trace import format as trace_format
 leave()
 

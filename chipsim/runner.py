@@ -197,7 +197,8 @@ def _check_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy
     """Let a policy reject the config before anything runs: set it up on a throwaway copy (its on_run_start
     checks buffer sizes, HBM room for resident surrogates, ...)."""
     probe = copy.deepcopy(policy)
-    probe.on_run_start(Simulation(config.hw, workload, trace, probe, max_tokens=1).context)
+    probe.on_run_start(Simulation(config.hw, workload, trace, probe, max_tokens=1,
+                                  core=core_for(config.hw.run.engine)).context)
 
 
 # a run of at least this many tokens shows a per-token bar on a terminal (when policies run one after another)

@@ -15,7 +15,7 @@ import chipsim.sim
 from chipsim.errors import InputError
 from chipsim.policies.base import REGISTRY
 from chipsim.runner import prepare, simulate
-from chipsim.sim.core import SIMPY, fast_core, native_available
+from chipsim.sim.core import fast_core, native_available, simpy_core
 from chipsim.sim.engine import Simulation
 from conftest import native_core
 from chipsim.sim.energy import EnergyTable
@@ -72,7 +72,7 @@ def test_the_fast_engine_runs_on_the_c_event_core_where_it_was_built():
     assert fast_core().name == ("native" if native_available() else "simpy")
     if native_available():
         assert chipsim.sim.NATIVE and chipsim.sim.BUILD == "compiled (mypyc)"
-    assert SIMPY.name == "simpy" and SIMPY.operation is None
+    assert simpy_core().name == "simpy" and simpy_core().operation is None
 
 
 def test_the_recorded_timeline_is_the_same():

@@ -25,8 +25,8 @@ from helpers import hand_trace_arrays, random_routing
 
 # what a run of one policy never needs: plotting and tables (analysis), GPU replay and trace recording (torch),
 # the worker pool (one policy runs in the process) and the progress bar (not on a terminal)
-NOT_IMPORTED = ("pandas", "matplotlib", "scipy", "torch", "chipsim.hwreplay", "chipsim.trace.train",
-                "chipsim.trace.recorder", "chipsim.analysis.sweep", "chipsim.analysis.plots", "multiprocessing",
+NOT_IMPORTED = ("pandas", "matplotlib", "scipy", "torch", "chipsim.hwreplay", "chipsim.tracegen",
+                "chipsim.analysis.sweep", "chipsim.analysis.plots", "multiprocessing",
                 "concurrent.futures", "chipsim.pool", "tqdm")
 
 
@@ -55,6 +55,10 @@ def test_a_run_of_one_policy_imports_only_what_it_runs():
     modules = _imported("run", THOR, "--policy", "apex", "--set", "workload.max_tokens=4")
     assert {"numpy", "chipsim.runner", "chipsim.policies.apex"} <= modules  # the listing is read right
     assert sorted(m for m in modules if m.split(".")[0] in NOT_IMPORTED or m in NOT_IMPORTED) == []
+    from chipsim.sim.core import native_available
+
+    if native_available():  # `run.engine: fast` on the native core: SimPy is never loaded
+        assert "simpy" not in modules and "chipsim.sim.native" in modules
 
 
 def test_two_policies_on_two_workers_start_the_pool():

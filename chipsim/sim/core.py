@@ -14,8 +14,8 @@ An `EventCore` is a table of constructors, each taking the core's environment (i
                                    operand streams, run by the core; it fires with the time the operation took)
 
 Two cores exist:
-- `SIMPY`, the engine of record: SimPy's own Environment and events, chipsim.sim.flows and chipsim.sim.dma (compiled
-  by mypyc at install, run as Python otherwise);
+- SimPy's (`simpy_core()`), the engine of record: SimPy's own Environment and events, chipsim.sim.flows and
+  chipsim.sim.dma (compiled by mypyc at install, run as Python otherwise);
 - the native core (`native_core()`), chipsim.sim.native: the same events in the same order, in C (Cython), built at
   install where Cython and a C compiler were there. Every event it schedules sits where SimPy would schedule the
   reference's (same time, priority and sequence number), so the two give the same results to the picosecond;
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
-
-import simpy
 
 from chipsim.sim.dma import DmaPath
 from chipsim.sim.flows import FlowNetwork
@@ -54,11 +52,19 @@ class EventCore:
     operation: Callable[..., Any] | None = None
 
 
-# SimPy's own classes: `env.timeout(d)` is `simpy.Timeout(env, d)`, `env.event()` is `simpy.Event(env)` (SimPy binds
-# them to the environment), so the events and their order are the reference's own
-SIMPY = EventCore(name="simpy", environment=simpy.Environment, timeout=simpy.Timeout, event=simpy.Event,
-                  succeed=simpy.Event.succeed, process=simpy.Process, all_of=simpy.AllOf, resource=simpy.Resource,
-                  flow_network=FlowNetwork, dma_path=DmaPath)
+def simpy_core() -> EventCore:
+    """SimPy's own classes (imported on first use: a run on the native core never loads SimPy, ~20 ms of start-up):
+    `env.timeout(d)` is `simpy.Timeout(env, d)`, `env.event()` is `simpy.Event(env)` (SimPy binds them to the
+    environment), so the events and their order are the reference's own."""
+    if _SIMPY[0] is None:
+        import simpy
+        _SIMPY[0] = EventCore(name="simpy", environment=simpy.Environment, timeout=simpy.Timeout, event=simpy.Event,
+                              succeed=simpy.Event.succeed, process=simpy.Process, all_of=simpy.AllOf,
+                              resource=simpy.Resource, flow_network=FlowNetwork, dma_path=DmaPath)
+    return _SIMPY[0]
+
+
+_SIMPY: list[EventCore | None] = [None]
 
 
 def native_core() -> EventCore:
@@ -90,9 +96,9 @@ def native_available() -> bool:
 
 def fast_core() -> EventCore:
     """`run.engine: fast`'s core: the native one where it may run, else SimPy (the same results)."""
-    return native_core() if native_available() else SIMPY
+    return native_core() if native_available() else simpy_core()
 
 
 def core_for(engine: str) -> EventCore:
     """The core of a config's `run.engine` ("fast" or "reference", checked when the config is read)."""
-    return fast_core() if engine == "fast" else SIMPY
+    return fast_core() if engine == "fast" else simpy_core()

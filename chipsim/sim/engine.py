@@ -35,7 +35,7 @@ from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy, PolicyError
 from chipsim.sim.buffer import Entry, ExpertBuffer
 from chipsim.sim.context import PolicyContext
-from chipsim.sim.core import SIMPY, EventCore
+from chipsim.sim.core import EventCore, simpy_core
 from chipsim.sim.demands import DemandQueue
 from chipsim.sim.dma import DEMAND, PREFETCH
 from chipsim.sim.flows import PPM, READ, WRITE, Path
@@ -60,7 +60,7 @@ class Simulation:
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
-                 core: EventCore = SIMPY, observers: Sequence[Observer] = ()) -> None:
+                 core: EventCore | None = None, observers: Sequence[Observer] = ()) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
         `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
         watch the run (chipsim.sim.observe)."""
@@ -75,7 +75,7 @@ class Simulation:
         self.num_experts = self.model.num_experts
         self.num_moe_layers = self.model.num_moe_layers
         self.num_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
-        self._on_core(core)
+        self._on_core(core if core is not None else simpy_core())
         self._fetch_path(hw)
         self._expert_format(policy, workload, hw)
         self._run_state(hw, workload, trace)
