@@ -59,7 +59,7 @@ def test_h200config_reports_a_bad_microbenchmark_in_one_line(tmp_path):
 
 def test_a_built_model_is_checked_against_its_shape():
     pytest.importorskip("transformers")
-    from chipsim.trace import train
+    from chipsim.tracegen import train
     from chipsim.workload.models import get_model
 
     model, _, _ = train.build_model("granite-3.1-1b-a400m", train.TINY_WIDTH, 97, 64, 0, "cpu")
@@ -72,7 +72,7 @@ def test_train_reports_a_shape_mismatch_in_one_line(tmp_path, monkeypatch, capsy
     """A model whose counts are not its shape's (here granite-1b's model built for --shape phi-mini-moe, as a bug
     in build_config would): main prints one line and exits 1 before it trains or writes anything."""
     pytest.importorskip("transformers")
-    from chipsim.trace import train
+    from chipsim.tracegen import train
 
     data = tmp_path / "data"
     data.mkdir()
