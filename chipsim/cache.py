@@ -55,6 +55,17 @@ def digest(payload) -> str:
     return hashlib.sha256(canonical(payload).encode()).hexdigest()
 
 
+def sources_sha256(module_file: str, names: tuple[str, ...]) -> str:
+    """sha256 of the source files `names` beside `module_file` (a module's __file__), read in that order: the code
+    part of a cache key, so that an entry made by other code is never read as this code's."""
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(module_file))
+    for name in names:
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
 def entry_path(folder: str, key: str) -> str:
     return os.path.join(folder, f"{key}.json")
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 from dataclasses import fields
 from dataclasses import asdict, dataclass, replace
@@ -107,12 +106,7 @@ def retimed_standard(cfg, key: str) -> Standard:
 
 
 def _code_hash() -> str:
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _CODE_FILES:
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
+    return cache.sources_sha256(__file__, _CODE_FILES)
 
 
 def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,

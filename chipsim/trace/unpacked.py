@@ -42,12 +42,7 @@ _ARRAY_FIELDS = ("name", "dtype", "shape", "order", "offset", "sha256")
 
 @functools.lru_cache(maxsize=1)
 def _code_sha256() -> str:
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _CODE_FILES:
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
+    return cache.sources_sha256(__file__, _CODE_FILES)
 
 
 def entry_key(trace_sha256: str) -> str:
