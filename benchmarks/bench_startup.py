@@ -19,6 +19,10 @@ before the timed ones fills them (calibration, operation tables), as every run a
 - imports: `-X importtime` of the command as a user types it, self time grouped by package (chipsim's modules
   by their subpackage), the largest first; -X importtime's own overhead inflates it.
 - whole process: `python -m chipsim.cli run CONFIG --policy ...` as a user types it, start to exit.
+- floor: a fresh process that only imports numpy and reads and hashes the two files a warm run must read and check
+  before its first event (the trace file, whose sha256 keys the trace cache and the provenance, and its checked,
+  unpacked copy in the cache): no run that reads its trace with numpy and never trusts a cache unchecked starts
+  sooner on this machine.
 """
 
 from __future__ import annotations
@@ -199,6 +203,38 @@ def import_groups(args) -> tuple[float, list[tuple[str, float]]]:
     return sum(groups.values()), sorted(groups.items(), key=lambda kv: -kv[1])
 
 
+FLOOR = r"""
+import time
+import hashlib, sys
+import numpy
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        hashlib.sha256(f.read()).hexdigest()
+print("FLOOR", time.monotonic())
+"""
+
+
+def trace_files(args) -> list[str]:
+    """The config's trace file and its copy in the trace cache (filled by the warm-up run)."""
+    sys.path.insert(0, args.root)
+    from chipsim.files import cache_dir
+    from chipsim.runner import prepare
+    from chipsim.trace import unpacked
+
+    prep = prepare(os.path.join(args.root, args.config), [], args.policy)
+    key = unpacked.entry_key(prep.trace.sha256)
+    copy = os.path.join(cache_dir(unpacked.KIND), f"{key}.arrays")
+    return [prep.trace.path, copy] if os.path.exists(copy) else [prep.trace.path]
+
+
+def floor(args, files: list[str]) -> float:
+    """Process start to numpy imported and `files` read and hashed (seconds)."""
+    t_start = time.monotonic()
+    child = subprocess.run([sys.executable, "-c", FLOOR, *files], capture_output=True, text=True, check=True,
+                           env=_env(args.root), cwd=args.root)
+    return float(child.stdout.split()[-1]) - t_start
+
+
 def _row(name: str, times: list[float]) -> str:
     return f"{name:40} {statistics.median(times):7.3f} {min(times):7.3f} {max(times):7.3f}"
 
@@ -216,6 +252,8 @@ def main() -> None:
     whole_process(args)  # fills the caches a first run computes
     runs = [measure_phases(args) for _ in range(args.repeats)]
     wall = [whole_process(args) for _ in range(args.repeats)]
+    files = trace_files(args)
+    floors = [floor(args, files) for _ in range(args.repeats)]
     print(f"`chipsim run {args.config} {' '.join('--policy ' + p for p in args.policy)}` in {args.root}, "
           f"{sys.executable}; median of {args.repeats} fresh processes (min, max), seconds; warm caches; "
           f"machine {describe()}")
@@ -224,6 +262,8 @@ def main() -> None:
         print(_row(PHASE_WORDS[name], [r[name] for r in runs]))
     print(_row("process start to the first event", [r["first_event"] for r in runs]))
     print(_row("whole process (start to exit)", wall))
+    sizes = " + ".join(f"{os.path.getsize(f) / 1e6:.0f} MB" for f in files)
+    print(_row(f"floor: numpy, read and hash {sizes}", floors))
     if args.imports:
         total, groups = import_groups(args)
         print(f"\nimports (-X importtime, self time by package, one run): {total:.3f} s in all")
