@@ -97,8 +97,8 @@ cdef inline bint _before(Entry* a, Entry* b) noexcept:
 
 
 cdef class Loop:
-    """chipsim.sim.wake.Loop in C: SimPy's queue of (time, priority, sequence number, event), each popped entry's
-    callbacks called (or its owner's tick), until none is left (`run()`) or until a time (`run(until)`)."""
+    """SimPy's Environment in C (simpy/core.py): its queue of (time, priority, sequence number, event), each popped
+    entry's callbacks called (or its owner's tick), until none is left (`run()`) or until a time (`run(until)`)."""
 
     cdef public long long now
     cdef Entry* heap
@@ -339,7 +339,8 @@ cdef class AllOf(Wake):
 
 
 cdef class Resource:
-    """`simpy.Resource(env, capacity)` as chipsim.sim.wake.Resource has it."""
+    """`simpy.Resource(env, capacity)` (simpy/resources/resource.py): requests granted in order, up to `capacity`
+    users."""
 
     cdef public Loop env
     cdef public Py_ssize_t capacity
