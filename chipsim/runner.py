@@ -209,10 +209,8 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
              progress: bool = False, observers: Sequence[Observer] = ()) -> SimResult:
     """Run `policy` on the prepared config and trace; `observers` watch the engine (chipsim.sim.observe), and with
     `progress` a long run on a terminal shows a per-token bar."""
-    max_tokens = prep.config.hw.workload.max_tokens
-    tokens = prep.trace.num_tokens if not max_tokens else min(max_tokens, prep.trace.num_tokens)
-    bar = _TokenBar(tokens, policy.label) if progress and tokens >= TOKEN_BAR_MIN and sys.stderr.isatty() else None
-    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=max_tokens,
+    bar = _TokenBar(policy.label) if progress and sys.stderr.isatty() else None
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
                      record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
                      observers=list(observers) + ([bar] if bar is not None else []))
     try:
@@ -223,18 +221,26 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
 
 
 class _TokenBar(Observer):
-    """A per-token progress bar (tqdm, on stderr) for one long run."""
+    """A per-token progress bar (tqdm, on stderr) for a run of at least TOKEN_BAR_MIN tokens; nothing for a shorter
+    one."""
 
-    def __init__(self, tokens: int, label: str) -> None:
-        from tqdm import tqdm
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar = None
 
-        self.bar = tqdm(total=tokens, desc=label, unit="token", file=sys.stderr, leave=False)
+    def attach(self, sim) -> None:
+        if sim.num_tokens >= TOKEN_BAR_MIN:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=sim.num_tokens, desc=self.label, unit="token", file=sys.stderr, leave=False)
 
     def token_end(self, t: int, start: int, end: int) -> None:
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:

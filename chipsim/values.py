@@ -50,7 +50,7 @@ class _Loader(_DepthLimit, yaml.SafeLoader):
     need a dot (`1.0e+9`), while YAML 1.2, JSON and every user write 1e9."""
 
 
-_LOADERS: tuple = (_Loader,)  # tried in order: a text the first refuses is parsed by the next
+_FAST_LOADER = None  # libyaml's parser with the same composer and checks, where PyYAML was built with it
 if yaml.__with_libyaml__:
     from yaml.composer import Composer
     from yaml.constructor import SafeConstructor
@@ -68,8 +68,10 @@ if yaml.__with_libyaml__:
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
-    _LOADERS = (_FastLoader, _Loader)
-for _loader in _LOADERS:
+    _FAST_LOADER = _FastLoader
+for _loader in (_Loader, _FAST_LOADER):
+    if _loader is None:
+        continue
     _loader.add_implicit_resolver("tag:yaml.org,2002:float",
                                   re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
                                   list("-+0123456789"))
@@ -117,9 +119,9 @@ _PARSED_MAX = 256
 def _parse(text: str):
     if len(text) > YAML_MAX_CHARS:
         raise YamlLimitError(f"{len(text)} characters, over the {YAML_MAX_CHARS} a YAML text may have")
-    for loader_class in _LOADERS[:-1] if _fast_ok(text) else ():
+    if _FAST_LOADER is not None and _fast_ok(text):
         try:
-            return _parse_with(loader_class, text)
+            return _parse_with(_FAST_LOADER, text)
         except Exception:  # noqa: BLE001 -- any refusal is worded by the Python parser below, as it always was
             pass
     return _parse_with(_Loader, text)

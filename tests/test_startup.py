@@ -210,7 +210,7 @@ def test_cache_info_and_clear_know_the_trace_cache(tmp_path, monkeypatch, capsys
 # ---------------------------------------------------------------------------------------------- YAML through libyaml
 SHIPPED_YAML = sorted(glob.glob(os.path.join(ROOT, "hwconfigs", "*.yaml")) + glob.glob(os.path.join(ROOT, "experiments",
                                                                                      "*.yaml"))
-                      + glob.glob(os.path.join(ROOT, "chipsim", "dram", "standards", "*.yaml")))
+                      + glob.glob(os.path.join(ROOT, "chipsim", "dramsim", "standards", "*.yaml")))
 needs_libyaml = pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
 
 
@@ -225,10 +225,10 @@ def test_libyaml_and_the_python_parser_read_every_shipped_file_alike(path):
 
 
 def test_thor_and_its_memories_are_read_by_libyaml():
-    for path in (THOR, *glob.glob(os.path.join(ROOT, "chipsim", "dram", "standards", "*.yaml"))):
+    for path in (THOR, *glob.glob(os.path.join(ROOT, "chipsim", "dramsim", "standards", "*.yaml"))):
         with open(path, encoding="utf-8") as f:
             assert values._fast_ok(f.read()), path
-    assert values._LOADERS[0].__name__ == ("_FastLoader" if yaml.__with_libyaml__ else "_Loader")
+    assert (values._FAST_LOADER is values._FastLoader) if yaml.__with_libyaml__ else values._FAST_LOADER is None
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -48,7 +48,7 @@ from chipsim.sim.dma import DmaRecorder
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
 from chipsim.sim.metrics import per_token_energy_pj
-from chipsim.sim.observe import Observer
+from chipsim.sim.observe import Observer, record_dma
 from chipsim.units import PS_PER_S
 
 
@@ -107,9 +107,7 @@ class PlanRecorder(Observer):
     def attach(self, sim) -> None:
         self._label = sim.policy.label
         if not fifo_copy_stream(sim.hw.dma):
-            if sim.dma.recorder is not None:
-                raise ValueError("the DMA queue is recorded by another observer already (one DMA recorder per run)")
-            self.spans = sim.dma.recorder = _SpanRecorder(sim.dma.engines)
+            self.spans = record_dma(sim, _SpanRecorder(sim.dma.engines))
 
     def token_start(self, t, now) -> None:
         self.t = t

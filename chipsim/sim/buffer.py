@@ -8,7 +8,7 @@ while its bytes are still moving is a "zombie": no longer in the buffer, its slo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 
 class Entry:
@@ -40,6 +40,7 @@ class ExpertBuffer:
 
     def __init__(self, layers: int, experts: int, slots: int) -> None:
         self.layers = layers
+        self.experts = experts
         self.slots = slots
         self.slot_of: list[Entry | None] = [None] * (layers * experts)
         self.held = 0  # entries in the buffer
@@ -72,6 +73,33 @@ class ExpertBuffer:
             entries.append(entry)
             entry = entry.next
         return entries
+
+    def least_recently_used(self, count: int, protected: list[tuple[int, Collection[int]]]) -> list[tuple[int, int]]:
+        """The `count` arrived experts used longest ago, in (last use, layer, expert) order, none of `protected`'s
+        (MoE layer, expert ids) pairs."""
+        experts = self.experts
+        # every arrived expert as one int, last_use * cells + index: sorted as plain ints in (last use, layer,
+        # expert) order; the protected are skipped as they come up, so only the first few are checked
+        cells = len(self.slot_of)
+        ranked: list[int] = []
+        entry = self.first
+        while entry is not None:
+            if entry.resident:
+                ranked.append(entry.last_use * cells + entry.index)
+            entry = entry.next
+        ranked.sort()
+        victims: list[tuple[int, int]] = []
+        for rank in ranked:
+            index = rank % cells
+            layer, expert = index // experts, index % experts
+            for protected_layer, protected_experts in protected:
+                if layer == protected_layer and expert in protected_experts:
+                    break
+            else:
+                victims.append((layer, expert))
+                if len(victims) == count:
+                    break
+        return victims
 
     def link(self, entry: Entry) -> None:
         """Into the buffer: found by its index, last in issue order."""

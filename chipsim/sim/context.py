@@ -186,30 +186,7 @@ class PolicyContext:
         """The `count` arrived experts used longest ago ((last use, key) order), none of `protect`'s."""
         if count <= 0:
             return []
-        protected = self._protected(count, protect)
-        n = self._experts
-        # every arrived expert as one int, last_use * cells + index: sorted as plain ints in (last use, layer,
-        # expert) order; the protected are skipped as they come up, so only the first few are checked
-        cells = self._layers * n
-        ranked: list[int] = []
-        entry = self._sim.buffer.first
-        while entry is not None:
-            if entry.resident:
-                ranked.append(entry.last_use * cells + entry.index)
-            entry = entry.next
-        ranked.sort()
-        victims: list[tuple[int, int]] = []
-        for rank in ranked:
-            index = rank % cells
-            layer, expert = index // n, index % n
-            for protected_layer, experts in protected:
-                if layer == protected_layer and expert in experts:
-                    break
-            else:
-                victims.append((layer, expert))
-                if len(victims) == count:
-                    break
-        return victims
+        return self._sim.buffer.least_recently_used(count, self._protected(count, protect))
 
     def free_slots(self) -> int:
         return self._sim.buffer.free_slots()
@@ -227,7 +204,6 @@ class PolicyContext:
         return (queued + 1) * self._host_timing.total_ps
 
     # ---- actions
-
     def prefetch(self, layer: Any, expert: Any) -> bool:
         """Stage an expert ahead of need. False if the buffer has no free slot (nothing is evicted)."""
         index = self._index("prefetch", layer, expert)

@@ -28,6 +28,7 @@ SimPy: a pure-Python install (no compiler) gives the same results, more slowly.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -52,33 +53,26 @@ class EventCore:
     operation: Callable[..., Any] | None = None
 
 
+@functools.cache
 def simpy_core() -> EventCore:
     """SimPy's own classes (imported on first use: a run on the native core never loads SimPy, ~20 ms of start-up):
     `env.timeout(d)` is `simpy.Timeout(env, d)`, `env.event()` is `simpy.Event(env)` (SimPy binds them to the
     environment), so the events and their order are the reference's own."""
-    if _SIMPY[0] is None:
-        import simpy
-        _SIMPY[0] = EventCore(name="simpy", environment=simpy.Environment, timeout=simpy.Timeout, event=simpy.Event,
-                              succeed=simpy.Event.succeed, process=simpy.Process, all_of=simpy.AllOf,
-                              resource=simpy.Resource, flow_network=FlowNetwork, dma_path=DmaPath)
-    return _SIMPY[0]
+    import simpy
+
+    return EventCore(name="simpy", environment=simpy.Environment, timeout=simpy.Timeout, event=simpy.Event,
+                     succeed=simpy.Event.succeed, process=simpy.Process, all_of=simpy.AllOf, resource=simpy.Resource,
+                     flow_network=FlowNetwork, dma_path=DmaPath)
 
 
-_SIMPY: list[EventCore | None] = [None]
-
-
+@functools.cache
 def native_core() -> EventCore:
     """The C event core (chipsim.sim.native); ImportError where it was not built."""
-    if _NATIVE[0] is None:
-        import chipsim.sim.native as native
-        _NATIVE[0] = EventCore(name="native", environment=native.Loop, timeout=native.wake_in, event=native.pending,
-                               succeed=native.trigger, process=native.Process, all_of=native.AllOf,
-                               resource=native.Resource, flow_network=native.FlowNetwork, dma_path=native.DmaPath,
-                               operation=native.operation)
-    return _NATIVE[0]
+    import chipsim.sim.native as native
 
-
-_NATIVE: list[EventCore | None] = [None]
+    return EventCore(name="native", environment=native.Loop, timeout=native.wake_in, event=native.pending,
+                     succeed=native.trigger, process=native.Process, all_of=native.AllOf, resource=native.Resource,
+                     flow_network=native.FlowNetwork, dma_path=native.DmaPath, operation=native.operation)
 
 
 def native_available() -> bool:

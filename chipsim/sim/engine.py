@@ -340,8 +340,8 @@ class Simulation:
             self.network.add(nbytes, self._host_flow_path, cap=-(-nbytes * PS_PER_S // timing.compute_ps),
                              on_target=lambda _f: self._succeed(done), not_before=self._now() + timing.compute_ps)
             yield done
-        self._tally.host_busy_ps += self._now() - start - timing.transit_ps
         tally = self._tally
+        tally.host_busy_ps += self._now() - start - timing.transit_ps
         tally.bytes[tally.at_lpddr5x] += nbytes  # the CPU reads its own copy
         tally.bytes[tally.at_pcie] += timing.activation_bytes
         tally.bytes[tally.at_ucie] += timing.activation_bytes

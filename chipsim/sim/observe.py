@@ -30,7 +30,7 @@ index, 0 for the first MoE layer; times in ps; `demand`: a demand fetch, else a 
 
 Fetches, landings, evictions and host jobs happen whenever the DMA queue and the policy make them, between the
 calls above. The DMA queue has its own, finer observer (chipsim.sim.dma.DmaRecorder: each transfer's phases on each
-engine), set as `sim.dma.recorder` by an observer's attach when it needs them; one per run.
+engine), handed to it by an observer's attach with `record_dma(sim, recorder)` when it needs them; one per run.
 """
 
 from __future__ import annotations
@@ -154,6 +154,15 @@ class Observers(Observer):
     def token_end(self, t: int, start: int, end: int) -> None:
         for o in self.observers:
             o.token_end(t, start, end)
+
+
+def record_dma(sim: Any, recorder: Any) -> Any:
+    """Set `recorder` (a chipsim.sim.dma.DmaRecorder) as the run's DMA recorder, from an observer's attach: one per
+    run, so a second is refused. Returns it."""
+    if sim.dma.recorder is not None:
+        raise ValueError("the DMA queue is recorded by another observer already (one DMA recorder per run)")
+    sim.dma.recorder = recorder
+    return recorder
 
 
 def combined(observers: list[Observer]) -> Observer | None:

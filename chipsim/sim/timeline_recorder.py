@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from chipsim.sim.dma import DEMAND, PREFETCH, DmaRecorder
-from chipsim.sim.observe import Observer
+from chipsim.sim.observe import Observer, record_dma
 from chipsim.sim.record import RecordedTimeline
 
 # an op group's name on the arrays' lane, by kind (its MoE or dense layer, and for "experts" the experts that ran)
@@ -27,10 +27,8 @@ class TimelineRecorder(Observer):
         self._sim: Any = None
 
     def attach(self, sim: Any) -> None:
-        if sim.dma.recorder is not None:
-            raise ValueError("the DMA queue is recorded by another observer already (one DMA recorder per run)")
         self._sim = sim
-        self.dma = sim.dma.recorder = DmaRecorder(sim.dma.engines)
+        self.dma = record_dma(sim, DmaRecorder(sim.dma.engines))
 
     def token_start(self, t: int, now: int) -> None:
         if t == self.until:  # it has its tokens: stop (fetches in flight finish their DMA spans)
