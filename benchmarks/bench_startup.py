@@ -18,11 +18,15 @@ before the timed ones fills them (calibration, operation tables), as every run a
   The first event is the first `simulate` call; the driver ends there when it runs in the command's process.
 - imports: `-X importtime` of the command as a user types it, self time grouped by package (chipsim's modules
   by their subpackage), the largest first; -X importtime's own overhead inflates it.
+- process start to the first event: the headline, the same command with nothing timed but the first event (the
+  phases' timers wrap every import and slow the timed driver, whose total is shown above it).
 - whole process: `python -m chipsim.cli run CONFIG --policy ...` as a user types it, start to exit.
-- floor: a fresh process that only imports numpy and reads and hashes the two files a warm run must read and check
-  before its first event (the trace file, whose sha256 keys the trace cache and the provenance, and its checked,
-  unpacked copy in the cache): no run that reads its trace with numpy and never trusts a cache unchecked starts
-  sooner on this machine.
+- floor: a fresh process that only imports numpy and reads and hashes what a warm run must read and check before
+  its first event (the trace file, whose sha256 keys the trace cache and the provenance, and the arrays the run
+  reads from the trace's checked, unpacked copy in the cache): no run that reads its trace with numpy and never
+  trusts a cache unchecked starts sooner on this machine.
+- bytecode: every process runs without PYTHONDONTWRITEBYTECODE, so the warm-up run writes __pycache__ as a user's
+  first run (or pip, installing) does; a machine that sets it compiles chipsim's sources in every run.
 """
 
 from __future__ import annotations
@@ -153,7 +157,12 @@ PHASE_WORDS = {
 
 
 def _env(root: str) -> dict:
-    return dict(os.environ, PYTHONPATH=root)
+    # bytecode as a user's install has it: pip compiles it when it installs, and Python writes __pycache__ at the
+    # first import of an editable install (the warm-up run here), unless PYTHONDONTWRITEBYTECODE is set, as it is
+    # on some CI and sandbox machines; there every run would compile chipsim's sources again (~0.07 s)
+    env = dict(os.environ, PYTHONPATH=root)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def _command(args) -> list[str]:
@@ -178,6 +187,37 @@ def measure_phases(args) -> dict[str, float]:
     phases["interpreter"] = found["up"] - t_start
     phases["first_event"] = found["first_event"] - t_start
     return phases
+
+
+# The same command with nothing timed but its first event: the phases' timers (every import statement goes through
+# a Python wrapper) slow the instrumented driver by tens of milliseconds, so its total is not the start-up a user
+# sees; this driver only replaces `runner.simulate` with a mark and an exit.
+PLAIN = r"""
+import os, sys, time
+import chipsim.cli
+from chipsim import runner
+
+
+def first_event(*args, **kwargs):
+    sys.__stdout__.write(f"FIRST {time.monotonic()!r}\n")
+    sys.__stdout__.flush()
+    os._exit(0)
+
+
+runner.simulate = first_event
+sys.exit(chipsim.cli.main(sys.argv[1:]))
+"""
+
+
+def first_event_plain(args) -> float:
+    """Process start to the first event of the uninstrumented command (seconds)."""
+    t_start = time.monotonic()
+    child = subprocess.run([sys.executable, "-c", PLAIN, *_command(args)], capture_output=True, text=True,
+                           env=_env(args.root), cwd=args.root)
+    line = next((x for x in child.stdout.splitlines() if x.startswith("FIRST ")), None)
+    if line is None:
+        raise SystemExit(f"bench_startup: the command failed (exit {child.returncode}):\n{child.stderr[-2000:]}")
+    return float(line.split()[1]) - t_start
 
 
 def whole_process(args) -> float:
@@ -205,32 +245,41 @@ def import_groups(args) -> tuple[float, list[tuple[str, float]]]:
 
 FLOOR = r"""
 import time
-import hashlib, sys
+import hashlib, os, sys
 import numpy
-for path in sys.argv[1:]:
-    with open(path, "rb") as f:
-        hashlib.sha256(f.read()).hexdigest()
+with open(sys.argv[1], "rb") as f:
+    hashlib.sha256(f.read()).hexdigest()
+for part in sys.argv[2:]:
+    path, offset, count = part.rsplit(":", 2)
+    fd = os.open(path, os.O_RDONLY)
+    hashlib.sha256(os.pread(fd, int(count), int(offset))).hexdigest()
+    os.close(fd)
 print("FLOOR", time.monotonic())
 """
 
 
-def trace_files(args) -> list[str]:
-    """The config's trace file and its copy in the trace cache (filled by the warm-up run)."""
+def read_parts(args) -> tuple[list[str], int]:
+    """What a warm run must read and hash before its first event: the config's trace file (its sha256 keys the
+    trace cache and the provenance), then `path:offset:count` of each array the run reads from the trace's
+    checked copy in the cache (filled by the warm-up run); and the bytes of those in all."""
     sys.path.insert(0, args.root)
-    from chipsim.files import cache_dir
     from chipsim.runner import prepare
-    from chipsim.trace import unpacked
 
     prep = prepare(os.path.join(args.root, args.config), [], args.policy)
-    key = unpacked.entry_key(prep.trace.sha256)
-    copy = os.path.join(cache_dir(unpacked.KIND), f"{key}.arrays")
-    return [prep.trace.path, copy] if os.path.exists(copy) else [prep.trace.path]
+    arrays = prep.trace.arrays
+    parts, total = [prep.trace.path], os.path.getsize(prep.trace.path)
+    for name in sorted(getattr(arrays, "verified", ())):
+        spec = arrays._specs[name]
+        count = arrays[name].nbytes
+        parts.append(f"{arrays.path}:{spec['offset']}:{count}")
+        total += count
+    return parts, total
 
 
-def floor(args, files: list[str]) -> float:
-    """Process start to numpy imported and `files` read and hashed (seconds)."""
+def floor(args, parts: list[str]) -> float:
+    """Process start to numpy imported and `parts` read and hashed (seconds)."""
     t_start = time.monotonic()
-    child = subprocess.run([sys.executable, "-c", FLOOR, *files], capture_output=True, text=True, check=True,
+    child = subprocess.run([sys.executable, "-c", FLOOR, *parts], capture_output=True, text=True, check=True,
                            env=_env(args.root), cwd=args.root)
     return float(child.stdout.split()[-1]) - t_start
 
@@ -251,19 +300,20 @@ def main() -> None:
     args.policy = args.policy or ["apex"]
     whole_process(args)  # fills the caches a first run computes
     runs = [measure_phases(args) for _ in range(args.repeats)]
+    plain = [first_event_plain(args) for _ in range(args.repeats)]
     wall = [whole_process(args) for _ in range(args.repeats)]
-    files = trace_files(args)
-    floors = [floor(args, files) for _ in range(args.repeats)]
+    parts, floor_bytes = read_parts(args)
+    floors = [floor(args, parts) for _ in range(args.repeats)]
     print(f"`chipsim run {args.config} {' '.join('--policy ' + p for p in args.policy)}` in {args.root}, "
           f"{sys.executable}; median of {args.repeats} fresh processes (min, max), seconds; warm caches; "
           f"machine {describe()}")
     print(f"{'phase':40} {'median':>7} {'min':>7} {'max':>7}")
     for name in PHASE_ORDER:
         print(_row(PHASE_WORDS[name], [r[name] for r in runs]))
-    print(_row("process start to the first event", [r["first_event"] for r in runs]))
+    print(_row("process start to the first event, timed", [r["first_event"] for r in runs]))
+    print(_row("process start to the first event", plain))
     print(_row("whole process (start to exit)", wall))
-    sizes = " + ".join(f"{os.path.getsize(f) / 1e6:.0f} MB" for f in files)
-    print(_row(f"floor: numpy, read and hash {sizes}", floors))
+    print(_row(f"floor: numpy, read and hash {floor_bytes / 1e6:.0f} MB", floors))
     if args.imports:
         total, groups = import_groups(args)
         print(f"\nimports (-X importtime, self time by package, one run): {total:.3f} s in all")

@@ -28,7 +28,6 @@ from chipsim.sim.observe import Observer
 from chipsim.sim.metrics import summarize
 from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
-from chipsim.trace import predictor_arrays
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload, build_workload
@@ -108,11 +107,11 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     policies = [make_policy(spec, config.policies) for spec in specs]  # a bad spec is refused before any work
     _check_rates(config.hw)
     workload = build_workload(config.hw)
-    trace = trace_format.load(config.trace_path)
+    # the arrays this run reads are checked now (from the trace cache: read and their sha256 checked), the
+    # predictor outputs the trace carries when it was first unpacked
+    needed = set(trace_format.CORE_ARRAYS).union(*({s.name for s in p.trace_arrays} for p in policies))
+    trace = trace_format.load(config.trace_path, needed=sorted(needed))
     trace.check_matches(workload.model)
-    # a predictor output the trace carries is checked whether or not a policy of this run reads it: a
-    # corrupt array means a corrupt file
-    trace_format.check_arrays(trace, [s for s in predictor_arrays.RECORDED if s.name in trace.arrays], "chipsim")
     _check_time_fits(config, workload, trace, policies)
     for policy in policies:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")

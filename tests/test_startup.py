@@ -19,7 +19,7 @@ from chipsim import cache, cli, values
 from chipsim.errors import InputError
 from chipsim.runner import prepare
 from chipsim.trace import format as tf
-from chipsim.trace import unpacked
+from chipsim.trace import spec, unpacked
 from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing
 
@@ -27,7 +27,7 @@ from helpers import hand_trace_arrays, random_routing
 # the worker pool (one policy runs in the process) and the progress bar (not on a terminal)
 NOT_IMPORTED = ("pandas", "matplotlib", "scipy", "torch", "chipsim.hwreplay", "chipsim.tracegen",
                 "chipsim.analysis.sweep", "chipsim.analysis.plots", "multiprocessing",
-                "concurrent.futures", "chipsim.pool", "tqdm")
+                "concurrent.futures", "chipsim.pool", "tqdm", "zipfile", "chipsim.tilesim.tile_sim")
 
 
 # `python -m chipsim.cli ARGS` as runpy runs it, then the names of every module loaded, on stderr's last line
@@ -101,7 +101,7 @@ def test_a_token_routed_to_one_expert_twice_is_refused():
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
 def test_distinct_rows_agree_with_sorting(monkeypatch, chunk):
     """Marking ids, in chunks of any size, finds exactly the rows that sorting finds with a repeat."""
-    monkeypatch.setattr(tf, "DISTINCT_CHUNK", chunk)
+    monkeypatch.setattr(spec, "DISTINCT_CHUNK", chunk)
     rng = np.random.default_rng(5)
     for _ in range(300):
         n, width = 6, int(rng.integers(1, 7))
@@ -109,7 +109,7 @@ def test_distinct_rows_agree_with_sorting(monkeypatch, chunk):
         for _ in range(int(rng.integers(0, 3))):
             arr[tuple(int(rng.integers(0, s)) for s in arr.shape)] = int(rng.integers(0, n))
         ordered = np.sort(arr, axis=-1)
-        assert tf._rows_distinct(arr, n) == (not (ordered[..., 1:] == ordered[..., :-1]).any())
+        assert spec.rows_distinct(arr, n) == (not (ordered[..., 1:] == ordered[..., :-1]).any())
 
 
 # ---------------------------------------------------------------------------------------------- the trace cache
@@ -152,8 +152,59 @@ def test_a_second_load_reads_the_unpacked_copy(tmp_path, monkeypatch):
     key = unpacked.entry_key(first.sha256)
     assert _cache_files(tmp_path) == [f"{key}.arrays", f"{key}.json"]
     second = _fresh_load(path)
+    assert isinstance(second.arrays, unpacked.CheckedArrays) and second.arrays.verified == set(first.arrays)
     _same(first, second)
-    assert len({id(_root(a)) for a in second.arrays.values()}) == 1  # views of the one arrays file read
+
+
+def test_a_load_from_the_cache_reads_the_arrays_it_needs_and_the_rest_when_asked(tmp_path, monkeypatch):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    tf._LOADED.clear()
+    second = tf.load(path, needed=["routed_ids", "not_in_this_trace"])
+    assert second.arrays.verified == {"routed_ids"} and "apex_rank" in second.arrays
+    assert second.arrays.verified == {"routed_ids"}  # asking whether it is there reads nothing
+    assert np.array_equal(second.arrays["apex_rank"], first.arrays["apex_rank"])
+    assert second.arrays.verified == {"routed_ids", "apex_rank"}
+    assert tf.load(path, needed=["draft_ids"]) is second and second.arrays.verified >= {"draft_ids"}
+
+
+def test_the_predictor_checks_a_trace_passed_when_unpacked_are_not_run_again(tmp_path, monkeypatch):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    carried = {spec.name for spec in first._checked}
+    assert "apex_rank" in carried and "draft_ids" in carried  # every predictor output the hand trace carries
+
+    def refuse(self, array, dims, where):
+        raise InputError(f"{where}: {self.name} checked again")
+
+    monkeypatch.setattr(spec.ArraySpec, "check", refuse)
+    second = _fresh_load(path)
+    assert {spec.name for spec in second._checked} == carried
+    tf.check_arrays(second, list(second._checked), "policy x")  # what the runner asks: already checked
+    for name in os.listdir(tmp_path / "cache" / "trace"):
+        os.remove(tmp_path / "cache" / "trace" / name)
+    with pytest.raises(InputError, match="checked again"):  # unpacked afresh, the checks run
+        _fresh_load(path)
+
+
+def test_an_array_changed_in_the_cache_after_the_load_is_refused_when_first_read(tmp_path, monkeypatch, capsys):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    arrays_file = tmp_path / "cache" / "trace" / f"{unpacked.entry_key(first.sha256)}.arrays"
+    good = arrays_file.read_bytes()
+    arrays_file.write_bytes(b"\x07" + good[1:])  # the first array (apex_rank) starts at byte 0
+    capsys.readouterr()
+    tf._LOADED.clear()
+    second = tf.load(path, needed=["routed_ids"])  # a run that does not read apex_rank
+    assert capsys.readouterr().err == ""
+    with pytest.raises(InputError) as caught:
+        second.arrays["apex_rank"]
+    assert str(caught.value) == (f"trace cache {arrays_file}: array apex_rank: checksum mismatch (changed since it "
+                                 "was written) (`chipsim cache clear trace` removes it)")
+    third = tf.load(path, needed=["apex_rank"])  # a run that does: noted, unpacked and stored again
+    assert third is not second and "array apex_rank: checksum mismatch" in capsys.readouterr().err
+    _same(first, third)
+    assert arrays_file.read_bytes() == good
 
 
 def test_a_changed_array_in_the_cache_is_noticed_and_rebuilt(tmp_path, monkeypatch, capsys):
@@ -274,3 +325,17 @@ def test_an_entry_that_claims_more_bytes_than_its_file_holds_is_noticed(tmp_path
     arrays_file = tmp_path / "cache" / "trace" / f"{key}.arrays"
     assert capsys.readouterr().err == (f"chipsim: note: trace cache {arrays_file}: {arrays_file.stat().st_size} bytes, "
                                        f"expected {payload['bytes']}; recomputing\n")
+
+
+def test_an_entry_that_claims_a_check_of_an_array_it_lacks_is_noticed(tmp_path, monkeypatch, capsys):
+    path = _saved_trace(tmp_path, monkeypatch)
+    first = tf.load(path)
+    key = unpacked.entry_key(first.sha256)
+    entry = str(tmp_path / "cache" / "trace" / f"{key}.json")
+    payload = cache.inspect(entry, "trace", key, unpacked.check_entry)
+    payload["checked"].append("floe_rank_v2")
+    cache.write(entry, "trace", key, payload)  # its checksum recomputed: well-formed, but wrong
+    capsys.readouterr()
+    _same(first, _fresh_load(path))
+    assert capsys.readouterr().err == (f"chipsim: note: trace cache {entry}: checked: not a list of the entry's array "
+                                       "names; recomputing\n")

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from chipsim.tilesim import tile_sim
-from chipsim.tilesim.op_cache import OpCache
-from chipsim.tilesim.tile_sim import ChipletParams
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.paths import memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
@@ -122,6 +119,9 @@ class ArrayModel:
         self.op_cache = None  # its operation table, cached by content hash (chipsim.tilesim.op_cache)
         self._shapes: dict[str, bool] = {}  # shape key -> found in the cached table
         if c.timing == "cycle-level" and operands_from == "hbm":
+            from chipsim.tilesim.op_cache import OpCache  # the tile model: for cycle-level timing only
+            from chipsim.tilesim.tile_sim import ChipletParams
+
             self.request_latency_ns = hbm.access_latency_ns + 2 * hw.links.ucie.latency_ns  # request out, data back
             self.tiles = ChipletParams(
                 arrays=c.arrays, units_per_array=c.unit_rows * c.unit_cols, vector_length=c.vector_length,
@@ -189,7 +189,7 @@ class ArrayModel:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
         table_key = key if groups == 1 else f"{key} g{groups}"
-        r = self._table(table_key, lambda: tile_sim.matvec(self.tiles, reduction, outputs,
+        r = self._table(table_key, lambda: _tile_sim().matvec(self.tiles, reduction, outputs,
                                                            weight_bytes / (reduction * outputs), groups))
         return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes, work=work)
 
@@ -227,7 +227,7 @@ class ArrayModel:
         cycles = ceil_div(ops, self.sfu_per_cycle)
         work = (ops, self.sfu_per_cycle // self.arrays)
         if self.tiles is not None and key not in self.op_times_ps:
-            r = self._table(key, lambda: tile_sim.sfu(self.tiles, ops))
+            r = self._table(key, lambda: _tile_sim().sfu(self.tiles, ops))
             return self._cycle_level(name, key, r, cycles, 0, work=work)
         return self._op(name, key, cycles, 0, 0, 0, ops, 0, work)
 
@@ -236,7 +236,7 @@ class ArrayModel:
         cycles = ceil_div(lane_ops, self.lanes)
         work = (lane_ops, self.lanes // self.arrays)
         if self.tiles is not None and key not in self.op_times_ps:
-            r = self._table(key, lambda: tile_sim.elementwise(self.tiles, lane_ops, read_bytes))
+            r = self._table(key, lambda: _tile_sim().elementwise(self.tiles, lane_ops, read_bytes))
             return self._cycle_level(name, key, r, cycles, read_bytes, vector_ops=lane_ops, work=work)
         return self._op(name, key, cycles, read_bytes, 0, 0, 0, lane_ops, work)
 
@@ -265,3 +265,9 @@ class ArrayModel:
     def group_launch(self, name: str) -> OpCost:
         """The fixed cost of starting one op group (compute.op_group_launch_ns)."""
         return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0, self.group_launch_ps)  # arrays idle
+
+
+def _tile_sim():
+    from chipsim.tilesim import tile_sim  # imported by the runs that time operations cycle by cycle
+
+    return tile_sim

@@ -73,7 +73,7 @@ class Apex(Policy):
     def on_run_start(self, ctx: SimContext) -> None:
         T = ctx.num_tokens
         max_extra = self.params.max_extra
-        delta = pa.delta_hat(ctx.trace_array("apex_score"), ctx.trace_array("apex_theta"), self.params.tau)[:T]
+        delta = pa.delta_hat(ctx.trace_array("apex_score")[:T], ctx.trace_array("apex_theta"), self.params.tau)
         self._capped = bool(max_extra >= 0 and (delta > max_extra).any())
         if max_extra >= 0:
             delta = np.minimum(delta, max_extra)

@@ -19,7 +19,7 @@ layers, N routed experts, k = top-k, M = min(N, 2k)):
 | token_ids | int32 (T,) | the decoded tokens' ids (informational) |
 | meta | str (JSON) | schema_version, model counts, synthetic flag, provenance, predictor metrics, quality |
 
-and the `ArraySpec` by which any other array is described and checked. Predictor outputs (APEX's ranking
+and the `ArraySpec` (chipsim.trace.spec) by which any other array is described and checked. Predictor outputs (APEX's ranking
 and CDF, ProMoE / pre-gate / FloE rankings, SPICE drafts, training-split counts) are specified in
 chipsim.trace.predictor_arrays; a policy names the ones it reads in `Policy.trace_arrays`, and
 `runner.prepare` checks them against the trace. A trace may carry arrays no installed policy reads.
@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -42,86 +41,13 @@ import numpy as np
 from chipsim.errors import InputError
 from chipsim.files import GIB, TRACE_MAX_BYTES, open_input, write_atomic
 from chipsim.trace import unpacked
+from chipsim.trace.predictor_arrays import RECORDED
+from chipsim.trace.spec import DRAFT_DEPTH, NO_EXPERT, ArraySpec, rows_distinct  # noqa: F401 (the format's names)
 
 SCHEMA_VERSION = 1
-DRAFT_DEPTH = 8
-NO_EXPERT = 255
 # the traces this repository ships stay below this (a test checks; chipsim.tracegen.train trims to it); the format
 # itself has no size limit: a user may record or generate a trace of any length
 SHIPPED_TRACE_MAX_BYTES = 16 * (1 << 20)
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One trace array: its name, dtype and shape (symbols: T tokens, L MoE layers, N experts, K top-k,
-    M min(N, 2k), D draft depth, C = N - k + 1 CDF thresholds), what it means and what its values must be.
-
-    ids: "" (not expert ids), "ids" (expert ids 0..N-1, NO_EXPERT where no prediction was made) or
-    "permutation" (every row a permutation of 0..N-1). finite: a float array may hold no NaN or inf.
-    minimum / maximum: bounds on every value (inclusive). rule: an extra check, returning the problem in
-    words or None."""
-
-    name: str
-    dtype: str
-    shape: tuple[str, ...]
-    meaning: str
-    ids: str = ""
-    finite: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    rule: Callable[[np.ndarray], str | None] | None = field(default=None, compare=False)
-
-    @property
-    def per_token(self) -> bool:
-        return self.shape[:1] == ("T",)
-
-    def check(self, arr: np.ndarray, dims: dict[str, int], where: str) -> None:
-        """Raise InputError naming `where` and this array if `arr` breaks the spec."""
-        want_shape = tuple(dims[s] for s in self.shape)
-        if arr.dtype != np.dtype(self.dtype):
-            raise InputError(f"{where}: array {self.name} has dtype {arr.dtype}, expected {self.dtype}")
-        if arr.shape != want_shape:
-            raise InputError(f"{where}: array {self.name} has shape {arr.shape}, expected {want_shape} for the "
-                             "model in meta")
-        n = dims["N"]
-        if self.ids:
-            bad = (arr >= n) & (arr != NO_EXPERT)
-            if bad.any():
-                raise InputError(f"{where}: array {self.name} holds expert id {int(arr[bad][0])} out of range "
-                                 f"0..{n - 1}")
-        if self.ids == "permutation" and not (arr.shape[-1] == n and _rows_distinct(arr, n)):
-            raise InputError(f"{where}: every row of {self.name} must be a permutation of 0..{n - 1}")
-        if self.finite and not np.isfinite(arr).all():
-            raise InputError(f"{where}: {self.name} holds a non-finite value")
-        if self.minimum is not None and (arr < self.minimum).any():
-            raise InputError(f"{where}: {self.name} holds {arr[arr < self.minimum].flat[0].item()!r}, below its minimum "
-                             f"{self.minimum:g}")
-        if self.maximum is not None and (arr > self.maximum).any():
-            raise InputError(f"{where}: {self.name} holds {arr[arr > self.maximum].flat[0].item()!r}, above its maximum "
-                             f"{self.maximum:g}")
-        problem = self.rule(arr) if self.rule else None
-        if problem:
-            raise InputError(f"{where}: {self.name} {problem}")
-
-
-DISTINCT_CHUNK = 1 << 20  # ids marked at a time by _rows_distinct (bounds its scratch memory)
-
-
-def _rows_distinct(arr: np.ndarray, n: int) -> bool:
-    """Whether every row (last axis) of an id array holds ids below n, none twice: each row's ids are marked in a
-    row of n flags, and the marks count every id once exactly when no row repeats one. Several times faster than
-    sorting the rows (a 2,560-token ranking of 40 experts: 7 ms against 57)."""
-    rows = arr.reshape(-1, arr.shape[-1])
-    if not (rows < n).all():
-        return False
-    per_chunk = max(1, DISTINCT_CHUNK // n)
-    for start in range(0, len(rows), per_chunk):
-        chunk = rows[start:start + per_chunk]
-        seen = np.zeros(len(chunk) * n, dtype=bool)
-        seen[(np.arange(len(chunk), dtype=np.intp)[:, None] * n + chunk).ravel()] = True
-        if np.count_nonzero(seen) != chunk.size:
-            return False
-    return True
 
 
 CORE_ARRAYS: dict[str, ArraySpec] = {s.name: s for s in (
@@ -274,7 +200,7 @@ def validate(arrays: dict[str, np.ndarray], meta: dict, where: str = "trace", sp
         spec.check(arrays[spec.name], dims, where)
     if (arrays["routed_ids"] == NO_EXPERT).any():
         raise InputError(f"{where}: routed_ids must name an expert for every token and layer")
-    if not _rows_distinct(arrays["routed_ids"], dims["N"]):  # every id is below N (checked above)
+    if not rows_distinct(arrays["routed_ids"], dims["N"]):  # every id is below N (checked above)
         raise InputError(f"{where}: routed_ids repeats an expert within one token-layer")
     expected_layers = np.arange(int(model["first_dense_layers"]), int(model["num_layers"]), dtype=np.int16)
     if not (arrays["moe_layers"] == expected_layers).all():
@@ -337,6 +263,8 @@ def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, spe
     payload["meta"] = np.array(json.dumps(meta, sort_keys=True))
 
     def write_zip(fh) -> None:
+        import zipfile  # writing and unpacking a trace only: a run reads its checked copy in the cache
+
         # np.savez_compressed stamps the current time into each zip entry; write entries ourselves with a fixed
         # timestamp so the same trace always gives the same bytes. Each array streams into the file (a 32k-token
         # trace is 190 MB compressed: never held in memory whole).
@@ -359,12 +287,15 @@ _LOADED: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
 _LOADED_MAX = 4
 
 
-def load(path: str | os.PathLike) -> Trace:
+def load(path: str | os.PathLike, needed=None) -> Trace:
     """Load and validate a trace file; every problem is an InputError naming the file.
 
     Loading a 14 MB trace takes ~0.4 s and a sweep prepares the same file many times, so the last few
     loaded traces are kept, keyed by (path, size, mtime, inode): an edited file is read again. Their arrays
-    are read-only, so every user of a shared Trace sees the file's contents."""
+    are read-only, so every user of a shared Trace sees the file's contents.
+
+    From the trace cache, the arrays named in `needed` (every array where None) are read and checked before the
+    trace is handed out, the others when first asked for (chipsim.trace.unpacked.CheckedArrays)."""
     path = str(path)
     try:
         st = os.stat(path)
@@ -373,8 +304,11 @@ def load(path: str | os.PathLike) -> Trace:
         key = None  # _load words the error
     if key is not None and key in _LOADED:
         _LOADED.move_to_end(key)
-        return _LOADED[key]
-    trace = _load(path)
+        trace = _LOADED[key]
+        if not isinstance(trace.arrays, unpacked.CheckedArrays) or trace.arrays.verify(needed):
+            return trace
+        del _LOADED[key]  # an array of its cache entry changed since: unpacked again
+    trace = _load(path, needed)
     if key is not None:
         _LOADED[key] = trace
         while len(_LOADED) > _LOADED_MAX:
@@ -392,6 +326,8 @@ def _check_members(f, label: str) -> None:
     """The archive's declared sizes, before np.load unpacks it: all members together within
     TRACE_MAX_UNPACKED_BYTES, and each .npy member's header declaring no more array bytes than the member holds
     (np.load allocates what the header declares before it reads)."""
+    import zipfile
+
     with zipfile.ZipFile(f) as zf:
         infos = zf.infolist()
         total = sum(info.file_size for info in infos)
@@ -410,21 +346,31 @@ def _check_members(f, label: str) -> None:
                                      f"{info.file_size}")
 
 
-def _load(path: str) -> Trace:
+def _load(path: str, needed=None) -> Trace:
     """The trace at `path`, its arrays read-only: from the checked, unpacked copy of this file's bytes in the cache
-    (chipsim.trace.unpacked) where there is one, else unpacked and validated (and the copy stored)."""
+    (chipsim.trace.unpacked; the arrays `needed` checked now) where there is one, else unpacked and validated, every
+    predictor output it carries checked too (and the copy stored)."""
     label = f"trace {path}"
     with open_input(path, "trace", TRACE_MAX_BYTES) as f:
         sha256 = _file_sha256(f, label)
         cached = unpacked.read(sha256)
-        arrays, meta_text = cached if cached is not None else _unpack(f, label)
+        if cached is not None and not cached.arrays.verify(needed):
+            cached = None
+        arrays, meta_text = (cached.arrays, cached.meta_text) if cached is not None else _unpack(f, label)
     meta = _parse_meta(meta_text, path)
-    if cached is None:
-        validate(arrays, meta, where=label)
-        for array in arrays.values():
-            array.flags.writeable = False
-        unpacked.write(sha256, arrays, meta_text)
-    return Trace(arrays=arrays, meta=meta, path=path, sha256=sha256)
+    trace = Trace(arrays=arrays, meta=meta, path=path, sha256=sha256)
+    carried = [spec for spec in RECORDED if spec.name in arrays]
+    if cached is not None:
+        trace._checked.update(spec for spec in carried if spec.name in cached.checked)
+        return trace
+    validate(arrays, meta, where=label)
+    # a predictor output the trace carries is checked whether or not a policy reads it: a corrupt array means a
+    # corrupt file
+    check_arrays(trace, carried, "chipsim")
+    for array in arrays.values():
+        array.flags.writeable = False
+    unpacked.write(sha256, arrays, meta_text, [spec.name for spec in carried])
+    return trace
 
 
 def _file_sha256(f, label: str) -> str:

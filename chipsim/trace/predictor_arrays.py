@@ -1,6 +1,6 @@
 """The predictor outputs a trace may carry beside its core arrays, and the APEX CDF's δ̂ and δ*.
 
-Each output is an `ArraySpec` (chipsim.trace.format); a policy lists the specs it reads in
+Each output is an `ArraySpec` (chipsim.trace.spec); a policy lists the specs it reads in
 `Policy.trace_arrays`, the recorder (chipsim.tracegen.predictors) and the synthetic generator write them, and
 `trace.format.save(..., specs=RECORDED)` checks what they write. A new predictor output is one new spec here,
 the code that computes it, and the policy that declares it: nothing in the format or the engine, and no
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chipsim.trace.format import ArraySpec
+from chipsim.trace.spec import ArraySpec
 
 
 def _non_decreasing(theta: np.ndarray) -> str | None:

@@ -3,40 +3,47 @@ inflates its arrays (thor's: 22 MB of zlib, ~0.16 s) and validates them (~0.05 s
 the arrays as they were unpacked and validated, once they pass their checks.
 
 An entry is two files named by its key, the sha256 of the trace file's bytes and of this reader's code (format.py,
-this module; so a copy is never used by code that would validate differently):
+predictor_arrays.py, spec.py, this module; so a copy is never used by code that would validate differently):
 
-- `<key>.json`, in chipsim.cache's checked format: the trace's meta record (its text) and, per array, its name,
-  dtype, shape, memory order, offset and the sha256 of its bytes;
+- `<key>.json`, in chipsim.cache's checked format: the trace's meta record (its text), per array its name, dtype,
+  shape, memory order, offset and the sha256 of its bytes, and the names of the predictor outputs
+  (chipsim.trace.predictor_arrays) whose checks the arrays passed when they were stored;
 - `<key>.arrays`: the arrays' bytes one after another, each at an offset rounded up to ALIGN.
 
-Reading checks the entry as chipsim.cache checks every entry, then that the arrays file is a regular file of exactly
-the size the entry gives, then each array's sha256 (thor's 22 MB: ~25 ms). Any failure is one
-`chipsim: note: trace cache <path>: <why>; recomputing` line, and the trace is unpacked, validated and stored again.
+Reading checks the entry as chipsim.cache checks every entry and that the arrays file is a regular file of exactly
+the size the entry gives. An array is read, and its sha256 checked, when it is first asked for (`CheckedArrays`): a
+run reads the arrays it uses (thor with apex: 12 of 22 MB), the loader checks those before it hands the trace out
+(`CheckedArrays.verify`), and any failure there is one `chipsim: note: trace cache <path>: <why>; recomputing`
+line, and the trace is unpacked, validated and stored again. An array first asked for later that fails its check
+is an InputError naming the cache file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import stat
 import hashlib
 import json
 import math
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from chipsim import cache
 from chipsim.errors import InputError
-from chipsim.files import GIB, cache_dir, write_atomic
+from chipsim.files import GIB, cache_dir, file_kind, write_atomic
 
 KIND = "trace"
 MAX_BYTES = 8 * GIB  # the most a trace's arrays may unpack to (trace.format's TRACE_MAX_UNPACKED_BYTES)
 ALIGN = 64  # each array starts at a multiple of this: aligned for every dtype
 _DTYPE = re.compile(r"^[<>|][biuf][1248]$")  # numeric, as validate() requires of every array
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_CODE_FILES = ("format.py", "unpacked.py")
-_FIELDS = ("meta", "bytes", "arrays")
+_CODE_FILES = ("format.py", "predictor_arrays.py", "spec.py", "unpacked.py")
+_FIELDS = ("meta", "bytes", "arrays", "checked")
 _ARRAY_FIELDS = ("name", "dtype", "shape", "order", "offset", "sha256")
 
 
@@ -84,24 +91,109 @@ def check_entry(payload) -> None:
             raise cache.BadEntry(f"{where}: ends past {MAX_BYTES} bytes")
     if payload["bytes"] != end:
         raise cache.BadEntry(f"bytes: {str(payload['bytes'])[:40]!r}, the arrays end at {end}")
+    checked = payload["checked"]
+    if not isinstance(checked, list) or not all(isinstance(name, str) and name in names for name in checked):
+        raise cache.BadEntry("checked: not a list of the entry's array names")
 
 
-def _arrays(data: np.ndarray, specs: list[dict]) -> dict[str, np.ndarray]:
-    """The arrays `specs` describe, as read-only views of `data`; raises cache.BadEntry at a changed one."""
-    out = {}
-    for spec in specs:
+class CheckedArrays(Mapping):
+    """A cache entry's arrays by name, each read from the arrays file and checked against its sha256 when first
+    asked for (then kept, read-only). `verify` checks named ones up front; an array that fails a later first read
+    is an InputError naming the cache file."""
+
+    def __init__(self, path: str, total_bytes: int, specs: list[dict]):
+        self.path, self._total = path, total_bytes
+        self._specs = {spec["name"]: spec for spec in specs}
+        self._read: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __contains__(self, name) -> bool:  # Mapping's would read the array
+        return name in self._specs
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = self._read.get(name)
+        if array is None:
+            try:
+                array = self._load(name)
+            except cache.BadEntry as exc:
+                raise InputError(f"trace cache {self.path}: {exc} (`chipsim cache clear trace` removes it)") from None
+        return array
+
+    def verify(self, names=None) -> bool:
+        """Read and check the arrays `names` (every one where None; names the entry lacks are skipped): False,
+        with the note, at the first that fails."""
+        try:
+            for name in self._specs if names is None else [n for n in names if n in self._specs]:
+                if name not in self._read:
+                    self._load(name)
+        except cache.BadEntry as exc:
+            cache.note(KIND, self.path, str(exc))
+            return False
+        return True
+
+    @property
+    def verified(self) -> frozenset:
+        """The names of the arrays read and checked so far."""
+        return frozenset(self._read)
+
+    def _load(self, name: str) -> np.ndarray:
+        spec = self._specs[name]
         dtype = np.dtype(spec["dtype"])
-        count = math.prod(spec["shape"])
-        raw = data[spec["offset"]:spec["offset"] + count * dtype.itemsize]
+        raw = _read_range(self.path, self._total, spec["offset"], math.prod(spec["shape"]) * dtype.itemsize)
         if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
-            raise cache.BadEntry(f"array {spec['name']}: checksum mismatch (changed since it was written)")
-        out[spec["name"]] = raw.view(dtype).reshape(spec["shape"], order=spec["order"])
-    return out
+            raise cache.BadEntry(f"array {name}: checksum mismatch (changed since it was written)")
+        array = np.frombuffer(raw, dtype=dtype).reshape(spec["shape"], order=spec["order"])  # read-only: bytes are
+        self._read[name] = array
+        return array
 
 
-def read(trace_sha256: str) -> tuple[dict[str, np.ndarray], str] | None:
-    """The arrays and meta text of the trace whose file has this sha256, as validated when they were stored (the
-    arrays read-only), or None: no entry, or one that fails a check (noted)."""
+def _read_range(path: str, total: int, offset: int, count: int) -> bytes:
+    """`count` bytes at `offset` of the arrays file, which must still be a regular file of `total` bytes."""
+    try:
+        # O_NOFOLLOW | O_NONBLOCK: a file swapped for a link or a FIFO is refused, not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise cache.BadEntry("its arrays file is missing") from None
+    except OSError as exc:
+        raise cache.BadEntry(f"cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise cache.BadEntry(f"is {file_kind(st.st_mode)}")
+        if st.st_size != total:
+            raise cache.BadEntry(f"{st.st_size} bytes, expected {total}")
+        parts, done = [], 0
+        while done < count:
+            part = os.pread(fd, count - done, offset + done)
+            if not part:
+                raise cache.BadEntry("changed while it was read")
+            parts.append(part)
+            done += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    except OSError as exc:
+        raise cache.BadEntry(f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a trace cache entry gives: the arrays (checked as they are read), the meta record's text, and the
+    names of the predictor outputs whose checks they passed when stored."""
+
+    arrays: CheckedArrays
+    meta_text: str
+    checked: frozenset
+
+
+def read(trace_sha256: str) -> Entry | None:
+    """The entry for the trace whose file has this sha256, or None: no entry, or one that fails a check
+    (noted). Its arrays are read and checked as they are asked for (CheckedArrays)."""
     folder = cache_dir(KIND)
     key = entry_key(trace_sha256)
     entry = cache.entry_path(folder, key)
@@ -110,21 +202,24 @@ def read(trace_sha256: str) -> tuple[dict[str, np.ndarray], str] | None:
         return None
     path = os.path.join(folder, f"{key}.arrays")
     try:
-        raw = cache.read_bytes(path, payload["bytes"])
-        if raw is None:
-            raise cache.BadEntry("its arrays file is missing")
-        if len(raw) != payload["bytes"]:
-            raise cache.BadEntry(f"{len(raw)} bytes, expected {payload['bytes']}")
-        data = np.frombuffer(raw, dtype=np.uint8)  # read-only: bytes are
-        return _arrays(data, payload["arrays"]), payload["meta"]
-    except cache.BadEntry as exc:
-        cache.note(KIND, path, str(exc))
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        cache.note(KIND, path, "its arrays file is missing")
         return None
+    except OSError as exc:
+        cache.note(KIND, path, f"cannot inspect ({exc.strerror})")
+        return None
+    if not stat.S_ISREG(mode):
+        cache.note(KIND, path, f"is {file_kind(mode)}")
+        return None
+    return Entry(CheckedArrays(path, payload["bytes"], payload["arrays"]), payload["meta"],
+                 frozenset(payload["checked"]))
 
 
-def write(trace_sha256: str, arrays: dict[str, np.ndarray], meta_text: str) -> None:
-    """Store a validated trace's arrays and meta text for the next run; silently nothing where the cache cannot be
-    written (a read-only folder: unpacked again next time)."""
+def write(trace_sha256: str, arrays: dict[str, np.ndarray], meta_text: str, checked=()) -> None:
+    """Store a validated trace's arrays and meta text, and the names of the predictor outputs whose checks they
+    passed, for the next run; silently nothing where the cache cannot be written (a read-only folder: unpacked
+    again next time)."""
     folder = cache_dir(KIND)
     key = entry_key(trace_sha256)
     specs, end = [], 0
@@ -143,4 +238,5 @@ def write(trace_sha256: str, arrays: dict[str, np.ndarray], meta_text: str) -> N
     with contextlib.suppress(OSError, InputError):
         if cache.clear_place(path):
             write_atomic(path, write_arrays)
-            cache.write(cache.entry_path(folder, key), KIND, key, {"meta": meta_text, "bytes": end, "arrays": specs})
+            cache.write(cache.entry_path(folder, key), KIND, key, {"meta": meta_text, "bytes": end, "arrays": specs,
+                                                                   "checked": sorted(checked)})
