@@ -10,7 +10,8 @@ import os
 
 from chipsim.files import write_atomic
 from chipsim.hw.config import memory_tiers, serial_links
-from chipsim.hw.paths import components, expert_store, fetch_components, memory_timing
+from chipsim.hw.machine import roles
+from chipsim.hw.paths import components, fetch_components, link_config, memory_timing
 
 # (column header, key, format) of the printed table
 TABLE_COLUMNS = [
@@ -56,8 +57,8 @@ def _hop_text(hw, name: str, comp) -> str:
         return (f"{label} {link.data_gbps:.1f} of data per direction ({link.bandwidth_gbps:g} x "
                 f"{link.max_payload_bytes}/{link.max_payload_bytes + link.tlp_overhead_bytes} TLP payload; "
                 f"{2 * link.bandwidth_gbps:g} both ways)")
-    if name == "ucie":
-        u = hw.links.ucie
+    if name == "ucie":  # the die-to-die link
+        u = link_config(hw, name)
         return f"{label} {comp.gbps:g}" if u.flit_format == "raw" else \
             f"{label} {comp.gbps:.1f} ({u.bandwidth_gbps:g} in {u.flit_format} flits)"
     return f"{label} {comp.gbps:.0f}"
@@ -68,23 +69,23 @@ def header_lines(prep, fetch_path) -> list[str]:
     wl = prep.workload
     comps = components(hw)
     hops = [_hop_text(hw, name, comps[name]) for name in fetch_components(hw)]
-    if hw.expert_buffer.location == "sram":
+    r = roles(hw)
+    operand, host = comps[r.operand_memory], comps[r.host_memory]
+    operand_label, host_label = _DISPLAY.get(operand.name, operand.name), _DISPLAY.get(host.name, host.name)
+    if r.stage_in_sram:
         hops.append(f"SRAM {hw.compute.sram_read_gbps:g}")
-    hbm = comps["hbm"]
-    if hw.expert_buffer.location == "sram":
         shared = [f"SRAM {hw.compute.sram_read_gbps:g} GB/s between expert reads and "
-                  "fetch writes", f"HBM {hbm.gbps:.0f} GB/s among operand reads"]
+                  f"fetch writes", f"{operand_label} {operand.gbps:.0f} GB/s among operand reads"]
     else:
-        shared = [f"HBM {hbm.gbps:.0f} GB/s between operand reads and fetch writes (a written byte costs "
-                  f"{1 + hbm.turnaround:.2f} while reads run: read/write turnaround)"]
-    store = expert_store(hw)
-    lp = comps["lpddr5x"]
-    if store == "lpddr5x":
-        both = f" ({lp.shared_gbps:.0f} while both read: two streams in the banks)" if lp.shared_gbps else ""
-        shared.append(f"LPDDR5X {lp.gbps:.0f} GB/s between fetches and host-CPU reads{both}")
+        shared = [f"{operand_label} {operand.gbps:.0f} GB/s between operand reads and fetch writes (a written byte "
+                  f"costs {1 + operand.turnaround:.2f} while reads run: read/write turnaround)"]
+    if r.expert_store == r.host_memory:
+        both = f" ({host.shared_gbps:.0f} while both read: two streams in the banks)" if host.shared_gbps else ""
+        shared.append(f"{host_label} {host.gbps:.0f} GB/s between fetches and host-CPU reads{both}")
     else:
-        shared.append(f"{_DISPLAY.get(store, store)} {comps[store].gbps:.0f} GB/s among fetches, LPDDR5X "
-                      f"{lp.gbps:.0f} GB/s among host-CPU reads")
+        store = r.expert_store
+        shared.append(f"{_DISPLAY.get(store, store)} {comps[store].gbps:.0f} GB/s among fetches, {host_label} "
+                      f"{host.gbps:.0f} GB/s among host-CPU reads")
     return [
         f"config: {prep.config.given_path or prep.config.path}",
         f"trace:  {prep.trace.provenance_line()}",

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import memory_timing
+from chipsim.hw.machine import roles
+from chipsim.hw.paths import link_config, memory_timing
 from chipsim.units import cycles_to_ps, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 
 
@@ -94,9 +95,9 @@ class OpCost:
 class ArrayModel:
     """Turns operation shapes into OpCosts for one hardware config."""
 
-    def __init__(self, hw: HardwareConfig, operands_from: str = "hbm"):
-        """operands_from: "hbm" (streamed over UCIe into SRAM) or "sram" (already in the arrays' SRAM: experts
-        staged there, expert_buffer.location: sram)."""
+    def __init__(self, hw: HardwareConfig, operands_from: str = "memory"):
+        """operands_from: "memory" (streamed from the operand memory over the operand link into SRAM) or "sram"
+        (already in the arrays' SRAM: experts staged there, expert_buffer.location: sram)."""
         c = hw.compute
         self.clock_mhz = c.clock_mhz
         self.arrays = c.arrays
@@ -104,13 +105,15 @@ class ArrayModel:
         self.lanes = self.units * c.vector_length
         self.vector_length = c.vector_length
         self.sfu_per_cycle = c.arrays * c.sfus_per_array * c.sfu_ops_per_cycle
-        hbm = memory_timing(hw, "hbm")
+        r = roles(hw)
+        hbm = memory_timing(hw, r.operand_memory)
+        link = link_config(hw, r.operand_link)
         if operands_from == "sram":
             self.stream_gbps = c.sram_read_gbps
             self.first_operand_ps = ns_to_ps(c.sram_access_ns)
         else:
-            self.stream_gbps = min(hbm.effective_gbps, hw.links.ucie.data_gbps)
-            self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + hw.links.ucie.latency_ns + c.sram_access_ns)
+            self.stream_gbps = min(hbm.effective_gbps, link.data_gbps)
+            self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + link.latency_ns + c.sram_access_ns)
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
@@ -118,11 +121,11 @@ class ArrayModel:
         self.tiles = None  # cycle-level timing of every operation (chipsim.tilesim.tile_sim)
         self.op_cache = None  # its operation table, cached by content hash (chipsim.tilesim.op_cache)
         self._shapes: dict[str, bool] = {}  # shape key -> found in the cached table
-        if c.timing == "cycle-level" and operands_from == "hbm":
+        if c.timing == "cycle-level" and operands_from == "memory":
             from chipsim.tilesim.op_cache import OpCache  # the tile model: for cycle-level timing only
             from chipsim.tilesim.tile_sim import ChipletParams
 
-            self.request_latency_ns = hbm.access_latency_ns + 2 * hw.links.ucie.latency_ns  # request out, data back
+            self.request_latency_ns = hbm.access_latency_ns + 2 * link.latency_ns  # request out, data back
             self.tiles = ChipletParams(
                 arrays=c.arrays, units_per_array=c.unit_rows * c.unit_cols, vector_length=c.vector_length,
                 clock_mhz=c.clock_mhz, sfus_per_array=c.sfus_per_array, sfu_ops_per_cycle=c.sfu_ops_per_cycle,

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 
 from chipsim.hw.config import HardwareConfig, memory_tiers, serial_links
 from chipsim.hw.dram_formula import DramTiming, command_level_timing, dram_timing
-
-# components inside the package: their energy is the paper's "on-chip active" category, the rest "off-chip I/O"
-IN_PACKAGE = ("hbm", "ucie")
+from chipsim.hw.machine import roles
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,7 @@ class Component:
     static_w: float
     turnaround: float = 0.0  # a DRAM's extra capacity per written byte while it is also read
     shared_gbps: float = 0.0  # a DRAM's bandwidth while two or more sequential readers share it (0: gbps)
-
-    @property
-    def in_package(self) -> bool:
-        return self.name in IN_PACKAGE
+    in_package: bool = False  # its energy is the paper's "on-chip active" category, else "off-chip I/O"
 
 
 def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
@@ -46,50 +41,57 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
     closed = dram_timing(d)
     if d.timing_model == "closed-form":
         return closed
-    links = serial_links(hw)
-    link_gbps = min([links[c][1].data_gbps for c in hw.paths.fetch if c in links] + [hw.links.ucie.data_gbps])
-    fetch_gbps = link_gbps  # the rate fetches land at: the path's links, and the store's own bandwidth
-    store = expert_store(hw)
-    if name != store:
-        fetch_gbps = min(link_gbps, memory_timing(hw, store).effective_gbps)
+    r = roles(hw)
+    # the rate fetches land at: the path's links, and the store's own bandwidth
+    fetch_gbps = min(link_data_gbps(hw, link) for link in r.fetch_links)
+    link_gbps = fetch_gbps
+    if name != r.expert_store:
+        fetch_gbps = min(link_gbps, memory_timing(hw, r.expert_store).effective_gbps)
     second = 0.0
-    if name == "lpddr5x" and store == "lpddr5x":  # the host CPU reads experts beside the fetches
+    if name == r.host_memory and r.expert_store == r.host_memory:  # the host CPU reads experts beside the fetches
         second = hw.host_cpu.memory_bandwidth_gbps / (hw.host_cpu.memory_bandwidth_gbps + link_gbps)
     return command_level_timing(d, key, fetch_gbps / closed.effective_gbps, closed, second)
 
 
+def link_config(hw: HardwareConfig, name: str):
+    """The config section of the link `name`: a serial (PCIe-like) link's or the die-to-die link's."""
+    return hw.links.ucie if name == "ucie" else serial_links(hw)[name][1]
+
+
+def link_data_gbps(hw: HardwareConfig, name: str) -> float:
+    return link_config(hw, name).data_gbps
+
+
 def components(hw: HardwareConfig) -> dict[str, Component]:
-    """Every memory and link of the config by name: built-in ones in a fixed order, then the extra ones."""
+    """Every memory and link of the config by name, in the order of Roles.ordered (the order in which energy is
+    summed, so results stay identical)."""
+    r = roles(hw)
     out = {}
     for name, (_key, d) in memory_tiers(hw).items():
         t = memory_timing(hw, name)
         out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
-                              t.turnaround, t.shared_gbps)
-    for name, (_key, link) in serial_links(hw).items():
-        out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w)
-    u = hw.links.ucie
-    out["ucie"] = Component("ucie", u.data_gbps, u.latency_ns, u.energy_pj_per_bit, u.static_power_w)
-    # a fixed order for the ledger and results (the order in which energy is summed, so results stay identical)
-    order = ["lpddr5x", "pcie", "ucie", "hbm"]
-    order += [n for n in out if n not in order]
-    return {n: out[n] for n in order}
+                              t.turnaround, t.shared_gbps, name in r.in_package)
+    for name in [*serial_links(hw), "ucie"]:
+        link = link_config(hw, name)
+        out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w,
+                              in_package=name in r.in_package)
+    return {n: out[n] for n in r.ordered(out)}
 
 
 def fetch_components(hw: HardwareConfig) -> tuple[str, ...]:
     """The memories and links one fetched byte crosses under the config's staging location."""
-    path = tuple(hw.paths.fetch)
-    return path + ("hbm",) if hw.expert_buffer.location == "hbm" else path
+    return roles(hw).fetch_crosses
 
 
 def expert_store(hw: HardwareConfig) -> str:
     """The memory the experts are fetched from (it must hold all of them)."""
-    return hw.paths.fetch[0]
+    return roles(hw).expert_store
 
 
 def package_link(hw: HardwareConfig) -> str:
     """The link that brings fetched experts into the package (PCIe by default): its bytes are the off-chip
     traffic of the results."""
-    return hw.paths.fetch[-2]
+    return roles(hw).expert_link
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,6 @@ def fetch_path_timing(hw: HardwareConfig, comps: dict[str, Component] | None = N
     crossed = fetch_components(hw)
     bottleneck = min(crossed, key=lambda k: (comps[k].gbps, k))
     latency = sum(comps[c].latency_ns for c in crossed)
-    if hw.expert_buffer.location == "sram":
+    if roles(hw).stage_in_sram:
         latency += hw.compute.sram_access_ns
     return FetchPathTiming(comps[bottleneck].gbps, latency, bottleneck)

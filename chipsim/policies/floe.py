@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.hw.compute_formula import ArrayModel, ceil_div
+from chipsim.hw.machine import roles
 from chipsim.policies.base import Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
@@ -56,8 +57,8 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     gate_b = total * gate_w // share
     up_b = total * up_w // share
     down_b = total - gate_b - up_b
-    in_sram = hw.expert_buffer.location == "sram"
-    am = ArrayModel(hw, operands_from="sram" if in_sram else "hbm")
+    in_sram = roles(hw).stage_in_sram
+    am = ArrayModel(hw, operands_from="sram") if in_sram else ArrayModel(hw)
     op = am.matvec("floe_up", d, inter, up_b)
     op = op + am.vector("floe_dequant_up", d * inter * hw.compute.dequant_ops_per_weight)
     op = op + am.vector("floe_channel_mask", inter)

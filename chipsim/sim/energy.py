@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chipsim.hw.config import HardwareConfig
+from chipsim.hw.machine import roles
 from chipsim.hw.paths import components
 
 ACTIONS = ("mac", "sfu_op", "vector_op", "sram_read_bit", "sram_write_bit")
@@ -43,6 +44,8 @@ class EnergyTable:
     host_active_w: float
     category_of: dict[str, str]  # every entry of the energy breakdown -> one of CATEGORIES
     profiled: bool = False  # compute.op_energy_pj lists operations: the breakdown has an arrays_profiled entry
+    operand_components: tuple[str, ...] = ()  # the operand memory and link (chipsim.hw.machine.Roles)
+    host_link: str = ""  # the link to the host CPU (the results' energy_pcie_mj)
 
     @property
     def moves(self) -> tuple[str, ...]:
@@ -52,9 +55,11 @@ class EnergyTable:
     def from_config(cls, hw: HardwareConfig) -> "EnergyTable":
         c = hw.compute
         comps = components(hw)
-        # static power in a fixed order (arrays, HBM, LPDDR5X, PCIe, UCIe, then extra tiers and links)
-        static_order = ["hbm", "lpddr5x", "pcie", "ucie"] + [n for n in comps if n not in ("hbm", "lpddr5x", "pcie",
-                                                                                            "ucie")]
+        r = roles(hw)
+        # static power in a fixed order (arrays, the operand memory, the host's memory and link, the operand link,
+        # then the other memories and links)
+        first = [n for n in dict.fromkeys((r.operand_memory, r.host_memory, r.host_link, r.operand_link)) if n in comps]
+        static_order = first + [n for n in comps if n not in first]
         static_w = {"arrays": c.leakage_power_w_per_array * c.arrays}
         static_w.update({n: comps[n].static_w for n in static_order})
         category_of = {n: "onchip_active" if comp.in_package else "offchip_io" for n, comp in comps.items()}
@@ -78,6 +83,8 @@ class EnergyTable:
             host_active_w=hw.host_cpu.active_power_w,
             category_of=category_of,
             profiled=bool(c.op_energy_pj),
+            operand_components=(r.operand_memory, r.operand_link),
+            host_link=r.host_link,
         )
 
 
@@ -92,7 +99,7 @@ class Ledger:
     idle_ps: int = 0
     host_busy_ps: int = 0
     profiled_pj: int = 0  # compute.op_energy_pj: measured energy of the operations listed there
-    unpriced_operand_bytes: int = 0  # of the operand bytes (hbm, ucie), those whose energy profiled_pj holds
+    unpriced_operand_bytes: int = 0  # of the operand memory and link bytes, those whose energy profiled_pj holds
 
     @classmethod
     def empty(cls, components: tuple[str, ...]) -> "Ledger":

@@ -31,6 +31,8 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.config import HardwareConfig
+from chipsim.hw.machine import SRAM
+from chipsim.hw.machine import roles as machine_roles
 from chipsim.hw.paths import components, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy, PolicyError
 from chipsim.sim.buffer import Entry, ExpertBuffer
@@ -50,9 +52,10 @@ from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import host_timing
 
 
-# UCIe is two resources: the I/O die's link (fetches) and the memory-to-compute link (operand streams)
-_UCIE_FETCH: Final = "ucie_io"
-_UCIE_OPERANDS: Final = "ucie_compute"
+# the operand link is two resources where fetches cross it too (thor's UCIe: the I/O die's link for fetches, the
+# memory-to-compute link for operand streams): its name with these suffixes
+_FETCH_SIDE: Final = "_io"
+_OPERAND_SIDE: Final = "_compute"
 
 
 class Simulation:
@@ -103,15 +106,17 @@ class Simulation:
         self.path_timing = path
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
-        self._stage_in_sram = hw.expert_buffer.location == "sram"
-        self.network: Any = self._network(self.env, hw, comps, self._stage_in_sram)
+        roles = self.roles = machine_roles(hw)
+        self._stage_in_sram = roles.stage_in_sram
+        self.network: Any = self._network(self.env, hw, comps)
         net = self.network
         self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
-        self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components, self._stage_in_sram))
-        self._operand_flow_path = net.path(("hbm", READ), (_UCIE_OPERANDS, READ))
-        self._sram_flow_path = net.path(("sram", READ)) if self._stage_in_sram else None
-        self._host_flow_path = net.path(("lpddr5x", READ))
+        self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components))
+        self._operand_flow_path = net.path((roles.operand_memory, READ),
+                                           (roles.operand_link + _OPERAND_SIDE, READ))
+        self._sram_flow_path = net.path((SRAM, READ)) if self._stage_in_sram else None
+        self._host_flow_path = net.path((roles.host_memory, READ))
         # what one flow alone gets on the operand paths (the native core runs an operation alone until it ends as one
         # wait)
         self._operand_alone_rate = net.alone_rate(self._operand_flow_path)
@@ -152,7 +157,7 @@ class Simulation:
         self.buffer = ExpertBuffer(self.num_moe_layers, self.num_experts, self.slots)
         self._slot_of = self.buffer.slot_of  # the buffer's entries by index: read on every routed expert
         self._demands = DemandQueue(self)
-        self._tally = TokenTally(self._components, self._fetch_components)
+        self._tally = TokenTally(self._components, self._fetch_components, self.roles)
         # the run's counters as plain ints (compiled code counts them natively); rec.counts gets them at the end
         self._prefetches_issued = self._prefetches_dropped = self._prefetches_unused = 0
         self._fetches_total = self._expert_computes = self._peak_buffer_slots = 0
@@ -190,36 +195,37 @@ class Simulation:
         if self._observer is not None:
             self._observer.attach(self)
 
-    def _network(self, env: Any, hw: HardwareConfig, comps: dict, stage_in_sram: bool) -> Any:
+    def _network(self, env: Any, hw: HardwareConfig, comps: dict) -> Any:
         """The chip's shared resources: each memory at its effective bandwidth (with its read/write turnaround),
-        each link in the direction flows cross it (UCIe twice: I/O die and memory-to-compute), and, with experts
-        staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
+        each link in the direction flows cross it (the operand link twice: the fetches' side and the operand
+        streams'), and, with experts staged there, the arrays' SRAM (fetch writes and expert reads share its ports)."""
+        operand_link = self.roles.operand_link
         names, gbps, turnaround, shared = [], [], [], []
         for comp in comps.values():
-            names.append(_UCIE_FETCH if comp.name == "ucie" else comp.name)
+            names.append(comp.name + _FETCH_SIDE if comp.name == operand_link else comp.name)
             gbps.append(comp.gbps)
             turnaround.append(round(comp.turnaround * PPM))
             shared.append(comp.shared_gbps)
-        names.append(_UCIE_OPERANDS)
-        gbps.append(hw.links.ucie.data_gbps)
+        names.append(operand_link + _OPERAND_SIDE)
+        gbps.append(comps[operand_link].gbps)
         turnaround.append(0)
         shared.append(0)
-        if stage_in_sram:
-            names.append("sram")
+        if self._stage_in_sram:
+            names.append(SRAM)
             gbps.append(hw.compute.sram_read_gbps)
             turnaround.append(0)
             shared.append(0)
         return self.core.flow_network(env, names, [gbps_to_bytes_per_s(g) for g in gbps], turnaround,
                                       [gbps_to_bytes_per_s(g) if g else 0 for g in shared])
 
-    @staticmethod
-    def _fetch_hops(crossed: tuple[str, ...], stage_in_sram: bool) -> list[tuple[str, bool]]:
+    def _fetch_hops(self, crossed: tuple[str, ...]) -> list[tuple[str, bool]]:
         """The network hops of a fetch: the experts' store read, each link towards the package, the landing
-        written (HBM, or the arrays' SRAM)."""
+        written (the operand memory, or the arrays' SRAM)."""
+        operand_link = self.roles.operand_link
         hops = [(crossed[0], READ)]
-        hops += [(_UCIE_FETCH if c == "ucie" else c, WRITE) for c in crossed[1:]]
-        if stage_in_sram:
-            hops.append(("sram", WRITE))
+        hops += [(c + _FETCH_SIDE if c == operand_link else c, WRITE) for c in crossed[1:]]
+        if self._stage_in_sram:
+            hops.append((SRAM, WRITE))
         return hops
 
     # ======================================================================== what the policy context acts through
@@ -342,9 +348,9 @@ class Simulation:
             yield done
         tally = self._tally
         tally.host_busy_ps += self._now() - start - timing.transit_ps
-        tally.bytes[tally.at_lpddr5x] += nbytes  # the CPU reads its own copy
-        tally.bytes[tally.at_pcie] += timing.activation_bytes
-        tally.bytes[tally.at_ucie] += timing.activation_bytes
+        tally.bytes[tally.at_host_memory] += nbytes  # the CPU reads its own copy
+        tally.bytes[tally.at_host_link] += timing.activation_bytes
+        tally.bytes[tally.at_operand_link] += timing.activation_bytes
         if self._observer is not None:
             self._observer.host_job(layer, expert, start, self._now())
 

@@ -32,7 +32,7 @@ def per_token_energy_pj(result: SimResult, table: EnergyTable) -> dict[str, np.n
     pj = table.pj_per_action
     out = {c: tok.bytes[c].astype(np.float64) * 8 * table.pj_per_bit[c] for c in table.moves}
     if table.profiled:  # operations with a measured energy: their operand bits are in it, not priced per bit
-        for c in ("hbm", "ucie"):
+        for c in table.operand_components:
             out[c] -= tok.unpriced_operand_bytes.astype(np.float64) * 8 * table.pj_per_bit[c]
     out["arrays_mac"] = act["mac"] * pj["mac"]
     out["arrays_sfu"] = act["sfu_op"] * pj["sfu_op"]
@@ -71,7 +71,7 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice, link: str) -
         "energy_offchip_io_mj": cat_mj["offchip_io"],
         "energy_idle_leakage_mj": cat_mj["idle_leakage"],
         "energy_host_cpu_mj": cat_mj["host_cpu"],
-        "energy_pcie_mj": comp_mj["pcie"],
+        "energy_pcie_mj": comp_mj[table.host_link],
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
         "offchip_bytes_per_token": float(tok.bytes[link][sl].mean()),

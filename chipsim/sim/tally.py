@@ -19,9 +19,10 @@ _SRAM_WRITE_BIT: Final = ACTIONS.index("sram_write_bit")
 
 class TokenTally:
     """The token's bytes per component, actions and busy times so far (`components`: the run's memories and links,
-    in the Ledger's order; `fetch_components`: those every landed fetch byte crosses)."""
+    in the Ledger's order; `fetch_components`: those every landed fetch byte crosses; `roles`: which component
+    plays which part, chipsim.hw.machine.Roles)."""
 
-    def __init__(self, components: tuple[str, ...], fetch_components: tuple[str, ...]) -> None:
+    def __init__(self, components: tuple[str, ...], fetch_components: tuple[str, ...], roles) -> None:
         self.components = components
         self.bytes = [0] * len(components)  # by component, as `components`
         self.actions = [0] * len(ACTIONS)
@@ -30,18 +31,18 @@ class TokenTally:
         self.host_busy_ps = 0
         # the counts every fetch and every arrays operation add to; add_to spreads them over the lists above
         self.fetched = 0  # bytes landed: each crosses every component of the fetch path
-        self.operand_bytes = 0  # operands streamed from HBM over the memory-to-compute link
+        self.operand_bytes = 0  # operands streamed from the operand memory over the operand link
         self.macs = self.sfu_ops = self.vector_ops = 0
         self.sram_read_bits = self.sram_write_bits = 0
         self.profiled_pj = self.unpriced_operand_bytes = 0  # compute.op_energy_pj's operations
         place = {name: i for i, name in enumerate(components)}
-        self.at_hbm, self.at_ucie, self.at_lpddr5x, self.at_pcie = (place["hbm"], place["ucie"], place["lpddr5x"],
-                                                                    place["pcie"])
+        self.at_operand_memory, self.at_operand_link = place[roles.operand_memory], place[roles.operand_link]
+        self.at_host_memory, self.at_host_link = place[roles.host_memory], place[roles.host_link]
         self.fetch_places = [place[c] for c in fetch_components]
 
     def work(self, work: Work) -> None:
         """What arrays work moves and does (its time is added once it has run)."""
-        self.operand_bytes += work.bytes  # read from HBM, across the HBM->compute UCIe link
+        self.operand_bytes += work.bytes  # read from the operand memory, across the operand link
         self.macs += work.macs
         self.sfu_ops += work.sfu_ops
         self.vector_ops += work.vector_ops
@@ -61,8 +62,8 @@ class TokenTally:
         tally, actions = self.bytes, self.actions
         for i in self.fetch_places:
             tally[i] += self.fetched
-        tally[self.at_hbm] += self.operand_bytes
-        tally[self.at_ucie] += self.operand_bytes
+        tally[self.at_operand_memory] += self.operand_bytes
+        tally[self.at_operand_link] += self.operand_bytes
         actions[_MAC] += self.macs
         actions[_SFU_OP] += self.sfu_ops
         actions[_VECTOR_OP] += self.vector_ops

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel, OpCost, ceil_div
 from chipsim.hw.config import HardwareConfig, memory_tiers
-from chipsim.hw.paths import expert_store
+from chipsim.hw.machine import roles
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
 from chipsim.workload.models import ModelShape, get_model
 
@@ -198,7 +198,8 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     ctx = hw.workload.context_length
     bits = hw.model.expert_bits
     d = m.hidden_size
-    in_sram = hw.expert_buffer.location == "sram"
+    r = roles(hw)
+    in_sram = r.stage_in_sram
     if in_sram and not hw.compute.sram_read_gbps_per_array:
         raise InputError("expert_buffer.location: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
                          "experts are read at)")
@@ -240,15 +241,16 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     non_expert = m.non_expert_params() * BF16_BYTES
     kv = ctx * m.num_layers * m.kv_cache_bytes_per_token_layer(BF16_BYTES)
     activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
-    hbm_capacity = int(hw.memory.hbm.capacity_gib * BYTES_PER_GIB)
+    operand_key, operand = memory_tiers(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
+    hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
     needed = non_expert + kv + activations + (0 if in_sram else slots * expert_bytes)
     if needed > hbm_capacity:
         raise InputError(
-            f"memory.hbm.capacity_gib: {hw.memory.hbm.capacity_gib} GiB cannot hold non-expert weights "
+            f"{operand_key}.capacity_gib: {operand.capacity_gib} GiB cannot hold non-expert weights "
             f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
             f"expert buffer ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
-    store_key, store = memory_tiers(hw)[expert_store(hw)]  # the memory the experts are fetched from
+    store_key, store = memory_tiers(hw)[r.expert_store]  # the memory the experts are fetched from
     all_experts = m.num_moe_layers * m.num_experts * expert_bytes
     if all_experts > int(store.capacity_gib * BYTES_PER_GIB):
         raise InputError(

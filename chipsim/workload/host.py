@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chipsim.hw.config import HardwareConfig
+from chipsim.hw.machine import roles
+from chipsim.hw.paths import link_config
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload
 
@@ -27,7 +29,7 @@ def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
     compute_ps = max(-(-flops * PS_PER_S // int(peak)),
                      transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
     act = m.hidden_size * 2  # BF16 hidden vector
-    pcie = gbps_to_bytes_per_s(hw.links.pcie.data_gbps)
-    transit_ps = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + transfer_ps(act, pcie))
+    link = link_config(hw, roles(hw).host_link)
+    transit_ps = 2 * (ns_to_ps(link.latency_ns) + transfer_ps(act, gbps_to_bytes_per_s(link.data_gbps)))
     total = ns_to_ps(cpu.dispatch_overhead_ns) + transit_ps + compute_ps
     return HostTiming(compute_ps, transit_ps, total, 2 * act)
