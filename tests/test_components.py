@@ -38,10 +38,10 @@ def test_the_cxl_config_adds_a_memory_and_a_link_and_routes_fetches_over_them():
     # CXL x8 at 64 GT/s: 59 GB/s after FLITs, 64 B of data per 80 B -> 47.2 GB/s; the DDR5 side 4 x 4 B x 6.4 GT/s
     assert path.bottleneck == "cxl" and path.bandwidth_gbps == pytest.approx(59 * 64 / 80)
     assert comps["cxl_ddr5"].gbps < 4 * 4 * 6.4 and comps["cxl_ddr5"].gbps > path.bandwidth_gbps
-    ddr5 = hw.memory.extra["cxl_ddr5"]
+    ddr5 = hw.memory["cxl_ddr5"]
     first_byte = ddr5.trcd_ns + ddr5.tcl_ns + 16 / 6400 * 1e3  # tRCD + CL + one BL16 burst
     assert comps["cxl_ddr5"].latency_ns == pytest.approx(first_byte)
-    assert path.latency_ns == pytest.approx(first_byte + 200 + hw.links.ucie.latency_ns + comps["hbm"].latency_ns)
+    assert path.latency_ns == pytest.approx(first_byte + 200 + hw.links["ucie"].latency_ns + comps["hbm"].latency_ns)
 
 
 def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_components(tiny):
@@ -108,8 +108,55 @@ def test_the_experts_store_must_hold_every_expert_and_the_message_names_its_key(
 def test_chipsim_keys_documents_the_named_sections_and_the_path(capsys):
     assert cli.main(["keys"]) == 0
     out = capsys.readouterr().out
-    for key in ("memory.extra.<name>.channels", "links.extra.<name>.bandwidth_gbps", "paths.fetch"):
+    for key in ("memory.<name>.channels", "links.<serial link>.bandwidth_gbps", "links.<die-to-die link>.gtps",
+                "paths.fetch", "roles.operand_memory", "roles.fetch_links", "roles.in_package"):
         assert key in out
+
+
+RENAMED = {"hbm": "stack", "lpddr5x": "host_dram", "pcie": "host_link", "ucie": "d2d", "cxl_ddr5": "expander",
+           "cxl": "fabric"}
+
+
+def _renamed_config(tmp_path, source: str) -> str:
+    """`source` written out whole with every memory and link renamed (memory.extra / links.extra read as the
+    others) and a roles section saying which is which."""
+    cfg = load_config(source)
+    data = dict(cfg.raw)
+    for section in ("memory", "links"):
+        named = {k: v for k, v in data[section].items() if k != "extra"}
+        named.update(data[section].get("extra", {}))
+        data[section] = {RENAMED[k]: v for k, v in named.items()}
+    path = [RENAMED[c] for c in data.pop("paths", {}).get("fetch", ["lpddr5x", "pcie", "ucie"])]
+    data["roles"] = {"operand_memory": "stack", "operand_link": "d2d", "expert_store": path[0],
+                     "fetch_links": path[1:], "host_memory": "host_dram", "host_link": "host_link"}
+    data["workload"] = dict(data["workload"], trace=cfg.trace_path)
+    out = tmp_path / "renamed.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return str(out)
+
+
+def _renamed_entry(entry: str) -> str:
+    """An energy breakdown entry under the renamed components: 'hbm' -> 'stack', 'static_hbm' -> 'static_stack'."""
+    static, _, name = entry.rpartition("static_")
+    return f"{static}static_{RENAMED[name]}" if _ == "static_" and name in RENAMED else RENAMED.get(entry, entry)
+
+
+@pytest.mark.parametrize("source", [THOR, CXL], ids=["thor", "thor-cxl"])
+def test_renaming_every_component_changes_no_result(tmp_path, source):
+    """The engine, the ledger and the metrics read roles, not names: thor (and thor-cxl) with every memory and
+    link renamed give the same numbers, every component's energy under its new name."""
+    renamed = _renamed_config(tmp_path, source)
+    overrides = ["workload.max_tokens=48"]
+    specs = ["no-prefetch", "apex", "spice", "lru"]
+    before, after = prepare(source, overrides, specs), prepare(renamed, overrides, specs)
+    assert list(components(after.config.hw)) == [RENAMED[n] for n in components(before.config.hw)]
+    for p_before, p_after in zip(before.policies, after.policies):
+        row = summarize_result(before, simulate(before, p_before), p_before)
+        new = summarize_result(after, simulate(after, p_after), p_after)
+        by_component = row.pop("energy_by_component_mj")
+        new_by_component = new.pop("energy_by_component_mj")
+        assert new_by_component == {_renamed_entry(k): v for k, v in by_component.items()}
+        assert new == row
 
 
 def test_an_expert_read_from_sram_shares_it_with_a_fetch_landing_there(tiny):
@@ -119,7 +166,7 @@ def test_an_expert_read_from_sram_shares_it_with_a_fetch_landing_there(tiny):
     at S. So the stream ends at N_f/P + (N_s - (N_f - F·P)) / S instead of F + N_s / S alone."""
     cfg = tiny.config(tiny.routing())
     hw0 = load_config(cfg).hw
-    p_gbps = hw0.links.pcie.data_gbps
+    p_gbps = hw0.links["pcie"].data_gbps
     overrides = ["expert_buffer.location=sram", "compute.sram_mib_per_array=64", "dma.setup_ns=0",
                  f"compute.sram_read_gbps_per_array={2 * p_gbps / hw0.compute.arrays!r}"]
     prep = prepare(cfg, overrides=overrides, policy_specs=["no-prefetch"])

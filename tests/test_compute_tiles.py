@@ -123,7 +123,7 @@ def test_the_array_model_takes_matvec_times_from_the_tile_loop_when_asked():
     root = Path(__file__).resolve().parents[1]
     hw = load_config(str(root / "hwconfigs" / "thor-cycle-level.yaml")).hw
     am = ArrayModel(hw)
-    latency = memory_timing(hw, "hbm").access_latency_ns + 2 * hw.links.ucie.latency_ns
+    latency = memory_timing(hw, "hbm").access_latency_ns + 2 * hw.links["ucie"].latency_ns
     assert am.tiles.memory_latency_ns == pytest.approx(latency) and am.tiles.memory_gbps == am.stream_gbps
     op = am.matvec("gate_up", 1536, 1024, 1536 * 1024 * 2)
     assert op.duration_ps == tiled(am.tiles, 1536, 1024, 2.0).ps

@@ -32,22 +32,22 @@ def test_the_standard_is_retimed_to_the_configs_clock_and_ns_keys():
     their parameters (tCL 21.25 ns -> 23 cycles); parameters JEDEC gives in ns scale (tRTP 8 x 1.25 ns -> 11);
     clock counts stay (nBL, nCCDL)."""
     hw = load_config(THOR).hw
-    std = cal.retimed_standard(hw.memory.lpddr5x, "memory.lpddr5x")
+    std = cal.retimed_standard(hw.memory["lpddr5x"], "memory.lpddr5x")
     p = std.params
     assert std.tck_ps == round(8e6 / 8533) == 938
     assert p["nCL"] == math.ceil(21.25e3 / 938) == 23
     assert p["nRAS"] == math.ceil(42.5e3 / 938)
     assert p["nRTP"] == math.ceil(8 * 1250 / 938) == 11
     assert (p["nBL"], p["nCCDL"]) == (2, 4)
-    hbm = cal.retimed_standard(hw.memory.hbm, "memory.hbm")  # thor's HBM3 runs at the preset's 6400: same clock
+    hbm = cal.retimed_standard(hw.memory["hbm"], "memory.hbm")  # thor's HBM3 runs at the preset's 6400: same clock
     assert hbm.tck_ps == 625 and hbm.params["nRFC"] == math.ceil(350e3 / 625) and hbm.params["nRCDRD"] == 31
 
 
 def test_the_system_model_takes_the_command_level_figures(cache):
     hw = load_config(THOR).hw
-    c = cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151)
+    c = cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.151)
     t = memory_timing(hw, "hbm")
-    closed = dram_timing(hw.memory.hbm)
+    closed = dram_timing(hw.memory["hbm"])
     assert t.source == "command-level hbm3"
     assert t.effective_gbps == pytest.approx(closed.peak_gbps * c.efficiency, rel=1e-12)
     assert components(hw)["hbm"].gbps == t.effective_gbps and components(hw)["hbm"].turnaround == c.turnaround
@@ -58,7 +58,7 @@ def test_the_system_model_takes_the_command_level_figures(cache):
     w = c.write_share
     assert (1 - w) * c.mixed_gbps + w * c.mixed_gbps * (1 + c.turnaround) == pytest.approx(c.read_gbps)
     # a lone read to a random row: at least tRCD + tCL + a burst, at most a row conflict's tRP more and a refresh
-    p = cal.retimed_standard(hw.memory.hbm, "memory.hbm").params
+    p = cal.retimed_standard(hw.memory["hbm"], "memory.hbm").params
     assert (p["nRCDRD"] + p["nCL"] + p["nBL"]) * 0.625 <= c.access_latency_ns
     assert c.access_latency_ns <= (p["nRP"] + p["nRCDRD"] + p["nCL"] + p["nBL"]) * 0.625
 
@@ -85,8 +85,8 @@ def test_the_host_cpu_beside_the_dma_is_calibrated_as_two_read_streams(cache):
     read; HBM, read by the operand stream alone, has no such figure."""
     hw = load_config(THOR).hw
     lp = memory_timing(hw, "lpddr5x")
-    share = 100 / (100 + hw.links.pcie.data_gbps)
-    c = cal.calibrate(hw.memory.lpddr5x, "memory.lpddr5x", hw.links.pcie.data_gbps / dram_timing(hw.memory.lpddr5x).effective_gbps,
+    share = 100 / (100 + hw.links["pcie"].data_gbps)
+    c = cal.calibrate(hw.memory["lpddr5x"], "memory.lpddr5x", hw.links["pcie"].data_gbps / dram_timing(hw.memory["lpddr5x"]).effective_gbps,
                       share)
     assert c.second_read_share == round(share, 3)
     assert lp.shared_gbps == pytest.approx(lp.peak_gbps * c.shared_efficiency)
@@ -99,7 +99,7 @@ def test_twelve_refresh_intervals_measure_the_efficiency_and_turnaround_of_a_lon
     """The calibration's streams against three times as long ones: efficiency within 0.2 %, the two-stream
     turnaround (streams drawn at random) within 5 %."""
     hw = load_config(THOR).hw
-    std = cal.retimed_standard(hw.memory.hbm, "memory.hbm")
+    std = cal.retimed_standard(hw.memory["hbm"], "memory.hbm")
     short = cal.run_calibration(std, 0.151)
     monkeypatch.setattr(cal, "REFRESH_PERIODS", 3 * cal.REFRESH_PERIODS)
     long = cal.run_calibration(std, 0.151)
@@ -109,13 +109,13 @@ def test_twelve_refresh_intervals_measure_the_efficiency_and_turnaround_of_a_lon
 
 def test_calibration_is_cached_by_content_and_a_changed_key_calibrates_anew(cache):
     hw = load_config(THOR).hw
-    first = cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151)
+    first = cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.151)
     files = list((cache / "dram").glob("*.json"))
     assert len(files) == 1 and cal.Calibration(**json.loads(files[0].read_text())["payload"]) == first
     cal.calibrate.cache_clear()
-    assert cal.calibrate(hw.memory.hbm, "memory.hbm", 0.151) == first  # read back from the file, bit for bit
+    assert cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.151) == first  # read back from the file, bit for bit
     slower = load_config(THOR, ["memory.hbm.trcd_ns=30"]).hw
-    cal.calibrate(slower.memory.hbm, "memory.hbm", 0.151)
+    cal.calibrate(slower.memory["hbm"], "memory.hbm", 0.151)
     assert len(list((cache / "dram").glob("*.json"))) == 2
 
 
@@ -130,10 +130,10 @@ def test_a_run_is_byte_identical_with_a_cold_and_a_warm_cache(cache, tmp_path, c
 
 def test_the_closed_form_stays_a_what_if(cache):
     hw = load_config(THOR, CLOSED).hw
-    assert memory_timing(hw, "hbm") == dram_timing(hw.memory.hbm)
+    assert memory_timing(hw, "hbm") == dram_timing(hw.memory["hbm"])
     assert not (cache / "dram").exists()  # nothing calibrated
     command = memory_timing(load_config(THOR).hw, "hbm")
-    assert command.effective_gbps < dram_timing(hw.memory.hbm).effective_gbps  # row switches a 32-deep queue cannot hide
+    assert command.effective_gbps < dram_timing(hw.memory["hbm"]).effective_gbps  # row switches a 32-deep queue cannot hide
 
 
 def test_command_level_without_a_standard_is_one_line(tmp_path):

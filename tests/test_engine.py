@@ -80,7 +80,7 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
         for comp, v in energy.items():
             by_cat[table.category_of[comp]] += v.sum()
         assert math.isclose(sum(by_cat.values()), total, rel_tol=1e-12)
-        assert math.isclose(energy["pcie"].sum(), moved * 8 * prep.config.hw.links.pcie.energy_pj_per_bit)
+        assert math.isclose(energy["pcie"].sum(), moved * 8 * prep.config.hw.links["pcie"].energy_pj_per_bit)
         row = summarize(result, table, TINY.top_k)
         parts = (row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
                  + row["energy_host_cpu_mj"])
@@ -99,7 +99,7 @@ def test_pcie_utilization_is_bytes_over_link_capacity_and_never_above_one(tiny):
             seconds = result.per_token.latency_ps.sum() / 1e12
             # thor's TLPs: 256 B of payload, 12 B of header, packed into FLITs by the link layer (whole FLITs of a
             # 1 GiB read: within 1e-6 of the ratio)
-            data_gbps = prep.config.hw.links.pcie.data_gbps
+            data_gbps = prep.config.hw.links["pcie"].data_gbps
             assert data_gbps == pytest.approx(bw * 256 / (256 + 12), rel=1e-6)
             by_hand = result.per_token.bytes["pcie"].sum() / (seconds * data_gbps * 1e9)
             assert row["pcie_utilization"] == pytest.approx(by_hand, rel=1e-12)
@@ -230,8 +230,8 @@ def test_experts_on_the_host_cpu_take_the_hand_computed_time_and_charge_its_ener
     flops_ps = -(-2 * TINY.expert_params * 10**12 // int(cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core))
     bytes_ps = -(-wl.expert_bytes * 10**12 // int(cpu.memory_bandwidth_gbps * 1e9))
     act = TINY.hidden_size * 2
-    pcie_data = gbps_to_bytes_per_s(hw.links.pcie.bandwidth_gbps * 256 / 268)  # thor's TLPs: 256 B payload + 12 B
-    transit = 2 * (ns_to_ps(hw.links.pcie.latency_ns) + -(-act * 10**12 // pcie_data))
+    pcie_data = gbps_to_bytes_per_s(hw.links["pcie"].bandwidth_gbps * 256 / 268)  # thor's TLPs: 256 B payload + 12 B
+    transit = 2 * (ns_to_ps(hw.links["pcie"].latency_ns) + -(-act * 10**12 // pcie_data))
     per_expert = ns_to_ps(cpu.dispatch_overhead_ns) + transit + max(flops_ps, bytes_ps)
     expected = sum(c.attention.duration_ps + c.router.duration_ps + 2 * per_expert + c.combine.duration_ps
                    for c in wl.layers) + wl.token_head.duration_ps
@@ -298,11 +298,11 @@ def test_energy_is_action_counts_times_the_table_plus_static_power_times_time(ti
         "arrays_sram": 8 * operand_bytes * (c.sram_read_pj_per_bit + c.sram_write_pj_per_bit),
         "arrays_clock": int(tok.busy_ps[0]) * c.clock_power_w_per_array * c.arrays,  # W × ps = pJ
         "static_arrays": latency_ps * c.leakage_power_w_per_array * c.arrays,
-        "static_hbm": latency_ps * hw.memory.hbm.background_power_w,
-        "static_lpddr5x": latency_ps * hw.memory.lpddr5x.background_power_w,
-        "static_pcie": latency_ps * hw.links.pcie.static_power_w,
-        "static_ucie": latency_ps * hw.links.ucie.static_power_w,
-        "hbm": (operand_bytes + k * 3 * wl.expert_bytes) * 8 * hw.memory.hbm.energy_pj_per_bit,  # reads + fetch writes
+        "static_hbm": latency_ps * hw.memory["hbm"].background_power_w,
+        "static_lpddr5x": latency_ps * hw.memory["lpddr5x"].background_power_w,
+        "static_pcie": latency_ps * hw.links["pcie"].static_power_w,
+        "static_ucie": latency_ps * hw.links["ucie"].static_power_w,
+        "hbm": (operand_bytes + k * 3 * wl.expert_bytes) * 8 * hw.memory["hbm"].energy_pj_per_bit,  # reads + fetch writes
     }
     energy = per_token_energy_pj(result, EnergyTable.from_config(hw))
     for comp, pj in by_hand_pj.items():
@@ -409,7 +409,7 @@ def test_an_operation_with_a_measured_energy_is_charged_it_instead_of_its_action
     eb = per_token_energy_pj(rb, EnergyTable.from_config(base.config.hw))
     ep = per_token_energy_pj(rp, EnergyTable.from_config(hw))
     assert "arrays_profiled" not in eb and ep["arrays_profiled"][0] == profiled
-    assert eb["hbm"][0] - ep["hbm"][0] == pytest.approx(8 * unpriced * hw.memory.hbm.energy_pj_per_bit, rel=1e-9)
-    assert eb["ucie"][0] - ep["ucie"][0] == pytest.approx(8 * unpriced * hw.links.ucie.energy_pj_per_bit, rel=1e-9)
+    assert eb["hbm"][0] - ep["hbm"][0] == pytest.approx(8 * unpriced * hw.memory["hbm"].energy_pj_per_bit, rel=1e-9)
+    assert eb["ucie"][0] - ep["ucie"][0] == pytest.approx(8 * unpriced * hw.links["ucie"].energy_pj_per_bit, rel=1e-9)
     row = summarize(rp, EnergyTable.from_config(hw), TINY.top_k)
     assert sum(row["energy_by_component_mj"].values()) == pytest.approx(row["energy_mj_per_token"], rel=1e-12)

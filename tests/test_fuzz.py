@@ -31,8 +31,19 @@ FUZZ = settings(deadline=None, derandomize=True, database=None,
 # a smaller fuzz below keeps them command-level
 CLOSED_FORM = ["--set", "memory.hbm.timing_model=closed-form", "--set", "memory.lpddr5x.timing_model=closed-form"]
 R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=2", "--jobs", "1", "--json"] + CLOSED_FORM
-NUMERIC_KEYS = [key for key, tp, _ in iter_keys() if tp in ("int", "float") and "<name>" not in key]
-OTHER_KEYS = [key for key, tp, _ in iter_keys() if tp not in ("int", "float") and "<name>" not in key]
+# the keys of thor's components: `chipsim keys` lists them once per kind (memory.<name>.channels, ...)
+THOR_COMPONENTS = {"memory.<name>.": ("memory.hbm.", "memory.lpddr5x."), "links.<serial link>.": ("links.pcie.",),
+                   "links.<die-to-die link>.": ("links.ucie.",)}
+
+
+def _thor_keys(key: str) -> list[str]:
+    generic = next((g for g in THOR_COMPONENTS if key.startswith(g)), None)
+    return [name + key[len(generic):] for name in THOR_COMPONENTS[generic]] if generic else [key]
+
+
+KEYS = [(thor_key, tp) for key, tp, _ in iter_keys() for thor_key in _thor_keys(key) if "<" not in thor_key]
+NUMERIC_KEYS = [key for key, tp in KEYS if tp in ("int", "float")]
+OTHER_KEYS = [key for key, tp in KEYS if tp not in ("int", "float")]
 MEMORY_KEYS = [key for key in NUMERIC_KEYS if key.startswith(("memory.hbm.", "memory.lpddr5x."))]
 POLICY_PARAMS = [(name, param) for name, cls in sorted(REGISTRY.items()) for param in cls.param_specs()]
 

@@ -19,7 +19,7 @@ def hw():
 
 
 def test_hbm3_streaming_bandwidth_loses_only_refresh_when_banks_hide_row_switches():
-    t = dram_timing(hw().memory.hbm)
+    t = dram_timing(hw().memory["hbm"])
     assert math.isclose(t.peak_gbps, 16 * 64 / 8 * 6.4)  # 819.2 GB/s
     # one 1 KB row per channel streams in 20 ns; (tRCD + 20 + tRP) / 16 banks = 3.5 ns is hidden
     assert t.row_efficiency == 1.0
@@ -28,21 +28,21 @@ def test_hbm3_streaming_bandwidth_loses_only_refresh_when_banks_hide_row_switche
 
 
 def test_row_switches_show_when_there_is_one_bank_to_interleave():
-    cfg = dataclasses.replace(hw().memory.hbm, banks_per_channel=1)
+    cfg = dataclasses.replace(hw().memory["hbm"], banks_per_channel=1)
     t = dram_timing(cfg)
     # each 20 ns row now costs tRCD + 20 + tRP = 55.625 ns
     assert math.isclose(t.row_efficiency, 20 / 55.625)
 
 
 def test_tfaw_limits_small_pages():
-    cfg = dataclasses.replace(hw().memory.hbm, page_bytes=64)
+    cfg = dataclasses.replace(hw().memory["hbm"], page_bytes=64)
     t = dram_timing(cfg)
     # 64 B rows stream in 1.25 ns but only four activates fit in tFAW = 15 ns: one row per 3.75 ns
     assert math.isclose(t.row_efficiency, 1.25 / 3.75)
 
 
 def test_lpddr5x_thor_bandwidth():
-    t = dram_timing(hw().memory.lpddr5x)
+    t = dram_timing(hw().memory["lpddr5x"])
     assert math.isclose(t.peak_gbps, 16 * 2 * 8.533)
     assert math.isclose(t.effective_gbps, 16 * 2 * 8.533 * (1 - 280 / 3906))
 
@@ -146,7 +146,7 @@ def test_op_group_launch_is_charged_once_per_group():
 def test_read_write_turnaround_is_two_switches_per_drained_batch_of_writes():
     """thor HBM3 (Ramulator 2.1 HBM3_6400Mbps): RD->WR 12.5 ns + WR->RD 11.875 ns per batch of 19 write bursts
     of 8 beats at 6400 MT/s (1.25 ns each): every written byte costs 24.375 / 23.75 = 1.026 more bytes of time."""
-    t = dram_timing(hw().memory.hbm)
+    t = dram_timing(hw().memory["hbm"])
     assert math.isclose(t.turnaround, 24.375 / 23.75, rel_tol=1e-12)
-    lp = dram_timing(hw().memory.lpddr5x)  # LPDDR5X-8533, BL16: 1.875 ns per burst
+    lp = dram_timing(hw().memory["lpddr5x"])  # LPDDR5X-8533, BL16: 1.875 ns per burst
     assert math.isclose(lp.turnaround, 35.0 / (19 * 16 / 8533e-3), rel_tol=1e-12)

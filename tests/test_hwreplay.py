@@ -901,7 +901,7 @@ def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_t
     op = ArrayModel(hw).op_for_key(key)
     c, bits = hw.compute, 8 * 131072
     by_hand_pj = (65536 * c.vector_op_energy_pj
-                  + bits * (hw.memory.hbm.energy_pj_per_bit + hw.links.ucie.energy_pj_per_bit)
+                  + bits * (hw.memory["hbm"].energy_pj_per_bit + hw.links["ucie"].energy_pj_per_bit)
                   + bits * (c.sram_read_pj_per_bit + c.sram_write_pj_per_bit)
                   + op.duration_ps * c.clock_power_w_per_array * c.arrays)
     assert op.hbm_read_bytes == 131072 and op.vector_ops == 65536

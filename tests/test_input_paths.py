@@ -155,10 +155,10 @@ def test_a_standard_path_is_relative_to_the_config_that_names_it(tmp_path, monke
     config = _config_with_standard(tmp_path, "std/hbm3-copy.yaml")
     os.mkdir(tmp_path / "elsewhere")
     monkeypatch.chdir(tmp_path / "elsewhere")
-    hbm = load_config(config).hw.memory.hbm
+    hbm = load_config(config).hw.memory["hbm"]
     assert hbm.standard == str(tmp_path / "std" / "hbm3-copy.yaml")
     copy = retimed_standard(hbm, "memory.hbm")
-    built_in = retimed_standard(load_config(THOR).hw.memory.hbm, "memory.hbm")
+    built_in = retimed_standard(load_config(THOR).hw.memory["hbm"], "memory.hbm")
     assert (copy.params, copy.org, copy.org_name, copy.timing_name) == \
         (built_in.params, built_in.org, built_in.org_name, built_in.timing_name)
     assert cache_key(copy, 0.5) == cache_key(built_in, 0.5)  # the same calibration, hence the same results
@@ -184,12 +184,12 @@ def test_an_inherited_standard_keeps_its_base_folder_and_set_uses_the_current_on
     derived = tmp_path / "b" / "derived.yaml"
     derived.write_text("base: ../a/base.yaml\n")
     monkeypatch.chdir(tmp_path / "cwd")
-    assert load_config(str(derived)).hw.memory.hbm.standard == str(tmp_path / "a" / "std" / "s.yaml")
+    assert load_config(str(derived)).hw.memory["hbm"].standard == str(tmp_path / "a" / "std" / "s.yaml")
     derived.write_text("base: ../a/base.yaml\nmemory:\n  hbm:\n    standard: std/s.yaml\n")
-    assert load_config(str(derived)).hw.memory.hbm.standard == str(tmp_path / "b" / "std" / "s.yaml")
+    assert load_config(str(derived)).hw.memory["hbm"].standard == str(tmp_path / "b" / "std" / "s.yaml")
     hw = load_config(str(derived), ["memory.hbm.standard=s.yaml", "memory.lpddr5x.standard=lpddr5"]).hw
-    assert hw.memory.hbm.standard == str(tmp_path / "cwd" / "s.yaml")
-    assert hw.memory.lpddr5x.standard == "lpddr5"  # a built-in name is not a path
+    assert hw.memory["hbm"].standard == str(tmp_path / "cwd" / "s.yaml")
+    assert hw.memory["lpddr5x"].standard == "lpddr5"  # a built-in name is not a path
     with pytest.raises(InputError, match=r"^memory.hbm.standard: DRAM standard .*/cwd/t.yaml: file not found$"):
         load_config(str(derived), ["memory.hbm.standard=t.yaml"])  # checked on loading, before any calibration
 

@@ -49,7 +49,7 @@ def test_a_flit_link_carries_236_tlp_bytes_per_256_and_gives_thors_figure():
                        dllp_bytes=0)
     expert = 4718592  # one Granite-3B expert at BF16
     assert wire_bytes(expert, p) == math.ceil(expert / 256 * 268 / 236) * 256
-    thor = load_config(str(ROOT / "hwconfigs" / "thor.yaml")).hw.links.pcie
+    thor = load_config(str(ROOT / "hwconfigs" / "thor.yaml")).hw.links["pcie"]
     assert usable_gbps(p) == pytest.approx(thor.data_gbps, rel=1e-3)
 
 
@@ -85,19 +85,19 @@ def _thor(*sets: str):
 
 
 def test_thors_link_layer_pcie_gives_the_flit_figure_and_scales_with_a_bandwidth_sweep():
-    pcie = _thor().pcie
+    pcie = _thor()["pcie"]
     assert pcie.timing_model == "link-layer"
     assert pcie.data_gbps == pytest.approx(118 * 256 / 268, rel=1e-4)
-    assert _thor("links.pcie.bandwidth_gbps=59").pcie.data_gbps == pytest.approx(pcie.data_gbps / 2, rel=1e-9)
+    assert _thor("links.pcie.bandwidth_gbps=59")["pcie"].data_gbps == pytest.approx(pcie.data_gbps / 2, rel=1e-9)
 
 
 def test_link_layer_reads_in_flight_bound_a_long_latency_link_where_the_fixed_model_does_not():
     """Little's law: 16 tags x 512 B over 2 us of completion latency carry at most 4.1 GB/s (a 512 B read's own
     completions, 2 x (256 + 12) B in whole 236-byte FLIT payloads, add their wire time)."""
-    slow = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000").pcie
+    slow = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000")["pcie"]
     request_ns = math.ceil((512 + 2 * 12) / 236) * 256 / (118 / (236 / 256))
     assert slow.data_gbps == pytest.approx(16 * 512 / (2000 + request_ns))
-    fixed = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000", "links.pcie.timing_model=fixed").pcie
+    fixed = _thor("links.pcie.read_tags=16", "links.pcie.latency_ns=2000", "links.pcie.timing_model=fixed")["pcie"]
     assert fixed.data_gbps == pytest.approx(118 * 256 / 268)
 
 
@@ -110,6 +110,6 @@ def test_link_layer_without_its_keys_names_the_missing_one(unset):
 
 @pytest.mark.parametrize("fmt, share", [("raw", 1.0), ("68B", 64 / 68), ("256B", 236 / 256)])
 def test_ucie_flit_formats_carry_their_share_of_data(fmt, share):
-    u = _thor(f"links.ucie.flit_format={fmt}").ucie
+    u = _thor(f"links.ucie.flit_format={fmt}")["ucie"]
     assert u.bandwidth_gbps == 4 * 64 * 32 / 8
     assert u.data_gbps == pytest.approx(1024 * share)

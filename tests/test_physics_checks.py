@@ -100,7 +100,7 @@ PCIE_SIZES = {128, 256, 512, 1024, 2048, 4096}
 def test_pcie_payload_is_exactly_a_power_of_two_from_128_to_4096(size):
     for key in ("links.pcie.max_payload_bytes", "links.pcie.max_read_request_bytes"):
         if size in PCIE_SIZES:
-            assert getattr(load_config(THOR, [f"{key}={size}"]).hw.links.pcie, key.rsplit(".", 1)[1]) == size
+            assert getattr(load_config(THOR, [f"{key}={size}"]).hw.links["pcie"], key.rsplit(".", 1)[1]) == size
         else:
             refused(lambda: load_config(THOR, [f"{key}={size}"]), key, f"got {size}", "power of two")
 
@@ -108,7 +108,7 @@ def test_pcie_payload_is_exactly_a_power_of_two_from_128_to_4096(size):
 def test_the_pcie_rule_applies_to_pcie_links_only():
     refused(lambda: load_config(THOR, ["links.pcie.max_payload_bytes=127"]), "links.pcie.max_payload_bytes")
     # thor-cxl's CXL.mem link moves 64 B: its own protocol, timed by the fixed model
-    assert load_config(CXL).hw.links.extra["cxl"].max_payload_bytes == 64
+    assert load_config(CXL).hw.links["cxl"].max_payload_bytes == 64
     # timed by the PCIe link layer, a link is PCIe and takes PCIe's sizes
     layer = ["links.extra.cxl.timing_model=link-layer", "links.extra.cxl.encoding=flit",
              "links.extra.cxl.max_read_request_bytes=512", "links.extra.cxl.read_tags=768"]

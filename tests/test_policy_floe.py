@@ -43,7 +43,7 @@ def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_byte
     assert fmt.part_bytes == (COMPRESSED,) and fmt.slot_bytes == COMPRESSED and fmt.fetch_bytes == COMPRESSED
     # the arrays read exactly the compressed bytes, so at least their streaming time, far less than dense
     assert fmt.hbm_bytes == COMPRESSED
-    stream = gbps_to_bytes_per_s(prep.config.hw.links.ucie.bandwidth_gbps)
+    stream = gbps_to_bytes_per_s(prep.config.hw.links["ucie"].bandwidth_gbps)
     assert fmt.compute_ps >= transfer_ps(COMPRESSED, stream)
     assert fmt.compute_ps < prep.workload.moe_layer(0).expert.duration_ps
     res, base = simulate(prep, floe), simulate(prep, none)

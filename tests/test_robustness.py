@@ -73,7 +73,7 @@ def test_a_dram_whose_timing_leaves_less_than_a_byte_per_second_is_refused(capsy
 def test_1e9_is_a_number_in_yaml_and_in_set():
     assert yaml_load("1e9") == 1e9 and yaml_load("-2E-3") == -0.002 and yaml_load("1e") == "1e"
     config = load_config(THOR, ["links.pcie.bandwidth_gbps=1e2", "workload.max_tokens=1e3"])
-    assert config.hw.links.pcie.bandwidth_gbps == 100.0 and config.hw.workload.max_tokens == 1000
+    assert config.hw.links["pcie"].bandwidth_gbps == 100.0 and config.hw.workload.max_tokens == 1000
 
 
 def test_json_never_holds_nan_or_infinity(capsys):

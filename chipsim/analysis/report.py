@@ -9,9 +9,9 @@ import math
 import os
 
 from chipsim.files import write_atomic
-from chipsim.hw.config import memory_tiers, serial_links
+from chipsim.hw.config import UcieConfig, memory_tiers, serial_links
 from chipsim.hw.machine import roles
-from chipsim.hw.paths import components, fetch_components, link_config, memory_timing
+from chipsim.hw.paths import components, fetch_components, memory_timing
 
 # (column header, key, format) of the printed table
 TABLE_COLUMNS = [
@@ -57,8 +57,8 @@ def _hop_text(hw, name: str, comp) -> str:
         return (f"{label} {link.data_gbps:.1f} of data per direction ({link.bandwidth_gbps:g} x "
                 f"{link.max_payload_bytes}/{link.max_payload_bytes + link.tlp_overhead_bytes} TLP payload; "
                 f"{2 * link.bandwidth_gbps:g} both ways)")
-    if name == "ucie":  # the die-to-die link
-        u = link_config(hw, name)
+    u = hw.links.get(name)
+    if isinstance(u, UcieConfig):  # a die-to-die link
         return f"{label} {comp.gbps:g}" if u.flit_format == "raw" else \
             f"{label} {comp.gbps:.1f} ({u.bandwidth_gbps:g} in {u.flit_format} flits)"
     return f"{label} {comp.gbps:.0f}"

@@ -22,6 +22,7 @@ import yaml
 
 from chipsim.errors import InputError
 from chipsim.files import YAML_MAX_BYTES, check_input, read_input_text
+from chipsim.hw.machine import check_roles, roles
 from chipsim.values import Bounds, YamlLimitError, check_value, key_doc, yaml_load
 
 
@@ -46,10 +47,9 @@ def _has_default(f: dataclasses.Field) -> bool:
     return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
-def _named_sections(doc: str, cls):
-    """A section of named sub-sections, each a `cls` (e.g. `memory.extra.cxl_ddr5.channels`); optional, empty
-    by default."""
-    return field(default_factory=dict, metadata={**spec(doc), "section_of": cls})
+def _components(doc: str, kind: str):
+    """A section of named components (`memory.<name>` or `links.<name>`), any names the config chooses."""
+    return field(metadata={**spec(doc), "components": kind})
 
 
 # names of memories and links: they name resources, ledger entries and result columns
@@ -193,15 +193,6 @@ class DramConfig:
                                               maximum=4096)
 
 
-@dataclass(frozen=True)
-class MemoryConfig:
-    hbm: DramConfig = _f("on-package HBM: non-expert weights, KV cache, activations, expert buffer")
-    lpddr5x: DramConfig = _f("off-package LPDDR5X beside the host CPU: all expert weights unless paths.fetch "
-                             "names another memory")
-    extra: dict = _named_sections("further memory tiers by name (e.g. a CXL memory expander), outside the package; "
-                                  "paths.fetch can name one as where the experts are stored", DramConfig)
-
-
 # ---------------------------------------------------------------------------------------------- links
 @dataclass(frozen=True)
 class PcieConfig:
@@ -263,14 +254,6 @@ class UcieConfig:
 
 
 @dataclass(frozen=True)
-class LinksConfig:
-    pcie: PcieConfig = _f("host link: LPDDR5X side to the accelerator package")
-    ucie: UcieConfig = _f("die-to-die links inside the package (I/O ↔ HBM ↔ compute)")
-    extra: dict = _named_sections("further serial links by name (e.g. a CXL link), outside the package, with the "
-                                  "keys of links.pcie; paths.fetch can route expert fetches over them", PcieConfig)
-
-
-@dataclass(frozen=True)
 class DmaConfig:
     engines: int = _f("DMA engines (transfers in flight at once)", positive=True, maximum=64)
     setup_ns: float = _f("fixed per-descriptor cost (driver, IOMMU) before data moves, ns", minimum=0, maximum=1e9)
@@ -304,15 +287,31 @@ class ExpertBufferConfig:
                               choices=("hbm", "sram"))
 
 
-DEFAULT_FETCH_PATH = ["lpddr5x", "pcie", "ucie"]
-
-
 @dataclass(frozen=True)
 class PathsConfig:
     fetch: list = _optional("what an expert fetch crosses, in order: the memory that stores the experts, then the "
-                            "links to the package, ending with ucie (the I/O die's link to where "
-                            "expert_buffer.location stages them); names from memory.* and links.*",
-                            DEFAULT_FETCH_PATH)
+                            "links to the package, ending with the operand link (the I/O die's link to where "
+                            "expert_buffer.location stages them); default [lpddr5x, pcie, ucie]; the same as "
+                            "roles.expert_store and roles.fetch_links, which a config gives instead", [])
+
+
+@dataclass(frozen=True)
+class RolesConfig:
+    """Which component plays which part (chipsim.hw.machine); each key left out takes today's machine's name."""
+
+    operand_memory: str = _optional("the memory holding the non-expert weights, KV cache and activations, which the "
+                                    "compute units stream their operands from (default: hbm)", "")
+    operand_link: str = _optional("the link the compute units read the operand memory over (default: ucie)", "")
+    expert_store: str = _optional("the memory that stores every expert (default: the first of paths.fetch, lpddr5x)",
+                                  "")
+    fetch_links: list = _optional("the links an expert fetch crosses from the store to where it is staged, in order "
+                                  "(default: the rest of paths.fetch, [pcie, ucie])", [])
+    expert_staging: str = _optional("where fetched experts land: the operand memory, or sram (the arrays' own; "
+                                    "default: expert_buffer.location)", "")
+    host_memory: str = _optional("the memory the host CPU reads its copy of the experts from (default: lpddr5x)", "")
+    host_link: str = _optional("the link activations cross to the host CPU and results back (default: pcie)", "")
+    in_package: list = _optional("the memories and links inside the package, whose energy is on-chip (default: the "
+                                 "operand memory and the operand link)", [])
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -345,8 +344,11 @@ class RunConfig:
 @dataclass(frozen=True)
 class HardwareConfig:
     compute: ComputeConfig = _f("compute chiplet")
-    memory: MemoryConfig = _f("memories")
-    links: LinksConfig = _f("links")
+    memory: dict = _components("the memories by name (e.g. hbm, lpddr5x, a CXL expander), each a DRAM; an older "
+                               "config's memory.extra.<name> is read as memory.<name>", "memory")
+    links: dict = _components("the links by name (e.g. pcie, ucie): a serial PCIe-like link (bandwidth_gbps, TLPs) or "
+                              "a die-to-die UCIe link (modules x lanes x GT/s); an older config's links.extra.<name> "
+                              "is read as links.<name>", "links")
     dma: DmaConfig = _f("DMA engines")
     host_cpu: HostCpuConfig = _f("host CPU that can compute experts from its own copy (SPICE, Fiddler)")
     expert_buffer: ExpertBufferConfig = _f("expert staging buffer")
@@ -354,6 +356,7 @@ class HardwareConfig:
     workload: WorkloadConfig = _f("what is replayed")
     run: RunConfig = _f("run defaults")
     paths: PathsConfig = field(default_factory=PathsConfig, metadata=spec("the routes bytes take through the chip"))
+    roles: RolesConfig = field(default_factory=RolesConfig, metadata=spec("the part each component plays"))
 
 
 @dataclass
@@ -422,7 +425,7 @@ def _path_keys(data: dict) -> list[tuple[dict, str]]:
         out.append((workload, "trace"))
     memory = data.get("memory")
     if isinstance(memory, dict):
-        drams = [memory.get("hbm"), memory.get("lpddr5x")]
+        drams = [d for name, d in memory.items() if name != "extra"]
         if isinstance(memory.get("extra"), dict):
             drams += list(memory["extra"].values())
         for d in drams:
@@ -536,26 +539,57 @@ def build_dataclass(cls, data, key_prefix: str = ""):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = build_dataclass(tp, data[f.name], key + ".")
-        elif "section_of" in f.metadata:
-            kwargs[f.name] = _build_named(f.metadata["section_of"], data[f.name], key)
+        elif "components" in f.metadata:
+            kwargs[f.name] = _build_components(f.metadata["components"], data[f.name], key)
         else:
             kwargs[f.name] = check_value(key, data[f.name], tp, f.metadata["bounds"])
     return cls(**kwargs)
 
 
-def _build_named(cls, data, key: str) -> dict:
-    if data is None:
-        return {}
+class Components(dict):
+    """A config's memories or links by name, in its order, with the dotted key each was read from (`key_of`)."""
+
+    def __init__(self, items: dict, key_of: dict):
+        super().__init__(items)
+        self.key_of = key_of
+
+
+# names the energy breakdown and the flow network use for other things
+RESERVED_NAMES = ("sram", "arrays", "host_cpu", "extra")
+_DIE_TO_DIE_KEYS = ("modules", "lanes_per_module", "gtps", "flit_format")
+
+
+def link_class(section) -> type:
+    """A link section's kind, by its keys: die-to-die (UCIe: modules x lanes x GT/s) or serial (PCIe-like)."""
+    return UcieConfig if isinstance(section, dict) and any(k in section for k in _DIE_TO_DIE_KEYS) else PcieConfig
+
+
+def _build_components(kind: str, data, key: str) -> Components:
+    """`memory` or `links`: named sections, and an older config's `extra` sub-section of more, read as if they
+    stood beside the others (the key each came from kept for messages)."""
     if not isinstance(data, dict):
-        raise InputError(f"{key}: expected a section of named sections, got {data!r}")
-    out = {}
-    for name, section in data.items():
+        raise InputError(f"{key}: expected a section of named {'memories' if kind == 'memory' else 'links'}, got "
+                         f"{data!r}")
+    sections = [(name, section, f"{key}.{name}") for name, section in data.items() if name != "extra"]
+    extra = data.get("extra")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise InputError(f"{key}.extra: expected a section of named sections, got {extra!r}")
+        sections += [(name, section, f"{key}.extra.{name}") for name, section in extra.items()]
+    items, key_of = {}, {}
+    for name, section, where in sections:
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise InputError(f"{key}.{name}: a name is lower-case letters, digits and _, starting with a letter")
-        if name in BUILT_IN_NAMES:
-            raise InputError(f"{key}.{name}: the name is taken (built in: {', '.join(BUILT_IN_NAMES)})")
-        out[name] = build_dataclass(cls, section, f"{key}.{name}.")
-    return out
+            raise InputError(f"{where}: a name is lower-case letters, digits and _, starting with a letter")
+        if name in RESERVED_NAMES or name.startswith(("arrays_", "static_")):
+            raise InputError(f"{where}: the name is reserved ({', '.join(RESERVED_NAMES)}, arrays_*, static_*)")
+        if name in items:
+            raise InputError(f"{where}: the name is taken by {key_of[name]}")
+        cls = DramConfig if kind == "memory" else link_class(section)
+        items[name] = build_dataclass(cls, section, where + ".")
+        key_of[name] = where
+    if not items:
+        raise InputError(f"{key}: a machine has at least one {'memory' if kind == 'memory' else 'link'}")
+    return Components(items, key_of)
 
 
 def field_bounds(cls, name: str) -> Bounds:
@@ -570,9 +604,13 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             yield from iter_keys(tp, f"{prefix}{f.name}.")
-        elif "section_of" in f.metadata:
-            yield (f"{prefix}{f.name}.<name>", "section", key_doc(f.metadata["doc"], Bounds(), {}, optional=True))
-            yield from iter_keys(f.metadata["section_of"], f"{prefix}{f.name}.<name>.")
+        elif "components" in f.metadata:
+            yield (f"{prefix}{f.name}.<name>", "section", key_doc(f.metadata["doc"], Bounds(), None, optional=False))
+            if f.metadata["components"] == "memory":
+                yield from iter_keys(DramConfig, f"{prefix}{f.name}.<name>.")
+            else:
+                yield from iter_keys(PcieConfig, f"{prefix}{f.name}.<serial link>.")
+                yield from iter_keys(UcieConfig, f"{prefix}{f.name}.<die-to-die link>.")
         else:
             default = None
             if _has_default(f):
@@ -590,6 +628,7 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     policies = data.pop("policies", {}) or {}
     for extra in ("name", "description"):
         data.pop(extra, None)
+    _check_names(data)
     hw = build_dataclass(HardwareConfig, data)
     if not isinstance(policies, dict) or not all(isinstance(v, dict) for v in policies.values()):
         raise InputError("policies: expected a mapping of policy name -> {parameter: value}")
@@ -616,8 +655,7 @@ def _check_consistency(config: Config) -> None:
             for name in ("encoding", "max_read_request_bytes", "read_tags"):
                 if not getattr(link, name):
                     raise InputError(f"{key}.{name}: {key}.timing_model: link-layer needs it")
-    _check_names(hw)
-    _check_fetch_path(hw)
+    check_roles(hw)
     c = hw.compute
     if c.timing == "cycle-level":
         for key in ("sram_read_bytes_per_cycle_per_array", "operand_tile_kib", "hbm_request_bytes",
@@ -654,9 +692,10 @@ PCIE_SIZES = tuple(128 << n for n in range(6))
 
 def _check_pcie_sizes(hw: HardwareConfig) -> None:
     """The sizes of a PCIe link: links.pcie, and any link timed by the PCIe link layer (timing_model:
-    link-layer); another links.extra link keeps its own protocol's sizes (CXL.mem moves 64 B)."""
+    link-layer); another serial link keeps its own protocol's sizes (CXL.mem moves 64 B)."""
+    host_link = roles(hw).host_link
     for name, (key, link) in serial_links(hw).items():
-        if name != "pcie" and link.timing_model != "link-layer":
+        if name != host_link and link.timing_model != "link-layer":
             continue
         for field_name in ("max_payload_bytes", "max_read_request_bytes"):
             value = getattr(link, field_name)
@@ -677,44 +716,30 @@ def _check_standards(hw: HardwareConfig) -> None:
             retimed_standard(d, key)
 
 
-# the built-in components' names, and the name the arrays' SRAM goes by when experts are staged there
-BUILT_IN_NAMES = ("hbm", "lpddr5x", "pcie", "ucie", "sram")
-
-
 def memory_tiers(hw: HardwareConfig) -> dict:
-    """Every memory of the config: name -> (dotted key, DramConfig); built-in ones first."""
-    out = {"hbm": ("memory.hbm", hw.memory.hbm), "lpddr5x": ("memory.lpddr5x", hw.memory.lpddr5x)}
-    out.update({name: (f"memory.extra.{name}", d) for name, d in hw.memory.extra.items()})
-    return out
+    """Every memory of the config: name -> (dotted key, DramConfig), in the config's order."""
+    return {name: (hw.memory.key_of[name], d) for name, d in hw.memory.items()}
 
 
 def serial_links(hw: HardwareConfig) -> dict:
-    """Every serial (PCIe-like) link of the config: name -> (dotted key, PcieConfig); pcie first."""
-    out = {"pcie": ("links.pcie", hw.links.pcie)}
-    out.update({name: (f"links.extra.{name}", link) for name, link in hw.links.extra.items()})
+    """Every serial (PCIe-like) link of the config: name -> (dotted key, PcieConfig), in the config's order."""
+    return {name: (hw.links.key_of[name], link) for name, link in hw.links.items() if isinstance(link, PcieConfig)}
+
+
+def _named_keys(section) -> dict:
+    """A raw memory or links section's component names -> the dotted key each is given at (extra included)."""
+    if not isinstance(section, dict):
+        return {}
+    out = {name: name for name in section if name != "extra"}
+    if isinstance(section.get("extra"), dict):
+        out.update({name: f"extra.{name}" for name in section["extra"]})
     return out
 
 
-def _check_names(hw: HardwareConfig) -> None:
-    for name in hw.memory.extra:
-        if name in hw.links.extra:
-            raise InputError(f"memory.extra.{name}: the name is taken by links.extra.{name}")
-
-
-def _check_fetch_path(hw: HardwareConfig) -> None:
-    path = hw.paths.fetch
-    memories, links = memory_tiers(hw), {**serial_links(hw), "ucie": None}
-    for name in path:
-        if name not in memories and name not in links:
-            raise InputError(f"paths.fetch: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
-                             f"({', '.join(links)})")
-    if len(set(path)) != len(path):
-        raise InputError(f"paths.fetch: {path} crosses a component twice")
-    if path[0] not in memories or path[0] == "hbm":
-        raise InputError(f"paths.fetch: must start with the memory that stores the experts (not hbm), got '{path[0]}'")
-    if path[-1] != "ucie" or len(path) < 3:
-        raise InputError(f"paths.fetch: must end with a link into the package, then ucie (into the memory or compute "
-                         f"die), got {path}")
-    for name in path[1:]:
-        if name in memories:
-            raise InputError(f"paths.fetch: '{name}' is a memory; after the experts' store the path crosses links only")
+def _check_names(data: dict) -> None:
+    """A memory and a link never share a name (they name resources, ledger entries and result columns): checked
+    before either is read, so the clash is what the message names."""
+    links = _named_keys(data.get("links"))
+    for name, where in _named_keys(data.get("memory")).items():
+        if name in links:
+            raise InputError(f"memory.{where}: the name is taken by links.{links[name]}")

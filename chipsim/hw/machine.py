@@ -1,19 +1,27 @@
 """The part each component of a machine plays in a decode step (its roles), read from the config.
 
 The engine, the energy ledger, the metrics and the report ask for a component by the part it plays, never by its
-name: the memory the compute units stream their operands from, the link they read it over, the memory that stores
-the experts, the links a fetch crosses, where fetched experts are staged, what the host CPU reads and the link its
-activations cross, and which components sit inside the package. A config names its components; `roles(hw)` says
-which is which.
+name: the memory the compute units stream their operands from (the operand memory), the link they read it over,
+the memory that stores the experts, the links a fetch crosses, where fetched experts are staged, what the host CPU
+reads and the link its activations cross, and which components sit inside the package. A config names its
+components (`memory.<name>`, `links.<name>`) and says which is which in `roles:`; a key it leaves out takes the name
+today's machine (thor) gives that part, so every older config reads as it always did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from chipsim.hw.config import HardwareConfig
+from chipsim.errors import InputError
+
+if TYPE_CHECKING:
+    from chipsim.hw.config import HardwareConfig
 
 SRAM = "sram"  # the staging place that is the arrays' own SRAM (expert_buffer.location: sram), not a memory
+# the names today's machine gives each part: what a config that does not say means
+DEFAULTS = {"operand_memory": "hbm", "operand_link": "ucie", "host_memory": "lpddr5x", "host_link": "pcie"}
+DEFAULT_FETCH_PATH = ("lpddr5x", "pcie", "ucie")
 
 
 @dataclass(frozen=True)
@@ -22,7 +30,7 @@ class Roles:
     operand_link: str  # between the compute units and the operand memory
     expert_store: str  # the memory that holds every expert's weights
     fetch_links: tuple[str, ...]  # the links an expert fetch crosses from the store to where it lands, in order
-    expert_link: str  # of those, the one into the package: its bytes are the off-package expert traffic
+    expert_link: str  # of those, the last outside the package: its bytes are the off-package expert traffic
     staging: str  # where fetched experts land: the operand memory, or SRAM (the arrays' own)
     host_memory: str  # the memory the host CPU reads its copy of the experts from
     host_link: str  # what activations cross to the host CPU and results back
@@ -47,11 +55,100 @@ class Roles:
         return first + [n for n in names if n not in first]
 
 
+_RESOLVED: dict[int, tuple] = {}  # id(hw) -> (hw, Roles): a run asks for the roles at every component it prices
+
+
 def roles(hw: HardwareConfig) -> Roles:
-    """The roles of the config's components: today's machine shape, an on-package HBM beside the compute die over
-    UCIe, experts stored where `paths.fetch` starts and staged where `expert_buffer.location` says, the host CPU
-    beside LPDDR5X over PCIe."""
-    path = tuple(hw.paths.fetch)
-    return Roles(operand_memory="hbm", operand_link="ucie", expert_store=path[0], fetch_links=path[1:],
-                 expert_link=path[-2], staging=SRAM if hw.expert_buffer.location == SRAM else "hbm",
-                 host_memory="lpddr5x", host_link="pcie", in_package=frozenset({"hbm", "ucie"}))
+    """The roles of the config's components (checked when the config was loaded: check_roles)."""
+    hit = _RESOLVED.get(id(hw))
+    if hit is not None and hit[0] is hw:
+        return hit[1]
+    resolved = _resolve(hw)
+    if len(_RESOLVED) >= 64:
+        _RESOLVED.clear()
+    _RESOLVED[id(hw)] = (hw, resolved)
+    return resolved
+
+
+def _resolve(hw: HardwareConfig) -> Roles:
+    given = hw.roles
+    operand_memory = given.operand_memory or DEFAULTS["operand_memory"]
+    operand_link = given.operand_link or DEFAULTS["operand_link"]
+    path = tuple(hw.paths.fetch) or DEFAULT_FETCH_PATH
+    store = given.expert_store or path[0]
+    fetch_links = tuple(given.fetch_links) or path[1:]
+    staging = given.expert_staging or (SRAM if hw.expert_buffer.location == SRAM else operand_memory)
+    in_package = frozenset(given.in_package or (operand_memory, operand_link))
+    outside = [link for link in fetch_links if link not in in_package]
+    return Roles(operand_memory=operand_memory, operand_link=operand_link, expert_store=store,
+                 fetch_links=fetch_links, expert_link=outside[-1] if outside else "", staging=staging,
+                 host_memory=given.host_memory or DEFAULTS["host_memory"],
+                 host_link=given.host_link or DEFAULTS["host_link"], in_package=in_package)
+
+
+def check_roles(hw: HardwareConfig) -> None:
+    """Every role filled by a component of the right kind, and the fetch path a path: one InputError naming the
+    roles key (or paths.fetch) otherwise."""
+    given = hw.roles
+    if hw.paths.fetch and (given.expert_store or given.fetch_links):
+        raise InputError("paths.fetch: give roles.expert_store and roles.fetch_links, or paths.fetch, not both")
+    r = _resolve(hw)
+    memories, links = list(hw.memory), list(hw.links)
+    for role, kind, names in (("operand_memory", "memory", memories), ("operand_link", "link", links),
+                              ("host_memory", "memory", memories), ("host_link", "link", links)):
+        name = getattr(r, role)
+        if name not in names:
+            said = f"'{name}'" if getattr(given, role) else f"not given, and the default '{name}'"
+            raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({kind}s: {', '.join(names)})")
+    if hw.paths.fetch:
+        _check_fetch_path(hw, r)
+    else:
+        _check_fetch_roles(hw, r, memories, links)
+    if r.staging not in (r.operand_memory, SRAM):
+        raise InputError(f"roles.expert_staging: '{r.staging}' is neither the operand memory ('{r.operand_memory}') "
+                         f"nor {SRAM}")
+    if hw.expert_buffer.location == SRAM and r.staging != SRAM:
+        raise InputError(f"roles.expert_staging: '{r.staging}', but expert_buffer.location: {SRAM}")
+    for name in r.in_package:
+        if name not in memories and name not in links:
+            raise InputError(f"roles.in_package: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
+                             f"({', '.join(links)})")
+
+
+def _check_fetch_roles(hw: HardwareConfig, r: Roles, memories: list, links: list) -> None:
+    given = hw.roles
+    if r.expert_store not in memories:
+        said = f"'{r.expert_store}'" if given.expert_store else f"not given, and the default '{r.expert_store}'"
+        raise InputError(f"roles.expert_store: {said} is not a memory of this machine (memories: "
+                         f"{', '.join(memories)})")
+    if r.expert_store == r.operand_memory:
+        raise InputError(f"roles.expert_store: '{r.expert_store}' is the operand memory; experts are fetched from "
+                         "another memory")
+    if not r.fetch_links:
+        raise InputError("roles.fetch_links: an expert fetch crosses at least one link")
+    for name in r.fetch_links:
+        if name not in links:
+            raise InputError(f"roles.fetch_links: '{name}' is not a link of this machine (links: {', '.join(links)})")
+    if len(set(r.fetch_links)) != len(r.fetch_links):
+        raise InputError(f"roles.fetch_links: {list(r.fetch_links)} crosses a link twice")
+
+
+def _check_fetch_path(hw: HardwareConfig, r: Roles) -> None:
+    """An older config's paths.fetch: the store, then links, ending with the operand link."""
+    path = list(hw.paths.fetch)
+    memories, links = list(hw.memory), list(hw.links)
+    for name in path:
+        if name not in memories and name not in links:
+            raise InputError(f"paths.fetch: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
+                             f"({', '.join(links)})")
+    if len(set(path)) != len(path):
+        raise InputError(f"paths.fetch: {path} crosses a component twice")
+    if path[0] not in memories or path[0] == r.operand_memory:
+        raise InputError(f"paths.fetch: must start with the memory that stores the experts (not {r.operand_memory}), "
+                         f"got '{path[0]}'")
+    if path[-1] != r.operand_link or len(path) < 3:
+        raise InputError(f"paths.fetch: must end with a link into the package, then {r.operand_link} (into the memory "
+                         f"or compute die), got {path}")
+    for name in path[1:]:
+        if name in memories:
+            raise InputError(f"paths.fetch: '{name}' is a memory; after the experts' store the path crosses links only")

@@ -1,22 +1,21 @@
 """The chip's memories and links as data, and the expert-fetch path through them.
 
-Every memory (`memory.hbm`, `memory.lpddr5x`, `memory.extra.<name>`) and link (`links.pcie`, `links.ucie`,
-`links.extra.<name>`) of a config becomes a `Component`: its usable bandwidth, latency, energy per bit, static
-power and, for a DRAM, its read/write turnaround. The engine makes each a shared resource, the energy ledger
-charges each per bit and over time, so a new tier is a YAML change only.
+Every memory (`memory.<name>`) and link (`links.<name>`) of a config becomes a `Component`: its usable bandwidth,
+latency, energy per bit, static power, whether it sits inside the package and, for a DRAM, its read/write
+turnaround. The engine makes each a shared resource, the energy ledger charges each per bit and over time, so a
+new tier is a YAML change only; which component plays which part is chipsim.hw.machine's `roles`.
 
-An expert fetch crosses `paths.fetch` (by default LPDDR5X → PCIe → UCIe) and lands where
-`expert_buffer.location` stages it: written into HBM, or into the arrays' SRAM (then the last UCIe hop goes
-from the I/O die to the compute die, and the SRAM's bandwidth belongs to the compute chiplet). Every byte
-crosses every component, so the transfer moves at the slowest one's bandwidth and lands after the sum of
-their latencies.
+An expert fetch crosses the expert store and the fetch links (thor: LPDDR5X → PCIe → UCIe) and lands where it is
+staged: written into the operand memory, or into the arrays' SRAM (then the last link's hop goes from the I/O die
+to the compute die, and the SRAM's bandwidth belongs to the compute chiplet). Every byte crosses every component,
+so the transfer moves at the slowest one's bandwidth and lands after the sum of their latencies.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.config import HardwareConfig, memory_tiers, serial_links
+from chipsim.hw.config import HardwareConfig, memory_tiers
 from chipsim.hw.dram_formula import DramTiming, command_level_timing, dram_timing
 from chipsim.hw.machine import roles
 
@@ -54,8 +53,8 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
 
 
 def link_config(hw: HardwareConfig, name: str):
-    """The config section of the link `name`: a serial (PCIe-like) link's or the die-to-die link's."""
-    return hw.links.ucie if name == "ucie" else serial_links(hw)[name][1]
+    """The config section of the link `name`: a serial (PCIe-like) link's or a die-to-die link's."""
+    return hw.links[name]
 
 
 def link_data_gbps(hw: HardwareConfig, name: str) -> float:
@@ -71,8 +70,7 @@ def components(hw: HardwareConfig) -> dict[str, Component]:
         t = memory_timing(hw, name)
         out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
                               t.turnaround, t.shared_gbps, name in r.in_package)
-    for name in [*serial_links(hw), "ucie"]:
-        link = link_config(hw, name)
+    for name, link in hw.links.items():
         out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w,
                               in_package=name in r.in_package)
     return {n: out[n] for n in r.ordered(out)}

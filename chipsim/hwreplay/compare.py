@@ -18,6 +18,7 @@ from chipsim.errors import InputError, OneLineParser
 from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, read_input_text, read_json
 from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
+from chipsim.hw.machine import roles
 from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
@@ -115,10 +116,12 @@ def _case_row(job) -> dict:
 
 def _kernel_fields(hw, case: dict) -> dict:
     """What a Meter-read replay's energy above idle is set against (step_against_kernels_lines): its kernel shapes'
-    launches per token, its tokens, a copied bit at the config's PCIe and HBM-write energies (the copy probe's
-    slope, split in two)."""
+    launches per token, its tokens, a copied bit at the config's expert-link and operand-memory energies (the copy
+    probe's slope, split in two)."""
+    r = roles(hw)
     return {"kernels_per_token": kernels_per_token(hw), "replayed_tokens": len(case["latency_ms"]),
-            "copy_pj_per_bit": hw.links.pcie.energy_pj_per_bit + hw.memory.hbm.energy_pj_per_bit}
+            "copy_pj_per_bit": (hw.links[r.expert_link].energy_pj_per_bit
+                                + hw.memory[r.operand_memory].energy_pj_per_bit)}
 
 
 def replayed_overrides(meas: dict) -> list[str]:
