@@ -187,12 +187,19 @@ def test_the_predictor_checks_a_trace_passed_when_unpacked_are_not_run_again(tmp
         _fresh_load(path)
 
 
-def test_an_array_changed_in_the_cache_after_the_load_is_refused_when_first_read(tmp_path, monkeypatch, capsys):
+def _first_array_changed_in_the_cache(tmp_path, monkeypatch):
+    """A hand trace loaded once (so cached), then its cached copy's first byte changed: the trace's path, the first
+    load, the arrays file and its good bytes."""
     path = _saved_trace(tmp_path, monkeypatch)
     first = tf.load(path)
     arrays_file = tmp_path / "cache" / "trace" / f"{unpacked.entry_key(first.sha256)}.arrays"
     good = arrays_file.read_bytes()
     arrays_file.write_bytes(b"\x07" + good[1:])  # the first array (apex_rank) starts at byte 0
+    return path, first, arrays_file, good
+
+
+def test_an_array_changed_in_the_cache_after_the_load_is_refused_when_first_read(tmp_path, monkeypatch, capsys):
+    path, first, arrays_file, good = _first_array_changed_in_the_cache(tmp_path, monkeypatch)
     capsys.readouterr()
     tf._LOADED.clear()
     second = tf.load(path, needed=["routed_ids"])  # a run that does not read apex_rank
@@ -208,11 +215,7 @@ def test_an_array_changed_in_the_cache_after_the_load_is_refused_when_first_read
 
 
 def test_a_changed_array_in_the_cache_is_noticed_and_rebuilt(tmp_path, monkeypatch, capsys):
-    path = _saved_trace(tmp_path, monkeypatch)
-    first = tf.load(path)
-    arrays_file = tmp_path / "cache" / "trace" / f"{unpacked.entry_key(first.sha256)}.arrays"
-    good = arrays_file.read_bytes()
-    arrays_file.write_bytes(b"\x07" + good[1:])  # the first array (apex_rank) starts at byte 0
+    path, first, arrays_file, good = _first_array_changed_in_the_cache(tmp_path, monkeypatch)
     capsys.readouterr()
     _same(first, _fresh_load(path))
     assert capsys.readouterr().err == (f"chipsim: note: trace cache {arrays_file}: array apex_rank: checksum mismatch "
