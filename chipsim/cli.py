@@ -415,6 +415,34 @@ def _add_run_parser(sub) -> None:
     run.set_defaults(func=_cmd_run)
 
 
+def _cmd_check(args) -> int:
+    """`chipsim check CONFIG`: every check a run makes (config, machine roles, trace, policies), then the machine
+    it would build; nothing is simulated."""
+    from chipsim.analysis import report
+    from chipsim.hw.paths import fetch_path_timing
+    from chipsim.runner import prepare
+
+    prep = prepare(args.config, list(args.set or ()), args.policy or (), args.trace)
+    for note in prep.notes:
+        print(f"chipsim: note: {note}", file=sys.stderr)
+    print("\n".join(report.header_lines(prep, fetch_path_timing(prep.config.hw))))
+    labels = ", ".join(p.label for p in prep.policies)
+    print(f"check:  ok ({len(prep.policies)} polic{'y' if len(prep.policies) == 1 else 'ies'}: {labels}); "
+          "nothing simulated")
+    return 0
+
+
+def _add_check_parser(sub) -> None:
+    """`chipsim check CONFIG`: validate a machine and its run without simulating."""
+    check = sub.add_parser("check", help="check a config (machine, roles, trace, policies) and print the machine it "
+                                         "builds, without simulating")
+    check.add_argument("config", help="hardware/run YAML, e.g. hwconfigs/thor.yaml")
+    check.add_argument("--policy", action="append", metavar="SPEC", help="policy to check (repeatable)")
+    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    check.add_argument("--trace", metavar="PATH", help="check this trace instead of workload.trace")
+    check.set_defaults(func=_cmd_check)
+
+
 def _add_sweep_parser(sub) -> None:
     """`chipsim sweep CONFIG --grid ...`: the cross product of config-key grids x policies."""
     sweep = sub.add_parser("sweep", help="run the cross product of config-key grids x policies; results.csv, cached")
@@ -510,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     _add_run_parser(sub)
+    _add_check_parser(sub)
     _add_sweep_parser(sub)
     _add_reproduce_parser(sub)
     _add_plot_parser(sub)

@@ -155,6 +155,7 @@ def test_renaming_every_component_changes_no_result(tmp_path, source):
         new = summarize_result(after, simulate(after, p_after), p_after)
         by_component = row.pop("energy_by_component_mj")
         new_by_component = new.pop("energy_by_component_mj")
+        assert new.pop("expert_link") == RENAMED[row.pop("expert_link")]
         assert new_by_component == {_renamed_entry(k): v for k, v in by_component.items()}
         assert new == row
 
@@ -196,3 +197,41 @@ def test_an_expert_read_from_sram_shares_it_with_a_fetch_landing_there(tiny):
     expected = n_f * PS_PER_S / P + (n_s - (n_f - fixed * P / PS_PER_S)) * PS_PER_S / R
     assert shared == pytest.approx(expected, abs=3)
     assert shared - alone > 0.3 * (n_f * PS_PER_S / R)  # a real slow-down, not rounding
+
+
+def test_the_results_name_the_expert_link_and_keep_the_old_names_as_aliases():
+    """thor-cxl brings experts in over its CXL link: the expert link's bytes and energy are the cxl component's;
+    energy_pcie_mj stays the PCIe (host) link's, as before roles."""
+    prep = prepare(CXL, ["workload.max_tokens=8"], ["no-prefetch"])
+    row = summarize_result(prep, simulate(prep, prep.policies[0]), prep.policies[0])
+    by_component = row["energy_by_component_mj"]
+    assert row["expert_link"] == "cxl" and row["energy_expert_link_mj"] == by_component["cxl"] > 0
+    assert row["energy_pcie_mj"] == by_component["pcie"] < row["energy_expert_link_mj"]
+    assert row["expert_link_bytes_per_token"] == row["offchip_bytes_per_token"] > 0
+    assert row["expert_link_utilization"] == row["pcie_utilization"] > 0
+
+
+def test_run_and_check_print_the_machine_one_line_per_role(capsys):
+    assert cli.main(["check", CXL, "--policy", "apex"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    machine = out[out.index(next(line for line in out if line.startswith("machine:"))):][:4]
+    assert [line.split()[0 if i else 1] for i, line in enumerate(machine)] == ["compute", "operands", "experts",
+                                                                               "host"]
+    assert "operands  hbm (2 GiB, in package), read over ucie (in package)" in machine[1]
+    assert ("experts   stored in cxl_ddr5 (256 GiB, off package), fetched over cxl -> ucie into hbm (buffer 192 MiB); "
+            "expert link cxl") in machine[2]
+    assert "reads lpddr5x, activations over pcie" in machine[3]
+    assert out[-1] == "check:  ok (1 policy: apex); nothing simulated"
+
+
+def test_check_refuses_a_role_no_component_fills_in_one_line(tmp_path, capsys):
+    assert cli.main(["check", THOR, "--set", "roles.operand_link=nvlink"]) == 2
+    assert capsys.readouterr().err == ("chipsim: error: roles.operand_link: 'nvlink' is not a link of this machine "
+                                       "(links: pcie, ucie)\n")
+    renamed = _renamed_config(tmp_path, THOR)
+    data = yaml.safe_load(open(renamed))
+    del data["roles"]  # renamed components, and no word on which is which: thor's names are not there
+    Path(renamed).write_text(yaml.safe_dump(data))
+    assert cli.main(["check", renamed]) == 2
+    assert capsys.readouterr().err == ("chipsim: error: roles.operand_memory: not given, and the default 'hbm' is not "
+                                       "a memory of this machine (memories: host_dram, stack)\n")

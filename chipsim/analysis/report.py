@@ -23,9 +23,9 @@ TABLE_COLUMNS = [
     ("on-chip", "energy_onchip_active_mj", "{:.2f}"),
     ("off-chip", "energy_offchip_io_mj", "{:.2f}"),
     ("idle", "energy_idle_leakage_mj", "{:.2f}"),
-    ("PCIe", "energy_pcie_mj", "{:.2f}"),
+    ("PCIe", "energy_expert_link_mj", "{:.2f}"),  # headed by the expert link's name (thor: PCIe)
     ("EDP mJ*ms", "edp_mj_ms", "{:.1f}"),
-    ("off-chip MB", "offchip_bytes_per_token", "{:.1f}"),
+    ("off-chip MB", "expert_link_bytes_per_token", "{:.1f}"),
     ("overlap", "overlap", "{:.3f}"),
 ]
 
@@ -37,6 +37,7 @@ CSV_COLUMNS = [
     "recall", "fallback_rate", "demand_fetches_per_token", "prefetches_issued", "prefetches_dropped",
     "prefetches_unused", "fetches_total", "peak_buffer_slots", "host_experts_per_token", "host_wait_ms_per_token",
     "surrogate_experts_per_token", "substitutions_per_token", "dropped_experts_per_token", "warmup_tokens",
+    "expert_link", "expert_link_bytes_per_token", "expert_link_utilization", "energy_expert_link_mj",
 ]
 
 
@@ -62,6 +63,32 @@ def _hop_text(hw, name: str, comp) -> str:
         return f"{label} {comp.gbps:g}" if u.flit_format == "raw" else \
             f"{label} {comp.gbps:.1f} ({u.bandwidth_gbps:g} in {u.flit_format} flits)"
     return f"{label} {comp.gbps:.0f}"
+
+
+def _where(r, name: str) -> str:
+    return "in package" if name in r.in_package else "off package"
+
+
+def machine_lines(hw) -> list[str]:
+    """The machine the config built, one line per role: what computes, where its operands live and how it reads
+    them, where the experts are stored and staged and what a fetch crosses, what the host CPU reads."""
+    r = roles(hw)
+    c = hw.compute
+    operand, store = hw.memory[r.operand_memory], hw.memory[r.expert_store]
+    buffer = f"buffer {hw.expert_buffer.capacity_mib:g} MiB"
+    staged = (f"the arrays' SRAM ({buffer} of {c.arrays} x {c.sram_mib_per_array:g} MiB)" if r.stage_in_sram
+              else f"{r.staging} ({buffer})")
+    link = f"; expert link {r.expert_link}" if r.expert_link else ""
+    return [
+        f"machine: compute   {c.arrays} arrays of {c.unit_rows}x{c.unit_cols} units x {c.vector_length} lanes at "
+        f"{c.clock_mhz:g} MHz, {c.timing} timing",
+        f"         operands  {r.operand_memory} ({operand.capacity_gib:g} GiB, {_where(r, r.operand_memory)}), read "
+        f"over {r.operand_link} ({_where(r, r.operand_link)})",
+        f"         experts   stored in {r.expert_store} ({store.capacity_gib:g} GiB, {_where(r, r.expert_store)}), "
+        f"fetched over {' -> '.join(r.fetch_links)} into {staged}{link}",
+        f"         host CPU  {hw.host_cpu.cores} cores at {hw.host_cpu.clock_ghz:g} GHz, reads {r.host_memory}, "
+        f"activations over {r.host_link}",
+    ]
 
 
 def header_lines(prep, fetch_path) -> list[str]:
@@ -92,6 +119,7 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "
         f"buffer {wl.buffer_slots} experts",
+        *machine_lines(hw),
         f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
         f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
         f"shared: {', '.join(shared)}",
@@ -110,7 +138,9 @@ def _memory_text(hw, name: str) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    columns = list(TABLE_COLUMNS)
+    link = rows[0].get("expert_link", "") if rows else ""
+    columns = [(_DISPLAY.get(link, link) or "link", key, fmt) if key == "energy_expert_link_mj" else (head, key, fmt)
+               for head, key, fmt in TABLE_COLUMNS]
     if any(row.get("energy_host_cpu_mj") for row in rows):  # only policies that use the host CPU have it
         columns.insert(8, ("host", "energy_host_cpu_mj", "{:.2f}"))
     cells = [[h for h, _, _ in columns]]
@@ -118,7 +148,7 @@ def format_table(rows: list[dict]) -> str:
         line = []
         for _, key, fmt in columns:
             value = row[key]
-            if key == "offchip_bytes_per_token":
+            if key == "expert_link_bytes_per_token":
                 value = value / 1e6
             line.append(fmt.format(value))
         cells.append(line)

@@ -200,8 +200,8 @@ def _task_key(config_raw: dict, trace_sha: str, inputs_sha: dict, code_sha: str,
 
 def check_row(entry, label: str | None = None) -> None:
     """A cached sweep result is usable: its inputs name the policy `label` (when given) as its row does, the row
-    has every CSV column, each a finite number >= 0 (or null: undefined for the run) but the policy, and no number
-    anywhere in it is NaN or infinite; raises cache.BadEntry."""
+    has every CSV column, each a finite number >= 0 (or null: undefined for the run) but the policy and the expert
+    link's name, and no number anywhere in it is NaN or infinite; raises cache.BadEntry."""
     cache.mapping(entry, "entry", ["inputs", "row"])
     inputs = cache.mapping(entry["inputs"], "inputs", ["config_sha256", "trace_sha256", "inputs_sha256", "code_sha256",
                                                      "policy"])
@@ -213,7 +213,10 @@ def check_row(entry, label: str | None = None) -> None:
     for column in CSV_COLUMNS[1:]:
         if column not in row:
             raise cache.BadEntry(f"row.{column}: missing")
-        if row[column] is not None:
+        if column == "expert_link":  # a component's name ("" where experts cross no link)
+            if not isinstance(row[column], str) or len(row[column]) > 64:
+                raise cache.BadEntry(f"row.{column}: not a component name")
+        elif row[column] is not None:
             cache.number(row[column], f"row.{column}", low=0)
     _check_finite(row, "row")
 

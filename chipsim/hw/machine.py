@@ -99,7 +99,8 @@ def check_roles(hw: HardwareConfig) -> None:
         name = getattr(r, role)
         if name not in names:
             said = f"'{name}'" if getattr(given, role) else f"not given, and the default '{name}'"
-            raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({kind}s: {', '.join(names)})")
+            plural = "memories" if kind == "memory" else "links"
+            raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({plural}: {', '.join(names)})")
     if hw.paths.fetch:
         _check_fetch_path(hw, r)
     else:

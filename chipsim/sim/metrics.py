@@ -6,11 +6,14 @@ warm-up summary.
   mean latency per token
 - overlap: share of token-layers whose whole routed set was in the buffer (arrived or on its way) when
   routing decided; recall: mean share of routed experts in the buffer then
-- offchip_bytes_per_token: bytes that crossed the link into the package (PCIe unless `paths.fetch` routes
-  fetches over another link: chipsim.hw.paths.package_link) per token
-- pcie_utilization: those bytes over what that link could have moved in the same time (mean bytes per token /
-  (mean latency per token × its per-direction data bandwidth, after TLP overhead)); the SPICE paper's
+- expert_link: the link that brings experts into the package (chipsim.hw.machine's roles; thor: pcie)
+- expert_link_bytes_per_token: bytes that crossed it per token; energy_expert_link_mj: its energy per token
+- expert_link_utilization: those bytes over what that link could have moved in the same time (mean bytes per
+  token / (mean latency per token × its per-direction data bandwidth, after TLP overhead)); the SPICE paper's
   "PCIe utilisation"
+- aliases kept for one release (the names from before components had roles): offchip_bytes_per_token =
+  expert_link_bytes_per_token, pcie_utilization = expert_link_utilization, and energy_pcie_mj, the host link's
+  energy (the link named pcie in every shipped config; thor's is also its expert link)
 Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
 """
 
@@ -92,6 +95,10 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["pcie_utilization"] = (row["offchip_bytes_per_token"] / (row["latency_ms_per_token"] * 1e-3
                                                                   * link_gbps * 1e9)
                                if link_gbps else float("nan"))
+    row["expert_link"] = link
+    row["expert_link_bytes_per_token"] = row["offchip_bytes_per_token"]
+    row["expert_link_utilization"] = row["pcie_utilization"]
+    row["energy_expert_link_mj"] = row["energy_by_component_mj"][link]
     layers, counts = result.per_layer, result.counts
     row["demand_fetches_per_token"] = float(layers.demand_fetches[sl].sum(axis=1).mean())
     row["host_wait_ms_per_token"] = float((result.per_token.host_wait_ps[sl] / PS_PER_MS).mean())
