@@ -210,6 +210,7 @@ def _cmd_policies(args) -> int:
                   f"{', ' + allowed if allowed else ''}): {p.doc}")
         if cls.trace_arrays:
             print(f"{'':14}   reads trace arrays: {', '.join(spec.name for spec in cls.trace_arrays)}")
+        print(f"{'':14}   experts read in place: {cls.in_place}")
     return 0
 
 

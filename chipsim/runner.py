@@ -19,6 +19,7 @@ from chipsim._compiled import RECORD
 from chipsim.dramsim.standard import standard_file_sha256
 from chipsim.errors import InputError
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
+from chipsim.hw.machine import roles
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
 from chipsim.policies.base import Policy, check_policy_config, make_policy
 from chipsim.sim.energy import EnergyTable
@@ -132,6 +133,13 @@ def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
     if wl.max_tokens > trace.num_tokens:
         notes.append(f"workload.max_tokens {wl.max_tokens} exceeds the {trace.num_tokens} tokens of trace "
                      f"{trace.path}: replaying {trace.num_tokens}")
+    machine = roles(config.hw)
+    if machine.in_place:  # what each policy does there, once per distinct answer
+        said: dict[str, list[str]] = {}
+        for policy in policies:
+            said.setdefault(policy.in_place, []).append(policy.label)
+        for text, labels in said.items():
+            notes.append(f"experts read in place from {machine.expert_store}: {', '.join(labels)}: {text}")
     for policy in policies:
         warmup = max(wl.warmup_tokens, policy.warmup_tokens())
         measured = tokens - min(warmup, tokens - 1)
@@ -248,7 +256,7 @@ def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
     hw = prep.config.hw
     link = package_link(hw)
     return summarize(result, table, prep.workload.model.top_k, warmup,
-                     link_gbps=components(hw)[link].gbps, link=link)
+                     link_gbps=components(hw)[link].gbps if link else None, link=link)
 
 
 _WORKER_PREP: Prepared | None = None

@@ -14,6 +14,7 @@ from chipsim.hw.paths import components, fetch_components, fetch_path_timing, pa
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
+from chipsim.sim.work import cost_of
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,3 +236,36 @@ def test_check_refuses_a_role_no_component_fills_in_one_line(tmp_path, capsys):
     assert cli.main(["check", renamed]) == 2
     assert capsys.readouterr().err == ("chipsim: error: roles.operand_memory: not given, and the default 'hbm' is not "
                                        "a memory of this machine (memories: host_dram, stack)\n")
+
+
+IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
+            "  in_package: none\n")
+
+
+def test_experts_read_in_place_never_wait_and_a_token_is_the_sum_of_its_work(tiny):
+    """One unified memory, the experts read where they are stored: nothing is fetched, no policy stalls, and with
+    every operation alone on the memory a token lasts exactly the sum of its work: the head, then per layer
+    attention and router, and one batch of the shared FFN, the top-k experts and the weighted sum."""
+    cfg = tiny.config(tiny.routing(), extra_yaml=IN_PLACE)
+    prep = prepare(cfg, ["dma.setup_ns=0"], ["no-prefetch", "apex", "lru"])
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
+    costs = sim._layer_costs()
+    k = prep.workload.model.top_k
+    by_hand = sim._launched(cost_of(prep.workload.token_head)).ps + sum(
+        c.pre.ps + (c.dense + c.expert.times(k) + c.combine).ps for c in costs)
+    for policy in prep.policies:
+        result = simulate(prep, policy)
+        row = summarize_result(prep, result, policy)
+        assert (row["stall_ms_per_token"], row["fetches_total"], row["overlap"]) == (0.0, 0, 1.0)
+        assert row["expert_link"] == "" and row["expert_link_bytes_per_token"] == row["energy_expert_link_mj"] == 0
+        assert set(result.per_token.latency_ps.tolist()) == {by_hand}
+        assert row["energy_by_component_mj"]["ucie"] == 0 and row["energy_by_component_mj"]["lpddr5x"] > 0
+
+
+def test_in_place_needs_the_experts_in_the_operand_memory_and_no_fetch_link(tiny):
+    cfg = tiny.config(tiny.routing(), extra_yaml=IN_PLACE)
+    with pytest.raises(InputError, match=r"^roles.expert_staging: in-place reads the experts from the operand memory "
+                                         r"\('lpddr5x'\), but roles.expert_store is 'hbm'$"):
+        load_config(cfg, ["roles.expert_store=hbm"])
+    with pytest.raises(InputError, match=r"^roles.fetch_links: experts read in place .* cross no link$"):
+        load_config(cfg, ["roles.fetch_links=[pcie]"])

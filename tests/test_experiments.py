@@ -199,6 +199,14 @@ def test_every_assumption_of_the_cycle_level_chiplet_is_in_the_one_gain_figure()
     assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 
 
+def test_every_assumption_of_the_jetson_soc_is_in_its_sensitivity_figure():
+    """hwconfigs/jetson-thor.yaml's ASSUMPTIONs (no public Thor figure) are each a panel of
+    whatif_jetson_assumptions: SPICE's EDP against no-prefetch's, one key at a time."""
+    exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_jetson_assumptions.yaml"))
+    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml"))
+    assert len(assumed) == 17 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
+
+
 def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):
     import pandas as pd
 

@@ -79,15 +79,18 @@ def machine_lines(hw) -> list[str]:
     staged = (f"the arrays' SRAM ({buffer} of {c.arrays} x {c.sram_mib_per_array:g} MiB)" if r.stage_in_sram
               else f"{r.staging} ({buffer})")
     link = f"; expert link {r.expert_link}" if r.expert_link else ""
+    read_over = f"over {r.operand_link} ({_where(r, r.operand_link)})" if r.operand_link else "directly (no link)"
+    fetched = ("read in place (no fetch, no staging copy)" if r.in_place
+               else f"fetched over {' -> '.join(r.fetch_links)} into {staged}{link}")
     return [
         f"machine: compute   {c.arrays} arrays of {c.unit_rows}x{c.unit_cols} units x {c.vector_length} lanes at "
         f"{c.clock_mhz:g} MHz, {c.timing} timing",
         f"         operands  {r.operand_memory} ({operand.capacity_gib:g} GiB, {_where(r, r.operand_memory)}), read "
-        f"over {r.operand_link} ({_where(r, r.operand_link)})",
+        f"{read_over}",
         f"         experts   stored in {r.expert_store} ({store.capacity_gib:g} GiB, {_where(r, r.expert_store)}), "
-        f"fetched over {' -> '.join(r.fetch_links)} into {staged}{link}",
+        f"{fetched}",
         f"         host CPU  {hw.host_cpu.cores} cores at {hw.host_cpu.clock_ghz:g} GHz, reads {r.host_memory}, "
-        f"activations over {r.host_link}",
+        f"activations {f'over {r.host_link}' if r.host_link else 'in the same memory (no link)'}",
     ]
 
 
@@ -99,14 +102,18 @@ def header_lines(prep, fetch_path) -> list[str]:
     r = roles(hw)
     operand, host = comps[r.operand_memory], comps[r.host_memory]
     operand_label, host_label = _DISPLAY.get(operand.name, operand.name), _DISPLAY.get(host.name, host.name)
-    if r.stage_in_sram:
+    if r.in_place:
+        shared = [f"{operand_label} {operand.gbps:.0f} GB/s among operand and expert reads (read in place)"]
+    elif r.stage_in_sram:
         hops.append(f"SRAM {hw.compute.sram_read_gbps:g}")
         shared = [f"SRAM {hw.compute.sram_read_gbps:g} GB/s between expert reads and "
                   f"fetch writes", f"{operand_label} {operand.gbps:.0f} GB/s among operand reads"]
     else:
         shared = [f"{operand_label} {operand.gbps:.0f} GB/s between operand reads and fetch writes (a written byte "
                   f"costs {1 + operand.turnaround:.2f} while reads run: read/write turnaround)"]
-    if r.expert_store == r.host_memory:
+    if r.in_place and r.host_memory == r.operand_memory:
+        shared[0] = shared[0].replace(" (read in place)", " and host-CPU reads (read in place)")
+    elif r.expert_store == r.host_memory:
         both = f" ({host.shared_gbps:.0f} while both read: two streams in the banks)" if host.shared_gbps else ""
         shared.append(f"{host_label} {host.gbps:.0f} GB/s between fetches and host-CPU reads{both}")
     else:
@@ -120,8 +127,10 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "
         f"buffer {wl.buffer_slots} experts",
         *machine_lines(hw),
-        f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
-        f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns",
+        (f"path:   experts read in place from {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, first byte "
+         f"{fetch_path.latency_ns:.0f} ns" if r.in_place else
+         f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
+         f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns"),
         f"shared: {', '.join(shared)}",
         f"memory: {'; '.join(_memory_text(hw, name) for name in memory_tiers(hw))}",
         f"compute: {wl.compute_timing}",

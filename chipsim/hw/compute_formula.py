@@ -107,13 +107,14 @@ class ArrayModel:
         self.sfu_per_cycle = c.arrays * c.sfus_per_array * c.sfu_ops_per_cycle
         r = roles(hw)
         hbm = memory_timing(hw, r.operand_memory)
-        link = link_config(hw, r.operand_link)
+        link = link_config(hw, r.operand_link) if r.operand_link else None  # none: the arrays sit at the memory
+        link_gbps, link_ns = (link.data_gbps, link.latency_ns) if link is not None else (hbm.effective_gbps, 0.0)
         if operands_from == "sram":
             self.stream_gbps = c.sram_read_gbps
             self.first_operand_ps = ns_to_ps(c.sram_access_ns)
         else:
-            self.stream_gbps = min(hbm.effective_gbps, link.data_gbps)
-            self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + link.latency_ns + c.sram_access_ns)
+            self.stream_gbps = min(hbm.effective_gbps, link_gbps)
+            self.first_operand_ps = ns_to_ps(hbm.access_latency_ns + link_ns + c.sram_access_ns)
         self.stream_bytes_per_s = gbps_to_bytes_per_s(self.stream_gbps)
         self.overhead_ps = cycles_to_ps(c.op_overhead_cycles, c.clock_mhz)
         self.op_times_ps = {k: ns_to_ps(v) for k, v in c.op_times_ns.items()}
@@ -125,7 +126,7 @@ class ArrayModel:
             from chipsim.tilesim.op_cache import OpCache  # the tile model: for cycle-level timing only
             from chipsim.tilesim.tile_sim import ChipletParams
 
-            self.request_latency_ns = hbm.access_latency_ns + 2 * link.latency_ns  # request out, data back
+            self.request_latency_ns = hbm.access_latency_ns + 2 * link_ns  # request out, data back
             self.tiles = ChipletParams(
                 arrays=c.arrays, units_per_array=c.unit_rows * c.unit_cols, vector_length=c.vector_length,
                 clock_mhz=c.clock_mhz, sfus_per_array=c.sfus_per_array, sfu_ops_per_cycle=c.sfu_ops_per_cycle,

@@ -301,17 +301,21 @@ class RolesConfig:
 
     operand_memory: str = _optional("the memory holding the non-expert weights, KV cache and activations, which the "
                                     "compute units stream their operands from (default: hbm)", "")
-    operand_link: str = _optional("the link the compute units read the operand memory over (default: ucie)", "")
+    operand_link: str = _optional("the link the compute units read the operand memory over (default: ucie; none: "
+                                  "they sit at its controller, as a SoC's GPU does)", "")
     expert_store: str = _optional("the memory that stores every expert (default: the first of paths.fetch, lpddr5x)",
                                   "")
     fetch_links: list = _optional("the links an expert fetch crosses from the store to where it is staged, in order "
                                   "(default: the rest of paths.fetch, [pcie, ucie])", [])
     expert_staging: str = _optional("where fetched experts land: the operand memory, or sram (the arrays' own; "
-                                    "default: expert_buffer.location)", "")
+                                    "default: expert_buffer.location), or in-place: nothing is fetched, the compute "
+                                    "units read every expert where it is stored (the operand memory: one unified "
+                                    "memory)", "")
     host_memory: str = _optional("the memory the host CPU reads its copy of the experts from (default: lpddr5x)", "")
-    host_link: str = _optional("the link activations cross to the host CPU and results back (default: pcie)", "")
+    host_link: str = _optional("the link activations cross to the host CPU and results back (default: pcie; none: "
+                               "the host CPU shares the memory)", "")
     in_package: list = _optional("the memories and links inside the package, whose energy is on-chip (default: the "
-                                 "operand memory and the operand link)", [])
+                                 "operand memory and the operand link; none: only the compute units)", [])
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -587,8 +591,8 @@ def _build_components(kind: str, data, key: str) -> Components:
         cls = DramConfig if kind == "memory" else link_class(section)
         items[name] = build_dataclass(cls, section, where + ".")
         key_of[name] = where
-    if not items:
-        raise InputError(f"{key}: a machine has at least one {'memory' if kind == 'memory' else 'link'}")
+    if not items and kind == "memory":  # a machine may have no link (a SoC at its memory); never no memory
+        raise InputError(f"{key}: a machine has at least one memory")
     return Components(items, key_of)
 
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from chipsim.hw.config import HardwareConfig
 
 SRAM = "sram"  # the staging place that is the arrays' own SRAM (expert_buffer.location: sram), not a memory
+IN_PLACE = "in-place"  # no staging: the compute units read every expert where it is stored (one unified memory)
+NONE = "none"  # roles.operand_link / roles.host_link: no link (the compute units or the host CPU sit at the memory)
 # the names today's machine gives each part: what a config that does not say means
 DEFAULTS = {"operand_memory": "hbm", "operand_link": "ucie", "host_memory": "lpddr5x", "host_link": "pcie"}
 DEFAULT_FETCH_PATH = ("lpddr5x", "pcie", "ucie")
@@ -27,13 +29,13 @@ DEFAULT_FETCH_PATH = ("lpddr5x", "pcie", "ucie")
 @dataclass(frozen=True)
 class Roles:
     operand_memory: str  # non-expert weights, KV cache, activations: what the compute units stream operands from
-    operand_link: str  # between the compute units and the operand memory
+    operand_link: str  # between the compute units and the operand memory ("": none, they sit at its controller)
     expert_store: str  # the memory that holds every expert's weights
     fetch_links: tuple[str, ...]  # the links an expert fetch crosses from the store to where it lands, in order
     expert_link: str  # of those, the last outside the package: its bytes are the off-package expert traffic
-    staging: str  # where fetched experts land: the operand memory, or SRAM (the arrays' own)
+    staging: str  # where fetched experts land: the operand memory, SRAM (the arrays' own), or IN_PLACE (not fetched)
     host_memory: str  # the memory the host CPU reads its copy of the experts from
-    host_link: str  # what activations cross to the host CPU and results back
+    host_link: str  # what activations cross to the host CPU and results back ("": none, it shares the memory)
     in_package: frozenset  # the components inside the package (their energy is on-chip)
 
     @property
@@ -41,9 +43,15 @@ class Roles:
         return self.staging == SRAM
 
     @property
+    def in_place(self) -> bool:
+        return self.staging == IN_PLACE
+
+    @property
     def fetch_crosses(self) -> tuple[str, ...]:
         """The memories and links one fetched byte crosses: the store, the links, the memory it lands in (none when
-        it lands in the arrays' SRAM)."""
+        it lands in the arrays' SRAM); nothing when experts are read in place."""
+        if self.in_place:
+            return ()
         return (self.expert_store, *self.fetch_links) + (() if self.stage_in_sram else (self.staging,))
 
     def ordered(self, names) -> list[str]:
@@ -70,20 +78,27 @@ def roles(hw: HardwareConfig) -> Roles:
     return resolved
 
 
+def _link(given: str, role: str) -> str:
+    name = given or DEFAULTS[role]
+    return "" if name == NONE else name
+
+
 def _resolve(hw: HardwareConfig) -> Roles:
     given = hw.roles
     operand_memory = given.operand_memory or DEFAULTS["operand_memory"]
-    operand_link = given.operand_link or DEFAULTS["operand_link"]
-    path = tuple(hw.paths.fetch) or DEFAULT_FETCH_PATH
-    store = given.expert_store or path[0]
-    fetch_links = tuple(given.fetch_links) or path[1:]
+    operand_link = _link(given.operand_link, "operand_link")
     staging = given.expert_staging or (SRAM if hw.expert_buffer.location == SRAM else operand_memory)
-    in_package = frozenset(given.in_package or (operand_memory, operand_link))
+    if staging == IN_PLACE:  # nothing is fetched: the experts live in the operand memory
+        store, fetch_links = given.expert_store or operand_memory, tuple(given.fetch_links)
+    else:
+        path = tuple(hw.paths.fetch) or DEFAULT_FETCH_PATH
+        store, fetch_links = given.expert_store or path[0], tuple(given.fetch_links) or path[1:]
+    in_package = frozenset(given.in_package or [n for n in (operand_memory, operand_link) if n]) - {NONE}
     outside = [link for link in fetch_links if link not in in_package]
     return Roles(operand_memory=operand_memory, operand_link=operand_link, expert_store=store,
                  fetch_links=fetch_links, expert_link=outside[-1] if outside else "", staging=staging,
                  host_memory=given.host_memory or DEFAULTS["host_memory"],
-                 host_link=given.host_link or DEFAULTS["host_link"], in_package=in_package)
+                 host_link=_link(given.host_link, "host_link"), in_package=in_package)
 
 
 def check_roles(hw: HardwareConfig) -> None:
@@ -97,23 +112,39 @@ def check_roles(hw: HardwareConfig) -> None:
     for role, kind, names in (("operand_memory", "memory", memories), ("operand_link", "link", links),
                               ("host_memory", "memory", memories), ("host_link", "link", links)):
         name = getattr(r, role)
+        if kind == "link" and not name:
+            continue  # none
         if name not in names:
             said = f"'{name}'" if getattr(given, role) else f"not given, and the default '{name}'"
             plural = "memories" if kind == "memory" else "links"
             raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({plural}: {', '.join(names)})")
-    if hw.paths.fetch:
+    if r.in_place:
+        _check_in_place(hw, r)
+    elif hw.paths.fetch:
         _check_fetch_path(hw, r)
     else:
         _check_fetch_roles(hw, r, memories, links)
-    if r.staging not in (r.operand_memory, SRAM):
-        raise InputError(f"roles.expert_staging: '{r.staging}' is neither the operand memory ('{r.operand_memory}') "
-                         f"nor {SRAM}")
+    if r.staging not in (r.operand_memory, SRAM, IN_PLACE):
+        raise InputError(f"roles.expert_staging: '{r.staging}' is neither the operand memory ('{r.operand_memory}'), "
+                         f"{SRAM} nor {IN_PLACE}")
     if hw.expert_buffer.location == SRAM and r.staging != SRAM:
         raise InputError(f"roles.expert_staging: '{r.staging}', but expert_buffer.location: {SRAM}")
     for name in r.in_package:
         if name not in memories and name not in links:
             raise InputError(f"roles.in_package: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
                              f"({', '.join(links)})")
+
+
+def _check_in_place(hw: HardwareConfig, r: Roles) -> None:
+    """Experts read where they are stored: that is the operand memory, and no fetch crosses anything."""
+    if r.expert_store != r.operand_memory:
+        raise InputError(f"roles.expert_staging: {IN_PLACE} reads the experts from the operand memory "
+                         f"('{r.operand_memory}'), but roles.expert_store is '{r.expert_store}'")
+    if r.fetch_links or hw.paths.fetch:
+        key = "roles.fetch_links" if r.fetch_links else "paths.fetch"
+        raise InputError(f"{key}: experts read in place (roles.expert_staging: {IN_PLACE}) cross no link")
+    if hw.expert_buffer.location == SRAM:
+        raise InputError(f"expert_buffer.location: {SRAM}, but roles.expert_staging is {IN_PLACE}")
 
 
 def _check_fetch_roles(hw: HardwareConfig, r: Roles, memories: list, links: list) -> None:

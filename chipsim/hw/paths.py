@@ -41,6 +41,8 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
     if d.timing_model == "closed-form":
         return closed
     r = roles(hw)
+    if r.in_place:  # no fetch writes, no fetch stream beside the host CPU's reads
+        return command_level_timing(d, key, 0.0, closed, 0.0)
     # the rate fetches land at: the path's links, and the store's own bandwidth
     fetch_gbps = min(link_data_gbps(hw, link) for link in r.fetch_links)
     link_gbps = fetch_gbps
@@ -103,6 +105,9 @@ def fetch_path_timing(hw: HardwareConfig, comps: dict[str, Component] | None = N
     """The fetch path's bottleneck and summed latency (`comps`: components(hw), if already at hand)."""
     comps = comps or components(hw)
     crossed = fetch_components(hw)
+    if not crossed:  # read in place: an expert's "fetch" is its read from the store
+        store = comps[roles(hw).expert_store]
+        return FetchPathTiming(store.gbps, store.latency_ns, store.name)
     bottleneck = min(crossed, key=lambda k: (comps[k].gbps, k))
     latency = sum(comps[c].latency_ns for c in crossed)
     if roles(hw).stage_in_sram:

@@ -299,6 +299,10 @@ class Policy:
     # True only for the oracle (an upper bound, not a realisable policy): it reads routing before the run reaches
     # it, through trace_routed, trace_row and trace_array's routing arrays; every other policy is refused
     sees_future_routing: bool = False
+    # what it does on a machine that reads experts where they are stored (roles.expert_staging: in-place), where no
+    # cache level or faster tier is modelled: `chipsim policies` and the run's notes say it
+    in_place: ClassVar[str] = ("every expert is already where the arrays read it: its prefetches and evictions do "
+                               "nothing, and what else it decides (the host CPU, substitutes) it still does")
 
     def __init__(self, label: str, params: object = None):
         """params: an instance of this policy's Params (None: every default)."""

@@ -83,7 +83,7 @@ class EnergyTable:
             host_active_w=hw.host_cpu.active_power_w,
             category_of=category_of,
             profiled=bool(c.op_energy_pj),
-            operand_components=(r.operand_memory, r.operand_link),
+            operand_components=tuple(n for n in (r.operand_memory, r.operand_link) if n),
             host_link=r.host_link,
         )
 

@@ -108,13 +108,16 @@ class Simulation:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         roles = self.roles = machine_roles(hw)
         self._stage_in_sram = roles.stage_in_sram
+        self._in_place = roles.in_place  # every expert read where it is stored: nothing is fetched or evicted
         self.network: Any = self._network(self.env, hw, comps)
         net = self.network
         self._components = tuple(comps)
         self._fetch_components = fetch_components(hw)
         self._fetch_flow_path = net.path(*self._fetch_hops(self._fetch_components))
-        self._operand_flow_path = net.path((roles.operand_memory, READ),
-                                           (roles.operand_link + _OPERAND_SIDE, READ))
+        operand_hops = [(roles.operand_memory, READ)]
+        if roles.operand_link:
+            operand_hops.append((roles.operand_link + _OPERAND_SIDE, READ))
+        self._operand_flow_path = net.path(*operand_hops)
         self._sram_flow_path = net.path((SRAM, READ)) if self._stage_in_sram else None
         self._host_flow_path = net.path((roles.host_memory, READ))
         # what one flow alone gets on the operand paths (the native core runs an operation alone until it ends as one
@@ -156,6 +159,11 @@ class Simulation:
         and records, and the host CPU."""
         self.buffer = ExpertBuffer(self.num_moe_layers, self.num_experts, self.slots)
         self._slot_of = self.buffer.slot_of  # the buffer's entries by index: read on every routed expert
+        if self._in_place:  # every expert is where the arrays read it, from the start
+            for index in range(self.num_moe_layers * self.num_experts):
+                entry = Entry((index // self.num_experts, index % self.num_experts), index, False)
+                entry.resident = True
+                self.buffer.link(entry)
         self._demands = DemandQueue(self)
         self._tally = TokenTally(self._components, self._fetch_components, self.roles)
         # the run's counters as plain ints (compiled code counts them natively); rec.counts gets them at the end
@@ -206,10 +214,11 @@ class Simulation:
             gbps.append(comp.gbps)
             turnaround.append(round(comp.turnaround * PPM))
             shared.append(comp.shared_gbps)
-        names.append(operand_link + _OPERAND_SIDE)
-        gbps.append(comps[operand_link].gbps)
-        turnaround.append(0)
-        shared.append(0)
+        if operand_link:
+            names.append(operand_link + _OPERAND_SIDE)
+            gbps.append(comps[operand_link].gbps)
+            turnaround.append(0)
+            shared.append(0)
         if self._stage_in_sram:
             names.append(SRAM)
             gbps.append(hw.compute.sram_read_gbps)
@@ -222,6 +231,8 @@ class Simulation:
         """The network hops of a fetch: the experts' store read, each link towards the package, the landing
         written (the operand memory, or the arrays' SRAM)."""
         operand_link = self.roles.operand_link
+        if not crossed:  # read in place: no fetch is ever issued (the DMA queue still needs a path)
+            return [(self.roles.expert_store, READ)]
         hops = [(crossed[0], READ)]
         hops += [(c + _FETCH_SIDE if c == operand_link else c, WRITE) for c in crossed[1:]]
         if self._stage_in_sram:
@@ -246,7 +257,7 @@ class Simulation:
         chunk boundary, or, with stop_transfer=False, moves all its bytes first, as a demand fetch (its slot frees
         when they land)."""
         entry = self._slot_of[index]
-        if entry is None:
+        if entry is None or self._in_place:  # in place, every expert stays where it is stored
             return
         if self._observer is not None:
             self._observer.evicted(entry.key[0], entry.key[1])

@@ -74,10 +74,10 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice, link: str) -
         "energy_offchip_io_mj": cat_mj["offchip_io"],
         "energy_idle_leakage_mj": cat_mj["idle_leakage"],
         "energy_host_cpu_mj": cat_mj["host_cpu"],
-        "energy_pcie_mj": comp_mj[table.host_link],
+        "energy_pcie_mj": comp_mj.get(table.host_link, 0.0),
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
-        "offchip_bytes_per_token": float(tok.bytes[link][sl].mean()),
+        "offchip_bytes_per_token": float(tok.bytes[link][sl].mean()) if link else 0.0,
         "overlap": float(result.per_layer.overlap[sl].mean()),
         "hits_per_layer": float(hits.mean()),
     }
@@ -98,7 +98,7 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["expert_link"] = link
     row["expert_link_bytes_per_token"] = row["offchip_bytes_per_token"]
     row["expert_link_utilization"] = row["pcie_utilization"]
-    row["energy_expert_link_mj"] = row["energy_by_component_mj"][link]
+    row["energy_expert_link_mj"] = row["energy_by_component_mj"].get(link, 0.0)  # no link: read in place
     layers, counts = result.per_layer, result.counts
     row["demand_fetches_per_token"] = float(layers.demand_fetches[sl].sum(axis=1).mean())
     row["host_wait_ms_per_token"] = float((result.per_token.host_wait_ps[sl] / PS_PER_MS).mean())

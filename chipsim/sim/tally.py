@@ -24,7 +24,9 @@ class TokenTally:
 
     def __init__(self, components: tuple[str, ...], fetch_components: tuple[str, ...], roles) -> None:
         self.components = components
-        self.bytes = [0] * len(components)  # by component, as `components`
+        # by component, as `components`, and last a sink for the bytes of a link the machine does not have (a SoC's
+        # compute units or host CPU at the memory itself: roles.operand_link / host_link none), never charged
+        self.bytes = [0] * (len(components) + 1)
         self.actions = [0] * len(ACTIONS)
         self.busy_ps = 0
         self.occupied_ps = 0
@@ -36,6 +38,7 @@ class TokenTally:
         self.sram_read_bits = self.sram_write_bits = 0
         self.profiled_pj = self.unpriced_operand_bytes = 0  # compute.op_energy_pj's operations
         place = {name: i for i, name in enumerate(components)}
+        place[""] = self._sink = len(components)
         self.at_operand_memory, self.at_operand_link = place[roles.operand_memory], place[roles.operand_link]
         self.at_host_memory, self.at_host_link = place[roles.host_memory], place[roles.host_link]
         self.fetch_places = [place[c] for c in fetch_components]
@@ -69,6 +72,7 @@ class TokenTally:
         actions[_VECTOR_OP] += self.vector_ops
         actions[_SRAM_READ_BIT] += self.sram_read_bits
         actions[_SRAM_WRITE_BIT] += self.sram_write_bits
+        tally[self._sink] = 0
         self.fetched = self.operand_bytes = 0
         self.macs = self.sfu_ops = self.vector_ops = 0
         self.sram_read_bits = self.sram_write_bits = 0

@@ -219,7 +219,9 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
 
     per_matrix = expert_matrix_sizes(hw, m)
     expert_bytes = sum(per_matrix)
-    buffer_bytes = int(hw.expert_buffer.capacity_mib * BYTES_PER_MIB)
+    all_experts = m.num_moe_layers * m.num_experts * expert_bytes
+    # read in place, the "buffer" is every expert where it is stored; expert_buffer.capacity_mib is not read
+    buffer_bytes = all_experts if r.in_place else int(hw.expert_buffer.capacity_mib * BYTES_PER_MIB)
     if buffer_bytes < expert_bytes:
         raise InputError(
             f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB is smaller than one expert "
@@ -245,13 +247,13 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
     needed = non_expert + kv + activations + (0 if in_sram else slots * expert_bytes)
     if needed > hbm_capacity:
+        held = "every expert" if r.in_place else "expert buffer"
         raise InputError(
             f"{operand_key}.capacity_gib: {operand.capacity_gib} GiB cannot hold non-expert weights "
             f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
-            f"expert buffer ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
+            f"{held} ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
     store_key, store = memory_tiers(hw)[r.expert_store]  # the memory the experts are fetched from
-    all_experts = m.num_moe_layers * m.num_experts * expert_bytes
     if all_experts > int(store.capacity_gib * BYTES_PER_GIB):
         raise InputError(
             f"{store_key}.capacity_gib: {store.capacity_gib} GiB cannot hold the "

@@ -29,7 +29,10 @@ def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
     compute_ps = max(-(-flops * PS_PER_S // int(peak)),
                      transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
     act = m.hidden_size * 2  # BF16 hidden vector
-    link = link_config(hw, roles(hw).host_link)
-    transit_ps = 2 * (ns_to_ps(link.latency_ns) + transfer_ps(act, gbps_to_bytes_per_s(link.data_gbps)))
+    host_link = roles(hw).host_link
+    transit_ps = 0  # no link: the host CPU reads the activations where the compute units left them
+    if host_link:
+        link = link_config(hw, host_link)
+        transit_ps = 2 * (ns_to_ps(link.latency_ns) + transfer_ps(act, gbps_to_bytes_per_s(link.data_gbps)))
     total = ns_to_ps(cpu.dispatch_overhead_ns) + transit_ps + compute_ps
     return HostTiming(compute_ps, transit_ps, total, 2 * act)
