@@ -93,6 +93,16 @@ def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_
     (["memory.extra.cxl_ddr5.tlp_overhead_bytes=4"], "memory.extra.cxl_ddr5.tlp_overhead_bytes: unknown key"),
     (["links.extra.cxl.bandwidth_gbps=-1"], "links.extra.cxl.bandwidth_gbps: must be positive"),
     (["memory.extra.cxl_ddr5.trfc_ns=5000"], "memory.extra.cxl_ddr5.trfc_ns: refresh time must be shorter"),
+    (["links.pcie.modules=4"], "links.pcie: has a serial link's keys (bandwidth_gbps, max_payload_bytes, "
+                               "tlp_overhead_bytes) and a die-to-die link's (modules); a link is one or the other"),
+    (["links={}", "paths.fetch=[cxl_ddr5]"], "roles.operand_link: not given, and the default 'ucie' is not a link "
+                                             "of this machine (links: none)"),
+    (["roles.fetch_links=[cxl, ucie]"], "paths.fetch: give roles.expert_store and roles.fetch_links, or paths.fetch, "
+                                        "not both"),
+    (["roles.expert_staging=lpddr5x"], "roles.expert_staging: 'lpddr5x' is neither the operand memory ('hbm'), sram "
+                                       "nor in-place"),
+    (["roles.in_package=[hbm, nvlink]"], "roles.in_package: 'nvlink' is neither a memory"),
+    (["memory.sram.channels=4"], "memory.sram: the name is reserved"),
 ])
 def test_a_bad_path_or_component_is_one_line_naming_the_key(overrides, message):
     with pytest.raises(InputError) as exc:

@@ -563,9 +563,19 @@ RESERVED_NAMES = ("sram", "arrays", "host_cpu", "extra")
 _DIE_TO_DIE_KEYS = ("modules", "lanes_per_module", "gtps", "flit_format")
 
 
-def link_class(section) -> type:
-    """A link section's kind, by its keys: die-to-die (UCIe: modules x lanes x GT/s) or serial (PCIe-like)."""
-    return UcieConfig if isinstance(section, dict) and any(k in section for k in _DIE_TO_DIE_KEYS) else PcieConfig
+_SERIAL_KEYS = ("bandwidth_gbps", "max_payload_bytes", "tlp_overhead_bytes")
+
+
+def link_class(section, where: str) -> type:
+    """A link section's kind, by its keys: die-to-die (UCIe: modules x lanes x GT/s) or serial (PCIe-like); a
+    section with keys of both is refused, naming them."""
+    if not isinstance(section, dict):
+        return PcieConfig  # build_dataclass words what is wrong with it
+    d2d, serial = [k for k in _DIE_TO_DIE_KEYS if k in section], [k for k in _SERIAL_KEYS if k in section]
+    if d2d and serial:
+        raise InputError(f"{where}: has a serial link's keys ({', '.join(serial)}) and a die-to-die link's "
+                         f"({', '.join(d2d)}); a link is one or the other")
+    return UcieConfig if d2d else PcieConfig
 
 
 def _build_components(kind: str, data, key: str) -> Components:
@@ -588,7 +598,7 @@ def _build_components(kind: str, data, key: str) -> Components:
             raise InputError(f"{where}: the name is reserved ({', '.join(RESERVED_NAMES)}, arrays_*, static_*)")
         if name in items:
             raise InputError(f"{where}: the name is taken by {key_of[name]}")
-        cls = DramConfig if kind == "memory" else link_class(section)
+        cls = DramConfig if kind == "memory" else link_class(section, where)
         items[name] = build_dataclass(cls, section, where + ".")
         key_of[name] = where
     if not items and kind == "memory":  # a machine may have no link (a SoC at its memory); never no memory

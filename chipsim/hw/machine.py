@@ -117,7 +117,8 @@ def check_roles(hw: HardwareConfig) -> None:
         if name not in names:
             said = f"'{name}'" if getattr(given, role) else f"not given, and the default '{name}'"
             plural = "memories" if kind == "memory" else "links"
-            raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({plural}: {', '.join(names)})")
+            raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({plural}: "
+                             f"{', '.join(names) or 'none'})")
     if r.in_place:
         _check_in_place(hw, r)
     elif hw.paths.fetch:
