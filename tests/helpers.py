@@ -105,3 +105,21 @@ def run_policies_recording_plans(cfg: str, specs, overrides=(), record_plans: bo
         result = simulate(prep, policy, record_events=record_plans)
         out[policy.label] = (result, plans) if record_plans else result
     return out
+
+
+# thor's components: `chipsim keys` lists a component's keys once per kind (memory.<name>.channels, ...)
+THOR_COMPONENTS = {"memory.<name>.": ("memory.hbm.", "memory.lpddr5x."), "links.<serial link>.": ("links.pcie.",),
+                   "links.<die-to-die link>.": ("links.ucie.",)}
+
+
+def thor_keys() -> list[tuple[str, str]]:
+    """(dotted key, type name) of every config key as thor.yaml spells it: each component kind's keys under
+    thor's names of that kind."""
+    from chipsim.hw.config import iter_keys
+
+    out = []
+    for key, tp, _ in iter_keys():
+        generic = next((g for g in THOR_COMPONENTS if key.startswith(g)), None)
+        names = [name + key[len(generic):] for name in THOR_COMPONENTS[generic]] if generic else [key]
+        out += [(name, tp) for name in names if "<" not in name]
+    return out

@@ -33,8 +33,10 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 from chipsim.cli import main  # noqa: E402
-from chipsim.hw.config import iter_keys  # noqa: E402
+from helpers import thor_keys  # noqa: E402  (tests/helpers.py)
 from chipsim.policies import REGISTRY  # noqa: E402
 
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
@@ -609,7 +611,7 @@ def _cases_physics() -> list:
 def cases() -> list[tuple[str, list[str], object, bool, bool]]:
     """(name, argv, setup, json_out, must_reject)."""
     out = []
-    numeric = [(k, t) for k, t, _ in iter_keys() if t in ("int", "float")]
+    numeric = [(k, t) for k, t in thor_keys() if t in ("int", "float")]
     for key, _ in numeric:
         for v in VALUES:
             out.append((f"--set {key}={v}", R + ["--json", "--set", f"{key}={v}"], None, True, False))

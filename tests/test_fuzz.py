@@ -16,12 +16,11 @@ import os
 import numpy as np
 import pytest
 from conftest import THOR, tiny_shape
-from helpers import hand_trace_arrays, random_routing
+from helpers import hand_trace_arrays, random_routing, thor_keys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chipsim.cli import main
-from chipsim.hw.config import iter_keys
 from chipsim.policies import REGISTRY
 from chipsim.workload.models import MODELS
 
@@ -31,17 +30,7 @@ FUZZ = settings(deadline=None, derandomize=True, database=None,
 # a smaller fuzz below keeps them command-level
 CLOSED_FORM = ["--set", "memory.hbm.timing_model=closed-form", "--set", "memory.lpddr5x.timing_model=closed-form"]
 R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=2", "--jobs", "1", "--json"] + CLOSED_FORM
-# the keys of thor's components: `chipsim keys` lists them once per kind (memory.<name>.channels, ...)
-THOR_COMPONENTS = {"memory.<name>.": ("memory.hbm.", "memory.lpddr5x."), "links.<serial link>.": ("links.pcie.",),
-                   "links.<die-to-die link>.": ("links.ucie.",)}
-
-
-def _thor_keys(key: str) -> list[str]:
-    generic = next((g for g in THOR_COMPONENTS if key.startswith(g)), None)
-    return [name + key[len(generic):] for name in THOR_COMPONENTS[generic]] if generic else [key]
-
-
-KEYS = [(thor_key, tp) for key, tp, _ in iter_keys() for thor_key in _thor_keys(key) if "<" not in thor_key]
+KEYS = thor_keys()
 NUMERIC_KEYS = [key for key, tp in KEYS if tp in ("int", "float")]
 OTHER_KEYS = [key for key, tp in KEYS if tp not in ("int", "float")]
 MEMORY_KEYS = [key for key in NUMERIC_KEYS if key.startswith(("memory.hbm.", "memory.lpddr5x."))]
