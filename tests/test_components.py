@@ -103,6 +103,12 @@ def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_
                                        "nor in-place"),
     (["roles.in_package=[hbm, nvlink]"], "roles.in_package: 'nvlink' is neither a memory"),
     (["memory.sram.channels=4"], "memory.sram: the name is reserved"),
+    (["paths.fetch=[cxl_ddr5, cxl, ucie]", "roles.in_package=[hbm, cxl, ucie]"],
+     "paths.fetch: the experts' store 'cxl_ddr5' is outside the package, so a fetch crosses a link outside it"),
+    (["roles.in_package=[hbm, cxl]"], "paths.fetch: 'ucie' is outside the package (roles.in_package) but comes "
+                                      "after 'cxl', inside it; a fetch enters the package once"),
+    (["roles.in_package=[hbm]", "roles.operand_link=cxl"],
+     "paths.fetch: must end with a link into the package, then cxl"),
 ])
 def test_a_bad_path_or_component_is_one_line_naming_the_key(overrides, message):
     with pytest.raises(InputError) as exc:
@@ -257,7 +263,7 @@ def test_experts_read_in_place_never_wait_and_a_token_is_the_sum_of_its_work(tin
     every operation alone on the memory a token lasts exactly the sum of its work: the head, then per layer
     attention and router, and one batch of the shared FFN, the top-k experts and the weighted sum."""
     cfg = tiny.config(tiny.routing(), extra_yaml=IN_PLACE)
-    prep = prepare(cfg, ["dma.setup_ns=0"], ["no-prefetch", "apex", "lru"])
+    prep = prepare(cfg, ["dma.setup_ns=0"], ["no-prefetch", "apex", "lru", "spice"])
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
     costs = sim._layer_costs()
     k = prep.workload.model.top_k
@@ -267,6 +273,7 @@ def test_experts_read_in_place_never_wait_and_a_token_is_the_sum_of_its_work(tin
         result = simulate(prep, policy)
         row = summarize_result(prep, result, policy)
         assert (row["stall_ms_per_token"], row["fetches_total"], row["overlap"]) == (0.0, 0, 1.0)
+        assert row["host_experts_per_token"] == row["surrogate_experts_per_token"] == 0  # no miss, even for SPICE
         assert row["expert_link"] == "" and row["expert_link_bytes_per_token"] == row["energy_expert_link_mj"] == 0
         assert set(result.per_token.latency_ps.tolist()) == {by_hand}
         assert row["energy_by_component_mj"]["ucie"] == 0 and row["energy_by_component_mj"]["lpddr5x"] > 0
@@ -279,3 +286,15 @@ def test_in_place_needs_the_experts_in_the_operand_memory_and_no_fetch_link(tiny
         load_config(cfg, ["roles.expert_store=hbm"])
     with pytest.raises(InputError, match=r"^roles.fetch_links: experts read in place .* cross no link$"):
         load_config(cfg, ["roles.fetch_links=[pcie]"])
+
+
+def test_a_link_named_like_the_operand_links_inner_resources_changes_nothing(tmp_path):
+    """The operand link is two resources of the flow network (fetch side, operand side); a component named as
+    they would be with an underscore is another component, and thor with an unused one runs thor's tokens."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(f"base: {THOR}\nlinks:\n  ucie_io: {{bandwidth_gbps: 1, max_payload_bytes: 256, "
+                     "tlp_overhead_bytes: 12, latency_ns: 1000, energy_pj_per_bit: 1, static_power_w: 0}\n")
+    overrides = ["workload.max_tokens=16"]
+    thor, more = prepare(THOR, overrides, ["no-prefetch"]), prepare(str(extra), overrides, ["no-prefetch"])
+    assert (simulate(thor, thor.policies[0]).per_token.latency_ps.tolist()
+            == simulate(more, more.policies[0]).per_token.latency_ps.tolist())

@@ -113,6 +113,8 @@ def header_lines(prep, fetch_path) -> list[str]:
                   f"costs {1 + operand.turnaround:.2f} while reads run: read/write turnaround)"]
     if r.in_place and r.host_memory == r.operand_memory:
         shared[0] = shared[0].replace(" (read in place)", " and host-CPU reads (read in place)")
+    elif r.in_place:
+        shared.append(f"{host_label} {host.gbps:.0f} GB/s among host-CPU reads")
     elif r.expert_store == r.host_memory:
         both = f" ({host.shared_gbps:.0f} while both read: two streams in the banks)" if host.shared_gbps else ""
         shared.append(f"{host_label} {host.gbps:.0f} GB/s between fetches and host-CPU reads{both}")

@@ -53,7 +53,7 @@ def _components(doc: str, kind: str):
 
 
 # names of memories and links: they name resources, ledger entries and result columns
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 def _optional(doc: str, default, **kw):
@@ -559,7 +559,7 @@ class Components(dict):
 
 
 # names the energy breakdown and the flow network use for other things
-RESERVED_NAMES = ("sram", "arrays", "host_cpu", "extra")
+RESERVED_NAMES = ("sram", "arrays", "host_cpu", "extra", "none")
 _DIE_TO_DIE_KEYS = ("modules", "lanes_per_module", "gtps", "flit_format")
 
 
@@ -590,14 +590,17 @@ def _build_components(kind: str, data, key: str) -> Components:
         if not isinstance(extra, dict):
             raise InputError(f"{key}.extra: expected a section of named sections, got {extra!r}")
         sections += [(name, section, f"{key}.extra.{name}") for name, section in extra.items()]
+    seen: dict = {}
+    for name, _section, where in sections:  # a clash is named before either section is read
+        if name in seen:
+            raise InputError(f"{where}: the name is taken by {seen[name]}")
+        seen[name] = where
     items, key_of = {}, {}
     for name, section, where in sections:
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise InputError(f"{where}: a name is lower-case letters, digits and _, starting with a letter")
+            raise InputError(f"{where}: a name is lower-case letters, digits and _, starting with a letter, at most 64")
         if name in RESERVED_NAMES or name.startswith(("arrays_", "static_")):
             raise InputError(f"{where}: the name is reserved ({', '.join(RESERVED_NAMES)}, arrays_*, static_*)")
-        if name in items:
-            raise InputError(f"{where}: the name is taken by {key_of[name]}")
         cls = DramConfig if kind == "memory" else link_class(section, where)
         items[name] = build_dataclass(cls, section, where + ".")
         key_of[name] = where

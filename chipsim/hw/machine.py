@@ -32,7 +32,8 @@ class Roles:
     operand_link: str  # between the compute units and the operand memory ("": none, they sit at its controller)
     expert_store: str  # the memory that holds every expert's weights
     fetch_links: tuple[str, ...]  # the links an expert fetch crosses from the store to where it lands, in order
-    expert_link: str  # of those, the last outside the package: its bytes are the off-package expert traffic
+    expert_link: str  # of those, the first outside the package (experts leave their store over it): its bytes are
+    # the off-package expert traffic
     staging: str  # where fetched experts land: the operand memory, SRAM (the arrays' own), or IN_PLACE (not fetched)
     host_memory: str  # the memory the host CPU reads its copy of the experts from
     host_link: str  # what activations cross to the host CPU and results back ("": none, it shares the memory)
@@ -96,7 +97,7 @@ def _resolve(hw: HardwareConfig) -> Roles:
     in_package = frozenset(given.in_package or [n for n in (operand_memory, operand_link) if n]) - {NONE}
     outside = [link for link in fetch_links if link not in in_package]
     return Roles(operand_memory=operand_memory, operand_link=operand_link, expert_store=store,
-                 fetch_links=fetch_links, expert_link=outside[-1] if outside else "", staging=staging,
+                 fetch_links=fetch_links, expert_link=outside[0] if outside else "", staging=staging,
                  host_memory=given.host_memory or DEFAULTS["host_memory"],
                  host_link=_link(given.host_link, "host_link"), in_package=in_package)
 
@@ -121,10 +122,12 @@ def check_roles(hw: HardwareConfig) -> None:
                              f"{', '.join(names) or 'none'})")
     if r.in_place:
         _check_in_place(hw, r)
-    elif hw.paths.fetch:
-        _check_fetch_path(hw, r)
     else:
-        _check_fetch_roles(hw, r, memories, links)
+        if hw.paths.fetch:
+            _check_fetch_path(hw, r)
+        else:
+            _check_fetch_roles(hw, r, memories, links)
+        _check_package_crossing(hw, r)
     if r.staging not in (r.operand_memory, SRAM, IN_PLACE):
         raise InputError(f"roles.expert_staging: '{r.staging}' is neither the operand memory ('{r.operand_memory}'), "
                          f"{SRAM} nor {IN_PLACE}")
@@ -166,6 +169,27 @@ def _check_fetch_roles(hw: HardwareConfig, r: Roles, memories: list, links: list
         raise InputError(f"roles.fetch_links: {list(r.fetch_links)} crosses a link twice")
 
 
+def _check_package_crossing(hw: HardwareConfig, r: Roles) -> None:
+    """A fetch from a store outside the package crosses into it once: its links outside the package first, then
+    those inside; and the first outside (the expert link, whose bytes are the results' off-package expert
+    traffic) carries no operand stream."""
+    key = "paths.fetch" if hw.paths.fetch else "roles.fetch_links"
+    inside_seen = ""
+    for link in r.fetch_links:
+        if link in r.in_package:
+            inside_seen = inside_seen or link
+        elif inside_seen:
+            raise InputError(f"{key}: '{link}' is outside the package (roles.in_package) but comes after "
+                             f"'{inside_seen}', inside it; a fetch enters the package once")
+    if r.expert_store not in r.in_package and not r.expert_link:
+        raise InputError(f"{key}: the experts' store '{r.expert_store}' is outside the package, so a fetch crosses "
+                         f"a link outside it (roles.in_package lists every one of {list(r.fetch_links)})")
+    if r.expert_link and r.expert_link == r.operand_link:
+        raise InputError(f"{key}: '{r.expert_link}', the link experts cross into the package, is also the operand "
+                         "link: its bytes would count operand streams as expert traffic (list it in "
+                         "roles.in_package, or name another operand link)")
+
+
 def _check_fetch_path(hw: HardwareConfig, r: Roles) -> None:
     """An older config's paths.fetch: the store, then links, ending with the operand link."""
     path = list(hw.paths.fetch)
@@ -179,7 +203,7 @@ def _check_fetch_path(hw: HardwareConfig, r: Roles) -> None:
     if path[0] not in memories or path[0] == r.operand_memory:
         raise InputError(f"paths.fetch: must start with the memory that stores the experts (not {r.operand_memory}), "
                          f"got '{path[0]}'")
-    if path[-1] != r.operand_link or len(path) < 3:
+    if r.operand_link and (path[-1] != r.operand_link or len(path) < 3):
         raise InputError(f"paths.fetch: must end with a link into the package, then {r.operand_link} (into the memory "
                          f"or compute die), got {path}")
     for name in path[1:]:

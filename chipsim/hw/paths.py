@@ -41,8 +41,13 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
     if d.timing_model == "closed-form":
         return closed
     r = roles(hw)
-    if r.in_place:  # no fetch writes, no fetch stream beside the host CPU's reads
-        return command_level_timing(d, key, 0.0, closed, 0.0)
+    if r.in_place:  # no fetch writes; the host CPU's reads share the memory with the arrays' operand stream
+        second = 0.0
+        if name == r.host_memory == r.operand_memory:
+            arrays_gbps = link_data_gbps(hw, r.operand_link) if r.operand_link else closed.effective_gbps
+            cpu_gbps = hw.host_cpu.memory_bandwidth_gbps
+            second = cpu_gbps / (cpu_gbps + min(arrays_gbps, closed.effective_gbps))
+        return command_level_timing(d, key, 0.0, closed, second)
     # the rate fetches land at: the path's links, and the store's own bandwidth
     fetch_gbps = min(link_data_gbps(hw, link) for link in r.fetch_links)
     link_gbps = fetch_gbps

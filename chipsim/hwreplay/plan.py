@@ -43,6 +43,7 @@ import json
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
+from chipsim.hw.machine import roles
 from chipsim.runner import Prepared
 from chipsim.sim.dma import DmaRecorder
 from chipsim.sim.energy import EnergyTable
@@ -236,7 +237,7 @@ def build_plan(prep: Prepared, policy) -> Plan:
     actions = assign_slots(recorder.actions, sim.slots)
     return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
                 actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps],
-                sim_fetch_bytes=int(result.per_token.bytes["pcie"].sum()),
+                sim_fetch_bytes=int(result.per_token.bytes[roles(prep.config.hw).expert_link].sum()),
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(result.tokens)],

@@ -129,6 +129,11 @@ class SimContext(Protocol):
     def slots(self) -> int:
         """Expert slots the buffer holds in this policy's expert format."""
 
+    @property
+    def in_place(self) -> bool:
+        """The machine reads every expert where it is stored (roles.expert_staging: in-place): every expert is
+        present from the start, nothing is ever fetched or missing, and `slots` counts them all."""
+
     # ---- the trace
     @property
     def trace_meta(self) -> dict:

@@ -40,6 +40,8 @@ class FiddlerParams:
 @register
 class Fiddler(Policy):
     name = "fiddler"
+    in_place = ("its placement is every expert by default (slots: 0), so none runs on the host CPU; with slots "
+                "set it runs the experts it did not place on the host CPU, a deliberate CPU/GPU split")
     summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"
     caches_across_tokens = True
     trace_arrays = (pa.TRAIN_EXPERT_COUNTS,)

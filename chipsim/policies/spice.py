@@ -135,6 +135,8 @@ class SpiceParams:
 @register
 class Spice(Policy):
     name = "spice"
+    in_place = ("every expert is already where the arrays read it: no miss goes to the host CPU or a surrogate, "
+                "and it runs as no-prefetch does")
     summary = ("draft predictions several layers deep (depth grows with confidence, ≥ D_min), expert cache; "
                "misses: LoRE surrogate (low confidence) or the cheaper of fetch / host CPU")
     caches_across_tokens = True
@@ -145,6 +147,7 @@ class Spice(Policy):
     def __init__(self, label: str, params: SpiceParams | None = None):
         super().__init__(label, params)
         self.surrogate_op = None
+        self._in_place = False  # the machine reads experts in place (set at on_run_start)
 
     def warmup_tokens(self) -> int:
         return self.params.warmup
@@ -154,6 +157,7 @@ class Spice(Policy):
         m = ctx.workload.model
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self._L = L
+        self._in_place = ctx.in_place
         self._E = ctx.num_experts
         self._cells = L * ctx.num_experts  # (MoE layer, expert) pairs: a stamp's heap entry is stamp * cells + index
         self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
@@ -383,6 +387,8 @@ class Spice(Policy):
         self.depth[t, layer] = reached
 
     def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
+        if self._in_place:  # every expert is where the arrays read it: no miss to send anywhere
+            return LayerPlan(execute=list(routed))
         pos = t * self._L + layer
         self._pos = pos
         stamp = self._stamp

@@ -69,6 +69,7 @@ class PolicyContext:
         self._experts = sim.num_experts
         self._top_k = sim.top_k
         self._slots = sim.slots
+        self._in_place = bool(sim.roles.in_place)
         self._trace = trace
         self._slot_of = sim._slot_of  # the buffer's entries by index (the engine's own list)
         self._routed = routed  # the run's routing per token, as nested lists
@@ -117,6 +118,10 @@ class PolicyContext:
     @property
     def slots(self) -> int:
         return self._slots
+
+    @property
+    def in_place(self) -> bool:
+        return self._in_place
 
     # ---- the trace
     def trace_routed(self, t: Any, layer: Any) -> list[int]:

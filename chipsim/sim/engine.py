@@ -53,9 +53,9 @@ from chipsim.workload.host import host_timing
 
 
 # the operand link is two resources where fetches cross it too (thor's UCIe: the I/O die's link for fetches, the
-# memory-to-compute link for operand streams): its name with these suffixes
-_FETCH_SIDE: Final = "_io"
-_OPERAND_SIDE: Final = "_compute"
+# memory-to-compute link for operand streams): its name with these suffixes (a ':' no config name has)
+_FETCH_SIDE: Final = ":io"
+_OPERAND_SIDE: Final = ":compute"
 
 
 class Simulation:

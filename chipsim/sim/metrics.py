@@ -13,7 +13,8 @@ warm-up summary.
   "PCIe utilisation"
 - aliases kept for one release (the names from before components had roles): offchip_bytes_per_token =
   expert_link_bytes_per_token, pcie_utilization = expert_link_utilization, and energy_pcie_mj, the host link's
-  energy (the link named pcie in every shipped config; thor's is also its expert link)
+  energy (the link named pcie in every shipped config; thor's is also its expert link), or the expert link's where
+  the host CPU has no link
 Means are over the tokens after `warmup_tokens`; warm-up tokens are summarised separately.
 """
 
@@ -74,7 +75,7 @@ def _span_summary(result: SimResult, table: EnergyTable, sl: slice, link: str) -
         "energy_offchip_io_mj": cat_mj["offchip_io"],
         "energy_idle_leakage_mj": cat_mj["idle_leakage"],
         "energy_host_cpu_mj": cat_mj["host_cpu"],
-        "energy_pcie_mj": comp_mj.get(table.host_link, 0.0),
+        "energy_pcie_mj": comp_mj.get(table.host_link or link, 0.0),
         "energy_by_component_mj": comp_mj,
         "edp_mj_ms": total_mj * mean_latency,
         "offchip_bytes_per_token": float(tok.bytes[link][sl].mean()) if link else 0.0,

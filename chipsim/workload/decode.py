@@ -201,7 +201,8 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     r = roles(hw)
     in_sram = r.stage_in_sram
     if in_sram and not hw.compute.sram_read_gbps_per_array:
-        raise InputError("expert_buffer.location: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
+        key = "roles.expert_staging" if hw.roles.expert_staging else "expert_buffer.location"
+        raise InputError(f"{key}: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
                          "experts are read at)")
     expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
