@@ -492,7 +492,7 @@ def _add_calibrate_parser(sub) -> None:
     """`chipsim calibrate CONFIG`: the analytic array model against the cycle-level tile loop."""
     calibrate = sub.add_parser("calibrate", help="cost every operation of the config's decode step by the analytic "
                                                  "array model and the cycle-level tile loop, side by side")
-    calibrate.add_argument("config", help="a config with compute.timing: cycle-level, e.g. hwconfigs/thor-cycle-level.yaml")
+    calibrate.add_argument("config", help="a config with compute.timing: cycle-level, e.g. hwconfigs/thor.yaml")
     calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     calibrate.add_argument("--json", action="store_true", help="print the table as JSON")
     calibrate.add_argument("--out", metavar="FILE", help="also write the table as JSON into FILE")

@@ -312,7 +312,7 @@ def _cache_case(kind: str, how: str, warm: list[str] | None = None):
 
 def _cases_caches() -> list:
     """Corrupt, garbled, special-file and foreign cache entries (DRAM calibrations, operation tables, sweeps)."""
-    cycle = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")
+    cycle = os.path.join(ROOT, "hwconfigs", "thor.yaml")
     run = ["--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1", "--json"]
     commands = {"dram": ["run", THOR, *run], "compute": ["run", cycle, *run],
                 "sweep": ["sweep", THOR, "--grid", "dma.engines=1,2", "--policy", "no-prefetch", "--set",
@@ -345,7 +345,7 @@ def _standard_case(kind: str, sweep_first: bool = False):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 assert main(argv) == 0
         os.remove(path)
-        if kind == "edited":  # nCCDS 2 -> 6: a slower HBM (a fresh folder gives 16.839 ms, the old result 12.676)
+        if kind == "edited":  # nCCDS 2 -> 6: a slower HBM (a fresh folder gives a longer token than the cached one)
             with open(HBM3, encoding="utf-8") as f:
                 _write(tmp, "std.yaml", f.read().replace("    nCCDS: 2\n", "    nCCDS: 6\n"))
         elif kind == "fifo":
@@ -550,7 +550,7 @@ def _physics_trace(edit):
 def _cases_physics() -> list:
     """Numbers that pass their key's type and bounds but break physics (DRAM timings, tiles, PCIe sizes,
     operation keys, trace metadata) and CLI options."""
-    cycle = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")
+    cycle = os.path.join(ROOT, "hwconfigs", "thor.yaml")
     cxl = os.path.join(ROOT, "hwconfigs", "thor-cxl.yaml")
     rc = ["run", cycle, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1"]
     out = []

@@ -13,9 +13,10 @@ from chipsim.workload.models import MODELS
 
 
 def hw():
-    """thor on the closed-form DRAM timing, whose figures these tests sum by hand (test_dram_calibration.py checks
-    the command-level ones)."""
-    return load_config(THOR, ["memory.hbm.timing_model=closed-form", "memory.lpddr5x.timing_model=closed-form"]).hw
+    """thor on the closed-form DRAM timing and the analytic arrays, whose figures these tests sum by hand
+    (test_dram_calibration.py checks the command-level ones, test_compute_tiles.py the cycle-level arrays)."""
+    return load_config(THOR, ["memory.hbm.timing_model=closed-form", "memory.lpddr5x.timing_model=closed-form",
+                              "compute.timing=analytic"]).hw
 
 
 def test_hbm3_streaming_bandwidth_loses_only_refresh_when_banks_hide_row_switches():

@@ -22,7 +22,7 @@ from chipsim.workload.op_keys import _step_keys, check_op_keys, known_shape
 from conftest import ROOT, THOR
 from helpers import hand_trace_arrays, random_routing
 
-CYCLE = os.path.join(ROOT, "hwconfigs", "thor-cycle-level.yaml")
+CYCLE = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 H200 = os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")
 H200_CYCLE = os.path.join(ROOT, "hwconfigs", "h200-cycle-level.yaml")
 CXL = os.path.join(ROOT, "hwconfigs", "thor-cxl.yaml")

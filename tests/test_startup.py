@@ -27,7 +27,7 @@ from helpers import hand_trace_arrays, random_routing
 # the worker pool (one policy runs in the process) and the progress bar (not on a terminal)
 NOT_IMPORTED = ("pandas", "matplotlib", "scipy", "torch", "chipsim.hwreplay", "chipsim.tracegen",
                 "chipsim.analysis.sweep", "chipsim.analysis.plots", "multiprocessing",
-                "concurrent.futures", "chipsim.pool", "tqdm", "chipsim.tilesim.tile_sim")
+                "concurrent.futures", "chipsim.pool", "tqdm")
 
 
 # `python -m chipsim.cli ARGS` as runpy runs it, then the names of every module loaded, on stderr's last line

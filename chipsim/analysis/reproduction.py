@@ -172,7 +172,7 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
 
 # ---------------------------------------------------------------------------------------------- sweep tables
 BASELINE_POLICY = "no-prefetch"
-WINDOW_CONFIG = "hwconfigs/thor-cycle-level.yaml"  # the APEX window section: Granite-3B on the cycle-level chiplet
+WINDOW_CONFIG = "hwconfigs/thor.yaml"  # the APEX window section: Granite-3B on the cycle-level chiplet
 WINDOW_CONFIG_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                   WINDOW_CONFIG)
 WINDOW_CONTEXTS = (512, 1024, 2048)

@@ -19,7 +19,7 @@ def op_table(hw) -> list[dict]:
 
     if hw.compute.timing != "cycle-level":
         raise InputError("compute.timing: analytic; chipsim calibrate needs compute.timing: cycle-level and its keys "
-                         "(hwconfigs/thor-cycle-level.yaml sets them)")
+                         "(hwconfigs/thor.yaml sets them)")
     check_op_keys(hw)
     analytic_hw = dataclasses.replace(hw, compute=dataclasses.replace(hw.compute, timing="analytic"))
     m = get_model(hw.model.name)
@@ -102,7 +102,7 @@ def apex_window(config_path: str, contexts, overrides=()) -> list[dict]:
 
     if load_config(config_path, list(overrides)).hw.compute.timing != "cycle-level":
         raise InputError("compute.timing: analytic; the APEX window needs compute.timing: cycle-level and its keys "
-                         "(hwconfigs/thor-cycle-level.yaml sets them)")
+                         "(hwconfigs/thor.yaml sets them)")
     rows = []
     for ctx in contexts:
         row = {"context": int(ctx)}
