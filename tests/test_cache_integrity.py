@@ -44,7 +44,7 @@ def _run(capsys, config: str = THOR) -> tuple[dict, list[str]]:
 
 @pytest.fixture(scope="module")
 def warm_cache(tmp_path_factory):
-    """A cache folder holding exactly what thor and thor-cycle-level use (its DRAM calibrations, its operation
+    """A cache folder holding exactly what thor uses (its DRAM calibrations, its tile model's operation
     table), calibrated once for the module."""
     folder = tmp_path_factory.mktemp("warm")
     with pytest.MonkeyPatch.context() as mp:

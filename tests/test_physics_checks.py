@@ -118,7 +118,7 @@ def test_the_pcie_rule_applies_to_pcie_links_only():
 
 # ---------------------------------------------------------------------------------------------- tiles
 def test_the_tiles_an_array_holds_fit_its_sram():
-    # thor-cycle-level: 2 MiB of SRAM per array, two tiles (double-buffered)
+    # thor: 2 MiB of SRAM per array, two tiles (double-buffered)
     load_config(CYCLE, ["compute.operand_tile_kib=1024"])
     refused(lambda: load_config(CYCLE, ["compute.operand_tile_kib=1024.0009765625"]), "compute.operand_tile_kib",
             "2 tiles", "2 MiB")
