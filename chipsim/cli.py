@@ -278,43 +278,24 @@ MAX_SEED = (1 << 64) - 1  # a 64-bit seed (NumPy takes any non-negative integer)
 
 def _cmd_dram(args) -> int:
     """Run one request stream through the command-level DRAM model, or (--validate) every validation point
-    beside Ramulator 2.1's committed results."""
+    beside Ramulator 2.1's committed results, or (--point) one of them."""
     import json
 
     from chipsim.dramsim import validate
-    from chipsim.dramsim.controller import ControllerConfig, simulate
-    from chipsim.dramsim.standard import load_standard
-    from chipsim.dramsim.streams import requests
 
     if args.validate:
         rows = validate.compare(args.validate)
         print(json.dumps(rows, indent=1) if args.json else validate.format_rows(rows))
         return 0 if all(r["within_target"] for r in rows) else 1
+    if args.point:
+        _apply_point(args)
     if not args.standard:
-        raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path) or --validate")
-    from chipsim.hw.config import DramConfig, field_bounds
+        raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path), --point or --validate")
+    std, reqs, cfg, warmup = _dram_inputs(args)
+    from chipsim.dramsim.controller import simulate
 
-    std = load_standard(args.standard, args.org, args.timing)
-    max_channels = int(field_bounds(DramConfig, "channels").maximum)
-    max_queue = int(field_bounds(DramConfig, "controller_queue_entries").maximum)
-    # what the request list holds, what a config's memory may have, and what the organisation gives each stream
-    for name, value, low, high, why in (
-            ("--requests", args.requests, 1, MAX_DRAM_REQUESTS, "the request list is held in memory"),
-            ("--channels", args.channels, 1, max_channels, "as memory.<m>.channels"),
-            ("--streams", args.streams, 1, std.org.rows, "each stream needs a row of its own"),
-            ("--read-buffer", args.read_buffer, 1, max_queue, "as memory.<m>.controller_queue_entries"),
-            ("--write-buffer", args.write_buffer, 1, max_queue, "as memory.<m>.controller_queue_entries"),
-            ("--seed", args.seed, 0, MAX_SEED, "a seed of NumPy's generator is a non-negative integer")):
-        if not low <= value <= high:
-            raise InputError(f"chipsim dram: {name} must be within {low} ... {high} ({why}), got {value}")
-    if not 0.0 <= args.read_share <= 1.0:
-        raise InputError(f"chipsim dram: --read-share must be within 0 ... 1, got {args.read_share}")
-    reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
-                    streams=args.streams, seed=args.seed)
-    cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,
-                           refresh=args.refresh)
-    result = simulate(std, reqs, channels=args.channels, offers_per_cycle=4, controller=cfg,
-                      warmup=min(args.requests // 10, 2000))
+    result = simulate(std, reqs, channels=args.channels, offers_per_cycle=args.offers_per_cycle, controller=cfg,
+                      warmup=warmup)
     out = {"standard": std.name, "organization": std.org_name, "timing": std.timing_name, "stream": args.stream,
            "read_share": args.read_share, "channels": args.channels, "streams": args.streams,
            "peak_gbps": std.peak_gbps(args.channels), **result.as_dict()}
@@ -322,13 +303,77 @@ def _cmd_dram(args) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(f"{std.name} {std.org_name} {std.timing_name}, {args.channels} channel(s), {args.stream} x{args.streams}, "
-              f"read share {args.read_share:g}, {args.page} page, refresh {args.refresh}")
+              f"read share {args.read_share:g}, {args.page} page, refresh {args.refresh}, queues "
+              f"{cfg.read_buffer}/{cfg.write_buffer}, mapping {args.mapping}{' xor ' + args.xor if args.xor else ''}")
         print(f"bandwidth {result.bandwidth_gbps:.2f} GB/s of {out['peak_gbps']:.2f} peak "
               f"({100 * result.bandwidth_gbps / out['peak_gbps']:.1f} %); read latency avg "
               f"{result.read_latency_avg_ns:.1f} ns, p99 {result.read_latency_p99_ns:.1f} ns; row hits "
               f"{result.row_hits}, misses {result.row_misses}, conflicts {result.row_conflicts}, refreshes "
               f"{result.refreshes}")
     return 0
+
+
+def _apply_point(args) -> None:
+    """--point NAME: the validation point's stream, controller and front end, as `chipsim dram --validate` runs it
+    (its options, printed, reproduce it)."""
+    from chipsim.dramsim import points, validate
+
+    named = {p["name"]: p for p in points.POINTS}
+    if args.point not in named:
+        raise InputError(f"chipsim dram --point {args.point}: not a validation point (chipsim dram --validate lists "
+                         "them)")
+    p = named[args.point]
+    ctrl = validate.point_controller(p)
+    args.standard, args.stream, args.read_share = p["standard"], p["kind"], p["read_share"]
+    args.channels, args.streams, args.requests, args.seed = p["channels"], p["streams"], points.REQUESTS, points.SEED
+    args.refresh, args.page, args.read_buffer, args.write_buffer = ctrl.refresh, ctrl.page_policy, ctrl.read_buffer, \
+        ctrl.write_buffer
+    args.mapping, args.xor = p.get("mapping", "interleaved"), p.get("xor", "")
+    args.offers_per_cycle, args.warmup = validate.OFFERS_PER_CYCLE[p["standard"]], 0
+    print(f"# chipsim dram {args.standard} --stream {args.stream} --read-share {args.read_share:g} --channels "
+          f"{args.channels} --streams {args.streams} --requests {args.requests} --seed {args.seed} --refresh "
+          f"{args.refresh} --page {args.page} --read-buffer {args.read_buffer} --write-buffer {args.write_buffer} "
+          f"--mapping {args.mapping}{' --xor ' + args.xor if args.xor else ''} --offers-per-cycle "
+          f"{args.offers_per_cycle} --warmup 0", file=sys.stderr)
+
+
+def _dram_inputs(args):
+    """The standard, the requests, the controller and the warm-up of `chipsim dram`'s options, each checked."""
+    from chipsim.dramsim.controller import ControllerConfig
+    from chipsim.dramsim.standard import load_standard
+    from chipsim.dramsim.streams import requests, stream_mapping
+    from chipsim.hw.config import DramConfig, field_bounds
+
+    std = load_standard(args.standard, args.org, args.timing)
+    max_channels = int(field_bounds(DramConfig, "channels").maximum)
+    max_queue = int(field_bounds(DramConfig, "read_queue_entries").maximum)
+    warmup = min(args.requests // 10, 2000) if args.warmup is None else args.warmup
+    # what the request list holds, what a config's memory may have, and what the organisation gives each stream
+    for name, value, low, high, why in (
+            ("--requests", args.requests, 1, MAX_DRAM_REQUESTS, "the request list is held in memory"),
+            ("--channels", args.channels, 1, max_channels, "as memory.<m>.channels"),
+            ("--streams", args.streams, 1, std.org.rows, "each stream needs a row of its own"),
+            ("--read-buffer", args.read_buffer, 1, max_queue, "as memory.<m>.read_queue_entries"),
+            ("--write-buffer", args.write_buffer, 1, max_queue, "as memory.<m>.write_queue_entries"),
+            ("--offers-per-cycle", args.offers_per_cycle, 1, 64, "requests the front end offers per clock"),
+            ("--warmup", warmup, 0, args.requests - 1, "requests left out of the statistics"),
+            ("--seed", args.seed, 0, MAX_SEED, "a seed of NumPy's generator is a non-negative integer")):
+        if not low <= value <= high:
+            raise InputError(f"chipsim dram: {name} must be within {low} ... {high} ({why}), got {value}")
+    for name, value in (("--read-share", args.read_share), ("--write-high-watermark", args.write_high_watermark),
+                        ("--write-low-watermark", args.write_low_watermark)):
+        if not 0.0 <= value <= 1.0:
+            raise InputError(f"chipsim dram: {name} must be within 0 ... 1, got {value}")
+    if args.write_low_watermark >= args.write_high_watermark:
+        raise InputError("chipsim dram: --write-low-watermark must be below --write-high-watermark")
+    mapping = stream_mapping(std, args.channels, args.mapping, args.xor, names=("chipsim dram --mapping",
+                                                                                "chipsim dram --xor"))
+    reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
+                    streams=args.streams, seed=args.seed, mapping=mapping)
+    cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,
+                           refresh=args.refresh, write_high_watermark=args.write_high_watermark,
+                           write_low_watermark=args.write_low_watermark)
+    return std, reqs, cfg, warmup
 
 
 CACHE_KINDS = ("dram", "compute", "trace", "sweep")
@@ -514,10 +559,23 @@ def _add_dram_parser(sub) -> None:
     dram.add_argument("--streams", type=int, default=1, help="sequential streams interleaved (default 1)")
     dram.add_argument("--requests", type=int, default=30000)
     dram.add_argument("--refresh", default="all-bank", choices=("all-bank", "per-bank", "off"))
-    dram.add_argument("--page", default="open", choices=("open", "closed"))
-    dram.add_argument("--read-buffer", type=int, default=32)
-    dram.add_argument("--write-buffer", type=int, default=32)
+    dram.add_argument("--page", default="open", choices=("open", "closed", "capped"),
+                      help="open rows stay open; closed: precharged once no queued request hits them; capped: "
+                           "closed after 4 accesses (Ramulator 2.1's ClosedCAP)")
+    dram.add_argument("--read-buffer", type=int, default=32, help="read queue entries (default 32)")
+    dram.add_argument("--write-buffer", type=int, default=32, help="write queue entries (default 32)")
+    dram.add_argument("--write-high-watermark", type=float, default=0.8, help="drain writes above this share of "
+                      "the write queue (default 0.8)")
+    dram.add_argument("--write-low-watermark", type=float, default=0.2, help="back to reads below it (default 0.2)")
+    dram.add_argument("--mapping", default="interleaved", help="address mapping: interleaved, RoBaRaCoCh, MOP4CL or "
+                      "a comma-separated field order from the least significant (chipsim/dramsim/mapping.py)")
+    dram.add_argument("--xor", default="", help="levels whose index is XORed with the row (e.g. bankgroup,bank)")
+    dram.add_argument("--offers-per-cycle", type=int, default=4, help="requests the front end offers per clock "
+                      "(default 4)")
+    dram.add_argument("--warmup", type=int, help="completed requests left out of the statistics (default: a tenth, "
+                      "at most 2,000)")
     dram.add_argument("--seed", type=int, default=1)
+    dram.add_argument("--point", help="run one validation point exactly as --validate does (prints its options)")
     dram.add_argument("--json", action="store_true", help="print one JSON object")
     dram.add_argument("--validate", nargs="?", const="validation/dram/ramulator.json", metavar="REF",
                       help="compare every validation point with Ramulator 2.1's results (default "

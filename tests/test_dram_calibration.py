@@ -152,11 +152,13 @@ def test_command_level_without_a_standard_is_one_line(tmp_path):
 
 
 def test_the_controller_queue_depth_is_a_key_and_a_deeper_queue_hides_more_row_switches(cache):
-    """memory.hbm.controller_queue_entries reaches the command-level model: 64 entries see the next rows'
-    requests earlier than 32 (higher efficiency) and drain writes in longer batches (lower turnaround); the
-    calibration is cached apart."""
-    thirty_two = memory_timing(load_config(THOR).hw, "hbm")
-    sixty_four = memory_timing(load_config(THOR, ["memory.hbm.controller_queue_entries=64"]).hw, "hbm")
+    """memory.hbm.read_queue_entries and write_queue_entries reach the command-level model: 64 entries see the
+    next rows' requests earlier than 32 (higher efficiency) and drain writes in longer batches (lower
+    turnaround); the calibration is cached apart."""
+    thirty_two = memory_timing(load_config(THOR, ["memory.hbm.read_queue_entries=32",
+                                                  "memory.hbm.write_queue_entries=32"]).hw, "hbm")
+    sixty_four = memory_timing(load_config(THOR, ["memory.hbm.read_queue_entries=64",
+                                                  "memory.hbm.write_queue_entries=64"]).hw, "hbm")
     assert sixty_four.effective_gbps > thirty_two.effective_gbps * 1.03
     assert sixty_four.turnaround < thirty_two.turnaround
     assert len(list((cache / "dram").glob("*.json"))) >= 3  # HBM twice, LPDDR5X once

@@ -32,15 +32,16 @@ from functools import lru_cache
 from chipsim import cache
 from chipsim.dramsim.controller import ControllerConfig, simulate
 from chipsim.dramsim.standard import Standard, load_standard, standard_file_sha256
-from chipsim.dramsim.streams import requests
+from chipsim.dramsim.mapping import Mapping
+from chipsim.dramsim.streams import requests, stream_mapping
 from chipsim.errors import InputError
 from chipsim.files import cache_dir
 
 REFRESH_PERIODS = 12  # whole refresh intervals each stream is measured over (efficiency to 0.1 %, turnaround to ~2 %)
 LONE_REQUESTS = 200
 MAX_PARAM_CYCLES = 10_000_000  # a timing beyond this is no DRAM (and would take the model minutes)
-CONTROLLER = ControllerConfig()  # Ramulator 2.1's defaults: 32-entry queues, write watermarks 0.2 / 0.8
-_CODE_FILES = ("controller.py", "standard.py", "streams.py", "calibrate.py")
+CONTROLLER = ControllerConfig()  # a config's memory.<name> keys set the queues, watermarks and mapping
+_CODE_FILES = ("controller.py", "standard.py", "streams.py", "mapping.py", "calibrate.py")
 
 
 @dataclass(frozen=True)
@@ -110,18 +111,20 @@ def _code_hash() -> str:
 
 
 def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,
-              controller: ControllerConfig = CONTROLLER) -> str:
+              controller: ControllerConfig = CONTROLLER, mapping: Mapping | None = None) -> str:
+    mapping = mapping or stream_mapping(std)
     spec = {"standard": standard_file_sha256(std.path)[1], "org": std.org_name, "timing": std.timing_name,
             "params": std.params, "write_share": write_share, "second_read_share": second_read_share,
-            "controller": asdict(controller),
+            "controller": asdict(controller), "mapping": [list(map(list, mapping.fields)), list(mapping.xor)],
             "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 def run_calibration(std: Standard, write_share: float, label: str = "", second_read_share: float = 0.0,
-                    controller: ControllerConfig = CONTROLLER) -> Calibration:
+                    controller: ControllerConfig = CONTROLLER, mapping: Mapping | None = None) -> Calibration:
     from tqdm import tqdm
 
+    mapping = mapping or stream_mapping(std)
     cfg = replace(controller, refresh="all-bank")
     # the streams are measured over whole refresh intervals (after the first), so refresh is counted exactly
     period = std.params["nREFI"]
@@ -129,15 +132,17 @@ def run_calibration(std: Standard, write_share: float, label: str = "", second_r
     count = int(REFRESH_PERIODS * period * std.peak_gbps(1) * std.tck_ps * 1e-3 / std.org.burst_bytes * 1.2) + 4000
     with tqdm(total=4 if second_read_share else 3, desc=f"calibrating {label or std.name} (command-level "
               f"{std.name})", unit="stream", file=sys.stderr, leave=False, disable=not sys.stderr.isatty()) as bar:
-        read = simulate(std, requests(std, count, seed=11), offers_per_cycle=4, controller=cfg, window=window)
+        read = simulate(std, requests(std, count, seed=11, mapping=mapping), offers_per_cycle=4, controller=cfg,
+                        window=window)
         bar.update(1)
         mixed = simulate(std, requests(std, count, streams=2, paces=(1 - write_share, write_share),
-                                       write_streams=(1,)), offers_per_cycle=4, controller=cfg, window=window)
+                                       write_streams=(1,), mapping=mapping), offers_per_cycle=4, controller=cfg,
+                         window=window)
         bar.update(1)
         shared = read
         if second_read_share:
-            shared = simulate(std, requests(std, count, streams=2, paces=(1 - second_read_share, second_read_share)),
-                              offers_per_cycle=4, controller=cfg, window=window)
+            shared = simulate(std, requests(std, count, streams=2, paces=(1 - second_read_share, second_read_share),
+                                            mapping=mapping), offers_per_cycle=4, controller=cfg, window=window)
             bar.update(1)
         # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
         lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
@@ -172,14 +177,15 @@ def _calibrate(cfg, key: str, write_share: float, second_read_share: float, stan
     std = retimed_standard(cfg, key)
     write_share = round(min(0.5, max(0.05, write_share)), 3)
     second_read_share = round(min(0.5, max(0.05, second_read_share)), 3) if second_read_share else 0.0
-    controller = replace(CONTROLLER, read_buffer=cfg.controller_queue_entries,
-                         write_buffer=cfg.controller_queue_entries)
-    digest = cache_key(std, write_share, second_read_share, controller)
+    controller = replace(CONTROLLER, read_buffer=cfg.read_queue_entries, write_buffer=cfg.write_queue_entries,
+                         write_high_watermark=cfg.write_high_watermark, write_low_watermark=cfg.write_low_watermark)
+    mapping = stream_mapping(std, 1, cfg.address_mapping, cfg.address_xor, key)
+    digest = cache_key(std, write_share, second_read_share, controller, mapping)
     path = cache.entry_path(cache_dir("dram"), digest)
     payload = cache.read(path, "dram", digest, lambda p: check_calibration(p, write_share, second_read_share))
     if payload is not None:
         return Calibration(**payload)
-    result = run_calibration(std, write_share, key, second_read_share, controller)
+    result = run_calibration(std, write_share, key, second_read_share, controller, mapping)
     cache.write(path, "dram", digest, result.as_dict())
     return result
 

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from chipsim.dramsim.standard import load_standard
-from chipsim.dramsim.streams import requests
+from chipsim.dramsim.streams import requests, stream_mapping
 
 REQUESTS = 30000
+SEED = 7
 
 
 def _points():
@@ -38,11 +39,35 @@ def _points():
         for kind, share in (("sequential", 1.0), ("random", 1.0)):
             out.append({"standard": std, "kind": kind, "read_share": share, "channels": 1, "streams": 1,
                         "refresh": True, "page": "capped"})
+    out += _production_points()
     for p in out:
         tag = {False: "noref", True: "ref", "per-bank": "refpb"}[p["refresh"]]
         page = "-capped" if p.get("page") == "capped" else ""
+        queues = f"-q{p['read_buffer']}x{p['write_buffer']}" if "read_buffer" in p else ""
+        xor = "-xor" if p.get("xor") else ""
         p["name"] = (f"{p['standard']}-{p['kind']}-r{int(p['read_share'] * 100)}-ch{p['channels']}"
-                     f"-s{p['streams']}-{tag}{page}")
+                     f"-s{p['streams']}-{tag}{page}{queues}{xor}")
+    return out
+
+
+def _production_points():
+    """A production controller's look-ahead and bank hash: deeper queues (128 reads / 64 writes, Ramulator 2.1's
+    own HBM3 test case) let the controller open the next rows early; several streams, each in its own region of
+    rows, conflict in the same banks unless the bank bits are XOR-ed with the row's (`xor`); LPDDR5's second
+    activate shows in a conflict-heavy bank-parallel stream (eight streams)."""
+    out = []
+    deep = {"read_buffer": 128, "write_buffer": 64}
+    for std in ("hbm3", "lpddr5"):
+        for share in (1.0, 0.5):
+            out.append({"standard": std, "kind": "sequential", "read_share": share, "channels": 1, "streams": 1,
+                        "refresh": True, **deep})
+        for streams in (2, 8):
+            out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1,
+                        "streams": streams, "refresh": True, "xor": "bankgroup,bank"})
+        out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1, "streams": 8,
+                    "refresh": True})
+        out.append({"standard": std, "kind": "sequential", "read_share": 1.0, "channels": 1, "streams": 8,
+                    "refresh": True, "xor": "bankgroup,bank", **deep})
     return out
 
 
@@ -51,6 +76,7 @@ POINTS = _points()
 
 def point_requests(point: dict):
     std = load_standard(point["standard"])
+    mapping = stream_mapping(std, point["channels"], point.get("mapping", "interleaved"), point.get("xor", ""))
     reqs = requests(std, REQUESTS, kind=point["kind"], read_share=point["read_share"], channels=point["channels"],
-                    streams=point["streams"], seed=7)
+                    streams=point["streams"], seed=SEED, mapping=mapping)
     return std, reqs

@@ -2,28 +2,21 @@
 end, so both simulators see the same requests).
 
 A request is (is_write, channel, address below the channel as one index per level, row). A stream is
-`sequential` (consecutive bursts; the address mapping spreads them over the data-level nodes and bank groups
-first, then the columns of a row, then the banks and ranks, then rows: long row-hit runs on every bank in
-parallel) or `random` (every request a uniformly random bank, row and column); `read_share` is the
+`sequential` (consecutive bursts through the address mapping, chipsim.dramsim.mapping; the default `interleaved`
+spreads them over the data-level nodes and bank groups first, then the columns of a row, then the banks and
+ranks, then rows: long row-hit runs on every bank in parallel) or `random` (every request a uniformly random
+bank, row and column); `read_share` is the
 probability that a request reads (seeded: the same seed gives the same requests); `streams` > 1 interleaves
-that many sequential streams, each from its own region of rows, in turn or drawn at random at given relative
-paces.
+that many sequential streams, each from its own region (an equal share of the rows' worth of addresses), in turn
+or drawn at random at given relative paces.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from chipsim.dramsim.mapping import Mapping, resolve
 from chipsim.dramsim.standard import Standard
-
-
-def _mapping(std: Standard) -> list[str]:
-    """Address fields from fastest to slowest: channel, the data-level node, bank group, column, bank, the
-    rest (rank, stack ID), row."""
-    below = list(std.levels[1:])
-    fast = [lvl for lvl in below if lvl in (std.levels[std.data_level], "bankgroup") and lvl != std.levels[0]]
-    slow = [lvl for lvl in reversed(below) if lvl not in fast and lvl != "bank"]
-    return ["channel"] + fast + ["column", "bank"] + slow + ["row"]
 
 
 def _stream_order(count: int, streams: int, paces: tuple, rng: np.random.Generator) -> list[int]:
@@ -36,10 +29,22 @@ def _stream_order(count: int, streams: int, paces: tuple, rng: np.random.Generat
     return [int(s) for s in rng.choice(streams, size=count, p=weights / weights.sum())]
 
 
+def stream_mapping(std: Standard, channels: int = 1, spec: str = "interleaved", xor: str = "",
+                   key: str = "", names: tuple[str, str] = ("address_mapping", "address_xor")) -> Mapping:
+    """The address mapping `spec` (a preset or a field order; `xor` the fields to hash) for this standard; errors
+    name `key` (a memory's dotted config key) and `names` (what gave the mapping and the hash)."""
+    sizes = dict(zip(std.levels, std.org.counts))
+    sizes.update(channel=channels, column=std.org.columns, row=std.org.rows)
+    prefix = f"{key}." if key else ""
+    return resolve(spec, xor, std.levels, std.data_level, sizes, prefix + names[0], prefix + names[1])
+
+
 def requests(std: Standard, count: int, *, kind: str = "sequential", read_share: float = 1.0, channels: int = 1,
-             streams: int = 1, seed: int = 1, paces: tuple = (), write_streams: tuple = ()) -> list[tuple]:
+             streams: int = 1, seed: int = 1, paces: tuple = (), write_streams: tuple = (),
+             mapping: Mapping | None = None) -> list[tuple]:
     """`paces`: the sequential streams' relative rates (default: in turn); `write_streams`: streams whose every
-    request writes (the others follow read_share), e.g. fetch writes beside operand reads."""
+    request writes (the others follow read_share), e.g. fetch writes beside operand reads; `mapping`: the address
+    mapping of the sequential streams (default: interleaved, no hash)."""
     if kind not in ("sequential", "random"):
         raise ValueError(f"stream kind {kind!r}: sequential or random")
     if paces and len(paces) != streams:
@@ -60,18 +65,18 @@ def requests(std: Standard, count: int, *, kind: str = "sequential", read_share:
             out.append((bool(writes[i]), int(fields["channel"][i]), addr, int(fields["row"][i]),
                         int(fields["column"][i])))
         return out
-    order = _mapping(std)
+    if mapping is None:
+        mapping = stream_mapping(std, channels)
     rows: int = std.org.rows
-    rows_per_stream = max(1, rows // streams)
+    total = 1
+    for _name, size in mapping.fields:
+        total *= size
+    # each stream starts an equal share of the rows' worth of addresses after the previous one
+    region = max(1, rows // streams) * (total // rows)
     cursors = [0] * streams
     for i, s in enumerate(_stream_order(count, streams, tuple(paces), rng)):
-        index = cursors[s]
+        value = mapping.decode((s * region + cursors[s]) % total)
         cursors[s] += 1
-        value: dict[str, int] = {}
-        for name in order:
-            value[name] = index % sizes[name]
-            index //= sizes[name]
-        value["row"] = (value["row"] + s * rows_per_stream) % rows
         addr = tuple([value[name] for name in levels])
         out.append((writes[i] or s in write_streams, value["channel"], addr, value["row"], value["column"]))
     return out

@@ -19,10 +19,16 @@ OFFERS_PER_CYCLE = {"hbm3": 4, "lpddr5": 2}
 REFRESH = {False: "off", True: "all-bank", "per-bank": "per-bank"}
 
 
+def point_controller(point: dict) -> ControllerConfig:
+    """The controller a point runs: its refresh and page policy, its queues (Ramulator 2.1's 32 unless it says)."""
+    return ControllerConfig(refresh=REFRESH[point["refresh"]], page_policy=point.get("page", "open"),
+                            read_buffer=point.get("read_buffer", 32), write_buffer=point.get("write_buffer", 32))
+
+
 def run_point(point: dict):
     std, reqs = point_requests(point)
     return simulate(std, reqs, channels=point["channels"], offers_per_cycle=OFFERS_PER_CYCLE[point["standard"]],
-                    controller=ControllerConfig(refresh=REFRESH[point["refresh"]], page_policy=point.get("page", "open")))
+                    controller=point_controller(point))
 
 
 def load_reference(path: str) -> dict:

@@ -188,9 +188,22 @@ class DramConfig:
                                   "closed-form (chipsim/hw/dram_formula.py, from the keys above) or command-level (the "
                                   "standard's command-level model, computed once and cached)", "closed-form",
                                   choices=("closed-form", "command-level"))
-    controller_queue_entries: int = _optional("command-level: entries of each channel controller's read queue and of "
-                                              "its write queue (Ramulator 2.1's default: 32)", 32, positive=True,
-                                              maximum=4096)
+    read_queue_entries: int = _optional("command-level: entries of each channel controller's read queue (how far "
+                                        "ahead it sees the rows to open; Ramulator 2.1's default: 32)", 32,
+                                        positive=True, maximum=4096)
+    write_queue_entries: int = _optional("command-level: entries of each channel controller's write queue "
+                                         "(Ramulator 2.1's default: 32)", 32, positive=True, maximum=4096)
+    write_high_watermark: float = _optional("command-level: the controller turns to draining writes once its write "
+                                            "queue is fuller than this share (Ramulator 2.1's default: 0.8)", 0.8,
+                                            minimum=0.0, maximum=1.0)
+    write_low_watermark: float = _optional("command-level: and back to reads (if any wait) once it is emptier than "
+                                           "this share (Ramulator 2.1's default: 0.2)", 0.2, minimum=0.0, maximum=1.0)
+    address_mapping: str = _optional("command-level: how the controller splits an address into channel, levels, row "
+                                     "and column: a preset (interleaved, RoBaRaCoCh, MOP4CL: "
+                                     "chipsim/dramsim/mapping.py) or a comma-separated field order from the least "
+                                     "significant", "interleaved")
+    address_xor: str = _optional("command-level: levels (comma-separated, e.g. bankgroup,bank) whose index the "
+                                 "controller XORs with the row's bits (a bank hash); empty: none", "")
 
 
 # ---------------------------------------------------------------------------------------------- links
@@ -523,6 +536,10 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# keys an earlier chipsim read, by the section's class: what to give instead
+RENAMED_KEYS = {"DramConfig": {"controller_queue_entries": "read_queue_entries and write_queue_entries"}}
+
+
 def build_dataclass(cls, data, key_prefix: str = ""):
     """Construct `cls` from a dict, naming the dotted key of the first problem found."""
     where = key_prefix.rstrip(".") or "config"
@@ -531,6 +548,8 @@ def build_dataclass(cls, data, key_prefix: str = ""):
     hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
+        if key in RENAMED_KEYS.get(cls.__name__, {}):
+            raise InputError(f"{key_prefix}{key}: renamed; give {RENAMED_KEYS[cls.__name__][key]}")
         if key not in names:
             raise InputError(f"{key_prefix}{key}: unknown key (expected one of: {', '.join(names)})")
     kwargs = {}
@@ -665,6 +684,9 @@ def _check_consistency(config: Config) -> None:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
         if d.timing_model == "command-level" and not d.standard:
             raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
+        if d.write_low_watermark >= d.write_high_watermark:
+            raise InputError(f"{key}.write_low_watermark: must be below {key}.write_high_watermark "
+                             f"({d.write_low_watermark:g} >= {d.write_high_watermark:g})")
         if d.timing_model == "command-level" and os.path.isabs(d.standard):  # a file (made absolute on loading)
             check_input(d.standard, f"{key}.standard: DRAM standard", YAML_MAX_BYTES)  # before any calibration
     for key, link in serial_links(hw).values():
@@ -724,13 +746,15 @@ def _check_pcie_sizes(hw: HardwareConfig) -> None:
 
 
 def _check_standards(hw: HardwareConfig) -> None:
-    """A command-level memory's standard is resolved and re-timed here, so that a missing file, a preset, a
-    standard of another kind of memory or a timing that breaks physics is an error before anything runs."""
+    """A command-level memory's standard is resolved and re-timed here, and its address mapping resolved, so that a
+    missing file, a preset, a standard of another kind of memory, a timing that breaks physics or a mapping that
+    leaves out a level is an error before anything runs."""
     from chipsim.dramsim.calibrate import retimed_standard
+    from chipsim.dramsim.streams import stream_mapping
 
     for key, d in memory_tiers(hw).values():
         if d.timing_model == "command-level":
-            retimed_standard(d, key)
+            stream_mapping(retimed_standard(d, key), 1, d.address_mapping, d.address_xor, key)
 
 
 def memory_tiers(hw: HardwareConfig) -> dict:

@@ -5,7 +5,7 @@
 Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is never a dependency of
 chipsim. Each point's requests come from chipsim.dramsim.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
-controllers keep Ramulator's defaults (32-entry read and write buffers, write watermarks 0.2 / 0.8), FR-FCFS with
+controllers keep Ramulator's defaults (32-entry read and write buffers unless a point gives its own, write watermarks 0.2 / 0.8), FR-FCFS with
 row hits first, open pages; all-bank, per-bank (LPDDR5: PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
 """
 
@@ -31,12 +31,12 @@ RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its 
 ONE_POINT = r'''
 import json, sys
 import ramulator
-std, org, timing, ctrl_name, channels, refresh, trace, loadstore, page = json.loads(sys.argv[1])
+std, org, timing, ctrl_name, channels, refresh, trace, loadstore, page, rb, wb = json.loads(sys.argv[1])
 ctrls = []
 for _ in range(channels):
     dram = getattr(ramulator.dram, std)(org_preset=org, timing_preset=timing)
     ctrls.append(getattr(ramulator.controller, ctrl_name)(
-        dram=dram, scheduler=ramulator.scheduler.FRFCFSRowHit(), row_policy=ramulator.row_policy.ClosedCAP() if page == "capped" else ramulator.row_policy.Open(),
+        dram=dram, read_buffer_size=rb, write_buffer_size=wb, scheduler=ramulator.scheduler.FRFCFSRowHit(), row_policy=ramulator.row_policy.ClosedCAP() if page == "capped" else ramulator.row_policy.Open(),
         addr_mapper=ramulator.addr_mapper.RoBaRaCoCh() if loadstore else ramulator.addr_mapper.PassThroughAddrMapper(),
         refresh_manager=((ramulator.refresh_manager.HBM34PerBankRefresh() if std == "HBM3" else
                           ramulator.refresh_manager.PerBank()) if refresh == "per-bank" else
@@ -71,7 +71,7 @@ def main() -> None:
                 f.write("\n".join(lines) + "\n")
             cls, org, timing, ctrl, tick_ns = RAMULATOR[point["standard"]]
             spec = json.dumps([cls, org, timing, ctrl, point["channels"], point["refresh"], trace, loadstore,
-                               point.get("page", "open")])
+                               point.get("page", "open"), point.get("read_buffer", 32), point.get("write_buffer", 32)])
             proc = subprocess.run([sys.executable, "-c", ONE_POINT, spec], capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"{point['name']}: ramulator failed: {proc.stderr.strip().splitlines()[-1]}")

@@ -1,0 +1,113 @@
+"""A memory controller as data: its address mapping and bank hash (chipsim/dramsim/mapping.py) and its queues and
+write-drain watermarks as config keys; each checked by hand."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chipsim import cli
+from chipsim.dramsim import validate
+from chipsim.dramsim.controller import ControllerConfig, simulate
+from chipsim.dramsim.mapping import fold
+from chipsim.dramsim.standard import load_standard
+from chipsim.dramsim.streams import requests, stream_mapping
+from chipsim.errors import InputError
+from chipsim.hw.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+THOR = str(ROOT / "hwconfigs" / "thor.yaml")
+HBM3 = load_standard("hbm3")  # levels channel, pseudochannel (2), sid (2), bankgroup (4), bank (4); 32 columns
+
+
+def test_ramulators_robaracoch_reads_channel_column_levels_row_from_the_least_significant_digit():
+    """RoBaRaCoCh over one HBM3 channel: 32 columns, then pseudo-channel, SID, bank group, bank, row. Burst
+    address 32 * (1 + 2 * (1 + 2 * (3 + 4 * (2 + 4 * 5)))) + 7 is column 7, pseudo-channel 1, SID 1, bank group 3,
+    bank 2, row 5."""
+    m = stream_mapping(HBM3, 1, "RoBaRaCoCh")
+    address = 32 * (1 + 2 * (1 + 2 * (3 + 4 * (2 + 4 * 5)))) + 7
+    assert m.decode(address) == {"channel": 0, "column": 7, "pseudochannel": 1, "sid": 1, "bankgroup": 3, "bank": 2,
+                                 "row": 5}
+
+
+def test_a_split_column_puts_its_low_and_high_digits_back_together():
+    """MOP4CL: four columns, then the levels (2 x 2 x 4 x 4 = 64), then the other 8 column groups. Address
+    3 + 4 * (1 + 64 * 5) is column 3 + 4 * 5 = 23 of pseudo-channel 1, everything else 0."""
+    m = stream_mapping(HBM3, 1, "MOP4CL")
+    value = m.decode(3 + 4 * (1 + 64 * 5))
+    assert (value["column"], value["pseudochannel"], value["sid"], value["bankgroup"], value["bank"], value["row"]) \
+        == (23, 1, 0, 0, 0, 0)
+
+
+def test_the_bank_hash_xors_the_row_folded_to_the_fields_width():
+    """Row 6 = 0b0110 folds to 2 bits as 0b10 ^ 0b01 = 3; row 4096 = 2^12 folds to (4096 >> 12) & 3 = 1. With
+    `xor: bank`, the bank index of those rows' addresses moves by exactly that."""
+    assert fold(6, 4) == 3 and fold(4096, 4) == 1 and fold(12345, 1) == 0
+    plain = stream_mapping(HBM3, 1, "RoBaRaCoCh")
+    hashed = stream_mapping(HBM3, 1, "RoBaRaCoCh", "bank")
+    per_row = 32 * 2 * 2 * 4 * 4
+    for row in (6, 4096):
+        for address in (row * per_row, row * per_row + 32 * 2 * 2 * 4 * 2):  # bank 0 and bank 2 of the row
+            a, b = plain.decode(address), hashed.decode(address)
+            assert b["bank"] == a["bank"] ^ fold(row, 4)
+            assert {k: v for k, v in a.items() if k != "bank"} == {k: v for k, v in b.items() if k != "bank"}
+
+
+def test_two_streams_in_their_own_rows_conflict_in_every_bank_unless_the_bank_bits_are_hashed():
+    """Two sequential read streams, 4,096 rows apart, in turn: with the plain mapping each request lands in the
+    bank the other stream just opened another row in (a row conflict nearly every time: bandwidth halves or worse);
+    XOR-ing the bank group and bank with the row puts them in different banks (4096 folds to 1), and the pair runs
+    nearly as fast as one stream."""
+    ctrl = ControllerConfig(refresh="off")
+    one = simulate(HBM3, requests(HBM3, 20000, seed=3), offers_per_cycle=4, controller=ctrl, warmup=2000)
+    plain = simulate(HBM3, requests(HBM3, 20000, streams=2, seed=3), offers_per_cycle=4, controller=ctrl, warmup=2000)
+    hashed = simulate(HBM3, requests(HBM3, 20000, streams=2, seed=3,
+                                     mapping=stream_mapping(HBM3, 1, "interleaved", "bankgroup,bank")),
+                      offers_per_cycle=4, controller=ctrl, warmup=2000)
+    assert plain.row_conflicts > 0.5 * (plain.reads - plain.row_hits)
+    assert plain.bandwidth_gbps < 0.6 * one.bandwidth_gbps
+    assert hashed.bandwidth_gbps > 0.95 * one.bandwidth_gbps
+    assert hashed.row_conflicts < 0.2 * plain.row_conflicts
+
+
+def test_chipsim_dram_point_runs_a_validation_point_exactly_as_validate_does(capsys):
+    """`chipsim dram --point NAME` takes the point's stream, controller (queues included) and front end: the same
+    bandwidth and latency as `chipsim dram --validate` computes for it, and it prints the options that do so."""
+    name = "hbm3-sequential-r50-ch1-s1-ref-q128x64"
+    point = {p["name"]: p for p in validate.POINTS}[name]
+    expected = validate.run_point(point)
+    assert cli.main(["dram", "--point", name, "--json"]) == 0
+    out = capsys.readouterr()
+    row = json.loads(out.out)
+    assert row["bandwidth_gbps"] == expected.bandwidth_gbps
+    assert row["read_latency_avg_ns"] == expected.read_latency_avg_ns
+    assert "--read-buffer 128 --write-buffer 64" in out.err and "--warmup 0" in out.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--point", "nope"], "chipsim dram --point nope: not a validation point"),
+    (["hbm3", "--mapping", "channel,column,row"], "chipsim dram --mapping: the order leaves out pseudochannel"),
+    (["hbm3", "--xor", "row"], "chipsim dram --xor: 'row' is not a level or the channel"),
+    (["hbm3", "--write-low-watermark", "0.9"], "--write-low-watermark must be below --write-high-watermark"),
+    (["hbm3", "--offers-per-cycle", "0"], "--offers-per-cycle must be within 1 ... 64"),
+    (["hbm3", "--requests", "100", "--warmup", "100"], "--warmup must be within 0 ... 99"),
+])
+def test_bad_chipsim_dram_options_are_one_line_and_exit_2(capsys, args, message):
+    assert cli.main(["dram", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("memory.hbm.controller_queue_entries=64", "memory.hbm.controller_queue_entries: renamed; give "
+                                               "read_queue_entries and write_queue_entries"),
+    ("memory.hbm.write_low_watermark=0.9", "memory.hbm.write_low_watermark: must be below "
+                                           "memory.hbm.write_high_watermark"),
+    ("memory.hbm.address_mapping=RoCh", "memory.hbm.address_mapping: 'RoCh' is not a preset"),
+    ("memory.hbm.address_mapping=channel,column,row", "memory.hbm.address_mapping: the order leaves out"),
+    ("memory.lpddr5x.address_xor=rank,column", "memory.lpddr5x.address_xor: 'column' is not a level"),
+])
+def test_a_bad_controller_key_is_one_line_naming_it_before_any_work(override, message):
+    with pytest.raises(InputError) as err:
+        load_config(THOR, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
