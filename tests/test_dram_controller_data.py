@@ -1,5 +1,5 @@
-"""A memory controller as data: its address mapping and bank hash (chipsim/dramsim/mapping.py) and its queues and
-write-drain watermarks as config keys; each checked by hand."""
+"""A memory controller as data: its address mapping and bank hash (chipsim/dramsim/mapping.py), its queues and
+write-drain watermarks as config keys, and LPDDR5's two-part activate; each checked by hand."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 from chipsim import cli
 from chipsim.dramsim import validate
-from chipsim.dramsim.controller import ControllerConfig, simulate
+from chipsim.dramsim.controller import ControllerConfig, _Channel, _Request, simulate
 from chipsim.dramsim.mapping import fold
 from chipsim.dramsim.standard import load_standard
 from chipsim.dramsim.streams import requests, stream_mapping
@@ -68,6 +68,42 @@ def test_two_streams_in_their_own_rows_conflict_in_every_bank_unless_the_bank_bi
     assert plain.bandwidth_gbps < 0.6 * one.bandwidth_gbps
     assert hashed.bandwidth_gbps > 0.95 * one.bandwidth_gbps
     assert hashed.row_conflicts < 0.2 * plain.row_conflicts
+
+
+def test_lpddr5s_second_activate_takes_a_command_slot_before_the_column_command_and_the_next_activate():
+    """With tRCD and tRRD cut to one cycle, two reads to two bank groups of an idle LPDDR5 channel: ACT-1 of bank
+    A at 0, its ACT-2 at 1 (nothing else may go: A's read waits for its row, B's ACT-1 for A's ACT-2), A's RD at 2,
+    B's ACT-1 at 3, ACT-2 at 4, RD at 5. Read latency = RD + nCL + nBL: 2 + 19 and 5 + 19 cycles. Without the
+    second activate: ACT A 0, RD A 1, ACT B 2, RD B 3."""
+    fast = {"nRCD": 1, "nRRDS": 1, "nRRDL": 1}
+    std = load_standard("lpddr5", timing_overrides=fast)
+    late = std.params["nCL"] + std.params["nBL"]
+    assert _read_latencies(std) == [2 + late, 5 + late]
+    assert _read_latencies(load_standard(_without_second_activate(std.path), timing_overrides=fast)) == \
+        [1 + late, 3 + late]
+
+
+def _read_latencies(std) -> list[int]:
+    """Two reads (bank group 0 and 1, bank 0, row 0) queued at cycle 0 on an idle channel: their latencies."""
+    ch = _Channel(std, ControllerConfig(refresh="off"))
+    for group in (0, 1):
+        ch.enqueue(_Request(False, [0, 0, group, group * 4], 0), 0)
+    done: list[int] = []
+    now = 0
+    while len(done) < 2 and now < 1000:
+        wake = ch.tick(now, done)
+        now = max(now + 1, wake if wake < 1 << 60 else now + 1)
+    return done
+
+
+def _without_second_activate(path: str) -> str:
+    import tempfile
+
+    text = "".join(line for line in open(path) if not line.startswith("second_activate_window"))
+    f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    f.write(text)
+    f.close()
+    return f.name
 
 
 def test_chipsim_dram_point_runs_a_validation_point_exactly_as_validate_does(capsys):

@@ -10,7 +10,7 @@ read completes `read_latency` cycles after its RD; its latency is completion min
 What is modelled, per node of every level: the earliest cycle each command may issue (every constraint of
 the standard, windows such as tFAW and sibling constraints such as tCCDR included), each bank's open row,
 the command bus (one command per cycle, or one row and one column command with `dual_command_bus`; ACT of
-LPDDR5 takes two cycles), refresh (all-bank REFA every nREFI per refresh node, or per-bank REFB every nREFIpb
+LPDDR5 is two commands, ACT-1 and ACT-2, each a cycle of the bus), refresh (all-bank REFA every nREFI per refresh node, or per-bank REFB every nREFIpb
 in rotation, or none), and a refresh node stops opening rows once its refresh is due.
 """
 
@@ -127,6 +127,10 @@ class _Channel:
         self.to_close: list[int] = []  # closed-page policy: banks to precharge
         self.col_accesses: list[int] = [0] * self.sizes[-1]  # capped policy: accesses to each bank's open row
         self.stats_acts = self.stats_conflicts = self.stats_refreshes = 0
+        # a two-part activate (LPDDR5): the bank whose ACT-2 is still to come (-1: none) and its last cycle
+        self.act2_window: int = std.second_activate_window
+        self.act2_bank: int = -1
+        self.act2_deadline: int = 0
 
     # ------------------------------------------------------------------ timing
     def earliest(self, cmd: int, nodes: list[int]) -> int:
@@ -217,20 +221,40 @@ class _Channel:
                 self._queued(now, completions, COLUMN)
             if row_free and not self._refresh_command(now) and not self.refresh_pending:
                 self._queued(now, completions, ROW)
-        elif row_free and not self._active_column(now, completions) and not self._refresh_command(now) \
-                and not self.refresh_pending:
-            self._queued(now, completions, ANY)
+        elif row_free:
+            self._single_bus(now, completions)
         w = self.wake
         for free in (self.row_bus_free, self.col_bus_free):
             if now < free < w:
                 w = free
         return w
 
+    def _single_bus(self, now: int, completions: list[int]) -> None:
+        """One command on a single command bus: an ACT-2 at its deadline first; then a column command of an
+        active request, a refresh command, a queued request's next command; an ACT-2 still to come takes a slot
+        nothing else wants (Ramulator 2.1's LPDDR5 controller: urgent, normal, then deferred ACT-2)."""
+        if self.act2_bank >= 0 and now >= self.act2_deadline:
+            self._second_activate(now)
+            return
+        if self._active_column(now, completions) or self._refresh_command(now):
+            return
+        if not self.refresh_pending and self._queued(now, completions, ANY):
+            return
+        if self.act2_bank >= 0:
+            self._second_activate(now)
+
+    def _second_activate(self, now: int) -> None:
+        """ACT-2 takes the command bus for a cycle; its bank's row is then open to column commands."""
+        self.act2_bank = -1
+        self.row_bus_free = self.col_bus_free = now + 1
+
     def _col_cmd(self, req: _Request) -> int:
         return WR if req.is_write else RD
 
     def _active_column(self, now: int, completions: list[int]) -> bool:
         for req in self.active:
+            if req.bank == self.act2_bank:
+                continue  # its row opens with ACT-2, still to come
             cmd = self._col_cmd(req)
             t = self.earliest(cmd, req.nodes)
             if t <= now:
@@ -261,8 +285,8 @@ class _Channel:
                     continue
                 cmd = self._col_cmd(req)
             elif row == -1:
-                if slot == COLUMN:
-                    continue
+                if slot == COLUMN or self.act2_bank >= 0:
+                    continue  # (no ACT-1 while another bank's ACT-2 is still to come)
                 cmd = ACT
             else:
                 # no closing a row an older queued request hits, or one opened for an active request
@@ -292,6 +316,9 @@ class _Channel:
                 self.issue(ACT, req.nodes, now)
                 open_row[bank] = req.row
                 self.stats_acts += 1
+                if self.act2_window:
+                    self.act2_bank = bank
+                    self.act2_deadline = now + self.act2_window
                 queue.remove(req)
                 self.active.append(req)
             else:

@@ -24,7 +24,8 @@ COLUMN_COMMANDS = (RD, WR)
 STANDARDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standards")
 
 _TOP_KEYS = {"name", "levels", "refresh_level", "data_level", "dual_command_bus", "command_cycles", "read_latency",
-             "write_latency", "constraints", "organizations", "timings", "config_keys", "ns_params"}
+             "write_latency", "constraints", "organizations", "timings", "config_keys", "ns_params",
+             "second_activate_window"}
 _CONSTRAINT_KEYS = {"level", "from", "to", "latency", "window", "sibling"}
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|([+-]))")
 
@@ -102,6 +103,8 @@ class Standard:
     config_keys: dict = None  # memory.<name> key (ns) -> the parameter it sets
     ns_params: tuple = ()  # parameters defined in ns (they scale with the clock)
     path: str = ""
+    second_activate_window: int = 0  # LPDDR5's two-part activate: ACT-2 takes a command slot within this many
+    # cycles of ACT-1, and no other ACT-1 goes before it (0: a one-part activate)
 
     @property
     def tck_ps(self) -> int:
@@ -274,4 +277,18 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
         command_cycles=tuple(cycles), read_latency=_latency(data, "read_latency", params, where),
         write_latency=_latency(data, "write_latency", params, where),
         constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name,
-        config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path)
+        config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path,
+        second_activate_window=_second_activate_window(data, params, where))
+
+
+def _second_activate_window(data: dict, params: dict, where: str) -> int:
+    """A two-part activate's window (cycles from ACT-1 by which ACT-2 must issue): at least one cycle."""
+    if "second_activate_window" not in data:
+        return 0
+    cycles = _latency(data, "second_activate_window", params, where)
+    if cycles < 1:
+        raise InputError(f"{where}.second_activate_window: ACT-2 needs at least one cycle after ACT-1, got {cycles}")
+    if data.get("dual_command_bus"):
+        raise InputError(f"{where}.second_activate_window: a two-part activate is a single command bus's "
+                         "(dual_command_bus: false)")
+    return cycles
