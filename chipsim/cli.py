@@ -291,7 +291,7 @@ def _cmd_dram(args) -> int:
         print(json.dumps(rows, indent=1) if args.json else validate.format_rows(rows))
         return 0 if all(r["within_target"] for r in rows) else 1
     if not args.standard:
-        raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path) or --validate")
+        raise InputError("chipsim dram: give a standard (hbm3, lpddr5, ddr4, ddr5 or a YAML path) or --validate")
     from chipsim.hw.config import DramConfig, field_bounds
 
     std = load_standard(args.standard, args.org, args.timing)
@@ -309,6 +309,9 @@ def _cmd_dram(args) -> int:
             raise InputError(f"chipsim dram: {name} must be within {low} ... {high} ({why}), got {value}")
     if not 0.0 <= args.read_share <= 1.0:
         raise InputError(f"chipsim dram: --read-share must be within 0 ... 1, got {args.read_share}")
+    if args.refresh == "per-bank" and "nREFIpb" not in std.params:  # (else the run would silently never refresh)
+        raise InputError(f"chipsim dram: --refresh per-bank: {std.name} {std.timing_name} has no per-bank refresh "
+                         "(its timing preset has no nREFIpb)")
     reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
                     streams=args.streams, seed=args.seed)
     cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,
@@ -505,7 +508,8 @@ def _add_dram_parser(sub) -> None:
     """`chipsim dram [STANDARD]`: a request stream through the command-level DRAM model, or --validate."""
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")
-    dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dramsim/standards/)")
+    dram.add_argument("standard", nargs="?",
+                      help="hbm3, lpddr5, ddr4, ddr5, or a standard YAML (chipsim/dramsim/standards/)")
     dram.add_argument("--org", help="organisation preset (default: the standard's first)")
     dram.add_argument("--timing", help="timing preset (default: the standard's first)")
     dram.add_argument("--stream", default="sequential", choices=("sequential", "random"))

@@ -152,7 +152,7 @@ def _latency(data: dict, key: str, params: dict, where: str) -> int:
 
 def is_standard_path(value: str) -> bool:
     """Whether a standard as written names a file (it has a folder separator or ends .yaml / .yml) or a built-in
-    standard (hbm3, lpddr5): decided by how it is written, never by what files the current folder holds."""
+    standard (hbm3, lpddr5, ddr4, ddr5): decided by how it is written, never by what files the current folder holds."""
     return "/" in value or os.sep in value or value.lower().endswith((".yaml", ".yml"))
 
 

@@ -177,7 +177,7 @@ class DramConfig:
     energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
     background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
                                    minimum=0, maximum=1e6)
-    standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5; "
+    standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5, ddr4, ddr5; "
                               "chipsim/dramsim/standards/) or a standard YAML file (a value with a / or ending .yaml), "
                               "relative to the config file that names it (with --set: to the current folder); "
                               "empty: none", "")
