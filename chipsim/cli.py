@@ -282,6 +282,7 @@ def _cmd_dram(args) -> int:
     import json
 
     from chipsim.dramsim import validate
+    from chipsim.dramsim.standard import builtin_standards
 
     if args.validate:
         rows = validate.compare(args.validate)
@@ -290,7 +291,8 @@ def _cmd_dram(args) -> int:
     if args.point:
         _apply_point(args)
     if not args.standard:
-        raise InputError("chipsim dram: give a standard (hbm3, lpddr5 or a YAML path), --point or --validate")
+        raise InputError(f"chipsim dram: give a standard ({', '.join(builtin_standards())} or a YAML path), --point "
+                         "or --validate")
     std, reqs, cfg, warmup = _dram_inputs(args)
     from chipsim.dramsim.controller import simulate
 
@@ -366,6 +368,9 @@ def _dram_inputs(args):
             raise InputError(f"chipsim dram: {name} must be within 0 ... 1, got {value}")
     if args.write_low_watermark >= args.write_high_watermark:
         raise InputError("chipsim dram: --write-low-watermark must be below --write-high-watermark")
+    if args.refresh == "per-bank" and "nREFIpb" not in std.params:  # (else the run would silently never refresh)
+        raise InputError(f"chipsim dram: --refresh per-bank: {std.name} {std.timing_name} has no per-bank refresh "
+                         "(its timing preset has no nREFIpb)")
     mapping = stream_mapping(std, args.channels, args.mapping, args.xor, names=("chipsim dram --mapping",
                                                                                 "chipsim dram --xor"))
     reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
@@ -550,7 +555,9 @@ def _add_dram_parser(sub) -> None:
     """`chipsim dram [STANDARD]`: a request stream through the command-level DRAM model, or --validate."""
     dram = sub.add_parser("dram", help="run a request stream through the command-level DRAM model (bandwidth, "
                                        "read latency), or --validate it against Ramulator 2.1's reference")
-    dram.add_argument("standard", nargs="?", help="hbm3, lpddr5, or a standard YAML (chipsim/dramsim/standards/)")
+    dram.add_argument("standard", nargs="?",
+                      help="a built-in standard (chipsim/dramsim/standards/: ddr4, ddr5, gddr6, "
+                      "gddr7, hbm2, hbm3, lpddr5) or a standard YAML")
     dram.add_argument("--org", help="organisation preset (default: the standard's first)")
     dram.add_argument("--timing", help="timing preset (default: the standard's first)")
     dram.add_argument("--stream", default="sequential", choices=("sequential", "random"))

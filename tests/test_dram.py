@@ -93,6 +93,46 @@ def test_closed_pages_turn_a_row_hit_stream_into_misses_and_open_pages_keep_it()
     assert closed.row_misses >= 290  # precharged after every lone request: each later one activates again
 
 
+def test_ddr4_row_hits_in_one_bank_group_wait_tccd_l_and_spread_over_groups_fill_the_bus():
+    """DDR4-3200AA (Ramulator 2.1 preset): a 64 B burst holds the 64-bit bus nBL = 4 CK (25.6 GB/s), but reads to
+    one bank group are tCCD_L = 8 CK apart (half of it, 12.8 GB/s); the same row hits spread over the four bank
+    groups are tCCD_S = 4 CK apart and fill the bus. By hand on the constraint engine too."""
+    ddr4 = load_standard("ddr4")
+    q, tck_ns, burst = ddr4.params, ddr4.tck_ps * 1e-3, ddr4.org.burst_bytes
+    assert (q["nBL"], q["nCCDS"], q["nCCDL"], burst) == (4, 4, 8, 64)
+    ch = _Channel(ddr4, ControllerConfig())
+    bg0, bg0_other_bank, bg1 = [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 4]  # flat ids: channel, rank, bank group, bank
+    ch.issue(RD, bg0, 100)
+    assert ch.earliest(RD, bg0_other_bank) == 100 + q["nCCDL"] and ch.earliest(RD, bg1) == 100 + q["nCCDS"]
+    one_group = [(False, 0, (0, 0, i % 4), 0, (i // 4) % 128) for i in range(20000)]  # 4 banks of bank group 0
+    spread = [(False, 0, (0, i % 4, 0), 0, (i // 4) % 128) for i in range(20000)]  # bank 0 of each group
+    for reqs, cycles in ((one_group, q["nCCDL"]), (spread, q["nBL"])):
+        r = simulate(ddr4, reqs, offers_per_cycle=2, controller=ControllerConfig(refresh="off"), warmup=500)
+        assert r.row_misses + r.row_conflicts == 0
+        assert r.bandwidth_gbps == pytest.approx(burst / (cycles * tck_ns), rel=2e-3)
+    assert ddr4.peak_gbps() == pytest.approx(25.6)
+
+
+def test_ddr5_two_cycle_commands_and_random_rows_held_to_four_activates_per_tfaw():
+    """DDR5-4800AN (Ramulator 2.1 preset): ACT, RD and WR take two CK of the command bus and count from the CK that
+    completes them, so ACT -> PRE is nRAS + 1 and PRE -> ACT nRP - 1, while ACT -> RD stays nRCD; a row miss on
+    each of the 32 banks in turn (8 bank groups x 4) is held by tFAW = 48 CK to four 64 B bursts per 48 CK."""
+    ddr5 = load_standard("ddr5")
+    q, tck_ns, burst = ddr5.params, ddr5.tck_ps * 1e-3, ddr5.org.burst_bytes
+    assert ddr5.command_cycles[ACT] == ddr5.command_cycles[RD] == 2 and ddr5.command_cycles[PRE] == 1
+    ch = _Channel(ddr5, ControllerConfig())
+    bank = [0, 0, 0, 0]
+    ch.issue(ACT, bank, 0)
+    assert ch.row_bus_free == 2  # the command bus is held for ACT's two CK
+    assert ch.earliest(RD, bank) == q["nRCD"] and ch.earliest(PRE, bank) == q["nRAS"] + 1
+    ch.issue(PRE, bank, 200)
+    assert ch.earliest(ACT, bank) == 200 + q["nRP"] - 1
+    reqs = [(False, 0, (0, i % 8, (i // 8) % 4), i // 32, 0) for i in range(6000)]
+    r = simulate(ddr5, reqs, offers_per_cycle=2, controller=ControllerConfig(refresh="off"), warmup=200)
+    assert r.row_hits == 0
+    assert r.bandwidth_gbps == pytest.approx(4 * burst / (q["nFAW"] * tck_ns), rel=5e-3)  # 12.8 GB/s
+
+
 def test_same_stream_and_seed_give_identical_results():
     from chipsim.dramsim.streams import requests
 
@@ -131,7 +171,7 @@ def test_bad_standard_files_name_the_problem(tmp_path):
     bad.write_text(text + "\nspeed_grade: 3\n")
     with pytest.raises(InputError, match=r"bad.yaml.speed_grade: unknown key"):
         load_standard(str(bad))
-    with pytest.raises(InputError, match=r"DRAM standard ddr9: not found \(built in: hbm3, lpddr5\)"):
+    with pytest.raises(InputError, match=r"DRAM standard ddr9: not found \(built in: ddr4, ddr5, hbm3, lpddr5\)"):
         load_standard("ddr9")
     with pytest.raises(InputError, match=r"no preset 'HBM3_9000'"):
         load_standard("hbm3", timing="HBM3_9000")
@@ -188,6 +228,8 @@ def test_chipsim_dram_prints_a_streams_bandwidth_and_latency(capsys):
     assert 0 < row["bandwidth_gbps"] < row["peak_gbps"] and row["row_hits"] < 10  # random rows: nearly all misses
     assert cli.main(["dram", "hbm3", "--read-share", "1.5"]) == 2
     assert "--read-share must be within 0 ... 1" in capsys.readouterr().err
+    assert cli.main(["dram", "ddr4", "--refresh", "per-bank"]) == 2  # DDR4 has none: no silent run without refresh
+    assert "DDR4 DDR4_3200AA has no per-bank refresh" in capsys.readouterr().err
 
 
 def test_the_dram_model_runs_compiled_where_it_was_installed():

@@ -155,8 +155,13 @@ def _latency(data: dict, key: str, params: dict, where: str) -> int:
 
 def is_standard_path(value: str) -> bool:
     """Whether a standard as written names a file (it has a folder separator or ends .yaml / .yml) or a built-in
-    standard (hbm3, lpddr5): decided by how it is written, never by what files the current folder holds."""
+    standard (builtin_standards()): decided by how it is written, never by what files the current folder holds."""
     return "/" in value or os.sep in value or value.lower().endswith((".yaml", ".yml"))
+
+
+def builtin_standards() -> list[str]:
+    """The names of the standards chipsim ships (chipsim/dramsim/standards/<name>.yaml)."""
+    return sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
 
 
 def standard_path(name_or_path: str) -> str:
@@ -164,7 +169,7 @@ def standard_path(name_or_path: str) -> str:
     chipsim/dramsim/standards/<name>.yaml."""
     if is_standard_path(name_or_path):
         return name_or_path
-    known = sorted(f[:-5] for f in os.listdir(STANDARDS_DIR) if f.endswith(".yaml"))
+    known = builtin_standards()
     if name_or_path.lower() not in known:
         raise InputError(f"DRAM standard {name_or_path}: not found (built in: {', '.join(known)}); a file is "
                          "named by a path with a / or ending .yaml")

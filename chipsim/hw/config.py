@@ -177,7 +177,7 @@ class DramConfig:
     energy_pj_per_bit: float = _f("access energy, pJ per bit read or written", minimum=0, maximum=1e6)
     background_power_w: float = _f("static power (background, refresh) drawn for the whole decode time, W",
                                    minimum=0, maximum=1e6)
-    standard: str = _optional("DRAM standard of the command-level model: a built-in one (hbm3, lpddr5; "
+    standard: str = _optional("DRAM standard of the command-level model: a built-in one (ddr4, ddr5, gddr6, gddr7, hbm2, hbm3, lpddr5; "
                               "chipsim/dramsim/standards/) or a standard YAML file (a value with a / or ending .yaml), "
                               "relative to the config file that names it (with --set: to the current folder); "
                               "empty: none", "")
@@ -683,7 +683,7 @@ def _check_consistency(config: Config) -> None:
         if d.trfc_ns >= d.trefi_ns:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")
         if d.timing_model == "command-level" and not d.standard:
-            raise InputError(f"{key}.timing_model: command-level needs {key}.standard (hbm3, lpddr5 or a YAML path)")
+            raise InputError(f"{key}.timing_model: command-level needs {key}.standard (a built-in standard or a YAML path)")
         if d.write_low_watermark >= d.write_high_watermark:
             raise InputError(f"{key}.write_low_watermark: must be below {key}.write_high_watermark "
                              f"({d.write_low_watermark:g} >= {d.write_high_watermark:g})")

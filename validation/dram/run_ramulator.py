@@ -26,6 +26,8 @@ RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its 
     # twice per CK: tick_multiplier = 2 in python/ramulator/dram/hbm3.py)
     "hbm3": ("HBM3", "HBM3_8Gb_8hi", "HBM3_6400Mbps", "HBM34", 0.3125),
     "lpddr5": ("LPDDR5", "LPDDR5_8Gb_x16", "LPDDR5_6400", "LPDDR5", 1.25),
+    "ddr4": ("DDR4", "DDR4_8Gb_x8", "DDR4_3200AA", "GenericDDR", 0.625),
+    "ddr5": ("DDR5", "DDR5_16Gb_x8", "DDR5_4800AN", "GenericDDR", 0.416),  # the preset's tCK_ps, 416
 }
 
 ONE_POINT = r'''
