@@ -171,7 +171,7 @@ def test_bad_standard_files_name_the_problem(tmp_path):
     bad.write_text(text + "\nspeed_grade: 3\n")
     with pytest.raises(InputError, match=r"bad.yaml.speed_grade: unknown key"):
         load_standard(str(bad))
-    with pytest.raises(InputError, match=r"DRAM standard ddr9: not found \(built in: ddr4, ddr5, hbm3, lpddr5\)"):
+    with pytest.raises(InputError, match=r"DRAM standard ddr9: not found \(built in: [a-z0-9, ]*hbm3, lpddr5\)"):
         load_standard("ddr9")
     with pytest.raises(InputError, match=r"no preset 'HBM3_9000'"):
         load_standard("hbm3", timing="HBM3_9000")
@@ -283,3 +283,118 @@ print(json.dumps(out))
         assert run.stderr.startswith("pure Python" if pure else "compiled"), run.stderr
     assert outputs[""] == outputs["1"]
     assert all(result["reads"] + result["writes"] > 1000 for _, result in outputs[""])
+
+
+# ---------------------------------------------------------------------------------------------- GDDR6, GDDR6X, GDDR7
+GDDR6 = load_standard("gddr6")
+GDDR7 = load_standard("gddr7")
+
+
+@pytest.mark.parametrize("std, rate, per_pin, per_device", [
+    ("gddr6:GDDR6_14000_1350mV", 14000, 1.75, 56.0),
+    ("gddr6:GDDR6X_19000", 19000, 2.375, 76.0),
+    ("gddr6:GDDR6X_21000", 21000, 2.625, 84.0),  # Micron: 84 GB/s per GDDR6X device at 21 Gb/s
+    ("gddr7:GDDR7_28000_PAM3", 28000, 3.5, 112.0),
+])
+def test_gddr_peaks_follow_from_the_data_rate(std, rate, per_pin, per_device):
+    """The data-bus peak is the rate per pin times the pins: a GDDR6 / GDDR6X device is two x16 channels, a GDDR7
+    device four x8 ones, 32 DQ either way; per pin rate / 8 bytes. The presets' tCK is the rate's to 0.3 % (GDDR6
+    14 Gb/s: the preset's 0.570 ns for 8 bits / 14 Gb/s = 0.5714 ns), so is the model's peak."""
+    name, timing = std.split(":")
+    s = load_standard(name, timing=timing)
+    pins = s.org.counts[0] * s.org.channel_width_bits
+    assert pins == 32 and s.params["rate_mtps"] == rate
+    assert rate / 8 / 1000 == pytest.approx(per_pin)
+    assert s.peak_gbps() == pytest.approx(per_device, rel=3e-3)
+    assert s.peak_gbps() / pins == pytest.approx(per_pin, rel=3e-3)
+    # one burst of 32 B per nBL cycles on each channel: burst_length bits per pin over nBL CK at the rate
+    assert s.org.burst_length / s.params["nBL"] * 1e6 / rate == pytest.approx(s.tck_ps, rel=3e-3)
+
+
+@pytest.mark.parametrize("timing", ["GDDR6_14000_1350mV", "GDDR6_14000_1250mV", "GDDR6X_19000", "GDDR6X_21000"])
+def test_a_gddr6_row_miss_stream_on_one_bank_is_held_to_tras_plus_trp(timing):
+    """Every read a new row of one bank: ACT, RD, PRE per request. The bank's cycle is the longest of nRC and
+    ACT -> PRE -> ACT (nRAS + nRP), which the presets' rounded cycle counts make at least nRC (1350 mV:
+    53 + 27 = 80 > 79): one 32 B burst per 80 CK = 45.6 ns, 0.70 GB/s."""
+    s = load_standard("gddr6", timing=timing)
+    p = s.params
+    period = max(p["nRC"], p["nRAS"] + p["nRP"], p["nRCDRD"] + p["nRTP"] + p["nRP"])
+    assert period == p["nRAS"] + p["nRP"]
+    r = simulate(s, [(False, 0, (0, 0), row, 0) for row in range(1200)], controller=ControllerConfig(refresh="off"),
+                 warmup=100)
+    assert r.bandwidth_gbps == pytest.approx(s.org.burst_bytes / (period * s.tck_ps * 1e-3), rel=5e-3)
+    assert r.row_hits == 0
+
+
+def test_gddr6_reads_in_one_bank_group_wait_tccd_l_and_across_groups_tccd_s():
+    """Row hits to the four banks of one bank group: one read per nCCDL = 4 CK, half the channel's peak
+    (14.0 GB/s); the same reads spread over the four bank groups: one per nCCDS = nBL = 2 CK, the peak 28.1 GB/s."""
+    p = GDDR6.params
+    one_group = [(False, 0, (0, i % 4), 0, (i // 4) % 64) for i in range(8000)]
+    groups = [(False, 0, (i % 4, (i // 4) % 4), 0, (i // 16) % 64) for i in range(8000)]
+    off = ControllerConfig(refresh="off")
+    a = simulate(GDDR6, one_group, offers_per_cycle=2, controller=off, warmup=200)
+    b = simulate(GDDR6, groups, offers_per_cycle=2, controller=off, warmup=200)
+    burst_ns = GDDR6.org.burst_bytes / (GDDR6.tck_ps * 1e-3)
+    assert a.bandwidth_gbps == pytest.approx(burst_ns / p["nCCDL"], rel=2e-3)
+    assert b.bandwidth_gbps == pytest.approx(burst_ns / p["nCCDS"], rel=2e-3) == pytest.approx(GDDR6.peak_gbps(1),
+                                                                                               rel=2e-3)
+
+
+def test_a_gddr6_fifth_activate_waits_for_trrd_and_the_four_activate_window():
+    """Activates to the four bank groups go nRRDS = 8 CK apart (0, 8, 16, 24); the fifth waits for both nRRDS after
+    the fourth (32) and nFAW after the first (29): at this preset four nRRDS outlast tFAW, so tFAW never binds. With
+    nRRDS at 2 CK the window does: the fifth goes at nFAW = 29."""
+    for overrides, fifth in (({}, 32), ({"nRRDS": 2, "nRRDL": 2}, 29)):
+        s = load_standard("gddr6", timing_overrides=overrides)
+        ch = _Channel(s, ControllerConfig())
+        times = []
+        for nodes in [[0, bg, bg * 4] for bg in range(4)] + [[0, 0, 1]]:  # four bank groups, then group 0 again
+            t = ch.earliest(ACT, nodes)
+            ch.issue(ACT, nodes, t)
+            times.append(t)
+        rrd = s.params["nRRDS"]
+        assert times == [0, rrd, 2 * rrd, 3 * rrd, fifth]
+        assert fifth == max(4 * rrd, s.params["nFAW"])
+
+
+def test_a_gddr7_row_miss_stream_on_one_bank_moves_one_burst_per_trc():
+    """Every read a new row of one bank: ACT (two CK), RD, PRE. JEDEC counts tRAS from the ACT's second cycle, tRP
+    up to the next ACT's second: PRE at ACT + nRAS + 1, the next ACT at PRE + nRP - 1, so one burst per nRAS + nRP =
+    nRC = 90 CK = 51.4 ns: 0.62 GB/s."""
+    p = GDDR7.params
+    assert p["nRAS"] + p["nRP"] == p["nRC"] == 90
+    r = simulate(GDDR7, [(False, 0, (0,), row, 0) for row in range(1200)], controller=ControllerConfig(refresh="off"),
+                 warmup=100)
+    assert r.bandwidth_gbps == pytest.approx(GDDR7.org.burst_bytes / (p["nRC"] * GDDR7.tck_ps * 1e-3), rel=5e-3)
+    assert r.row_hits == 0
+
+
+def test_gddr7_two_cycle_commands_shift_their_timings_by_one_cycle():
+    """The constraint engine with GDDR7's two-CK ACT, RD and WR: ACT at 0 -> RD at nRCDRD (both two CK: no shift),
+    PRE at nRAS + 1, the next ACT to that bank nRP - 1 after the PRE, another bank's ACT nRPD - 1 after it; a second
+    read waits nCCDSB in the same bank, nCCD (= nBL) in another."""
+    p = GDDR7.params
+    ch = _Channel(GDDR7, ControllerConfig())
+    bank0, bank1 = [0, 0], [0, 1]
+    ch.issue(ACT, bank0, 0)
+    assert ch.earliest(RD, bank0) == p["nRCDRD"] == 30
+    assert ch.earliest(PRE, bank0) == p["nRAS"] + 1 == 61
+    ch.issue(RD, bank0, 30)
+    assert ch.earliest(RD, bank0) == 30 + p["nCCDSB"] and ch.earliest(RD, bank1) == 30 + p["nCCD"]
+    ch.issue(PRE, bank0, 61)
+    assert ch.earliest(ACT, bank0) == 61 + p["nRP"] - 1 == p["nRC"]
+    assert ch.earliest(ACT, bank1) == max(0 + p["nRRD"], 61 + p["nRPD"] - 1)
+
+
+def test_gddr7_reads_to_one_bank_run_at_half_the_peak():
+    """Row hits to one bank: one read per nCCDSB = 4 CK, half the channel's 28 GB/s; the same reads over all 16
+    banks: one per nCCD = nBL = 2 CK, the peak. (The sequential validation streams walk one bank's columns
+    before the next bank's, so they sit near the first figure.)"""
+    off = ControllerConfig(refresh="off")
+    one = simulate(GDDR7, [(False, 0, (0,), 0, i % 64) for i in range(6000)], offers_per_cycle=2, controller=off,
+                   warmup=200)
+    spread = simulate(GDDR7, [(False, 0, (i % 16,), 0, (i // 16) % 64) for i in range(6000)], offers_per_cycle=2,
+                      controller=off, warmup=200)
+    assert one.bandwidth_gbps == pytest.approx(GDDR7.peak_gbps(1) / 2, rel=2e-3)
+    assert spread.bandwidth_gbps == pytest.approx(GDDR7.peak_gbps(1), rel=2e-3)

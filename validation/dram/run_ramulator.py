@@ -5,8 +5,9 @@
 Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is never a dependency of
 chipsim. Each point's requests come from chipsim.dramsim.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
-controllers keep Ramulator's defaults (32-entry read and write buffers unless a point gives its own, write watermarks 0.2 / 0.8), FR-FCFS with
-row hits first, open pages; all-bank, per-bank (LPDDR5: PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
+controllers keep Ramulator's defaults (32-entry read and write buffers unless a point gives its own, write
+watermarks 0.2 / 0.8), FR-FCFS with row hits first, open pages; all-bank, per-bank (LPDDR5, GDDR7: PerBank; HBM3:
+HBM34PerBankRefresh) or no refresh.
 """
 
 import argparse
@@ -23,11 +24,13 @@ from chipsim.dramsim.points import POINTS, point_requests  # noqa: E402
 from chipsim.dramsim.streams import ramulator_loadstore_lines, ramulator_trace_lines  # noqa: E402
 
 RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its tick in ns (its HBM3 model ticks
-    # twice per CK: tick_multiplier = 2 in python/ramulator/dram/hbm3.py)
+    # twice per CK: tick_multiplier = 2 in python/ramulator/dram/hbm3.py; GDDR6 and GDDR7 once)
     "hbm3": ("HBM3", "HBM3_8Gb_8hi", "HBM3_6400Mbps", "HBM34", 0.3125),
     "lpddr5": ("LPDDR5", "LPDDR5_8Gb_x16", "LPDDR5_6400", "LPDDR5", 1.25),
     "ddr4": ("DDR4", "DDR4_8Gb_x8", "DDR4_3200AA", "GenericDDR", 0.625),
     "ddr5": ("DDR5", "DDR5_16Gb_x8", "DDR5_4800AN", "GenericDDR", 0.416),  # the preset's tCK_ps, 416
+    "gddr6": ("GDDR6", "GDDR6_8Gb_x16", "GDDR6_14000_1350mV_double", "GenericDDR", 0.570),
+    "gddr7": ("GDDR7", "GDDR7_16Gb_x8", "GDDR7_28000_PAM3", "GDDR7", 0.571),
 }
 
 ONE_POINT = r'''
