@@ -23,8 +23,9 @@ ACT, PRE, PREA, RD, WR, REFA, REFB = range(len(COMMANDS))
 COLUMN_COMMANDS = (RD, WR)
 STANDARDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standards")
 
-_TOP_KEYS = {"name", "levels", "refresh_level", "data_level", "dual_command_bus", "command_cycles", "read_latency",
-             "write_latency", "constraints", "organizations", "timings", "config_keys", "ns_params"}
+_TOP_KEYS = {"name", "levels", "refresh_level", "per_bank_refresh_level", "data_level", "dual_command_bus",
+             "command_cycles", "read_latency", "write_latency", "constraints", "organizations", "timings", "config_keys",
+             "ns_params"}
 _CONSTRAINT_KEYS = {"level", "from", "to", "latency", "window", "sibling"}
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|([+-]))")
 
@@ -102,6 +103,8 @@ class Standard:
     config_keys: dict = None  # memory.<name> key (ns) -> the parameter it sets
     ns_params: tuple = ()  # parameters defined in ns (they scale with the clock)
     path: str = ""
+    per_bank_refresh_level: int = -1  # per-bank refresh: one REFB per node of this level every nREFIpb, in rotation
+    # over its banks (-1: the refresh level)
 
     @property
     def tck_ps(self) -> int:
@@ -274,4 +277,5 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
         command_cycles=tuple(cycles), read_latency=_latency(data, "read_latency", params, where),
         write_latency=_latency(data, "write_latency", params, where),
         constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name,
-        config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path)
+        config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path,
+        per_bank_refresh_level=level("per_bank_refresh_level") if "per_bank_refresh_level" in data else -1)
