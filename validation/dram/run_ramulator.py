@@ -6,7 +6,8 @@ Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is ne
 chipsim. Each point's requests come from chipsim.dramsim.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
 controllers keep Ramulator's defaults (32-entry read and write buffers, write watermarks 0.2 / 0.8), FR-FCFS with
-row hits first, open pages; all-bank, per-bank (LPDDR5: PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
+row hits first, open pages; all-bank, per-bank (LPDDR5 and HBM2: PerBank; HBM3: HBM34PerBankRefresh) or no
+refresh.
 """
 
 import argparse
@@ -26,6 +27,7 @@ RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its 
     # twice per CK: tick_multiplier = 2 in python/ramulator/dram/hbm3.py)
     "hbm3": ("HBM3", "HBM3_8Gb_8hi", "HBM3_6400Mbps", "HBM34", 0.3125),
     "lpddr5": ("LPDDR5", "LPDDR5_8Gb_x16", "LPDDR5_6400", "LPDDR5", 1.25),
+    "hbm2": ("HBM2", "HBM2_8Gb", "HBM2_2000Mbps", "HBM12", 1.0),  # HBM2 ticks once per CK
 }
 
 ONE_POINT = r'''
