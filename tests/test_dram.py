@@ -269,7 +269,8 @@ for name, kind, share, streams, paces, cfg, channels in [
         ("hbm3", "sequential", 0.7, 2, (3, 1), ControllerConfig(), 1),
         ("hbm3", "random", 0.8, 1, (), ControllerConfig(page_policy="closed"), 2),
         ("lpddr5", "sequential", 1.0, 3, (), ControllerConfig(refresh="per-bank"), 1),
-        ("hbm3", "random", 0.5, 1, (), ControllerConfig(page_policy="capped", page_cap=2), 1)]:
+        ("hbm3", "random", 0.5, 1, (), ControllerConfig(page_policy="capped", page_cap=2), 1),
+        ("hbm2", "sequential", 0.8, 1, (), ControllerConfig(refresh="per-bank", page_policy="capped"), 1)]:
     std = load_standard(name)
     reqs = requests(std, 3000, kind=kind, read_share=share, channels=channels, streams=streams, paces=paces)
     out.append([reqs[:50], simulate(std, reqs, channels=channels, controller=cfg).as_dict()])
@@ -398,3 +399,66 @@ def test_gddr7_reads_to_one_bank_run_at_half_the_peak():
                       controller=off, warmup=200)
     assert one.bandwidth_gbps == pytest.approx(GDDR7.peak_gbps(1) / 2, rel=2e-3)
     assert spread.bandwidth_gbps == pytest.approx(GDDR7.peak_gbps(1), rel=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------- HBM2 and HBM2E
+HBM2 = load_standard("hbm2")
+
+
+def hbm2_request(pc, bg, bank, row, col=0, write=False):
+    return (write, 0, (pc, bg, bank), row, col)
+
+
+@pytest.mark.parametrize("org, timing, gbit_per_pin, stack_gbps", [
+    ("HBM2_8Gb", "HBM2_2000Mbps", 2.0, 256.0),
+    ("HBM2_8Gb", "HBM2_2400Mbps", 2.4, 307.2),      # Samsung Aquabolt: 307 GB/s
+    ("HBM2E_16Gb_8hi", "HBM2E_3200Mbps", 3.2, 409.6),  # Samsung Flashbolt: 410 GB/s
+    ("HBM2E_16Gb_8hi", "HBM2E_3600Mbps", 3.6, 460.8),  # SK hynix HBM2E: 460 GB/s
+])
+def test_hbm2_peak_per_stack_is_the_pin_rate_times_1024_bits(org, timing, gbit_per_pin, stack_gbps):
+    """A stack is 8 channels x 2 pseudo-channels x 64 DQ = 1024 pins; each pseudo-channel moves one BL4 burst of
+    32 B per nBL = 2 CK, so the model's peak is the rate x 1024 / 8 (to the preset's whole-ps tCK: 0.833 and
+    0.556 ns, 0.04 % and 0.08 % off). A row-hit stream over one channel's 2 x 4 (pseudo-channel, bank group) pairs
+    then reaches an eighth of it."""
+    s = load_standard("hbm2", org, timing)
+    pins = s.org.counts[0] * s.org.counts[1] * s.org.channel_width_bits
+    assert pins == 1024 and s.org.burst_bytes == 32 and s.params["nBL"] == 2
+    assert stack_gbps == pytest.approx(gbit_per_pin * pins / 8)
+    assert s.peak_gbps() == pytest.approx(stack_gbps, rel=1e-3)
+    reqs = [hbm2_request(i % 2, (i // 2) % 4, 0, 0, (i // 8) % 32) for i in range(20000)]
+    r = simulate(s, reqs, offers_per_cycle=2, controller=ControllerConfig(refresh="off"), warmup=500)
+    assert r.bandwidth_gbps == pytest.approx(s.peak_gbps(1), rel=2e-3) and r.row_misses + r.row_conflicts == 0
+
+
+@pytest.mark.parametrize("org, timing, ns_per_burst", [
+    ("HBM2_8Gb", "HBM2_2000Mbps", 48.0),        # nRC 48 CK of 1 ns
+    ("HBM2E_16Gb_8hi", "HBM2E_3200Mbps", 48.125),  # nRC 77 CK of 0.625 ns
+])
+def test_an_hbm2_row_miss_stream_on_one_bank_moves_one_burst_per_trc(org, timing, ns_per_burst):
+    """Every read a new row of one bank: ACT, RD, PRE per request. ACT takes two CK and its timings count from its
+    second: ACT -> PRE is nRAS + 1, PRE -> ACT nRP - 1, so the chain ACT -> PRE -> ACT is nRAS + nRP = nRC (HBM2
+    2000: 34 + 14 = 48; ACT -> RD -> PRE, 15 + 5, is shorter): one 32 B burst per nRC, 0.667 GB/s at 2 Gb/s."""
+    s = load_standard("hbm2", org, timing)
+    p = s.params
+    assert p["nRAS"] + p["nRP"] == p["nRC"] > p["nRCDRD"] + 1 + p["nRTPL"] + p["nRP"] - 1
+    assert p["nRC"] * s.tck_ps * 1e-3 == pytest.approx(ns_per_burst)
+    r = simulate(s, [hbm2_request(0, 0, 0, row) for row in range(2000)], controller=ControllerConfig(refresh="off"),
+                 warmup=100)
+    assert r.bandwidth_gbps == pytest.approx(32 / ns_per_burst, rel=5e-3) and r.row_hits == 0
+
+
+def test_hbm2_activates_hold_the_row_bus_two_cycles_and_pseudo_channels_keep_their_own_timing():
+    """The constraint engine by hand (HBM2 2000): an ACT holds the row command bus two cycles, so the other
+    pseudo-channel's ACT waits 2 CK (not nRRDS: that is within a pseudo-channel) while the column bus stays free;
+    RD waits nRCDRD + 1 after ACT; a read to the other pseudo-channel's banks is not held by this one's data bus."""
+    p = HBM2.params
+    ch = _Channel(HBM2, ControllerConfig())
+    pc0, pc1 = [0, 0, 0, 0], [0, 1, 4, 16]  # flat node ids: channel, pseudo-channel, bank group, bank
+    ch.issue(ACT, pc0, 0)
+    assert ch.row_bus_free == 2 and ch.col_bus_free == 0
+    assert ch.earliest(ACT, pc1) == 0 and ch.earliest(ACT, [0, 0, 1, 4]) == p["nRRDS"]
+    assert ch.earliest(RD, pc0) == p["nRCDRD"] + 1 and ch.earliest(PRE, pc0) == p["nRAS"] + 1
+    ch.issue(ACT, pc1, 2)
+    ch.issue(RD, pc0, 15)
+    assert ch.earliest(RD, pc1) == 2 + p["nRCDRD"] + 1  # only its own activate
+    assert ch.earliest(RD, [0, 0, 1, 4]) == 15 + p["nCCDS"] and ch.earliest(RD, [0, 0, 0, 1]) == 15 + p["nCCDL"]

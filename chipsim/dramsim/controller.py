@@ -10,8 +10,10 @@ read completes `read_latency` cycles after its RD; its latency is completion min
 What is modelled, per node of every level: the earliest cycle each command may issue (every constraint of
 the standard, windows such as tFAW and sibling constraints such as tCCDR included), each bank's open row,
 the command bus (one command per cycle, or one row and one column command with `dual_command_bus`; ACT of
-LPDDR5 is two commands, ACT-1 and ACT-2, each a cycle of the bus), refresh (all-bank REFA every nREFI per refresh node, or per-bank REFB every nREFIpb
-in rotation, or none), and a refresh node stops opening rows once its refresh is due.
+LPDDR5 is two commands, ACT-1 and ACT-2, each a cycle of the bus), refresh (all-bank REFA every nREFI per refresh
+node, or per-bank REFB every nREFIpb in rotation over the banks of each node of the per-bank refresh level, or none),
+and a refresh node stops opening rows once its refresh is due; while a refresh or a page-policy precharge is about
+to issue, no queued request takes the column bus.
 """
 
 from __future__ import annotations
@@ -114,8 +116,13 @@ class _Channel:
         self.row_bus_free = 0
         self.col_bus_free = 0
         self.wake = INF
-        # refresh: every nREFI (nREFIpb per bank) all refresh nodes at once, as Ramulator 2.1's managers do
-        self.refresh_nodes = self.sizes[std.refresh_level]
+        # refresh: every nREFI (nREFIpb per bank) all refresh nodes at once, as Ramulator 2.1's managers do; per-bank
+        # refresh rotates over the banks of each node of the standard's per-bank refresh level (default: its refresh
+        # level)
+        level = std.refresh_level
+        if self.per_bank_refresh and std.per_bank_refresh_level >= 0:
+            level = std.per_bank_refresh_level
+        self.refresh_nodes = self.sizes[level]
         self.banks_per_refresh_node = self.sizes[-1] // self.refresh_nodes
         p = std.params
         self.refresh_interval: int = {"all-bank": p.get("nREFI", INF), "per-bank": p.get("nREFIpb", INF)}.get(
@@ -217,7 +224,11 @@ class _Channel:
             return min(self.row_bus_free, self.col_bus_free)
         self._refresh_due(now)
         if self.dual_command_bus:
-            if col_free and not self._active_column(now, completions) and not self.refresh_pending:
+            # a page-policy precharge about to take the row slot holds the queued requests' column commands back for
+            # this cycle, as a waiting refresh does (Ramulator 2.1 sends both through its priority buffer and picks
+            # no queued read or write while that buffer holds a command)
+            closing = row_free and not self.refresh_queue and self._close_ready(now)
+            if col_free and not self._active_column(now, completions) and not self.refresh_pending and not closing:
                 self._queued(now, completions, COLUMN)
             if row_free and not self._refresh_command(now) and not self.refresh_pending:
                 self._queued(now, completions, ROW)
@@ -359,6 +370,22 @@ class _Channel:
         elif self.next_refresh < self.wake:
             self.wake = self.next_refresh
         self.refresh_pending = bool(self.refresh_queue)
+
+    def _close_ready(self, now: int) -> bool:
+        """Whether _refresh_command issues a page-policy precharge at `now` (it changes nothing)."""
+        if not self.to_close:
+            return False
+        capped = self.page_policy == "capped"
+        for bank in self.to_close:
+            row = self.open_row[bank]
+            if row == -1 or (not capped and any(r.bank == bank and r.row == row
+                                                for r in (*self.reads, *self.writes, *self.active))):
+                return False  # _refresh_command drops it and issues nothing this cycle
+            if capped and any(r.bank == bank for r in self.active):
+                continue
+            if self.earliest(PRE, self.bank_nodes(bank)) <= now:
+                return True
+        return False
 
     def _refresh_command(self, now: int) -> bool:
         """The first pending refresh: close its banks (PREA, or PRE for one bank), then REFA / REFB; a bank with

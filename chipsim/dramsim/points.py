@@ -12,7 +12,7 @@ SEED = 7
 
 def _points():
     out = []
-    for std in ("hbm3", "lpddr5", "ddr4", "ddr5", "gddr6", "gddr7"):
+    for std in ("hbm3", "lpddr5", "ddr4", "ddr5", "gddr6", "gddr7", "hbm2"):
         for refresh in (False, True):
             for share in (1.0, 0.75, 0.5):
                 out.append({"standard": std, "kind": "sequential", "read_share": share, "channels": 1,
@@ -27,16 +27,18 @@ def _points():
                     "refresh": True})
     # per-bank refresh: LPDDR5 one REFpb every tREFIpb in rotation, as Ramulator 2.1's PerBank manager does; HBM3
     # one per pseudo-channel every tREFIpb, against Ramulator's HBM34PerBankRefresh (JESD238's REFpb sets: a set's
-    # next round waits tRFCpb after its last bank); GDDR7 one REFpb every tREFIpb in rotation (PerBank). DDR4 has no
-    # per-bank refresh, Ramulator 2.1's DDR5 has no same-bank refresh (REFsb) to compare with and its GDDR6 no tREFIpb
-    for std in ("lpddr5", "hbm3", "gddr7"):
+    # next round waits tRFCpb after its last bank); GDDR7 one REFpb every tREFIpb in rotation (PerBank); HBM2 one
+    # per channel every tREFIpb (tREFI / 32) in rotation over both pseudo-channels' banks, as Ramulator 2.1's
+    # PerBank manager does. DDR4 has no per-bank refresh, Ramulator 2.1's DDR5 has no same-bank refresh (REFsb) to
+    # compare with and its GDDR6 no tREFIpb
+    for std in ("lpddr5", "hbm3", "gddr7", "hbm2"):
         for kind, share in (("sequential", 1.0), ("sequential", 0.5), ("random", 1.0)):
             out.append({"standard": std, "kind": kind, "read_share": share, "channels": 1, "streams": 1,
                         "refresh": "per-bank"})
     # capped pages (a row closes after 4 accesses: Ramulator 2.1's ClosedCAP with its default cap); read-only, as
     # Ramulator stops with writes mixed in ("Failed to send all-bank refresh": its priority queue fills with
     # precharges it may not issue)
-    for std in ("hbm3", "lpddr5", "ddr4", "ddr5", "gddr6", "gddr7"):
+    for std in ("hbm3", "lpddr5", "ddr4", "ddr5", "gddr6", "gddr7", "hbm2"):
         for kind, share in (("sequential", 1.0), ("random", 1.0)):
             out.append({"standard": std, "kind": kind, "read_share": share, "channels": 1, "streams": 1,
                         "refresh": True, "page": "capped"})

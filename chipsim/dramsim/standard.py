@@ -23,9 +23,9 @@ ACT, PRE, PREA, RD, WR, REFA, REFB = range(len(COMMANDS))
 COLUMN_COMMANDS = (RD, WR)
 STANDARDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standards")
 
-_TOP_KEYS = {"name", "levels", "refresh_level", "data_level", "dual_command_bus", "command_cycles", "read_latency",
-             "write_latency", "constraints", "organizations", "timings", "config_keys", "ns_params",
-             "second_activate_window"}
+_TOP_KEYS = {"name", "levels", "refresh_level", "per_bank_refresh_level", "data_level", "dual_command_bus",
+             "command_cycles", "read_latency", "write_latency", "constraints", "organizations", "timings", "config_keys",
+             "ns_params", "second_activate_window"}
 _CONSTRAINT_KEYS = {"level", "from", "to", "latency", "window", "sibling"}
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|([+-]))")
 
@@ -105,6 +105,8 @@ class Standard:
     path: str = ""
     second_activate_window: int = 0  # LPDDR5's two-part activate: ACT-2 takes a command slot within this many
     # cycles of ACT-1, and no other ACT-1 goes before it (0: a one-part activate)
+    per_bank_refresh_level: int = -1  # per-bank refresh: one REFB per node of this level every nREFIpb, in rotation
+    # over its banks (-1: the refresh level)
 
     @property
     def tck_ps(self) -> int:
@@ -283,7 +285,8 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
         write_latency=_latency(data, "write_latency", params, where),
         constraints=tuple(constraints), org=organization, params=params, org_name=org_name, timing_name=timing_name,
         config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path,
-        second_activate_window=_second_activate_window(data, params, where))
+        second_activate_window=_second_activate_window(data, params, where),
+        per_bank_refresh_level=level("per_bank_refresh_level") if "per_bank_refresh_level" in data else -1)
 
 
 def _second_activate_window(data: dict, params: dict, where: str) -> int:

@@ -14,8 +14,8 @@ from chipsim.files import JSON_MAX_BYTES, read_input_text
 BANDWIDTH_TOLERANCE = 0.03
 LATENCY_TOLERANCE = 0.10
 # front-end offers per CK that match Ramulator's trace front end at clock ratio 2 (two requests per memory tick;
-# its HBM3 model ticks twice per CK; DDR4, DDR5, GDDR6 and GDDR7 once)
-OFFERS_PER_CYCLE = {"hbm3": 4, "lpddr5": 2, "ddr4": 2, "ddr5": 2, "gddr6": 2, "gddr7": 2}
+# its HBM3 model ticks twice per CK; DDR4, DDR5, GDDR6, GDDR7 and HBM2 once)
+OFFERS_PER_CYCLE = {"hbm3": 4, "lpddr5": 2, "ddr4": 2, "ddr5": 2, "gddr6": 2, "gddr7": 2, "hbm2": 2}
 REFRESH = {False: "off", True: "all-bank", "per-bank": "per-bank"}
 
 

@@ -6,8 +6,8 @@ Ramulator 2.1 is built from source offline (README "Two levels: DRAM"); it is ne
 chipsim. Each point's requests come from chipsim.dramsim.streams (seeded), written as a ReadWriteTrace file, so
 both simulators see the same requests (LoadStoreTrace for one channel, ReadWriteTrace for several); the front end offers two requests per memory tick (saturating), the
 controllers keep Ramulator's defaults (32-entry read and write buffers unless a point gives its own, write
-watermarks 0.2 / 0.8), FR-FCFS with row hits first, open pages; all-bank, per-bank (LPDDR5, GDDR7: PerBank; HBM3:
-HBM34PerBankRefresh) or no refresh.
+watermarks 0.2 / 0.8), FR-FCFS with row hits first, open pages; all-bank, per-bank (LPDDR5, GDDR7 and HBM2:
+PerBank; HBM3: HBM34PerBankRefresh) or no refresh.
 """
 
 import argparse
@@ -31,6 +31,7 @@ RAMULATOR = {  # chipsim standard -> Ramulator 2.1 classes and presets, and its 
     "ddr5": ("DDR5", "DDR5_16Gb_x8", "DDR5_4800AN", "GenericDDR", 0.416),  # the preset's tCK_ps, 416
     "gddr6": ("GDDR6", "GDDR6_8Gb_x16", "GDDR6_14000_1350mV_double", "GenericDDR", 0.570),
     "gddr7": ("GDDR7", "GDDR7_16Gb_x8", "GDDR7_28000_PAM3", "GDDR7", 0.571),
+    "hbm2": ("HBM2", "HBM2_8Gb", "HBM2_2000Mbps", "HBM12", 1.0),  # HBM2 ticks once per CK
 }
 
 ONE_POINT = r'''
