@@ -339,6 +339,21 @@ def _apply_point(args) -> None:
           f"{args.offers_per_cycle} --warmup 0", file=sys.stderr)
 
 
+def _kernel_streams(kernel: str | None, streams: int) -> tuple[int, tuple]:
+    """--kernel read | KrNw: K sequential read streams and N write streams in turn, each its own region (a GPU
+    kernel sweeping K arrays and writing N, as validation/dram/probe_hbm.py does); otherwise --streams."""
+    if not kernel:
+        return streams, ()
+    if kernel == "read":
+        return 1, ()
+    k, _, rest = kernel.partition("r")
+    if not (k.isdigit() and rest.endswith("w") and rest[:-1].isdigit() and 1 <= int(k) <= 64
+            and 1 <= int(rest[:-1]) <= 64):
+        raise InputError(f"chipsim dram --kernel {kernel}: read, or KrNw (K arrays read, N written, 1 ... 64 each)")
+    reads, writes = int(k), int(rest[:-1])
+    return reads + writes, tuple(range(reads, reads + writes))
+
+
 def _dram_inputs(args):
     """The standard, the requests, the controller and the warm-up of `chipsim dram`'s options, each checked."""
     from chipsim.dramsim.controller import ControllerConfig
@@ -373,8 +388,9 @@ def _dram_inputs(args):
                          "(its timing preset has no nREFIpb)")
     mapping = stream_mapping(std, args.channels, args.mapping, args.xor, names=("chipsim dram --mapping",
                                                                                 "chipsim dram --xor"))
+    streams, write_streams = _kernel_streams(args.kernel, args.streams)
     reqs = requests(std, args.requests, kind=args.stream, read_share=args.read_share, channels=args.channels,
-                    streams=args.streams, seed=args.seed, mapping=mapping)
+                    streams=streams, seed=args.seed, mapping=mapping, write_streams=write_streams)
     cfg = ControllerConfig(read_buffer=args.read_buffer, write_buffer=args.write_buffer, page_policy=args.page,
                            refresh=args.refresh, write_high_watermark=args.write_high_watermark,
                            write_low_watermark=args.write_low_watermark)
@@ -582,6 +598,8 @@ def _add_dram_parser(sub) -> None:
     dram.add_argument("--warmup", type=int, help="completed requests left out of the statistics (default: a tenth, "
                       "at most 2,000)")
     dram.add_argument("--seed", type=int, default=1)
+    dram.add_argument("--kernel", help="streams of a GPU kernel: read (one array read) or KrNw (K arrays read and N "
+                      "written, in turn: 6r1w, 1r1w = copy), as validation/dram/probe_hbm.py runs them")
     dram.add_argument("--point", help="run one validation point exactly as --validate does (prints its options)")
     dram.add_argument("--json", action="store_true", help="print one JSON object")
     dram.add_argument("--validate", nargs="?", const="validation/dram/ramulator.json", metavar="REF",

@@ -40,12 +40,13 @@ def test_the_standard_is_retimed_to_the_configs_clock_and_ns_keys():
     assert p["nRTP"] == math.ceil(8 * 1250 / 938) == 11
     assert (p["nBL"], p["nCCDL"]) == (2, 4)
     hbm = cal.retimed_standard(hw.memory["hbm"], "memory.hbm")  # thor's HBM3 runs at the preset's 6400: same clock
-    assert hbm.tck_ps == 625 and hbm.params["nRFC"] == math.ceil(350e3 / 625) and hbm.params["nRCDRD"] == 31
+    assert hbm.tck_ps == 625 and hbm.params["nRFC"] == math.ceil(260e3 / 625) and hbm.params["nRCDRD"] == 31
 
 
 def test_the_system_model_takes_the_command_level_figures(cache):
     hw = load_config(THOR).hw
-    c = cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.151)
+    # the run's write share: 112.7 GB/s of fetches over the closed form's 764.6 GB/s (819.2 x (1 - 260 / 3900))
+    c = cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.147)
     t = memory_timing(hw, "hbm")
     closed = dram_timing(hw.memory["hbm"])
     assert t.source == "command-level hbm3"

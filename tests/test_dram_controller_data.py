@@ -147,3 +147,27 @@ def test_a_bad_controller_key_is_one_line_naming_it_before_any_work(override, me
     with pytest.raises(InputError) as err:
         load_config(THOR, [override])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_kernels_streams_write_one_request_in_k_plus_one(capsys):
+    """--kernel 6r1w: six read streams and one write stream in turn (validation/dram/probe_hbm.py's 6r1w kernel):
+    one request in seven writes; 1r1w (a copy) writes every other."""
+    for kernel, share in (("6r1w", 1 / 7), ("1r1w", 1 / 2)):
+        assert cli.main(["dram", "hbm3", "--kernel", kernel, "--requests", "14000", "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)
+        assert row["writes"] / (row["reads"] + row["writes"]) == pytest.approx(share, abs=0.01)
+    assert cli.main(["dram", "hbm3", "--kernel", "6x"]) == 2
+    assert "--kernel 6x: read, or KrNw" in capsys.readouterr().err
+
+
+def test_an_organisation_brings_its_die_densitys_refresh_time():
+    """JESD238's tRFCab per channel density (hbm3.yaml's timings_ns): 260 ns at 4 Gb per channel (HBM3_8Gb_8hi),
+    350 at 8 Gb, 450 at 12 Gb (HBM3E_24Gb_8hi), in cycles of 625 ps rounded up: 416, 560, 720. A config that names
+    the organisation and gives another trfc_ns is one line naming the key."""
+    for org, cycles in (("HBM3_8Gb_8hi", 416), ("HBM3_16Gb_8hi", 560), ("HBM3E_24Gb_8hi", 720)):
+        assert load_standard("hbm3", org).params["nRFC"] == cycles
+    hw = load_config(THOR, ["memory.hbm.organization=HBM3_16Gb_8hi", "memory.hbm.trfc_ns=350"]).hw
+    assert hw.memory["hbm"].trfc_ns == 350
+    with pytest.raises(InputError) as err:
+        load_config(THOR, ["memory.hbm.organization=HBM3_16Gb_8hi"])  # thor's trfc_ns is 8 Gb dies' 260
+    assert "memory.hbm.trfc_ns: 260 ns, but organisation HBM3_16Gb_8hi of hbm3.yaml sets 350 ns" in str(err.value)

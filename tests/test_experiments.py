@@ -209,7 +209,7 @@ def test_every_assumption_of_the_jetson_soc_is_in_its_sensitivity_figure():
     whatif_jetson_assumptions: SPICE's EDP against no-prefetch's, one key at a time."""
     exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_jetson_assumptions.yaml"))
     assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml"))
-    assert len(assumed) == 17 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
+    assert len(assumed) == 18 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
 
 
 def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):

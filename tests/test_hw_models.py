@@ -24,7 +24,7 @@ def test_hbm3_streaming_bandwidth_loses_only_refresh_when_banks_hide_row_switche
     assert math.isclose(t.peak_gbps, 16 * 64 / 8 * 6.4)  # 819.2 GB/s
     # one 1 KB row per channel streams in 20 ns; (tRCD + 20 + tRP) / 16 banks = 3.5 ns is hidden
     assert t.row_efficiency == 1.0
-    assert math.isclose(t.effective_gbps, 819.2 * (1 - 350 / 3900))
+    assert math.isclose(t.effective_gbps, 819.2 * (1 - 260 / 3900))  # tRFC 260 ns: HBM3_8Gb_8hi's density
     assert math.isclose(t.access_latency_ns, 19.375 + 12.5 + 8 / 6.4)
 
 
@@ -49,7 +49,7 @@ def test_lpddr5x_thor_bandwidth():
 
 
 def _stream_bytes_per_s():
-    return round(819.2e9 * (1 - 350 / 3900))  # HBM is the narrower of HBM (746) and UCIe (1024 GB/s)
+    return round(819.2e9 * (1 - 260 / 3900))  # HBM is the narrower of HBM (765) and UCIe (1024 GB/s)
 
 
 def _fixed_ps():
@@ -145,9 +145,10 @@ def test_op_group_launch_is_charged_once_per_group():
 
 
 def test_read_write_turnaround_is_two_switches_per_drained_batch_of_writes():
-    """thor HBM3 (Ramulator 2.1 HBM3_6400Mbps): RD->WR 12.5 ns + WR->RD 11.875 ns per batch of 19 write bursts
-    of 8 beats at 6400 MT/s (1.25 ns each): every written byte costs 24.375 / 23.75 = 1.026 more bytes of time."""
+    """thor HBM3 (Ramulator 2.1 HBM3_6400Mbps): RD->WR 12.5 ns + WR->RD 11.875 ns per batch of 38 write bursts
+    (a 64-entry write queue drained from 80 to 20 %) of 8 beats at 6400 MT/s (1.25 ns each): every written byte
+    costs 24.375 / 47.5 = 0.513 more bytes of time."""
     t = dram_timing(hw().memory["hbm"])
-    assert math.isclose(t.turnaround, 24.375 / 23.75, rel_tol=1e-12)
+    assert math.isclose(t.turnaround, 24.375 / 47.5, rel_tol=1e-12)
     lp = dram_timing(hw().memory["lpddr5x"])  # LPDDR5X-8533, BL16: 1.875 ns per burst
-    assert math.isclose(lp.turnaround, 35.0 / (19 * 16 / 8533e-3), rel_tol=1e-12)
+    assert math.isclose(lp.turnaround, 35.0 / (38 * 16 / 8533e-3), rel_tol=1e-12)

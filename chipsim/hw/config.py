@@ -189,10 +189,12 @@ class DramConfig:
                                   "standard's command-level model, computed once and cached)", "closed-form",
                                   choices=("closed-form", "command-level"))
     read_queue_entries: int = _optional("command-level: entries of each channel controller's read queue (how far "
-                                        "ahead it sees the rows to open; Ramulator 2.1's default: 32)", 32,
-                                        positive=True, maximum=4096)
-    write_queue_entries: int = _optional("command-level: entries of each channel controller's write queue "
-                                         "(Ramulator 2.1's default: 32)", 32, positive=True, maximum=4096)
+                                        "ahead it sees the rows to open; default 64, a production controller's: the "
+                                        "64-entry read CAM of Synopsys uMCTL2-family controllers, AMD UG1087 SCHED)",
+                                        64, positive=True, maximum=4096)
+    write_queue_entries: int = _optional("command-level: entries of each channel controller's write queue (default "
+                                         "64: uMCTL2-family controllers, up to 64 reads plus 64 writes, Microchip "
+                                         "IGLOO2 DDR controller)", 64, positive=True, maximum=4096)
     write_high_watermark: float = _optional("command-level: the controller turns to draining writes once its write "
                                             "queue is fuller than this share (Ramulator 2.1's default: 0.8)", 0.8,
                                             minimum=0.0, maximum=1.0)
@@ -202,8 +204,10 @@ class DramConfig:
                                      "and column: a preset (interleaved, RoBaRaCoCh, MOP4CL: "
                                      "chipsim/dramsim/mapping.py) or a comma-separated field order from the least "
                                      "significant", "interleaved")
-    address_xor: str = _optional("command-level: levels (comma-separated, e.g. bankgroup,bank) whose index the "
-                                 "controller XORs with the row's bits (a bank hash); empty: none", "")
+    address_xor: str = _optional("command-level: levels (comma-separated, e.g. bankgroup,bank; banks: every level "
+                                 "below the data level; none) whose index the controller XORs with the row's bits: "
+                                 "production controllers hash the bank bits (Intel: Pessl et al., DRAMA, 2016; NVIDIA "
+                                 "GPUs: Jain et al., Fractional GPUs, 2019)", "banks")
 
 
 # ---------------------------------------------------------------------------------------------- links
