@@ -28,17 +28,53 @@ def h200_link(completion_latency_ns: float = 700):
 
 
 def test_a_gen5_read_request_by_hand():
-    """One 4096 B read, 256 B payloads: 16 completions of 256 + 12 (3-DW header) + 8 (STP + LCRC) bytes and one
-    8-byte Ack, times 130/128 for the encoding and 371/370 for SKP ordered sets."""
+    """One 4096 B read, 256 B payloads: 16 completions of 256 + 12 (3-DW header) + 8 (STP + LCRC) bytes, the
+    completer's 8-byte Ack and 8-byte UpdateFC (the request's non-posted credit back) DLLPs, times 130/128 for the
+    encoding and 371/370 for SKP ordered sets."""
     p = link_params(max_payload_bytes=256, max_read_request_bytes=4096, tags=256, **GEN5)
-    assert wire_bytes(4096, p) == pytest.approx((16 * (256 + 12 + 8) + 8) * 130 / 128 * 371 / 370)
+    assert wire_bytes(4096, p) == pytest.approx((16 * (256 + 12 + 8) + 8 + 8) * 130 / 128 * 371 / 370)
     assert p.raw_gbps == 64.0
     assert usable_gbps(p) == pytest.approx(64.0 * 4096 / wire_bytes(4096, p), rel=1e-6)
 
 
 def test_a_smaller_max_payload_means_more_completions_and_their_headers():
     small = link_params(max_payload_bytes=64, max_read_request_bytes=512, tags=256, **GEN5)
-    assert wire_bytes(512, small) == pytest.approx((8 * (64 + 20) + 8) * 130 / 128 * 371 / 370)
+    assert wire_bytes(512, small) == pytest.approx((8 * (64 + 20) + 16) * 130 / 128 * 371 / 370)
+
+
+def test_a_completer_that_splits_at_128_bytes_sends_twice_the_headers():
+    """MPS 256 but the completer returns 128 B completions (a multiple of its read completion boundary): one 4096 B
+    read is 32 completions of 128 + 20 bytes, 16 % slower than 16 of 256 + 20 on the same link; an UpdateFC per
+    four requests instead of one each saves 6 of every 8 DLLP bytes of two requests."""
+    whole = link_params(max_payload_bytes=256, max_read_request_bytes=4096, tags=768, **GEN5)
+    split = link_params(max_payload_bytes=256, max_read_request_bytes=4096, tags=768, completion_bytes=128, **GEN5)
+    assert wire_bytes(4096, split) == pytest.approx((32 * (128 + 20) + 16) * 130 / 128 * 371 / 370)
+    assert usable_gbps(whole) / usable_gbps(split) == pytest.approx((32 * 148 + 16) / (16 * 276 + 16), rel=1e-6)
+    coalesced = link_params(max_payload_bytes=256, max_read_request_bytes=512, tags=768, requests_per_fc_update=4,
+                            **GEN5)
+    assert wire_bytes(4 * 512, coalesced) == pytest.approx((8 * 276 + 4 * 8 + 1 * 8) * 130 / 128 * 371 / 370)
+
+
+def test_link_energy_is_charged_on_wire_bits():
+    """thor's PCIe 6.0 (FLIT): 256 B of data travel as 268 TLP bytes in flits of 236 per 256, so a data bit costs
+    268/236 of the 5 pJ per wire bit: 5.678 pJ. Its UCIe in 68 B flits (64 data bytes each): 68/64 of 0.5 pJ. A fixed
+    link pays payload + TLP overhead over payload (the H200 host's: 256/256, its measured figure unchanged)."""
+    from chipsim.hw.paths import components
+
+    hw = load_config(str(ROOT / "hwconfigs" / "thor.yaml")).hw
+    comps = components(hw)
+    assert comps["pcie"].pj_per_bit == pytest.approx(hw.links["pcie"].energy_pj_per_bit * 268 / 236, rel=1e-5)
+    assert comps["ucie"].pj_per_bit == pytest.approx(hw.links["ucie"].energy_pj_per_bit * 68 / 64, rel=1e-12)
+    h200 = load_config(str(ROOT / "hwconfigs" / "h200-pcie5.yaml")).hw
+    assert components(h200)["pcie"].pj_per_bit == h200.links["pcie"].energy_pj_per_bit
+
+
+def test_a_completion_size_that_is_no_split_of_the_payload_is_refused():
+    with pytest.raises(InputError, match=r"links.pcie.read_completion_bytes: a completer splits at a multiple of "
+                                         r"its 64 or 128 B read completion boundary"):
+        load_config(str(ROOT / "hwconfigs" / "thor.yaml"), ["links.pcie.read_completion_bytes=96"])
+    hw = load_config(str(ROOT / "hwconfigs" / "thor.yaml"), ["links.pcie.read_completion_bytes=128"]).hw
+    assert hw.links["pcie"].data_gbps < load_config(str(ROOT / "hwconfigs" / "thor.yaml")).hw.links["pcie"].data_gbps
 
 
 def test_a_flit_link_carries_236_tlp_bytes_per_256_and_gives_thors_figure():

@@ -52,9 +52,11 @@ def _hop_text(hw, name: str, comp) -> str:
     if name in links:
         link = links[name][1]
         if link.timing_model == "link-layer":
+            completions = link.read_completion_bytes or link.max_payload_bytes
             return (f"{label} {link.data_gbps:.1f} of data per direction (link layer: {link.bandwidth_gbps:g} "
-                    f"after {link.encoding}, {link.max_payload_bytes} B completions, {link.read_tags} reads of "
-                    f"{link.max_read_request_bytes} B in flight; {2 * link.bandwidth_gbps:g} both ways)")
+                    f"after {link.encoding}, {completions} B completions, {link.read_tags} reads of "
+                    f"{link.max_read_request_bytes} B in flight; {2 * link.bandwidth_gbps:g} both ways; "
+                    f"{link.wire_bytes_per_data_byte:.3f} wire bits per data bit)")
         return (f"{label} {link.data_gbps:.1f} of data per direction ({link.bandwidth_gbps:g} x "
                 f"{link.max_payload_bytes}/{link.max_payload_bytes + link.tlp_overhead_bytes} TLP payload; "
                 f"{2 * link.bandwidth_gbps:g} both ways)")

@@ -220,7 +220,9 @@ class PcieConfig:
     tlp_overhead_bytes: int = _f("bytes each TLP adds to its payload on the link (header, digest, framing)",
                                  minimum=0, maximum=4096)
     latency_ns: float = _f("one-way DMA read latency through the link, ns", minimum=0, maximum=1e9)
-    energy_pj_per_bit: float = _f("energy per bit crossing the link, pJ", minimum=0, maximum=1e6)
+    energy_pj_per_bit: float = _f("energy per bit on the link's wire (a PHY's figure: encoding, headers and "
+                                  "framing included; a data bit costs this x the wire bytes per data byte), pJ",
+                                  minimum=0, maximum=1e6)
     static_power_w: float = _f("static power of the link's PHYs (both ends, link up), W", minimum=0, maximum=1e6)
     timing_model: str = _optional("where the data rate comes from: fixed (bandwidth_gbps x payload / (payload + "
                                   "TLP overhead)) or link-layer (chipsim/hw/pcie_link: completions, framing, Acks, "
@@ -232,6 +234,12 @@ class PcieConfig:
                                             maximum=4096)
     read_tags: int = _optional("link-layer: reads the requester keeps in flight (its tags, or the completer's "
                                "non-posted credits if fewer)", 0, minimum=0, maximum=1 << 16)
+    read_completion_bytes: int = _optional("link-layer: the size the completer returns a read's data in (a multiple of "
+                                           "its 64 or 128 B read completion boundary, at most max_payload_bytes; "
+                                           "0: max_payload_bytes)", 0, minimum=0, maximum=4096)
+    requests_per_fc_update: int = _optional("link-layer, 128b/130b: read requests per UpdateFC DLLP the completer "
+                                            "sends back in the data direction (returning their non-posted "
+                                            "credits; 1: one each)", 1, positive=True, maximum=1 << 16)
 
     @property
     def data_gbps(self) -> float:
@@ -241,6 +249,16 @@ class PcieConfig:
             from chipsim.hw.pcie_link import params_from_config, usable_gbps
             return usable_gbps(params_from_config(self))
         return self.bandwidth_gbps * self.max_payload_bytes / (self.max_payload_bytes + self.tlp_overhead_bytes)
+
+    @property
+    def wire_bytes_per_data_byte(self) -> float:
+        """What crosses the wire per data byte, which energy_pj_per_bit is charged on: the link layer's every byte
+        (encoding, FLITs or framing, headers, DLLPs), or fixed: payload + TLP overhead (bandwidth_gbps is after
+        encoding)."""
+        if self.timing_model == "link-layer":
+            from chipsim.hw.pcie_link import params_from_config, wire_bytes_per_data_byte
+            return wire_bytes_per_data_byte(params_from_config(self))
+        return (self.max_payload_bytes + self.tlp_overhead_bytes) / self.max_payload_bytes
 
 
 UCIE_FLIT_EFFICIENCY = {"raw": 1.0, "68B": 64 / 68, "256B": 236 / 256}  # UCIe 1.1 sections 3.3.1-3.3.3
@@ -252,7 +270,8 @@ class UcieConfig:
     lanes_per_module: int = _f("data lanes per module", positive=True, maximum=4096)
     gtps: float = _f("transfer rate per lane, GT/s", positive=True, minimum=1e-3, maximum=1e4)
     latency_ns: float = _f("crossing latency, ns", minimum=0, maximum=1e9)
-    energy_pj_per_bit: float = _f("energy per bit crossing, pJ", minimum=0, maximum=1e6)
+    energy_pj_per_bit: float = _f("energy per bit crossing the wire (flit headers and CRC included), pJ", minimum=0,
+                                  maximum=1e6)
     static_power_w: float = _f("static power of all the package's UCIe modules, W", minimum=0, maximum=1e6)
     flit_format: str = _optional("what the die-to-die adapter wraps the data in (UCIe 1.1 ch. 3): raw (every byte "
                                  "the protocol's), 68B (2 B flit header + 64 B + 2 B CRC) or 256B (the standard "
@@ -268,6 +287,11 @@ class UcieConfig:
     def data_gbps(self) -> float:
         """Per direction, of data: the wire rate × the flit format's data bytes per flit byte."""
         return self.bandwidth_gbps * UCIE_FLIT_EFFICIENCY[self.flit_format]
+
+    @property
+    def wire_bytes_per_data_byte(self) -> float:
+        """Flit bytes per data byte, which energy_pj_per_bit is charged on."""
+        return 1 / UCIE_FLIT_EFFICIENCY[self.flit_format]
 
 
 @dataclass(frozen=True)
@@ -747,6 +771,11 @@ def _check_pcie_sizes(hw: HardwareConfig) -> None:
             if value not in PCIE_SIZES:
                 raise InputError(f"{key}.{field_name}: a PCIe size is a power of two from 128 to 4096 bytes "
                                  f"({', '.join(map(str, PCIE_SIZES))}), got {value}")
+        split = link.read_completion_bytes
+        if split and (split not in (64, *PCIE_SIZES) or split > link.max_payload_bytes):
+            raise InputError(f"{key}.read_completion_bytes: a completer splits at a multiple of its 64 or 128 B read "
+                             f"completion boundary, a power of two up to max_payload_bytes ({link.max_payload_bytes}),"
+                             f" got {split}")
 
 
 def _check_standards(hw: HardwareConfig) -> None:

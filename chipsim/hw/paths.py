@@ -78,7 +78,9 @@ def components(hw: HardwareConfig) -> dict[str, Component]:
         out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
                               t.turnaround, t.shared_gbps, name in r.in_package)
     for name, link in hw.links.items():
-        out[name] = Component(name, link.data_gbps, link.latency_ns, link.energy_pj_per_bit, link.static_power_w,
+        # a link's energy is per wire bit: a data bit carries its share of encoding, headers and framing
+        out[name] = Component(name, link.data_gbps, link.latency_ns,
+                              link.energy_pj_per_bit * link.wire_bytes_per_data_byte, link.static_power_w,
                               in_package=name in r.in_package)
     return {n: out[n] for n in r.ordered(out)}
 

@@ -2,10 +2,14 @@
 usable bandwidth and time for every transfer size from the protocol's parameters.
 
 A read of N bytes goes out as memory-read requests of at most max_read_request_bytes (4-DW headers) and comes
-back as completions (3-DW headers) of at most max_payload_bytes (an aligned read never splits earlier, at the
-read completion boundary). On a 128b/130b link (PCIe 3.0-5.0) every TLP carries framing (STP token, LCRC), the
-receiver's Ack DLLPs share the data direction and SKP ordered sets interrupt the stream; PCIe 6.0 packs TLPs into 256 B FLITs of 236 TLP bytes
-(DLLPs, CRC and FEC live in the rest). Reads in flight are bounded by the requester's tags (and the completer's
+back as completions (3-DW headers) of `completion_bytes` each: the completer may split a request's data at any
+multiple of its read completion boundary (RCB, 64 or 128 B) up to max_payload_bytes, and root complexes often
+return cache-line or RCB-sized completions, so the size is the completer's, given (default: max payload). On a
+128b/130b link (PCIe 3.0-5.0) every TLP carries framing (STP token, LCRC), and the completer's DLLPs share the data
+direction: an Ack for the requests it received and an UpdateFC returning their non-posted credits (one each per
+`requests_per_ack` and `requests_per_fc_update` requests; the requester advertises infinite completion credits, so
+no UpdateFC answers the completions); SKP ordered sets interrupt the stream. PCIe 6.0 packs TLPs into 256 B FLITs
+of 236 TLP bytes (DLLPs, CRC and FEC live in the rest). Reads in flight are bounded by the requester's tags (and the completer's
 non-posted credits): each holds its tag for the completion latency plus its own data time. So
 
     wire bytes(N)  = sum of the completions' payload + header + framing, + Acks, x encoding and SKP overhead
@@ -41,7 +45,9 @@ class PcieLinkParams:
     request_header_bytes: int = 16  # 4-DW MemRd header (64-bit address)
     tlp_framing_bytes: int = 8  # 128b/130b: 4 B STP token (length, sequence number) + 4 B LCRC; FLIT: 0
     dllp_bytes: int = 8  # 128b/130b: 6 B DLLP + 2 B SDP token; FLIT: carried in the flit's DLP bytes
-    completions_per_ack: int = 1  # Ack coalescing of the completer acknowledging our requests (1: one each)
+    requests_per_ack: int = 1  # Ack coalescing of the completer acknowledging our requests (1: one each)
+    requests_per_fc_update: int = 1  # UpdateFC DLLPs returning the requests' non-posted credits (1: one each)
+    completion_bytes: int = 0  # the completer's completion size (0: max_payload_bytes)
     skp_interval_blocks: int = 370  # 128b/130b: a SKP ordered set at least every 370 blocks
     flit_bytes: int = 256
     flit_tlp_bytes: int = 236
@@ -58,13 +64,15 @@ def params_from_config(link) -> PcieLinkParams:
     return PcieLinkParams(raw_gbps=link.bandwidth_gbps / ENCODING_EFFICIENCY[link.encoding], encoding=link.encoding,
                           max_payload_bytes=link.max_payload_bytes,
                           max_read_request_bytes=link.max_read_request_bytes, tags=link.read_tags,
-                          completion_latency_ns=link.latency_ns, completion_header_bytes=link.tlp_overhead_bytes)
+                          completion_latency_ns=link.latency_ns, completion_header_bytes=link.tlp_overhead_bytes,
+                          completion_bytes=link.read_completion_bytes,
+                          requests_per_fc_update=link.requests_per_fc_update)
 
 
 def _request_tlp(size: int, p: PcieLinkParams) -> tuple[int, int]:
-    """(TLP bytes, completions) of one aligned read request of `size` bytes: completions of at most max payload,
-    each with its header (an aligned request never splits at the read completion boundary before that)."""
-    n = math.ceil(size / p.max_payload_bytes)
+    """(TLP bytes, completions) of one aligned read request of `size` bytes: completions of the completer's size
+    (max payload unless it splits smaller), each with its header."""
+    n = math.ceil(size / (p.completion_bytes or p.max_payload_bytes))
     return size + n * p.completion_header_bytes, n
 
 
@@ -79,9 +87,16 @@ def wire_bytes(nbytes: int, p: PcieLinkParams) -> float:
     if p.encoding == "flit":
         return math.ceil(tlp / p.flit_tlp_bytes) * p.flit_bytes
     framed = tlp + ncpl * p.tlp_framing_bytes
-    acks = math.ceil((full + (1 if last else 0)) / p.completions_per_ack) * p.dllp_bytes  # Acks for our requests
-    encoded = (framed + acks) * 130 / 128
+    requests = full + (1 if last else 0)
+    dllps = (math.ceil(requests / p.requests_per_ack) + math.ceil(requests / p.requests_per_fc_update)) * p.dllp_bytes
+    encoded = (framed + dllps) * 130 / 128
     return encoded * (1 + 1 / p.skp_interval_blocks)
+
+
+def wire_bytes_per_data_byte(p: PcieLinkParams, nbytes: int = 1 << 30) -> float:
+    """Bytes on the wire (encoding, FLIT or framing, headers, DLLPs, SKP) per data byte of a long read: what a
+    per-wire-bit energy is charged on."""
+    return wire_bytes(nbytes, p) / nbytes
 
 
 def usable_gbps(p: PcieLinkParams, nbytes: int = 1 << 30) -> float:
