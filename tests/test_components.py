@@ -49,7 +49,7 @@ def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_
     """No-prefetch on the tiny model with thor-cxl's path: each layer's two experts are fetched together over the
     CXL link (the bottleneck), so a token takes the same hand sum as over PCIe with the CXL path's bandwidth and
     latency; the bytes cross the expander and the CXL link, not LPDDR5X or PCIe, and are charged at their energy
-    per bit, their static power over the token."""
+    per bit (the link's per wire bit: each 64 B with its 16 B header slot), their static power over the token."""
     cfg = tiny.config(tiny.routing(), extra_yaml=cxl_yaml())
     prep = prepare(cfg, policy_specs=["no-prefetch"])
     wl, hw = prep.workload, prep.config.hw
@@ -68,7 +68,7 @@ def test_a_fetch_over_the_cxl_tier_takes_the_hand_computed_time_and_charges_its_
     assert (tok.bytes["lpddr5x"] == 0).all() and (tok.bytes["pcie"] == 0).all()
     row = summarize_result(prep, result, prep.policies[0])
     by = row["energy_by_component_mj"]
-    assert by["cxl"] == pytest.approx(fetched * 8 * 5.0 / 1e9, rel=1e-12)
+    assert by["cxl"] == pytest.approx(fetched * 8 * 5.0 * (64 + 16) / 64 / 1e9, rel=1e-12)  # per wire bit: 16 B a 64
     assert by["cxl_ddr5"] == pytest.approx(fetched * 8 * 3.0 / 1e9, rel=1e-12)
     assert by["static_cxl"] == pytest.approx(expected * 0.75 / 1e9, rel=1e-12)
     assert by["static_cxl_ddr5"] == pytest.approx(expected * 2.0 / 1e9, rel=1e-12)

@@ -2,6 +2,7 @@
 write-drain watermarks as config keys, and LPDDR5's two-part activate; each checked by hand."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,16 @@ def test_an_organisation_brings_its_die_densitys_refresh_time():
     with pytest.raises(InputError) as err:
         load_config(THOR, ["memory.hbm.organization=HBM3_16Gb_8hi"])  # thor's trfc_ns is 8 Gb dies' 260
     assert "memory.hbm.trfc_ns: 260 ns, but organisation HBM3_16Gb_8hi of hbm3.yaml sets 350 ns" in str(err.value)
+
+
+def test_the_lpddr5x_8533_preset_is_the_6400_presets_times_at_its_clock():
+    """LPDDR5X-8533: 8 data beats per 938 ps clock, so an x16 channel peaks at 8533 x 2 B = 17.06 GB/s (thor's 16
+    channels: 273 GB/s, Jetson Thor's figure); every parameter JEDEC gives in ns is the 6400 preset's ns at the new
+    clock, rounded up (tRCD 15 x 1.25 = 18.75 ns -> 20 CK), the clock counts (nBL, nCCDL, nAAD) stay."""
+    x = load_standard("lpddr5", timing="LPDDR5X_8533")
+    base = load_standard("lpddr5")
+    assert x.tck_ps == 938 and x.peak_gbps(1) == pytest.approx(8533 * 2 / 1000, rel=1e-3)
+    assert 16 * x.peak_gbps(1) == pytest.approx(273, rel=1e-3)
+    for name in ("nRCD", "nRP", "nRPab", "nRAS", "nWR", "nRTP", "nWTRS", "nWTRL", "nCL", "nCWL", "nPBR2PBR"):
+        assert x.params[name] == math.ceil(base.params[name] * 1250 / 938 - 1e-9), name
+    assert (x.params["nBL"], x.params["nCCDL"], x.params["nAAD"]) == (2, 4, 8)

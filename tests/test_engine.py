@@ -80,7 +80,8 @@ def test_ledger_balances_and_bytes_charged_equal_bytes_moved(tiny):
         for comp, v in energy.items():
             by_cat[table.category_of[comp]] += v.sum()
         assert math.isclose(sum(by_cat.values()), total, rel_tol=1e-12)
-        assert math.isclose(energy["pcie"].sum(), moved * 8 * prep.config.hw.links["pcie"].energy_pj_per_bit)
+        pcie = prep.config.hw.links["pcie"]  # charged per wire bit
+        assert math.isclose(energy["pcie"].sum(), moved * 8 * pcie.energy_pj_per_bit * pcie.wire_bytes_per_data_byte)
         row = summarize(result, table, TINY.top_k)
         parts = (row["energy_onchip_active_mj"] + row["energy_offchip_io_mj"] + row["energy_idle_leakage_mj"]
                  + row["energy_host_cpu_mj"])
@@ -412,6 +413,8 @@ def test_an_operation_with_a_measured_energy_is_charged_it_instead_of_its_action
     ep = per_token_energy_pj(rp, EnergyTable.from_config(hw))
     assert "arrays_profiled" not in eb and ep["arrays_profiled"][0] == profiled
     assert eb["hbm"][0] - ep["hbm"][0] == pytest.approx(8 * unpriced * hw.memory["hbm"].energy_pj_per_bit, rel=1e-9)
-    assert eb["ucie"][0] - ep["ucie"][0] == pytest.approx(8 * unpriced * hw.links["ucie"].energy_pj_per_bit, rel=1e-9)
+    ucie = hw.links["ucie"]  # charged per wire bit (its flits)
+    assert eb["ucie"][0] - ep["ucie"][0] == pytest.approx(
+        8 * unpriced * ucie.energy_pj_per_bit * ucie.wire_bytes_per_data_byte, rel=1e-9)
     row = summarize(rp, EnergyTable.from_config(hw), TINY.top_k)
     assert sum(row["energy_by_component_mj"].values()) == pytest.approx(row["energy_mj_per_token"], rel=1e-12)

@@ -891,7 +891,8 @@ def test_a_kernels_energy_alone_is_its_windows_power_above_idle_over_its_kernels
 
 def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_time():
     """A vector operation on thor's arrays by hand: its lane operations × pJ each, its operand bits through HBM,
-    UCIe and SRAM (written once, read once), and clock power over its time (thor: every array while any runs)."""
+    UCIe (per wire bit: 68 B flits of 64 data bytes) and SRAM (written once, read once), and clock power over its
+    time (thor: every array while any runs)."""
     from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.energy_table import modelled_op_energy_nj
@@ -901,7 +902,7 @@ def test_the_energy_table_charges_an_operation_alone_its_actions_and_its_clock_t
     op = ArrayModel(hw).op_for_key(key)
     c, bits = hw.compute, 8 * 131072
     by_hand_pj = (65536 * c.vector_op_energy_pj
-                  + bits * (hw.memory["hbm"].energy_pj_per_bit + hw.links["ucie"].energy_pj_per_bit)
+                  + bits * (hw.memory["hbm"].energy_pj_per_bit + hw.links["ucie"].energy_pj_per_bit * 68 / 64)
                   + bits * (c.sram_read_pj_per_bit + c.sram_write_pj_per_bit)
                   + op.duration_ps * c.clock_power_w_per_array * c.arrays)
     assert op.hbm_read_bytes == 131072 and op.vector_ops == 65536
