@@ -553,6 +553,7 @@ def _cases_physics() -> list:
     cycle = os.path.join(ROOT, "hwconfigs", "thor.yaml")
     cxl = os.path.join(ROOT, "hwconfigs", "thor-cxl.yaml")
     rc = ["run", cycle, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1"]
+    rp = ["run", os.path.join(ROOT, "hwconfigs", "phone-ufs.yaml")] + rc[2:]
     out = []
     sets = {  # name -> (argv, --set values)
         "pcie payload 100": (R, ["links.pcie.max_payload_bytes=100"]),
@@ -570,6 +571,17 @@ def _cases_physics() -> list:
         "op_times_ns foreign width": (R, ['compute.op_times_ns={"matvec r1537 o1024 b3147776": 5}']),
         "op_times_ns malformed": (R, ['compute.op_times_ns={"matvec r1536 o1024": 5}']),
         "op_energy_pj unknown kind": (R, ['compute.op_energy_pj={"conv n1": 5}']),
+        "flash queue depth 0": (rp, ["memory.ufs.queue_depth=0"]),
+        "flash read command not whole pages": (rp, ["memory.ufs.io_bytes=20000"]),
+        "flash read command below a page": (rp, ["memory.ufs.io_bytes=4096"]),
+        "flash tR 0": (rp, ["memory.ufs.page_read_us=0"]),
+        "flash as the operand memory": (rp, ["roles.operand_memory=ufs"]),
+        "flash as the host memory": (rp, ["roles.host_memory=ufs"]),
+        "flash with a DRAM key": (rp, ["memory.ufs.channels=4"]),
+        "flash as a thor fetch path's store": (R, ["memory.lpddr5x={capacity_gib: 64, interface_gbps: 4, "
+                                                   "internal_gbps: 4, page_read_us: 50, page_bytes: 16384, io_bytes: "
+                                                   "16384, queue_depth: 0, command_overhead_us: 10, "
+                                                   "read_energy_pj_per_bit: 50, idle_power_w: 0.1}"]),
     }
     for name, (argv, values) in sets.items():
         out.append((f"physics: {name}", argv + ["--json"] + [a for v in values for a in ("--set", v)], None, True,

@@ -212,6 +212,15 @@ def test_every_assumption_of_the_jetson_soc_is_in_its_sensitivity_figure():
     assert len(assumed) == 18 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
 
 
+def test_every_assumption_of_the_phone_is_in_its_sensitivity_figure():
+    """hwconfigs/phone-ufs.yaml's ASSUMPTIONs (the NPU, the powers, the NAND inside the UFS device, the driver's
+    commands and queue) are each a panel of whatif_phone_assumptions, one key at a time."""
+    exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_phone_assumptions.yaml"))
+    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "phone-ufs.yaml"))
+    assert len(assumed) == 47 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
+    assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
+
+
 def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):
     import pandas as pd
 

@@ -9,7 +9,8 @@ import math
 import os
 
 from chipsim.files import write_atomic
-from chipsim.hw.config import UcieConfig, memory_tiers, serial_links
+from chipsim.hw.config import UcieConfig, flash_memories, memories, serial_links
+from chipsim.hw.flash import flash_text
 from chipsim.hw.machine import roles
 from chipsim.hw.paths import components, fetch_components, memory_timing
 
@@ -64,6 +65,8 @@ def _hop_text(hw, name: str, comp) -> str:
     if isinstance(u, UcieConfig):  # a die-to-die link
         return f"{label} {comp.gbps:g}" if u.flit_format == "raw" else \
             f"{label} {comp.gbps:.1f} ({u.bandwidth_gbps:g} in {u.flit_format} flits)"
+    if name in flash_memories(hw):
+        return f"{label} {comp.gbps:.2f} (flash)"
     return f"{label} {comp.gbps:.0f}"
 
 
@@ -122,7 +125,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         shared.append(f"{host_label} {host.gbps:.0f} GB/s between fetches and host-CPU reads{both}")
     else:
         store = r.expert_store
-        shared.append(f"{_DISPLAY.get(store, store)} {comps[store].gbps:.0f} GB/s among fetches, {host_label} "
+        rate = f"{comps[store].gbps:.2f}" if store in flash_memories(hw) else f"{comps[store].gbps:.0f}"
+        shared.append(f"{_DISPLAY.get(store, store)} {rate} GB/s among fetches, {host_label} "
                       f"{host.gbps:.0f} GB/s among host-CPU reads")
     return [
         f"config: {prep.config.given_path or prep.config.path}",
@@ -136,15 +140,19 @@ def header_lines(prep, fetch_path) -> list[str]:
          f"path:   expert fetch {' -> '.join(hops)} GB/s; bottleneck {fetch_path.bottleneck} "
          f"{fetch_path.bandwidth_gbps:.1f} GB/s, latency {fetch_path.latency_ns:.0f} ns"),
         f"shared: {', '.join(shared)}",
-        f"memory: {'; '.join(_memory_text(hw, name) for name in memory_tiers(hw))}",
+        f"memory: {'; '.join(_memory_text(hw, name) for name in memories(hw))}",
         f"compute: {wl.compute_timing}",
     ]
 
 
 def _memory_text(hw, name: str) -> str:
-    """Where a memory's figures come from: the closed form or the command-level model, and what they are."""
-    t = memory_timing(hw, name)
+    """Where a memory's figures come from: the closed form or the command-level model, and what they are; a flash
+    device's, its closed-loop read bound (chipsim/hw/flash.py)."""
     label = _DISPLAY.get(name, name)
+    flash = flash_memories(hw).get(name)
+    if flash:
+        return f"{label} flash: {flash_text(flash[1])}"
+    t = memory_timing(hw, name)
     model = t.source if t.source != "closed-form" else "closed form"
     return (f"{label} {model}: {100 * t.effective_gbps / t.peak_gbps:.1f} % of {t.peak_gbps:.0f} GB/s, turnaround "
             f"{t.turnaround:.2f}, first byte {t.access_latency_ns:.1f} ns")

@@ -154,6 +154,8 @@ class ComputeConfig:
 # ---------------------------------------------------------------------------------------------- memory
 @dataclass(frozen=True)
 class DramConfig:
+    kind = "dram"  # not a field (FlashConfig.kind)
+
     capacity_gib: float = _f("capacity, GiB (1 GiB = 2^30 B)", positive=True, maximum=1e6)
     channels: int = _f("independent channels", positive=True, maximum=4096)
     channel_width_bits: int = _f("data bits per channel", positive=True, maximum=65536)
@@ -208,6 +210,31 @@ class DramConfig:
                                  "below the data level; none) whose index the controller XORs with the row's bits: "
                                  "production controllers hash the bank bits (Intel: Pessl et al., DRAMA, 2016; NVIDIA "
                                  "GPUs: Jain et al., Fractional GPUs, 2019)", "banks")
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    """A flash device (UFS, NVMe) that stores experts; its long-read rate and first byte are chipsim/hw/flash.py's.
+    Told from a DRAM by its keys (memory_class); it may only be the expert store (chipsim.hw.machine)."""
+
+    kind = "flash"  # not a field: what roles read to keep a flash device out of every role but the expert store
+
+    capacity_gib: float = _f("capacity, GiB (1 GiB = 2^30 B)", positive=True, maximum=1e6)
+    interface_gbps: float = _f("the host interface's data rate after line encoding, GB/s (1e9 B/s; UFS: lanes x "
+                               "gear rate x 8/10 / 8)", positive=True, minimum=1e-3, maximum=1e6)
+    internal_gbps: float = _f("what the NAND side delivers to the controller, GB/s: channels x each channel's rate",
+                              positive=True, minimum=1e-3, maximum=1e6)
+    page_read_us: float = _f("page read time tR (NAND array to the page buffer), us", positive=True, maximum=1e5)
+    page_bytes: int = _f("NAND page size, bytes", minimum=512, maximum=1 << 20)
+    io_bytes: int = _f("size of each read command the host issues for a fetch, bytes (a whole number of pages)",
+                       positive=True, maximum=1 << 30)
+    queue_depth: int = _f("read commands the host keeps in flight during a fetch", positive=True, maximum=1 << 16)
+    command_overhead_us: float = _f("host driver + device controller time per command, us", minimum=0,
+                                    maximum=1e6)
+    read_energy_pj_per_bit: float = _f("energy per bit read (the device's active read power / its read rate), pJ",
+                                       minimum=0, maximum=1e6)
+    idle_power_w: float = _f("the device's power while it is not reading, drawn for the whole decode time, W",
+                             minimum=0, maximum=1e6)
 
 
 # ---------------------------------------------------------------------------------------------- links
@@ -389,8 +416,10 @@ class RunConfig:
 @dataclass(frozen=True)
 class HardwareConfig:
     compute: ComputeConfig = _f("compute chiplet")
-    memory: dict = _components("the memories by name (e.g. hbm, lpddr5x, a CXL expander), each a DRAM; an older "
-                               "config's memory.extra.<name> is read as memory.<name>", "memory")
+    memory: dict = _components("the memories by name (e.g. hbm, lpddr5x, a CXL expander, a UFS device), each a DRAM "
+                               "or a flash device (told apart by their keys: queue_depth, page_read_us, ... make a "
+                               "flash device); an older config's memory.extra.<name> is read as memory.<name>",
+                               "memory")
     links: dict = _components("the links by name (e.g. pcie, ucie): a serial PCIe-like link (bandwidth_gbps, TLPs) or "
                               "a die-to-die UCIe link (modules x lanes x GT/s); an older config's links.extra.<name> "
                               "is read as links.<name>", "links")
@@ -625,6 +654,28 @@ def link_class(section, where: str) -> type:
     return UcieConfig if d2d else PcieConfig
 
 
+_DRAM_ONLY = tuple(f.name for f in dataclasses.fields(DramConfig)
+                   if f.name not in {g.name for g in dataclasses.fields(FlashConfig)})
+_FLASH_ONLY = tuple(f.name for f in dataclasses.fields(FlashConfig)
+                    if f.name not in {g.name for g in dataclasses.fields(DramConfig)})
+
+
+def _listed(keys: list) -> str:
+    return ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+
+
+def memory_class(section, where: str) -> type:
+    """A memory section's kind, by its keys: a flash device (queue_depth, page_read_us, ...) or a DRAM; a section
+    with keys of both is refused, naming them."""
+    if not isinstance(section, dict):
+        return DramConfig  # build_dataclass words what is wrong with it
+    dram, flash = [k for k in _DRAM_ONLY if k in section], [k for k in _FLASH_ONLY if k in section]
+    if dram and flash:
+        raise InputError(f"{where}: has a DRAM's keys ({_listed(dram)}) and a flash device's ({_listed(flash)}); a "
+                         "memory is one or the other")
+    return FlashConfig if flash else DramConfig
+
+
 def _build_components(kind: str, data, key: str) -> Components:
     """`memory` or `links`: named sections, and an older config's `extra` sub-section of more, read as if they
     stood beside the others (the key each came from kept for messages)."""
@@ -648,7 +699,7 @@ def _build_components(kind: str, data, key: str) -> Components:
             raise InputError(f"{where}: a name is lower-case letters, digits and _, starting with a letter, at most 64")
         if name in RESERVED_NAMES or name.startswith(("arrays_", "static_")):
             raise InputError(f"{where}: the name is reserved ({', '.join(RESERVED_NAMES)}, arrays_*, static_*)")
-        cls = DramConfig if kind == "memory" else link_class(section, where)
+        cls = memory_class(section, where) if kind == "memory" else link_class(section, where)
         items[name] = build_dataclass(cls, section, where + ".")
         key_of[name] = where
     if not items and kind == "memory":  # a machine may have no link (a SoC at its memory); never no memory
@@ -672,6 +723,7 @@ def iter_keys(cls=HardwareConfig, prefix: str = ""):
             yield (f"{prefix}{f.name}.<name>", "section", key_doc(f.metadata["doc"], Bounds(), None, optional=False))
             if f.metadata["components"] == "memory":
                 yield from iter_keys(DramConfig, f"{prefix}{f.name}.<name>.")
+                yield from iter_keys(FlashConfig, f"{prefix}{f.name}.<flash>.")
             else:
                 yield from iter_keys(PcieConfig, f"{prefix}{f.name}.<serial link>.")
                 yield from iter_keys(UcieConfig, f"{prefix}{f.name}.<die-to-die link>.")
@@ -731,6 +783,7 @@ def _check_consistency(config: Config) -> None:
                 raise InputError(f"compute.{key}: compute.timing: cycle-level needs it (positive)")
         _check_tiles(c)
     _check_pcie_sizes(hw)
+    _check_flash(hw)
     _check_standards(hw)
 
 
@@ -791,8 +844,29 @@ def _check_standards(hw: HardwareConfig) -> None:
 
 
 def memory_tiers(hw: HardwareConfig) -> dict:
-    """Every memory of the config: name -> (dotted key, DramConfig), in the config's order."""
+    """Every DRAM of the config: name -> (dotted key, DramConfig), in the config's order."""
+    return {name: (hw.memory.key_of[name], d) for name, d in hw.memory.items() if isinstance(d, DramConfig)}
+
+
+def flash_memories(hw: HardwareConfig) -> dict:
+    """Every flash device of the config: name -> (dotted key, FlashConfig), in the config's order."""
+    return {name: (hw.memory.key_of[name], d) for name, d in hw.memory.items() if isinstance(d, FlashConfig)}
+
+
+def memories(hw: HardwareConfig) -> dict:
+    """Every memory of the config, DRAM or flash: name -> (dotted key, its config), in the config's order."""
     return {name: (hw.memory.key_of[name], d) for name, d in hw.memory.items()}
+
+
+def _check_flash(hw: HardwareConfig) -> None:
+    """A flash device reads whole pages: each read command is one page or more, a whole number of them."""
+    for key, f in flash_memories(hw).values():
+        if f.io_bytes < f.page_bytes:
+            raise InputError(f"{key}.io_bytes: {f.io_bytes} B is smaller than one page ({key}.page_bytes "
+                             f"{f.page_bytes}); a read command moves whole pages")
+        if f.io_bytes % f.page_bytes:
+            raise InputError(f"{key}.io_bytes: {f.io_bytes} B is not a whole number of pages of {f.page_bytes} B "
+                             f"({key}.page_bytes); a read command moves whole pages")
 
 
 def serial_links(hw: HardwareConfig) -> dict:

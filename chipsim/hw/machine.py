@@ -120,6 +120,7 @@ def check_roles(hw: HardwareConfig) -> None:
             plural = "memories" if kind == "memory" else "links"
             raise InputError(f"roles.{role}: {said} is not a {kind} of this machine ({plural}: "
                              f"{', '.join(names) or 'none'})")
+    _check_flash_roles(hw, r)
     if r.in_place:
         _check_in_place(hw, r)
     else:
@@ -137,6 +138,22 @@ def check_roles(hw: HardwareConfig) -> None:
         if name not in memories and name not in links:
             raise InputError(f"roles.in_package: '{name}' is neither a memory ({', '.join(memories)}) nor a link "
                              f"({', '.join(links)})")
+
+
+def _is_flash(hw: HardwareConfig, name: str) -> bool:
+    return getattr(hw.memory.get(name), "kind", "") == "flash"
+
+
+def _check_flash_roles(hw: HardwareConfig, r: Roles) -> None:
+    """A flash device is read in commands of whole pages, each tens of microseconds (chipsim/hw/flash.py), and is
+    never written by a run: it may store the experts, never be streamed by the compute units (the operand memory,
+    which in-place staging reads experts from too), take fetched experts (staging) or serve the host CPU's reads
+    (the host memory)."""
+    for role, name in (("operand_memory", r.operand_memory), ("expert_staging", r.staging),
+                       ("host_memory", r.host_memory)):
+        if _is_flash(hw, name):
+            raise InputError(f"roles.{role}: '{name}' is a flash memory; a flash memory can only be "
+                             "roles.expert_store (experts are fetched from it into a DRAM)")
 
 
 def _check_in_place(hw: HardwareConfig, r: Roles) -> None:

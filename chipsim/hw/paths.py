@@ -2,8 +2,10 @@
 
 Every memory (`memory.<name>`) and link (`links.<name>`) of a config becomes a `Component`: its usable bandwidth,
 latency, energy per bit, static power, whether it sits inside the package and, for a DRAM, its read/write
-turnaround. The engine makes each a shared resource, the energy ledger charges each per bit and over time, so a
-new tier is a YAML change only; which component plays which part is chipsim.hw.machine's `roles`.
+turnaround. A flash device is one too (chipsim/hw/flash.py: a long read's rate, its first byte; its idle power as
+static power; no turnaround: it is only read). The engine makes each a shared resource, the energy ledger charges
+each per bit and over time, so a new tier is a YAML change only; which component plays which part is
+chipsim.hw.machine's `roles`.
 
 An expert fetch crosses the expert store and the fetch links (thor: LPDDR5X → PCIe → UCIe) and lands where it is
 staged: written into the operand memory, or into the arrays' SRAM (then the last link's hop goes from the I/O die
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.config import HardwareConfig, memory_tiers
+from chipsim.hw.config import HardwareConfig, flash_memories, memories, memory_tiers
 from chipsim.hw.dram_formula import DramTiming, command_level_timing, dram_timing
+from chipsim.hw.flash import flash_timing
 from chipsim.hw.machine import roles
 
 
@@ -52,11 +55,17 @@ def memory_timing(hw: HardwareConfig, name: str) -> DramTiming:
     fetch_gbps = min(link_data_gbps(hw, link) for link in r.fetch_links)
     link_gbps = fetch_gbps
     if name != r.expert_store:
-        fetch_gbps = min(link_gbps, memory_timing(hw, r.expert_store).effective_gbps)
+        fetch_gbps = min(link_gbps, store_gbps(hw, r.expert_store))
     second = 0.0
     if name == r.host_memory and r.expert_store == r.host_memory:  # the host CPU reads experts beside the fetches
         second = hw.host_cpu.memory_bandwidth_gbps / (hw.host_cpu.memory_bandwidth_gbps + link_gbps)
     return command_level_timing(d, key, fetch_gbps / closed.effective_gbps, closed, second)
+
+
+def store_gbps(hw: HardwareConfig, name: str) -> float:
+    """A memory's usable rate, GB/s: a flash device's long read, or a DRAM's effective bandwidth."""
+    flash = flash_memories(hw).get(name)
+    return flash_timing(flash[1]).effective_gbps if flash else memory_timing(hw, name).effective_gbps
 
 
 def link_config(hw: HardwareConfig, name: str):
@@ -73,7 +82,13 @@ def components(hw: HardwareConfig) -> dict[str, Component]:
     summed, so results stay identical)."""
     r = roles(hw)
     out = {}
-    for name, (_key, d) in memory_tiers(hw).items():
+    drams = memory_tiers(hw)
+    for name, (_key, d) in memories(hw).items():
+        if name not in drams:  # a flash device: read only, its idle power drawn throughout
+            f = flash_timing(d)
+            out[name] = Component(name, f.effective_gbps, f.access_latency_ns, d.read_energy_pj_per_bit,
+                                  d.idle_power_w, in_package=name in r.in_package)
+            continue
         t = memory_timing(hw, name)
         out[name] = Component(name, t.effective_gbps, t.access_latency_ns, d.energy_pj_per_bit, d.background_power_w,
                               t.turnaround, t.shared_gbps, name in r.in_package)

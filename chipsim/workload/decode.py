@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel, OpCost, ceil_div
-from chipsim.hw.config import HardwareConfig, memory_tiers
+from chipsim.hw.config import HardwareConfig, memories
 from chipsim.hw.machine import roles
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
 from chipsim.workload.models import ModelShape, get_model
@@ -244,7 +244,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     non_expert = m.non_expert_params() * BF16_BYTES
     kv = ctx * m.num_layers * m.kv_cache_bytes_per_token_layer(BF16_BYTES)
     activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
-    operand_key, operand = memory_tiers(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
+    operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
     needed = non_expert + kv + activations + (0 if in_sram else slots * expert_bytes)
     if needed > hbm_capacity:
@@ -254,7 +254,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
             f"{held} ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
-    store_key, store = memory_tiers(hw)[r.expert_store]  # the memory the experts are fetched from
+    store_key, store = memories(hw)[r.expert_store]  # the memory the experts are fetched from
     if all_experts > int(store.capacity_gib * BYTES_PER_GIB):
         raise InputError(
             f"{store_key}.capacity_gib: {store.capacity_gib} GiB cannot hold the "
