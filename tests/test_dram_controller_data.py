@@ -185,3 +185,33 @@ def test_the_lpddr5x_8533_preset_is_the_6400_presets_times_at_its_clock():
     for name in ("nRCD", "nRP", "nRPab", "nRAS", "nWR", "nRTP", "nWTRS", "nWTRL", "nCL", "nCWL", "nPBR2PBR"):
         assert x.params[name] == math.ceil(base.params[name] * 1250 / 938 - 1e-9), name
     assert (x.params["nBL"], x.params["nCCDL"], x.params["nAAD"]) == (2, 4, 8)
+
+
+def test_every_built_in_standard_retimes_to_a_slower_clock_and_rejects_another_kinds_bus():
+    """Every organisation and timing preset of every built-in standard, re-timed for a config at its own rate and at
+    three quarters of it (the ns keys from the preset itself), loads: no latency expression goes below zero, no
+    density timing disagrees. And a memory whose channel width is another kind's (thor's 64-bit HBM3 channel for
+    LPDDR5's 16 bits) is one line naming the key."""
+    import dataclasses
+
+    import yaml
+
+    from chipsim.dramsim.calibrate import retimed_standard
+    from chipsim.dramsim.standard import builtin_standards, standard_path
+
+    base = load_config(THOR).hw.memory["hbm"]
+    for name in builtin_standards():
+        data = yaml.safe_load(open(standard_path(name)))
+        for org in data["organizations"]:
+            for timing in data["timings"]:
+                s = load_standard(name, org, timing)
+                bits = s.org.channel_width_bits * math.prod(s.org.counts[1:s.data_level + 1])
+                ns = {k: s.params[p] * s.tck_ps / 1000 for k, p in s.config_keys.items()}
+                for share in (0.75, 1.0):
+                    cfg = dataclasses.replace(base, standard=name, organization=org, timing_preset=timing,
+                                              data_rate_mtps=s.params["rate_mtps"] * share, channel_width_bits=bits,
+                                              burst_length=s.org.burst_length, **ns)
+                    assert retimed_standard(cfg, "memory.x").tck_ps >= s.tck_ps
+    wrong = dataclasses.replace(base, standard="lpddr5", organization="", timing_preset="")
+    with pytest.raises(InputError, match=r"memory.x.channel_width_bits: 64, but memory.x.standard LPDDR5 has 16"):
+        retimed_standard(wrong, "memory.x")

@@ -77,6 +77,19 @@ def _check_kind(std: Standard, key: str) -> None:
                          f"standard whose name starts with {kind}, as {example}'s does)")
 
 
+def _check_bus(cfg, std: Standard, key: str) -> None:
+    """A memory's channel width and burst length are its standard's: another kind's standard (an HBM's 2 x 32-bit
+    pseudo-channels and BL8 for a 16-bit LPDDR5X channel of BL16) would time one memory by another's bus."""
+    bits = std.org.channel_width_bits
+    for count in std.org.counts[1:std.data_level + 1]:
+        bits *= count  # data-level nodes per channel (HBM's pseudo-channels) share the channel's pins
+    for name, mine, theirs in (("channel_width_bits", cfg.channel_width_bits, bits),
+                               ("burst_length", cfg.burst_length, std.org.burst_length)):
+        if mine != theirs:
+            raise InputError(f"{key}.{name}: {mine}, but {key}.standard {std.name} has {theirs} ({std.org_name}): a "
+                             "standard of another kind of memory, or a key to correct")
+
+
 def retimed_standard(cfg, key: str) -> Standard:
     """The config's standard, organisation and timing preset, re-timed to its data rate and ns keys."""
     try:
@@ -84,6 +97,7 @@ def retimed_standard(cfg, key: str) -> Standard:
     except InputError as exc:
         raise InputError(f"{key}.standard: {exc}") from None
     _check_kind(template, key)  # the kind first: another kind's file lacks this one's presets
+    _check_bus(cfg, template, key)
     try:
         base = load_standard(cfg.standard, cfg.organization or None, cfg.timing_preset or None)
     except InputError as exc:
@@ -119,8 +133,10 @@ def _check_org_timings(cfg, std: Standard, key: str) -> None:
     if not cfg.organization:
         return
     by_density = dict(std.org.timings_ns)
-    for cfg_key, param in std.config_keys.items():
-        if param in by_density and abs(getattr(cfg, cfg_key) - by_density[param]) > 1e-9:
+    tck_ns = std.tck_ps / 1000
+    for cfg_key, param in std.config_keys.items():  # the same cycles at the standard's clock are the same timing
+        if param in by_density and math.ceil(getattr(cfg, cfg_key) / tck_ns - 1e-9) != \
+                math.ceil(by_density[param] / tck_ns - 1e-9):
             raise InputError(f"{key}.{cfg_key}: {getattr(cfg, cfg_key):g} ns, but organisation {std.org_name} of "
                              f"{os.path.basename(std.path)} sets {by_density[param]:g} ns (its die density); give "
                              f"{by_density[param]:g} or the organisation of that density ({key}.organization)")
