@@ -85,8 +85,13 @@ def test_a_standard_belongs_to_the_memory_s_kind():
             "not an HBM memory")
     refused(lambda: load_config(THOR, ["memory.lpddr5x.standard=hbm3"]), "memory.lpddr5x.standard",
             "describes HBM3")
-    # a further tier has no kind chipsim knows: any standard
-    load_config(CXL, ["memory.extra.cxl_ddr5.standard=lpddr5", "memory.extra.cxl_ddr5.timing_model=command-level"])
+    # a further tier has no kind chipsim knows by name: any standard whose bus is the tier's (LPDDR5's x16 channels
+    # of BL16), and not DDR5's 32-bit sub-channels timed as LPDDR5
+    load_config(CXL, ["memory.extra.cxl_ddr5.standard=lpddr5", "memory.extra.cxl_ddr5.timing_model=command-level",
+                      "memory.extra.cxl_ddr5.channel_width_bits=16"])
+    refused(lambda: load_config(CXL, ["memory.extra.cxl_ddr5.standard=lpddr5",
+                                      "memory.extra.cxl_ddr5.timing_model=command-level"]),
+            "memory.extra.cxl_ddr5.channel_width_bits: 32, but memory.extra.cxl_ddr5.standard LPDDR5 has 16")
     # the closed form reads no standard: nothing to check
     load_config(THOR, ["memory.hbm.standard=lpddr5", "memory.hbm.timing_model=closed-form"])
 

@@ -63,8 +63,9 @@ def test_a_dram_whose_timing_leaves_less_than_a_byte_per_second_is_refused(capsy
                                        "--set", "memory.hbm.data_rate_mtps=1", "--set", "memory.hbm.trefi_ns=1e6",
                                        "--set", "memory.hbm.trfc_ns=999999", "--set", "memory.hbm.timing_model=closed-form"])
     assert line.startswith("chipsim: error: memory.hbm: its timing keys leave") and "less than one byte" in line
-    # the command-level model re-times the standard to the same keys: at 4 us per cycle nothing is left either
-    line = one_line_error(capsys, R + ["--set", "memory.hbm.channels=1", "--set", "memory.hbm.channel_width_bits=1",
+    # the command-level model re-times the standard to the same keys (on HBM3's own 64-bit channel): at 4 us per
+    # cycle nothing is left either
+    line = one_line_error(capsys, R + ["--set", "memory.hbm.channels=1",
                                        "--set", "memory.hbm.data_rate_mtps=1", "--set", "memory.hbm.trefi_ns=1e6",
                                        "--set", "memory.hbm.trfc_ns=999999"])
     assert line.startswith("chipsim: error: memory.hbm: at 4000000 ps per cycle the refresh time nRFC")
