@@ -221,6 +221,34 @@ def test_every_assumption_of_the_phone_is_in_its_sensitivity_figure():
     assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 
 
+def _assert_swept_one_at_a_time(gpu: str, count: int) -> None:
+    """hwconfigs/<gpu>.yaml's ASSUMPTIONs are each a panel of whatif_<gpu>_assumptions, one key at a time."""
+    exp = ex.load_experiment(os.path.join(ROOT, "experiments", f"whatif_{gpu}_assumptions.yaml"))
+    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", f"{gpu}.yaml"))
+    assert len(assumed) == count and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
+    assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
+
+
+def test_every_assumption_of_the_rtx3090_is_in_its_sensitivity_figure():
+    """hwconfigs/rtx3090.yaml (FloE's GPU): the H200's stand-ins, GDDR6X's timings, the unnamed host, the buffer."""
+    _assert_swept_one_at_a_time("rtx3090", 50)
+
+
+def test_every_assumption_of_the_rtx4060_is_in_its_sensitivity_figure():
+    """hwconfigs/rtx4060.yaml (SPICE's RTX 4060): the H200's stand-ins, GDDR6's refresh, the unnamed host."""
+    _assert_swept_one_at_a_time("rtx4060", 44)
+
+
+def test_every_assumption_of_the_rtx5090_is_in_its_sensitivity_figure():
+    """hwconfigs/rtx5090.yaml (SPICE's RTX 5090): the H200's stand-ins, GDDR7's preset timings, the unnamed host."""
+    _assert_swept_one_at_a_time("rtx5090", 49)
+
+
+def test_every_assumption_of_the_a800_is_in_its_sensitivity_figure():
+    """hwconfigs/a800.yaml (SPICE's A800): the H200's stand-ins, the 40/80 GB part, HBM2E's timings, the host."""
+    _assert_swept_one_at_a_time("a800", 49)
+
+
 def test_an_experiment_table_lists_every_policy_with_its_results_csv_values(tmp_path, capsys):
     import pandas as pd
 
