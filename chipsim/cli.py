@@ -288,6 +288,13 @@ def _cmd_dram(args) -> int:
         rows = validate.compare(args.validate)
         print(json.dumps(rows, indent=1) if args.json else validate.format_rows(rows))
         return 0 if all(r["within_target"] for r in rows) else 1
+    if args.probe:
+        from chipsim.dramsim import probe_check
+
+        cfg, key = _probed_memory(args)
+        rows = probe_check.compare(args.probe, cfg, key)
+        print(json.dumps(rows, indent=1) if args.json else probe_check.format_rows(rows))
+        return 0 if all(r["within_target"] for r in rows) else 1
     if args.point:
         _apply_point(args)
     if not args.standard:
@@ -315,6 +322,20 @@ def _cmd_dram(args) -> int:
     return 0
 
 
+def _probed_memory(args):
+    """--probe's memory: --config's --memory (default: its operand memory), a command-level DRAM."""
+    from chipsim.hw.config import load_config
+    from chipsim.hw.machine import roles
+
+    if not args.config:
+        raise InputError("chipsim dram --probe: give --config CONFIG (the memory description to check)")
+    hw = load_config(args.config).hw
+    name = args.memory or roles(hw).operand_memory
+    if name not in hw.memory or getattr(hw.memory[name], "timing_model", "") != "command-level":
+        raise InputError(f"chipsim dram --memory {name}: not a command-level memory of {args.config}")
+    return hw.memory[name], hw.memory.key_of[name]
+
+
 def _apply_point(args) -> None:
     """--point NAME: the validation point's stream, controller and front end, as `chipsim dram --validate` runs it
     (its options, printed, reproduce it)."""
@@ -340,18 +361,10 @@ def _apply_point(args) -> None:
 
 
 def _kernel_streams(kernel: str | None, streams: int) -> tuple[int, tuple]:
-    """--kernel read | KrNw: K sequential read streams and N write streams in turn, each its own region (a GPU
-    kernel sweeping K arrays and writing N, as validation/dram/probe_hbm.py does); otherwise --streams."""
-    if not kernel:
-        return streams, ()
-    if kernel == "read":
-        return 1, ()
-    k, _, rest = kernel.partition("r")
-    if not (k.isdigit() and rest.endswith("w") and rest[:-1].isdigit() and 1 <= int(k) <= 64
-            and 1 <= int(rest[:-1]) <= 64):
-        raise InputError(f"chipsim dram --kernel {kernel}: read, or KrNw (K arrays read, N written, 1 ... 64 each)")
-    reads, writes = int(k), int(rest[:-1])
-    return reads + writes, tuple(range(reads, reads + writes))
+    """--kernel read | KrNw (chipsim.dramsim.probe_check.kernel_streams), otherwise --streams."""
+    from chipsim.dramsim.probe_check import kernel_streams
+
+    return kernel_streams(kernel, "chipsim dram --kernel") if kernel else (streams, ())
 
 
 def _dram_inputs(args):
@@ -600,6 +613,10 @@ def _add_dram_parser(sub) -> None:
     dram.add_argument("--seed", type=int, default=1)
     dram.add_argument("--kernel", help="streams of a GPU kernel: read (one array read) or KrNw (K arrays read and N "
                       "written, in turn: 6r1w, 1r1w = copy), as validation/dram/probe_hbm.py runs them")
+    dram.add_argument("--probe", metavar="JSON", help="a streaming probe of a real memory "
+                      "(validation/dram/probe_hbm.py) beside --config's memory description; exit 1 beyond 3 %%")
+    dram.add_argument("--config", help="with --probe: the config whose memory is checked")
+    dram.add_argument("--memory", help="with --probe: which memory of the config (default: its operand memory)")
     dram.add_argument("--point", help="run one validation point exactly as --validate does (prints its options)")
     dram.add_argument("--json", action="store_true", help="print one JSON object")
     dram.add_argument("--validate", nargs="?", const="validation/dram/ramulator.json", metavar="REF",

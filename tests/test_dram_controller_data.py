@@ -215,3 +215,35 @@ def test_every_built_in_standard_retimes_to_a_slower_clock_and_rejects_another_k
     wrong = dataclasses.replace(base, standard="lpddr5", organization="", timing_preset="")
     with pytest.raises(InputError, match=r"memory.x.channel_width_bits: 64, but memory.x.standard LPDDR5 has 16"):
         retimed_standard(wrong, "memory.x")
+
+
+def test_a_probe_of_a_real_memory_is_compared_kernel_by_kernel(tmp_path, capsys):
+    """chipsim dram --probe (validation/dram/probe_hbm.py's JSON) with --config: each kernel it can run (read, KrNw;
+    torch's own kernels are left out) through the config's memory description. Its read share is the calibration's
+    efficiency (the same stream, over 6 refresh intervals instead of 12: within 0.5 %); a copy (1r1w) is slower
+    than a read; a measured share 10 % above the model's is a -9.1 % error and exit 1, one 1 % above it passes."""
+    from chipsim.dramsim import calibrate as cal
+    from chipsim.dramsim.probe_check import compare
+
+    h200 = str(ROOT / "hwconfigs" / "h200-cycle-level.yaml")
+    hw = load_config(h200).hw
+    efficiency = cal.calibrate(hw.memory["hbm"], "memory.hbm", 0.1).efficiency
+    probe = tmp_path / "probe.json"
+    kernels = [{"kernel": "read", "share_of_pin_peak": efficiency * 1.01},
+               {"kernel": "1r1w", "share_of_pin_peak": 0.5}, {"kernel": "torch-sum", "share_of_pin_peak": 0.9}]
+    probe.write_text(json.dumps({"kernels": kernels}))
+    rows = compare(str(probe), hw.memory["hbm"], "memory.hbm")
+    assert [r["kernel"] for r in rows] == ["read", "1r1w"]
+    assert rows[0]["model"] == pytest.approx(efficiency, rel=5e-3) and rows[0]["within_target"]
+    assert rows[1]["model"] < rows[0]["model"]
+    kernels[0]["share_of_pin_peak"] = rows[0]["model"] * 1.1
+    kernels[1]["share_of_pin_peak"] = rows[1]["model"]
+    probe.write_text(json.dumps({"kernels": kernels}))
+    assert cli.main(["dram", "--probe", str(probe), "--config", h200]) == 1
+    out = capsys.readouterr().out
+    assert "-9.1%  MISSES TARGET" in out
+    assert cli.main(["dram", "--probe", str(probe)]) == 2
+    assert "chipsim dram --probe: give --config CONFIG" in capsys.readouterr().err
+    probe.write_text("{}")
+    assert cli.main(["dram", "--probe", str(probe), "--config", h200]) == 2
+    assert "not a probe_hbm.py result" in capsys.readouterr().err

@@ -77,6 +77,12 @@ def _check_kind(std: Standard, key: str) -> None:
                          f"standard whose name starts with {kind}, as {example}'s does)")
 
 
+def controller_of(cfg) -> ControllerConfig:
+    """The controller a config's memory describes: its queues and write-drain watermarks."""
+    return replace(CONTROLLER, read_buffer=cfg.read_queue_entries, write_buffer=cfg.write_queue_entries,
+                   write_high_watermark=cfg.write_high_watermark, write_low_watermark=cfg.write_low_watermark)
+
+
 def _check_bus(cfg, std: Standard, key: str) -> None:
     """A memory's channel width and burst length are its standard's: another kind's standard (an HBM's 2 x 32-bit
     pseudo-channels and BL8 for a 16-bit LPDDR5X channel of BL16) would time one memory by another's bus."""
@@ -213,8 +219,7 @@ def _calibrate(cfg, key: str, write_share: float, second_read_share: float, stan
     std = retimed_standard(cfg, key)
     write_share = round(min(0.5, max(0.05, write_share)), 3)
     second_read_share = round(min(0.5, max(0.05, second_read_share)), 3) if second_read_share else 0.0
-    controller = replace(CONTROLLER, read_buffer=cfg.read_queue_entries, write_buffer=cfg.write_queue_entries,
-                         write_high_watermark=cfg.write_high_watermark, write_low_watermark=cfg.write_low_watermark)
+    controller = controller_of(cfg)
     mapping = stream_mapping(std, 1, cfg.address_mapping, cfg.address_xor, key)
     digest = cache_key(std, write_share, second_read_share, controller, mapping)
     path = cache.entry_path(cache_dir("dram"), digest)

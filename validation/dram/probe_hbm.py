@@ -1,6 +1,6 @@
 """Stream a GPU's own memory (HBM3e on the H200) with kernels of a known access pattern: the measurement chipsim's
-description of that memory is checked against (`chipsim dram --kernel`, the same streams through the command-level
-model).
+description of that memory is checked against (`chipsim dram --probe THIS.json --config CONFIG` runs the same
+streams through the config's command-level model, chipsim.dramsim.probe_check).
 
     python validation/dram/probe_hbm.py --out validation/dram/h200-hbm-streams.json
 
