@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from chipsim import __version__
 from chipsim.errors import InputError, OneLineParser
@@ -694,8 +696,41 @@ def _profile_without_compiled_engine(argv: list[str]) -> int | None:
     return child.returncode
 
 
+class _FirstCtrlC:
+    """SIGINT handler for the length of one command: the first Ctrl-C raises KeyboardInterrupt and turns
+    SIGINT off at once, so a second press (the terminal signals the whole group; people press twice) cannot
+    interrupt the pool's teardown or the interpreter's exit; later calls (a handler put back) do nothing."""
+
+    def __init__(self):
+        self.pressed = False
+
+    def __call__(self, signum, frame):
+        if self.pressed:
+            return
+        self.pressed = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    on_ctrl_c = _FirstCtrlC()
+    previous = _install_sigint(on_ctrl_c)
+    try:
+        return _main(argv)
+    finally:
+        if not on_ctrl_c.pressed and previous is not None:
+            signal.signal(signal.SIGINT, previous)  # a caller's own handler (pytest's) comes back
+
+
+def _install_sigint(handler):
+    """Install `handler` for SIGINT where Python allows it (the main thread); returns the one it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, handler)
+
+
+def _main(argv) -> int:
     parser = build_parser()
     try:
         if argv[:1] == ["trace"]:  # its options belong to the recorder (torch is imported only here)
@@ -716,9 +751,7 @@ def main(argv=None) -> int:
         print(f"chipsim: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while exiting changes nothing
+        _install_sigint(signal.SIG_IGN)  # a second Ctrl-C while exiting changes nothing
         print("chipsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `chipsim keys | head -1`: the reader has gone; say nothing more

@@ -4,6 +4,7 @@ for Ctrl-C, 141 for a closed pipe), with no traceback and nothing half-written."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -253,6 +254,20 @@ def test_a_closed_pipe_ends_quietly():
     assert proc.returncode == 141 and proc.stderr == b""
 
 
+def _wait_for_busy_workers(proc, count):
+    """Until `count` forked workers of `proc` have each used 0.5 s of CPU (they are simulating, not starting):
+    a fixed sleep was too short on a loaded machine and too long on a fast one."""
+    psutil = pytest.importorskip("psutil")
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        workers = psutil.Process(proc.pid).children()
+        with contextlib.suppress(psutil.Error):
+            if sum(sum(w.cpu_times()[:2]) > 0.5 for w in workers) >= count:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"{count} workers never got busy")
+
+
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_stops_a_parallel_run_at_once_with_one_line(presses):
     """The terminal sends SIGINT to the whole process group: parent and workers. The run ends within a
@@ -262,7 +277,7 @@ def test_ctrl_c_stops_a_parallel_run_at_once_with_one_line(presses):
                              "workload.max_tokens=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env=dict(os.environ, PYTHONPATH=ROOT))
-    time.sleep(3.0)  # the two workers are simulating
+    _wait_for_busy_workers(proc, 2)
     assert proc.poll() is None
     t0 = time.perf_counter()
     for _ in range(presses):
