@@ -22,6 +22,7 @@ import yaml
 
 from chipsim.errors import InputError
 from chipsim.files import YAML_MAX_BYTES, check_input, read_input_text
+from chipsim.hw.expert_formats import resolve_format
 from chipsim.hw.machine import check_roles, roles
 from chipsim.values import Bounds, YamlLimitError, check_value, key_doc, yaml_load
 
@@ -389,10 +390,19 @@ class RolesConfig:
 # ---------------------------------------------------------------------------------------------- workload
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _f("published model shape used for timing (see `chipsim models`)")
     expert_bits: int = _f("expert weight precision, bits", choices=(4, 8, 16, 32))
     quant_group_size: int = _f("weights sharing one scale below 16 bit", positive=True, maximum=1 << 30)
     quant_scale_bits: int = _f("bits per quantisation scale (and zero point) below 16 bit", positive=True, maximum=64)
+    name: str = _optional("bundled model shape used for timing (see `chipsim models`); model.config or model.shape, "
+                          "when given, is read instead", "")
+    config: str = _optional("a Hugging Face config.json giving the model's shape (relative to the config file that "
+                            "names it; with --set: to the current folder)", "")
+    shape: dict = _optional("the model's shape inline: config.json fields (model_type, hidden_size, ...)", {})
+    expert_format: str = _optional("the routed experts' weight format (chipsim.hw.expert_formats): it sets "
+                                   "model.expert_bits and, where the format fixes them, model.quant_group_size and "
+                                   "model.quant_scale_bits; empty: those keys as given", "",
+                                   choices=("", "bf16", "fp16", "fp8-e4m3", "fp8-e4m3-block128", "int8", "int4",
+                                            "mxfp4", "nvfp4"))
 
 
 @dataclass(frozen=True)
@@ -497,6 +507,9 @@ def _path_keys(data: dict) -> list[tuple[dict, str]]:
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
         out.append((workload, "trace"))
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("config"), str) and model["config"]:
+        out.append((model, "config"))
     memory = data.get("memory")
     if isinstance(memory, dict):
         drams = [d for name, d in memory.items() if name != "extra"]
@@ -745,6 +758,8 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     for extra in ("name", "description"):
         data.pop(extra, None)
     _check_names(data)
+    if isinstance(data.get("model"), dict):
+        resolve_format(data["model"], overrides)
     hw = build_dataclass(HardwareConfig, data)
     if not isinstance(policies, dict) or not all(isinstance(v, dict) for v in policies.values()):
         raise InputError("policies: expected a mapping of policy name -> {parameter: value}")

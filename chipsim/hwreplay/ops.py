@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from chipsim.hw.compute_formula import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import op_group_builders, weight_bytes as weight_bytes_at
-from chipsim.workload.models import get_model
+from chipsim.errors import InputError
+from chipsim.workload.models import model_of
 
 # the kernels a matvec primitive can be launched with (chipsim.hwreplay.harness.kernel_call)
 GEMV_KERNELS = ("cublas", "triton")
@@ -83,7 +84,7 @@ class RecordingArrayModel(ArrayModel):
 def profile_coverage(hw: HardwareConfig) -> tuple[int, int]:
     """(operations costed from compute.op_times_ns, operations costed by the array model) in one decode step."""
     am = ArrayModel(hw)
-    for build in op_group_builders(am, get_model(hw.model.name), hw).values():
+    for build in op_group_builders(am, model_of(hw.model), hw).values():
         if build is not None:
             build()
     return am.profiled_ops, am.modelled_ops
@@ -93,9 +94,13 @@ def primitive_ops(hw: HardwareConfig) -> dict[str, list[Primitive]]:
     """Op group name -> its primitives in order (groups the model lacks are absent)."""
     am = RecordingArrayModel(hw)
     out = {}
-    for name, build in op_group_builders(am, get_model(hw.model.name), hw).items():
+    model = model_of(hw.model)
+    for name, build in op_group_builders(am, model, hw).items():
         if build is None:
             continue
+        if name in ("attention_sliding", "mamba"):  # the harness runs one attention group in every layer
+            raise InputError(f"hwreplay: {model.name} has {name.replace('_', ' ')} layers; the replay harness "
+                             "replays models whose every layer is full attention")
         am.log = []
         build()
         out[name] = list(am.log)
@@ -106,7 +111,7 @@ def kernels_per_token(hw: HardwareConfig) -> dict[str, int]:
     """Each kernel shape's launches in one decode step of the replay (op key -> count): every layer's attention,
     each MoE layer's router, shared experts, top-k routed experts and combine, each dense layer's FFN, the head
     once. Fused primitives launch no kernel and are left out."""
-    model = get_model(hw.model.name)
+    model = model_of(hw.model)
     moe = model.num_moe_layers
     per_group = {"attention": model.num_layers, "router": moe, "shared": moe, "expert": moe * model.top_k,
                  "combine": moe, "head": 1, "dense": model.first_dense_layers}

@@ -16,7 +16,8 @@ from chipsim.hw.compute_formula import ArrayModel, OpCost, ceil_div
 from chipsim.hw.config import HardwareConfig, memories
 from chipsim.hw.machine import roles
 from chipsim.units import BYTES_PER_GIB, BYTES_PER_MIB
-from chipsim.workload.models import ModelShape, get_model
+from chipsim.workload.models import model_of
+from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 BF16_BYTES = 2
 
@@ -31,7 +32,7 @@ def weight_bytes(params: int, bits: int, group_size: int, scale_bits: int) -> in
 
 @dataclass(frozen=True)
 class LayerCosts:
-    attention: OpCost  # input norm, attention block, residual
+    attention: OpCost  # input norm, the token mixer (attention, or a Mamba2 step), residual
     router: OpCost | None  # post-attention norm, router GEMV, softmax, top-k (MoE layers)
     dense: OpCost | None  # post-attention norm + dense FFN (dense first layers) or shared experts
     expert: OpCost | None  # one routed expert, including dequantisation below 16 bit
@@ -91,59 +92,139 @@ class DecodeWorkload:
                             op.profiled_pj, op.unpriced_bytes)
 
 
-def _attention(am: ArrayModel, m: ModelShape, ctx: int) -> OpCost:
+def _mixer(am: ArrayModel, m: ModelShape, kind: str, ctx: int) -> OpCost:
+    """One layer's token mixer with its input norm and residual: attention over `ctx` cached tokens (a sliding
+    layer over at most its window), or a Mamba2 step."""
     d = m.hidden_size
     norm = am.sfu("attn_norm_rsqrt", 1) + am.vector("attn_norm_scale", 2 * d)
-    if m.attention == "mla":
-        h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
-        q = am.matvec("q_proj", d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
-        kv_a = am.matvec("kv_a_proj", d, lora + rope, d * (lora + rope) * BF16_BYTES,
-                         write_bytes=(lora + rope) * BF16_BYTES)  # append the compressed latent to the cache
-        kv_norm = am.sfu("kv_norm_rsqrt", 1) + am.vector("kv_norm_scale", 2 * lora)
-        rope_op = am.vector("rope", 2 * h * rope + 2 * rope)
-        absorb = am.matvec("q_absorb_uk", nope, h * lora, h * nope * lora * BF16_BYTES)
-        scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h)
-        softmax = am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx)
-        mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)
-        up = am.matvec("v_up_uv", lora, h * v, h * lora * v * BF16_BYTES)
-        o = am.matvec("o_proj", h * v, d, h * v * d * BF16_BYTES)
-        ops = [q, kv_a, kv_norm, rope_op, absorb, scores, softmax, mix, up, o]
+    if kind == MAMBA:
+        ops = _mamba2(am, m)
+    elif m.attention == "mla":
+        ops = _mla(am, m, ctx)
     else:
-        nq, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
-        qkv = am.matvec("qkv_proj", d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
-                        write_bytes=2 * nkv * hd * BF16_BYTES)  # append this token's K and V
-        rope_op = am.vector("rope", 2 * (nq + nkv) * hd)
-        scores = am.matvec("scores", hd, nq * ctx, nkv * ctx * hd * BF16_BYTES, groups=nq // nkv)
-        softmax = am.sfu("softmax_exp", nq * ctx) + am.vector("softmax_norm", 3 * nq * ctx)
-        mix = am.matvec("value_mix", ctx, nq * hd, nkv * ctx * hd * BF16_BYTES, groups=nq // nkv)
-        o = am.matvec("o_proj", nq * hd, d, nq * hd * d * BF16_BYTES)
-        ops = [qkv, rope_op, scores, softmax, mix, o]
+        ops = _gqa(am, m, min(ctx, m.sliding_window) if kind == SLIDING else ctx)
     total = norm
     for op in ops:
         total = total + op
     return total + am.vector("attn_residual", d)
 
 
-def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, scale_bits: int, dequant_ops: int) -> OpCost:
-    """A gated FFN (gate, up, SiLU·mul, down) whose weights are at `bits` precision."""
+def _mla(am: ArrayModel, m: ModelShape, ctx: int) -> list[OpCost]:
+    """DeepSeek's multi-head latent attention at decode, projections absorbed: per head, the query's no-position
+    part is taken into the latent space (q_absorb_uk) and scored against the cached latents directly; the mix of
+    latents is lifted to values once (v_up_uv). Cache read: ctx x (kv_lora_rank + qk_rope_head_dim) x 2 bytes."""
+    d = m.hidden_size
+    h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+    if m.q_lora_rank:  # DeepSeek-V3 with a query LoRA: d -> q_lora_rank (normed) -> heads
+        r = m.q_lora_rank
+        q = (am.matvec("q_a_proj", d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", 1) + am.vector("q_norm_scale", 2 * r)
+             + am.matvec("q_b_proj", r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
+    else:
+        q = am.matvec("q_proj", d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
+    kv_a = am.matvec("kv_a_proj", d, lora + rope, d * (lora + rope) * BF16_BYTES,
+                     write_bytes=(lora + rope) * BF16_BYTES)  # append the compressed latent to the cache
+    kv_norm = am.sfu("kv_norm_rsqrt", 1) + am.vector("kv_norm_scale", 2 * lora)
+    rope_op = am.vector("rope", 2 * h * rope + 2 * rope)
+    absorb = am.matvec("q_absorb_uk", nope, h * lora, h * nope * lora * BF16_BYTES)
+    scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h)
+    softmax = am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx)
+    mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)
+    up = am.matvec("v_up_uv", lora, h * v, h * lora * v * BF16_BYTES)
+    o = am.matvec("o_proj", h * v, d, h * v * d * BF16_BYTES)
+    return [q, kv_a, kv_norm, rope_op, absorb, scores, softmax, mix, up, o]
+
+
+def _gqa(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
+    """Grouped-query attention (MHA and MQA are its ends) over `kv_len` cached tokens: q, k, v projections (K and V
+    of this token appended: 2 x kv_heads x head_dim x 2 bytes written), RoPE, scores and value mix reading the
+    cache (kv_len x kv_heads x head_dim x 2 bytes each), softmax on the SFUs, output projection. With q/k norms
+    (Qwen3): an RMSNorm per query and key head; with biases: q, k, v and o add theirs (read at 2 bytes); with
+    sinks (gpt-oss): each head's softmax has one more logit, its learned sink."""
+    d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
+    qkv = am.matvec("qkv_proj", d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+                    write_bytes=2 * nkv * hd * BF16_BYTES)  # append this token's K and V
+    ops = [qkv]
+    if m.attention_bias:
+        ops.append(am.vector("qkv_bias", (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
+    if m.qk_norm:
+        ops.append(am.sfu("qk_norm_rsqrt", nq + nkv) + am.vector("qk_norm_scale", 2 * (nq + nkv) * hd))
+    if m.rope:
+        ops.append(am.vector("rope", 2 * (nq + nkv) * hd))
+    logits = kv_len + (1 if m.attention_sinks else 0)
+    scores = am.matvec("scores", hd, nq * kv_len, nkv * kv_len * hd * BF16_BYTES, groups=nq // nkv)
+    softmax = am.sfu("softmax_exp", nq * logits) + am.vector("softmax_norm", 3 * nq * logits)
+    mix = am.matvec("value_mix", kv_len, nq * hd, nkv * kv_len * hd * BF16_BYTES, groups=nq // nkv)
+    o = am.matvec("o_proj", nq * hd, d, nq * hd * d * BF16_BYTES)
+    ops += [scores, softmax, mix, o]
+    if m.attention_bias:
+        ops.append(am.vector("o_bias", d, read_bytes=d * BF16_BYTES))
+    return ops
+
+
+def _mamba2(am: ArrayModel, m: ModelShape) -> list[OpCost]:
+    """One Mamba2 step (a token at decode), as transformers' torch path computes it. With d the hidden size, H heads
+    of P dims (inner width E = H x P), state N, G groups, kernel K, C = E + 2GN convolved channels:
+      in_proj   d -> 2E + 2GN + H (z, x, B, C, dt): d(2E + 2GN + H) MACs and weights; x, B, C enter the
+                convolution's state (C x 2 bytes written)
+      conv1d    depthwise, K taps per channel: 2CK lane ops, reads the taps and the last K - 1 inputs
+                ((CK + C(K - 1)) x 2 bytes), then SiLU on C
+      dt, A     softplus(dt + bias) and exp(dt A) per head: 2H SFU ops, H lane ops, dt_bias, A, D read (3H x 2 bytes)
+      state     h <- h exp(dt A) + dt B x: 3 H P N lane ops; y = C . h: H P N MACs, the state (H P N x 2 bytes)
+                read and written back
+      output    y + D x (2E lane ops), gate by SiLU(z) (E SFU + E lane ops), grouped RMSNorm (G SFU, 2E lane
+                ops), out_proj E -> d (E d MACs and weights)
+    Biases (mamba_conv_bias, mamba_proj_bias) add their reads and adds."""
+    d, heads, p, n, g, k = (m.hidden_size, m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups,
+                            m.mamba_conv_kernel)
+    inner, ch, proj = m.mamba_inner(), m.mamba_conv_channels(), m.mamba_in_proj_outputs()
+    proj_bias = m.mamba_proj_bias
+    in_proj = am.matvec("in_proj", d, proj, (d * proj + (proj if proj_bias else 0)) * BF16_BYTES,
+                        write_bytes=ch * BF16_BYTES)
+    conv_bias = ch if m.mamba_conv_bias else 0
+    conv = am.vector("conv1d", 2 * ch * k + conv_bias, read_bytes=(ch * k + ch * (k - 1) + conv_bias) * BF16_BYTES)
+    conv_act = am.sfu("conv_silu", ch)
+    dt = am.sfu("dt_softplus_exp", 2 * heads) + am.vector("dt_bias", heads, read_bytes=3 * heads * BF16_BYTES)
+    state_bytes = heads * p * n * BF16_BYTES
+    update = am.vector("ssm_update", 3 * heads * p * n)
+    readout = am.matvec("ssm_readout", n, heads * p, state_bytes, write_bytes=state_bytes)
+    skip = am.vector("ssm_skip", 2 * inner)
+    gate = am.sfu("gate_silu", inner) + am.vector("gate_mul", inner)
+    norm = am.sfu("ssm_norm_rsqrt", g) + am.vector("ssm_norm_scale", 2 * inner)
+    out_proj = am.matvec("out_proj", inner, d, (inner * d + (d if proj_bias else 0)) * BF16_BYTES)
+    return [in_proj, conv, conv_act, dt, update, readout, skip, gate, norm, out_proj]
+
+
+def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, scale_bits: int, dequant_ops: int,
+         activation: str = "silu", bias: bool = False) -> OpCost:
+    """A gated FFN (gate, up, activation, down) whose weights are at `bits` precision. activation "silu":
+    SiLU(gate) x up (I SFU ops, I lane ops); "swiglu_clamped" (gpt-oss): (clamp(up) + 1) x g x sigmoid(1.702 g)
+    with g = clamp(gate) (I SFU ops; 7I lane ops: three clamps, the scale, two products, the + 1). With biases
+    (gpt-oss's experts): 2I added after gate/up and d after down, read at 2 bytes."""
     gu_bytes = weight_bytes(2 * d * inter, bits, group, scale_bits)
     down_bytes = weight_bytes(inter * d, bits, group, scale_bits)
     op = am.matvec(f"{name}_gate_up", d, 2 * inter, gu_bytes)
-    op = op + am.sfu(f"{name}_silu", inter) + am.vector(f"{name}_mul", inter)
+    if bias:
+        op = op + am.vector(f"{name}_gate_up_bias", 2 * inter, read_bytes=2 * inter * BF16_BYTES)
+    lane_ops = 7 * inter if activation == "swiglu_clamped" else inter
+    op = op + am.sfu(f"{name}_silu", inter) + am.vector(f"{name}_mul", lane_ops)
     op = op + am.matvec(f"{name}_down", inter, d, down_bytes)
+    if bias:
+        op = op + am.vector(f"{name}_down_bias", d, read_bytes=d * BF16_BYTES)
     if bits < 16:
         op = op + am.vector(f"{name}_dequant", 3 * d * inter * dequant_ops)
     return op
 
 
-OP_GROUPS = ("attention", "dense", "router", "shared", "expert", "combine", "head")
+OP_GROUPS = ("attention", "attention_sliding", "mamba", "dense", "router", "shared", "expert", "combine", "head")
+MIXER_GROUP = {FULL: "attention", SLIDING: "attention_sliding", MAMBA: "mamba"}
 
 
 def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_am: ArrayModel | None = None) -> dict:
     """Group name -> a function building that group's OpCost on `am` (None: the model has no such group).
 
-    attention: input norm … residual; dense: post-attention norm + dense FFN + residual (dense first
-    layers); router: post-attention norm, router GEMV, softmax, top-k; shared: the shared experts;
+    attention: input norm … residual of a full-attention layer; attention_sliding: the same over at most the
+    sliding window; mamba: input norm, a Mamba2 step, residual; dense: post-attention norm + dense FFN + residual
+    (dense first layers); router: post-attention norm, router GEMV, softmax, top-k; shared: the shared experts;
     expert: one routed expert; combine: weighted sum + residual; head: embedding, final norm, LM head.
     chipsim.hwreplay replays the same builders primitive by primitive, so timing and replay share one
     description of the decode step.
@@ -151,6 +232,7 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
     ctx = hw.workload.context_length
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
     d = m.hidden_size
+    kinds = {m.mixer(layer) for layer in range(m.num_layers)}
 
     def post_norm():
         return am.sfu("ffn_norm_rsqrt", 1) + am.vector("ffn_norm_scale", 2 * d)
@@ -160,6 +242,8 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
 
     def router():
         op = post_norm() + am.matvec("router", d, m.num_experts, d * m.num_experts * BF16_BYTES)
+        if m.router_bias:
+            op = op + am.vector("router_bias", m.num_experts, read_bytes=m.num_experts * BF16_BYTES)
         return op + am.sfu("router_softmax", m.num_experts) + am.vector("router_topk", m.num_experts * m.top_k)
 
     def shared():
@@ -171,29 +255,41 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
     def head():
         op = am.vector("embedding", d, read_bytes=d * BF16_BYTES)
         op = op + am.sfu("final_norm_rsqrt", 1) + am.vector("final_norm_scale", 2 * d)
-        return op + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES) + am.vector("argmax", m.vocab_size)
+        op = op + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+        if m.lm_head_bias:
+            op = op + am.vector("lm_head_bias", m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
+        return op + am.vector("argmax", m.vocab_size)
+
+    def mixer(kind):
+        return (lambda: _mixer(am, m, kind, ctx)) if kind in kinds else None
 
     return {
-        "attention": lambda: _attention(am, m, ctx),
+        "attention": mixer(FULL),
+        "attention_sliding": mixer(SLIDING),
+        "mamba": mixer(MAMBA),
         "dense": dense if m.first_dense_layers else None,
         "router": router,
         "shared": shared if m.num_shared_experts else None,
         "expert": lambda: _ffn(expert_am or am, "expert", d, m.expert_ffn, bits, group, sbits,
-                               hw.compute.dequant_ops_per_weight),
+                               hw.compute.dequant_ops_per_weight, m.expert_activation, m.expert_bias),
         "combine": lambda: am.vector("combine", (m.top_k + m.num_shared_experts + 1) * d),
         "head": head,
     }
 
 
 def expert_matrix_sizes(hw: HardwareConfig, m: ModelShape) -> list[int]:
-    """Bytes of one routed expert's gate, up and down matrices at the config's precision (scales included)."""
+    """Bytes of one routed expert's gate, up and down matrices at the config's precision (scales included; an
+    expert's biases, kept at 16 bit, travel with their matrix: I each with gate and up, d with down)."""
     w = hw.model
-    return [weight_bytes(i * o, w.expert_bits, w.quant_group_size, w.quant_scale_bits)
-            for _, i, o in m.expert_matrix_params()]
+    sizes = [weight_bytes(i * o, w.expert_bits, w.quant_group_size, w.quant_scale_bits)
+             for _, i, o in m.expert_matrix_params()]
+    if m.expert_bias:
+        sizes = [size + out * BF16_BYTES for size, (_, _, out) in zip(sizes, m.expert_matrix_params())]
+    return sizes
 
 
 def build_workload(hw: HardwareConfig) -> DecodeWorkload:
-    m = get_model(hw.model.name)
+    m = model_of(hw.model)
     am = ArrayModel(hw)
     ctx = hw.workload.context_length
     bits = hw.model.expert_bits
@@ -209,13 +305,13 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     if am.launch_per_group:  # each op group starts with a launch (a CUDA graph per group on a GPU)
         built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
     am.save_table()
-    attention = built["attention"]
     layers = []
     for layer in range(m.num_layers):
+        mixer = built[MIXER_GROUP[m.mixer(layer)]]
         if layer < m.first_dense_layers:
-            layers.append(LayerCosts(attention, None, built["dense"], None, None))
+            layers.append(LayerCosts(mixer, None, built["dense"], None, None))
             continue
-        layers.append(LayerCosts(attention, built["router"], built["shared"], built["expert"], built["combine"]))
+        layers.append(LayerCosts(mixer, built["router"], built["shared"], built["expert"], built["combine"]))
     head = built["head"]
 
     per_matrix = expert_matrix_sizes(hw, m)
@@ -242,7 +338,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
                 f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
                 f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
-    kv = ctx * m.num_layers * m.kv_cache_bytes_per_token_layer(BF16_BYTES)
+    kv = m.cache_bytes(ctx, BF16_BYTES)  # KV of each attention layer (a sliding one: its window), Mamba2 states
     activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
     operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)

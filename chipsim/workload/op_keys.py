@@ -7,7 +7,8 @@ shape (a typo, a d_model or expert width no model has, a kind chipsim does not c
 used. The rule:
 
     a key is `matvec rR oO bB`, `sfu nN` or `vector nN bB` (op_key's form, whole numbers), and some operation
-    of the decode step of a model in chipsim.workload.models (`chipsim models`) has exactly that shape at some
+    of the decode step of a model in chipsim.workload.models (`chipsim models`), or of the config's own model,
+    has exactly that shape at some
     context length (1 .. workload.context_length's maximum) and some expert precision (model.expert_bits'
     choices), with the config's quantisation group, scale bits and dequantisation operations.
 
@@ -26,7 +27,7 @@ from chipsim.errors import InputError
 from chipsim.hw.compute_formula import OpCost, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig, ModelConfig, WorkloadConfig, field_bounds
 from chipsim.workload.decode import op_group_builders
-from chipsim.workload.models import MODELS
+from chipsim.workload.models import MODELS, model_of
 
 _FORMS = {"matvec": re.compile(r"matvec r(\d+) o(\d+) b(\d+)"), "sfu": re.compile(r"sfu n(\d+)"),
           "vector": re.compile(r"vector n(\d+) b(\d+)")}
@@ -113,7 +114,11 @@ def known_shape(hw: HardwareConfig, key: str) -> str | None:
     values = tuple(fields[n] for n in names)
     max_context = field_bounds(WorkloadConfig, "context_length").maximum
     quant = (hw.model.quant_group_size, hw.model.quant_scale_bits, hw.compute.dequant_ops_per_weight)
-    for t_names, at1, step in _templates(quant, tuple(MODELS.values()))[kind]:
+    models = tuple(MODELS.values())
+    own = model_of(hw.model)  # a config.json's model is as much a model chipsim knows as a bundled one
+    if own not in models:
+        models += (own,)
+    for t_names, at1, step in _templates(quant, models)[kind]:
         if t_names == names and _matches(values, at1, step, max_context):
             return None
     return (f"no operation of any model chipsim knows (chipsim models) has this shape at any context length or "

@@ -15,14 +15,14 @@ def op_table(hw) -> list[dict]:
     actions. Needs compute.timing: cycle-level (the analytic times are computed beside it)."""
     from chipsim.hw.compute_formula import ArrayModel
     from chipsim.workload.decode import op_group_builders
-    from chipsim.workload.models import get_model
+    from chipsim.workload.models import model_of
 
     if hw.compute.timing != "cycle-level":
         raise InputError("compute.timing: analytic; chipsim calibrate needs compute.timing: cycle-level and its keys "
                          "(hwconfigs/thor.yaml sets them)")
     check_op_keys(hw)
     analytic_hw = dataclasses.replace(hw, compute=dataclasses.replace(hw.compute, timing="analytic"))
-    m = get_model(hw.model.name)
+    m = model_of(hw.model)
     rows, seen = [], set()
     costs = {}
     for label, model_hw in (("analytic", analytic_hw), ("cycle", hw)):
@@ -76,11 +76,11 @@ def _layer_groups(config_path: str, overrides, names) -> tuple:
     from chipsim.hw.compute_formula import ArrayModel
     from chipsim.hw.config import load_config
     from chipsim.workload.decode import op_group_builders
-    from chipsim.workload.models import get_model
+    from chipsim.workload.models import model_of
 
     hw = load_config(config_path, list(overrides)).hw
     check_op_keys(hw)
-    m = get_model(hw.model.name)
+    m = model_of(hw.model)
     am = ArrayModel(hw)
     builders = op_group_builders(am, m, hw)
     costs = {name: builders[name]() for name in names}
