@@ -178,13 +178,33 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from chipsim.workload.models import MODELS
+    from chipsim.workload import model_report
+    from chipsim.workload.models import MODELS, resolve
 
-    print(f"{'name':24} {'layers':>6} {'hidden':>6} {'experts':>7} {'top-k':>5} {'shared':>6} {'expert MB':>9} {'params B':>8}")
-    for m in MODELS.values():
-        print(f"{m.name:24} {m.num_layers:>6} {m.hidden_size:>6} {m.num_experts:>7} {m.top_k:>5} "
-              f"{m.num_shared_experts:>6} {m.expert_params * 2 / 1e6:>9.2f} {m.total_params() / 1e9:>8.2f}")
+    if not args.model:
+        print(model_report.table())
+        return 0
+    if args.context < 1:
+        raise InputError(f"--context: {args.context} tokens; give a positive number")
+    if args.model in MODELS:
+        print(model_report.describe_bundled(args.model, args.expert_format, args.context))
+    else:
+        print(model_report.describe(resolve(args.model), args.expert_format, args.context))
     return 0
+
+
+MODELS_EPILOG = """\
+A model is data. To simulate your own, no code: point a config at its Hugging Face config.json
+(`model.config: path/to/config.json`, or `--set model.config=...`), or write its fields inline under
+`model.shape:`. To bundle it, add chipsim/workload/shapes/NAME.yaml (name, source, unconfirmed, published,
+config: the config.json fields) like the files there; tests/test_models.py then holds its parameter count to
+the published one.
+
+Architectures read (model_type): granitemoe, granitemoeshared, granitemoehybrid, phimoe, mixtral, olmoe,
+qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, ernie4_5_moe. A new architecture whose layers chipsim
+already costs needs a reader in chipsim/workload/hf_config.py (its field names); a new kind of layer also needs
+its costing in chipsim/workload/decode.py and its weights in chipsim/workload/shape.py.
+"""
 
 
 def _cmd_keys(args) -> int:
@@ -635,6 +655,22 @@ def _add_inspect_parser(sub) -> None:
     inspect.set_defaults(func=_cmd_inspect)
 
 
+def _add_models_parser(sub) -> None:
+    import argparse as _argparse
+
+    from chipsim.hw.expert_formats import FORMATS
+
+    p = sub.add_parser("models", help="list the bundled model shapes, or show what chipsim derives from one (a "
+                                      "bundled name or a config.json)",
+                       epilog=MODELS_EPILOG, formatter_class=_argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="a bundled name, or a path to a Hugging Face config.json")
+    p.add_argument("--expert-format", default="", choices=list(FORMATS),
+                   help="the weight format the experts' bytes are shown in (default: as the checkpoint ships them, "
+                        "else bf16)")
+    p.add_argument("--context", type=int, default=4096, help="tokens the cache size is shown at (default 4096)")
+    p.set_defaults(func=_cmd_models)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="chipsim", description="Discrete-event simulator of an edge chiplet MoE accelerator.")
     parser.add_argument("--version", action="version", version=f"chipsim {__version__}")
@@ -645,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parser(sub)
     _add_reproduce_parser(sub)
     _add_plot_parser(sub)
-    sub.add_parser("models", help="list the built-in model shapes").set_defaults(func=_cmd_models)
+    _add_models_parser(sub)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
     sub.add_parser("trace", help="record a trace from a local Hugging Face MoE checkpoint over a text file "

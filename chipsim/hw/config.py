@@ -397,7 +397,9 @@ class ModelConfig:
                           "when given, is read instead", "")
     config: str = _optional("a Hugging Face config.json giving the model's shape (relative to the config file that "
                             "names it; with --set: to the current folder)", "")
-    shape: dict = _optional("the model's shape inline: config.json fields (model_type, hidden_size, ...)", {})
+    shape: dict = field(default_factory=dict, metadata={
+        **spec("the model's shape inline: config.json fields (model_type, hidden_size, ...), read as "
+               "chipsim.workload.hf_config reads a config.json"), "any_values": True})
     expert_format: str = _optional("the routed experts' weight format (chipsim.hw.expert_formats): it sets "
                                    "model.expert_bits and, where the format fixes them, model.quant_group_size and "
                                    "model.quant_scale_bits; empty: those keys as given", "",
@@ -634,6 +636,10 @@ def build_dataclass(cls, data, key_prefix: str = ""):
             kwargs[f.name] = build_dataclass(tp, data[f.name], key + ".")
         elif "components" in f.metadata:
             kwargs[f.name] = _build_components(f.metadata["components"], data[f.name], key)
+        elif f.metadata.get("any_values"):  # a mapping its reader checks (model.shape: config.json fields)
+            if not isinstance(data[f.name], dict):
+                raise InputError(f"{key}: expected a section of keys, got {data[f.name]!r}")
+            kwargs[f.name] = copy.deepcopy(data[f.name])
         else:
             kwargs[f.name] = check_value(key, data[f.name], tp, f.metadata["bounds"])
     return cls(**kwargs)
