@@ -58,6 +58,14 @@ CONFIG_NAMES = {
     "thor": "Granite-3B",
     "thor-phi-mini-moe": "Phi-mini-MoE",
     "thor-deepseek-v2-lite": "DeepSeek-V2-Lite",
+    # the 2025-26 shapes (SYNTHETIC traces: the asterisk)
+    "thor-olmoe-1b-7b-0125": "OLMoE-0125*",
+    "thor-granite-4.0-h-tiny": "Granite-4.0-H*",
+    "thor-moonlight-16b-a3b": "Moonlight*",
+    "thor-gpt-oss-20b": "gpt-oss-20b*",
+    "thor-ernie-4.5-21b-a3b": "ERNIE-4.5*",
+    "thor-qwen3-30b-a3b": "Qwen3-30B*",
+    "thor-phi-3.5-moe": "Phi-3.5-MoE*",
 }
 _FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1"]
 STACK_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"]
