@@ -387,6 +387,51 @@ def test_cli_writes_a_trace_and_prints_one_line(tmp_path):
     assert bad.returncode == 2 and "unknown model" in bad.stderr and not (tmp_path / "x.npz").exists()
 
 
+TINY_QWEN3 = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
+              "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "moe_intermediate_size": 32, "num_experts": 16, "num_experts_per_tok": 4, "vocab_size": 97}
+
+
+def test_cli_model_config_writes_a_trace_of_that_shape(tmp_path, capsys):
+    """--model-config: any config.json's shape, not only a bundled one; the trace's counts are the file's."""
+    from chipsim.tracegen.synthetic import main
+    from chipsim.workload.hf_config import read_config_file
+
+    cfg = tmp_path / "tiny-qwen3" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(TINY_QWEN3))
+    out = tmp_path / "q.npz"
+    assert main(["--model-config", str(cfg), "--tokens", "16", "--out", str(out)]) == 0
+    trace = fmt.load(out)
+    assert {k: trace.meta["model"][k] for k in fmt.META_MODEL_KEYS} == {
+        "num_layers": 4, "first_dense_layers": 0, "num_experts": 16, "top_k": 4, "num_shared_experts": 0}
+    assert trace.meta["model"]["name"] == "tiny-qwen3"
+    assert trace.meta["model"]["hf_architecture"] == "Qwen3MoeForCausalLM"
+    assert trace.arrays["routed_ids"].shape == (16, 4, 4) and trace.arrays["routed_ids"].max() < 16
+    trace.check_matches(read_config_file(str(cfg), "config"))
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+
+
+def test_cli_model_and_model_config_together_or_a_bad_config_are_refused(tmp_path, capsys):
+    from chipsim.tracegen.synthetic import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_QWEN3))
+    out = tmp_path / "x.npz"
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "qwen3-30b-a3b", "--model-config", str(cfg), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "not allowed with" in err
+    with pytest.raises(SystemExit) as exc:  # neither
+        main(["--out", str(out)])
+    assert exc.value.code == 2 and "one of the arguments --model --model-config is required" in capsys.readouterr().err
+    cfg.write_text(json.dumps(dict(TINY_QWEN3, num_experts_per_tok=32)))  # top-k above the 16 experts
+    assert main(["--model-config", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chipsim: error: --model-config") and len(err.strip().splitlines()) == 1
+    assert "top-k 32 exceeds" in err and not out.exists()
+
+
 def test_load_returns_the_same_read_only_trace_until_the_file_changes(tmp_path):
     import os
 

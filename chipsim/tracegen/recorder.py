@@ -1,18 +1,29 @@
 """Record what a Hugging Face transformers MoE model's routers chose, and what its predictors would see.
 
 Works on any local checkpoint (or a model built from a config) of the MoE classes in transformers 5.x:
-GraniteMoe, GraniteMoeShared, Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, DeepseekV2, DeepseekV3 and PhiMoe.
-Routers are found by module path (as transformers 5.x names them):
+GraniteMoe, GraniteMoeShared, GraniteMoeHybrid, Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, DeepseekV2, DeepseekV3,
+PhiMoe, GptOss and Ernie4_5_Moe. Routers are found by module path (as transformers 5.17 names them):
 
-    model.layers.{i}.mlp.gate                 Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3 (i >= first_k_dense_replace)
-    model.layers.{i}.block_sparse_moe.router  GraniteMoe, GraniteMoeShared
-    model.layers.{i}.mlp.router               PhiMoE
+    model.layers.{i}.mlp.gate                 Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3 (i >= first_k_dense_replace),
+                                              ERNIE-4.5-MoE (i >= moe_layer_start_index)
+    model.layers.{i}.block_sparse_moe.router  GraniteMoe, GraniteMoeShared, GraniteMoeHybrid (Mamba2 and attention
+                                              layers alike; the shared MLP is `shared_mlp` beside the block)
+    model.layers.{i}.mlp.router               PhiMoE, gpt-oss
 
-A layer with none of these (DeepSeek's dense first layer, Qwen's `mlp_only_layers`) is dense. Each router's
-forward returns three tensors, in an order that differs between classes: the (B·T, N) logits, the (B·T, k)
-combine weights and the (B·T, k) integer ids. The hook records what the router *returned* — the ids and
-weights the experts were actually run with — so DeepSeek's scaled, grouped top-k and Qwen/OLMoE's
-un-normalised weights are kept exactly. The full ranking is by the router's logits (softmax probability).
+A layer with none of these (DeepSeek's and ERNIE's dense first layers, Qwen's `mlp_only_layers`) is dense. Each
+router's forward returns three tensors, in an order that differs between classes: the (B·T, N) logits, the
+(B·T, k) combine weights and the (B·T, k) integer ids — (ids, weights, logits) for the Granite classes,
+(logits, weights, ids) for the others; `parse_router_output` tells them apart by dtype and width. The hook
+records what the router *returned* — the ids and weights the experts were actually run with — so each class's
+own choice rule is kept exactly:
+
+    softmax top-k of the logits              Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2 (greedy)
+    top-k of the logits, softmax over the k  GraniteMoe*, gpt-oss (its logits include the router's bias)
+    sparsemixer (top-2 of the logits)        PhiMoE: the ids are the top-2 logits; the weights are not a softmax
+    top-k of softmax + correction bias       ERNIE-4.5 (moe_statics.e_score_correction_bias): not the logits' top-k
+    grouped top-k of sigmoid + bias          DeepSeek-V3: not the logits' top-k
+
+The full ranking stored beside them is by the router's logits.
 
 Beside routing it records, for predictor training, the hidden state entering every decoder layer (a
 forward pre-hook with kwargs on `model.model.layers[i]`) and the input of every layer's FFN block (the
@@ -78,6 +89,18 @@ def _cfg(config, *names, default=None):
     return default
 
 
+def shared_experts(cfg) -> int:
+    """Shared experts per MoE layer, counted as chipsim.workload.hf_config counts them from the same fields."""
+    for key in ("n_shared_experts", "moe_num_shared_experts"):  # DeepSeek-V2/V3; ERNIE-4.5 (one MLP k × as wide)
+        if _cfg(cfg, key) is not None:
+            return int(getattr(cfg, key))
+    # one shared expert of its own width: Qwen2-MoE (sigmoid-gated); GraniteMoeShared / GraniteMoeHybrid (shared_mlp)
+    for key in ("shared_expert_intermediate_size", "shared_intermediate_size"):
+        if (_cfg(cfg, key) or 0) > 0:
+            return 1
+    return 0
+
+
 def model_counts(model) -> dict:
     """The counts a trace is matched on (the ones chipsim's timing needs: layers, dense first layers, experts,
     top-k and shared experts), read off the model itself.
@@ -94,20 +117,14 @@ def model_counts(model) -> dict:
     router = routers[first][1]
     cfg = model.config
     num_experts = int(router.weight.shape[0])
-    top_k = int(_cfg(router, "top_k", default=None) or _cfg(cfg, "num_experts_per_tok", "moe_topk", "top_k"))
-    shared = 0
-    if _cfg(cfg, "n_shared_experts") is not None:
-        shared = int(cfg.n_shared_experts)
-    elif (_cfg(cfg, "shared_expert_intermediate_size") or 0) > 0:  # Qwen2-MoE: one (wide) shared expert
-        shared = 1
-    elif (_cfg(cfg, "shared_intermediate_size") or 0) > 0:  # GraniteMoeShared
-        shared = 1
+    top_k = int(_cfg(router, "top_k", default=None) or _cfg(cfg, "num_experts_per_tok", "moe_k", "experts_per_token",
+                                                              "moe_topk", "top_k"))
     return {
         "num_layers": n_layers,
         "first_dense_layers": first,
         "num_experts": num_experts,
         "top_k": top_k,
-        "num_shared_experts": shared,
+        "num_shared_experts": shared_experts(cfg),
         "hf_architecture": type(model).__name__,
     }
 

@@ -62,7 +62,8 @@ from chipsim.errors import InputError, OneLineParser
 from chipsim.files import check_output_file
 from chipsim.trace import format as fmt
 from chipsim.trace import predictor_arrays
-from chipsim.workload.models import MODELS, ModelShape, get_model
+from chipsim.workload.hf_config import read_config_file
+from chipsim.workload.models import MODELS, ModelShape, get_model, resolve
 
 GENERATOR = "chipsim.tracegen.synthetic"
 PILOT_TOKENS = (128, 384)  # pilot run calibrating the reuse keep-probabilities: num_tokens clipped to this
@@ -779,12 +780,21 @@ def _parse_set(items: list[str]) -> dict:
     return out
 
 
+def _shape(args) -> ModelShape:
+    """The shape --model names (as `chipsim models NAME|PATH` reads it) or --model-config's config.json describes."""
+    if args.model_config is not None:
+        return read_config_file(args.model_config, "--model-config")
+    return resolve(args.model)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
         prog="python -m chipsim.tracegen.synthetic",
         description="Write a seeded SYNTHETIC routing trace (schema v1) for a model shape.",
     )
-    parser.add_argument("--model", required=True, help=f"model name ({', '.join(sorted(MODELS))})")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help=f"a bundled shape ({', '.join(sorted(MODELS))}), or a bundled-style YAML file")
+    which.add_argument("--model-config", metavar="CONFIG_JSON", help="a Hugging Face config.json: the shape it describes")
     parser.add_argument("--tokens", type=int, default=SyntheticParams.num_tokens, help="decoded tokens (default 1024)")
     parser.add_argument("--seed", type=int, default=SyntheticParams.seed, help="random seed (default 0)")
     parser.add_argument("--out", required=True, help="output .npz path")
@@ -795,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         params = SyntheticParams(num_tokens=args.tokens, seed=args.seed, **overrides)
         out = Path(args.out)
         check_output_file(str(out), "--out")  # before generating: a folder, a FIFO or an unwritable place
-        meta = write(out, args.model, params)
+        meta = write(out, _shape(args), params)
     except InputError as exc:
         print(f"chipsim: error: {exc}", file=sys.stderr)
         return 2

@@ -130,7 +130,9 @@ def _granitemoe(f: _Fields) -> dict:
 
 def _granitemoehybrid(f: _Fields) -> dict:
     shape = _granitemoe(f)
-    kinds = _layer_types(f, shape["num_layers"], {"attention": FULL, "mamba": MAMBA})
+    # the published files say attention / mamba; transformers 5.x saves them as full_attention / linear_attention
+    kinds = _layer_types(f, shape["num_layers"], {"attention": FULL, "mamba": MAMBA, "full_attention": FULL,
+                                                  "linear_attention": MAMBA})
     f.absent_or("position_embedding_type", ("rope", "nope"), "a position embedding chipsim does not know")
     shape.update(layer_types=kinds, rope=f.cfg.get("position_embedding_type", "rope") != "nope")
     if MAMBA in kinds:
@@ -174,7 +176,9 @@ def _qwen2_moe(f: _Fields) -> dict:
 
 def _qwen3_moe(f: _Fields) -> dict:
     _every_layer_moe(f)
-    shape = _common(f, "num_experts", "num_experts_per_tok", "moe_intermediate_size", False)
+    # published files say num_experts; transformers 5.x's Qwen3MoeConfig saves it as num_local_experts
+    experts_key = "num_local_experts" if "num_experts" not in f.cfg and "num_local_experts" in f.cfg else "num_experts"
+    shape = _common(f, experts_key, "num_experts_per_tok", "moe_intermediate_size", False)
     shape.update(qk_norm=True)  # Qwen3Attention: q_norm and k_norm over head_dim
     shape.update(_sliding(f, shape["num_layers"], "use_sliding_window"))
     return shape
