@@ -87,3 +87,23 @@ def test_train_reports_a_shape_mismatch_in_one_line(tmp_path, monkeypatch, capsy
     assert rc == 1
     assert err == "chipsim: error: built model has num_layers=24, the shape phi-mini-moe says 32\n"
     assert list((tmp_path / "out").iterdir()) == []  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "gpt-oss-20b", "ernie-4.5-21b-a3b", "granite-4.0-h-tiny",
+                                   "moonlight-16b-a3b"])
+def test_the_2025_architectures_have_a_training_recipe_at_their_published_counts(shape):
+    """train.build_config builds each 2025-26 class at tiny width with the shape's layers, dense first layers,
+    experts, top-k and shared experts (what a trace of it must match), and its layer types where it has them."""
+    pytest.importorskip("transformers")
+    from chipsim.tracegen import train
+    from chipsim.workload.models import get_model
+
+    model, cfg, aux = train.build_model(shape, train.TINY_WIDTH, 97, 64, 0, "cpu")
+    counts = train.checked_counts(model, get_model(shape))  # raises on any count that differs
+    assert counts["num_layers"] == get_model(shape).num_layers and aux["coef"] > 0
+    want = get_model(shape).layer_types
+    if want:  # gpt-oss's alternating windows, Granite-4.0-H's Mamba2 positions (transformers: linear_attention)
+        built = ["mamba" if t in ("mamba", "linear_attention") else t for t in cfg.layer_types]
+        assert [t == "mamba" for t in built] == [t == "mamba" for t in want]
+        if "sliding_attention" in want:
+            assert built == list(want) and cfg.sliding_window == get_model(shape).sliding_window

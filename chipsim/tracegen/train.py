@@ -117,8 +117,58 @@ def build_config(shape_name: str, w: Width, vocab: int, max_pos: int, attention_
                                 num_experts=s.num_experts, num_experts_per_tok=s.top_k, router_aux_loss_coef=0.001)
         aux = {"kind": "switch", "coef": 0.001, "note": "Switch-style, Qwen2-MoE's router_aux_loss_coef 0.001"}
     else:
-        raise InputError(f"--shape {shape_name}: no training recipe for {arch}")
+        cfg, aux = _build_config_2025(tf, s, w, common)
     return cfg, aux
+
+
+def _build_config_2025(tf, s, w: Width, common: dict):
+    """The recipes of the 2025-26 architectures (build_config's, continued): the published shape's layer, expert,
+    top-k, shared and layer-type structure at width w, each family's load-balancing coefficient from its
+    config.json."""
+    arch = s.hf_architecture
+    if arch == "Qwen3MoeForCausalLM":
+        cfg = tf.Qwen3MoeConfig(**common, num_key_value_heads=w.kv_heads, head_dim=w.head_dim, intermediate_size=w.ffn * 4,
+                                moe_intermediate_size=w.ffn, num_experts=s.num_experts, num_experts_per_tok=s.top_k,
+                                norm_topk_prob=True, router_aux_loss_coef=0.001)
+        return cfg, {"kind": "switch", "coef": 0.001, "note": "Switch-style, Qwen3-30B-A3B's router_aux_loss_coef 0.001; "
+                                                               "top-k of softmax, renormalised (norm_topk_prob)"}
+    if arch == "GptOssForCausalLM":
+        types = list(s.layer_types) or ["full_attention"] * s.num_layers
+        cfg = tf.GptOssConfig(**common, num_key_value_heads=w.kv_heads, head_dim=w.head_dim, intermediate_size=w.ffn,
+                              num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, layer_types=types,
+                              sliding_window=s.sliding_window or 128, router_aux_loss_coef=0.9)
+        return cfg, {"kind": "switch", "coef": 0.9, "note": "Switch-style, gpt-oss-20b's router_aux_loss_coef 0.9 (as "
+                                                             "published); top-k of the biased logits, then softmax"}
+    if arch == "Ernie4_5_MoeForCausalLM":
+        dense = int(round(w.ffn * s.dense_ffn / s.expert_ffn / 64)) * 64 if s.first_dense_layers else w.ffn * 4
+        cfg = tf.Ernie4_5_MoeConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=dense,
+                                    moe_intermediate_size=w.ffn, moe_num_experts=s.num_experts, moe_k=s.top_k,
+                                    moe_num_shared_experts=s.num_shared_experts, moe_layer_start_index=s.first_dense_layers,
+                                    moe_layer_end_index=s.num_layers - 1, moe_layer_interval=1, router_aux_loss_coef=0.001)
+        return cfg, {"kind": "switch", "coef": 0.001, "note": "Switch-style, coefficient 0.001 (ASSUMPTION: ERNIE-4.5's "
+                                                               "own is not in its config.json); correction bias as the class sets it"}
+    if arch == "GraniteMoeHybridForCausalLM":
+        types = ["mamba" if t == "mamba" else "attention" for t in s.layer_types] or ["attention"] * s.num_layers
+        heads = max(1, (2 * w.d) // 64)
+        cfg = tf.GraniteMoeHybridConfig(**common, num_key_value_heads=w.kv_heads, intermediate_size=w.ffn,
+                                        shared_intermediate_size=int(w.ffn * s.shared_expert_ffn / s.expert_ffn),
+                                        num_local_experts=s.num_experts, num_experts_per_tok=s.top_k, layer_types=types,
+                                        mamba_n_heads=heads, mamba_d_head=2 * w.d // heads, mamba_d_state=s.mamba_state or 128,
+                                        mamba_n_groups=1, mamba_d_conv=s.mamba_conv_kernel or 4, mamba_expand=2,
+                                        position_embedding_type="rope" if s.rope else "nope", router_aux_loss_coef=0.01)
+        return cfg, {"kind": "switch", "coef": 0.01, "note": "Switch-style, coefficient 0.01 (ASSUMPTION, as Granite-3.1's "
+                                                              "recipe); Mamba2 layers at the published positions"}
+    if arch == "DeepseekV3ForCausalLM":
+        dense = int(round(w.ffn * s.dense_ffn / s.expert_ffn / 64)) * 64
+        cfg = tf.DeepseekV3Config(**common, num_key_value_heads=w.heads, intermediate_size=dense, moe_intermediate_size=w.ffn,
+                                  first_k_dense_replace=s.first_dense_layers, n_routed_experts=s.num_experts,
+                                  n_shared_experts=s.num_shared_experts, num_experts_per_tok=s.top_k,
+                                  kv_lora_rank=max(16, w.d // 4), q_lora_rank=None, qk_nope_head_dim=w.head_dim // 2,
+                                  qk_rope_head_dim=w.head_dim // 4, v_head_dim=w.head_dim // 2, n_group=1, topk_group=1,
+                                  routed_scaling_factor=2.446, norm_topk_prob=True)
+        return cfg, {"kind": "switch", "coef": 0.001, "note": "Switch-style, coefficient 0.001 (Moonlight's aux_loss_alpha); "
+                                                               "sigmoid scores with the class's correction bias, one group"}
+    raise InputError(f"--shape {s.name}: no training recipe for {arch}")
 
 
 def build_model(shape_name: str, w: Width, vocab: int, max_pos: int, seed: int, device, attention_multiplier: float | None = None):
