@@ -196,7 +196,7 @@ def _cmd_models(args) -> int:
 MODELS_EPILOG = """\
 A model is data. To simulate your own, no code: point a config at its Hugging Face config.json
 (`model.config: path/to/config.json`, or `--set model.config=...`), or write its fields inline under
-`model.shape:`. To bundle it, add chipsim/workload/shapes/NAME.yaml (name, source, unconfirmed, published,
+`model.shape:`. To bundle it, add a YAML file to chipsim/workload/shapes/ (name, source, unconfirmed, published,
 config: the config.json fields) like the files there; tests/test_models.py then holds its parameter count to
 the published one.
 
