@@ -18,6 +18,7 @@ from chipsim import __version__
 from chipsim._compiled import RECORD
 from chipsim.dramsim.standard import standard_file_sha256
 from chipsim.errors import InputError
+from chipsim.files import read_input
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.machine import roles
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
@@ -31,6 +32,7 @@ from chipsim.sim.record import SimResult
 from chipsim.trace import format as trace_format
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
+from chipsim.workload import hf_config
 from chipsim.workload.decode import DecodeWorkload, build_workload
 from chipsim.workload.op_keys import check_op_keys
 from chipsim.workload.host import host_timing
@@ -84,7 +86,8 @@ def code_sha256() -> str:
 
 def input_files(hw: HardwareConfig) -> dict[str, dict]:
     """The files a config names beside its trace that a run reads: each command-level memory's DRAM standard
-    (a built-in name or a path), by dotted key -> {"path", "sha256"}. The trace has its own sha256."""
+    (a built-in name or a path) and the model's config.json, by dotted key -> {"path", "sha256"}. The trace has
+    its own sha256."""
     out = {}
     for key, d in memory_tiers(hw).values():
         if d.timing_model == "command-level" and d.standard:
@@ -93,6 +96,9 @@ def input_files(hw: HardwareConfig) -> dict[str, dict]:
             except InputError as exc:
                 raise InputError(f"{key}.standard: {exc}") from None
             out[f"{key}.standard"] = {"path": path, "sha256": digest}
+    if hw.model.config:  # the model's shape: a config.json edited between two sweeps is another input
+        raw = read_input(hw.model.config, "model.config: config.json", hf_config.CONFIG_MAX_BYTES)
+        out["model.config"] = {"path": hw.model.config, "sha256": hashlib.sha256(raw).hexdigest()}
     return out
 
 

@@ -217,3 +217,24 @@ def test_models_of_an_unknown_name_or_a_bad_file(tmp_path):
     assert_rejected(["models", "no-such-model"], "unknown model 'no-such-model'")
     assert_rejected(["models", _config_json(tmp_path, "[]")], "expected a JSON object")
     assert os.path.isdir(ROOT)
+
+
+def test_a_sweep_of_a_config_json_model_recomputes_when_the_file_changes(tmp_path, monkeypatch):
+    """The config.json is an input like the trace: the same path with other contents is another point (here a
+    wider expert: slower), never the cached result."""
+    from chipsim.analysis.sweep import run_sweep
+
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+    fields = hf_config.bundled_record("granite-3.1-3b-a800m")["config"]
+    path = _config_json(tmp_path, json.dumps(fields))
+
+    def sweep():
+        return run_sweep(THOR, {"workload.max_tokens": [4]}, ["no-prefetch"], str(tmp_path / "sw"), jobs=1,
+                         progress=False, overrides=[f"model.config={path}", "workload.warmup_tokens=0"])
+
+    first = sweep()
+    assert (first.attrs["simulated"], sweep().attrs["simulated"]) == (1, 0)
+    _config_json(tmp_path, json.dumps(dict(fields, intermediate_size=1024)))
+    wider = sweep()
+    assert wider.attrs["simulated"] == 1
+    assert wider["latency_ms_per_token"][0] > first["latency_ms_per_token"][0]
