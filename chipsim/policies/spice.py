@@ -172,8 +172,10 @@ class Spice(Policy):
         # D_min = ⌈W_e / (B · T_layer)⌉, capped at max_depth
         fmt = ctx.expert_format
         self._bandwidth = gbps_to_bytes_per_s(ctx.path_timing.bandwidth_gbps)
-        costs = ctx.workload.moe_layer(0)
-        t_layer = sum(op.duration_ps for op in (costs.attention, costs.router, costs.dense, costs.combine) if op)
+        # T_layer: the mean MoE layer (a hybrid model's Mamba2 and attention layers differ; equal layers give one's)
+        layers = [ctx.workload.moe_layer(i) for i in range(ctx.workload.model.num_moe_layers)]
+        t_layer = sum(op.duration_ps for costs in layers
+                      for op in (costs.attention, costs.router, costs.dense, costs.combine) if op) // len(layers)
         t_layer += ctx.top_k * fmt.compute_ps
         d_min = -(-fmt.fetch_bytes * PS_PER_S // (self._bandwidth * t_layer))
         self.d_min = max(1, min(d_min, self.params.max_depth))
