@@ -400,10 +400,11 @@ class ModelConfig:
     shape: dict = field(default_factory=dict, metadata={
         **spec("the model's shape inline: config.json fields (model_type, hidden_size, ...), read as "
                "chipsim.workload.hf_config reads a config.json"), "any_values": True})
-    expert_format: str = _optional("the routed experts' weight format (chipsim.hw.expert_formats): it sets "
-                                   "model.expert_bits and, where the format fixes them, model.quant_group_size and "
-                                   "model.quant_scale_bits; empty: those keys as given", "",
-                                   choices=("", "bf16", "fp16", "fp8-e4m3", "fp8-e4m3-block128", "int8", "int4",
+    expert_format: str = _optional("the routed experts' weight format (chipsim.hw.expert_formats): when given, it "
+                                   "decides model.expert_bits and, where the format fixes them, model.quant_group_size "
+                                   "and model.quant_scale_bits (whatever the config says of them); left out: those "
+                                   "keys as given", "",
+                                   choices=("bf16", "fp16", "fp8-e4m3", "fp8-e4m3-block128", "int8", "int4",
                                             "mxfp4", "nvfp4"))
 
 

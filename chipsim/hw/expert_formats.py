@@ -56,7 +56,7 @@ def resolve_format(model: dict, overrides: list[str]) -> None:
         key = assignment.partition("=")[0].strip()
         for shadowed, value in decided.items():
             if key == f"model.{shadowed}" and value is not None:
-                raise InputError(f"--set {key}: model.expert_format {name} decides it ({value}); set one of the two")
+                raise InputError(f"{key}: model.expert_format {name} decides it ({value}); set one of the two")
     for key, value in decided.items():
         if value is not None:
             model[key] = value

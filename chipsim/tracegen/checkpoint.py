@@ -37,10 +37,10 @@ from chipsim.workload.models import MODELS
 
 
 def matching_shape(counts: dict) -> str | None:
-    for name, m in MODELS.items():
-        if all(getattr(m, k) == counts[k] for k in tformat.META_MODEL_KEYS):
-            return name
-    return None
+    """The bundled shape with these counts; None when none has them or several do (Phi-mini-MoE and Phi-3.5-MoE,
+    the two OLMoEs: --shape names which)."""
+    found = [name for name, m in MODELS.items() if all(getattr(m, k) == counts[k] for k in tformat.META_MODEL_KEYS)]
+    return found[0] if len(found) == 1 else None
 
 
 def build_parser() -> OneLineParser:

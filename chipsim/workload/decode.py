@@ -169,8 +169,8 @@ def _mamba2(am: ArrayModel, m: ModelShape) -> list[OpCost]:
       conv1d    depthwise, K taps per channel: 2CK lane ops, reads the taps and the last K - 1 inputs
                 ((CK + C(K - 1)) x 2 bytes), then SiLU on C
       dt, A     softplus(dt + bias) and exp(dt A) per head: 2H SFU ops, H lane ops, dt_bias, A, D read (3H x 2 bytes)
-      state     h <- h exp(dt A) + dt B x: 3 H P N lane ops; y = C . h: H P N MACs, the state (H P N x 2 bytes)
-                read and written back
+      state     h <- h exp(dt A) + dt B x: 3 H P N lane ops; y = C . h: H P N MACs, the state (H P N x 2 bytes,
+                BF16 as ModelShape.mamba_state_bytes keeps it) read and written back
       output    y + D x (2E lane ops), gate by SiLU(z) (E SFU + E lane ops), grouped RMSNorm (G SFU, 2E lane
                 ops), out_proj E -> d (E d MACs and weights)
     Biases (mamba_conv_bias, mamba_proj_bias) add their reads and adds."""
@@ -288,18 +288,31 @@ def expert_matrix_sizes(hw: HardwareConfig, m: ModelShape) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class _MemoryPlan:
+    """What a run keeps where: the expert's bytes, the buffer's slots, the operand memory's share of each."""
+
+    per_matrix: list[int]
+    expert_bytes: int
+    buffer_bytes: int
+    slots: int
+    non_expert: int
+    kv: int
+    activations: int
+    spare: int
+
+
 def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     m = model_of(hw.model)
-    am = ArrayModel(hw)
     ctx = hw.workload.context_length
-    bits = hw.model.expert_bits
-    d = m.hidden_size
     r = roles(hw)
     in_sram = r.stage_in_sram
     if in_sram and not hw.compute.sram_read_gbps_per_array:
         key = "roles.expert_staging" if hw.roles.expert_staging else "expert_buffer.location"
         raise InputError(f"{key}: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
                          "experts are read at)")
+    plan = _memory_plan(hw, m)  # before any operation is costed: a model that cannot fit is refused at once
+    am = ArrayModel(hw)
     expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
     if am.launch_per_group:  # each op group starts with a launch (a CUDA graph per group on a GPU)
@@ -312,8 +325,21 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             layers.append(LayerCosts(mixer, None, built["dense"], None, None))
             continue
         layers.append(LayerCosts(mixer, built["router"], built["shared"], built["expert"], built["combine"]))
-    head = built["head"]
+    return DecodeWorkload(
+        model=m, context_length=ctx, expert_bits=hw.model.expert_bits, expert_bytes=plan.expert_bytes,
+        expert_matrix_bytes=tuple(plan.per_matrix), layers=tuple(layers), token_head=built["head"],
+        hbm_non_expert_bytes=plan.non_expert, hbm_kv_bytes=plan.kv, hbm_activation_bytes=plan.activations,
+        hbm_spare_bytes=plan.spare,
+        buffer_slots=plan.slots, buffer_bytes=plan.buffer_bytes, experts_in_sram=in_sram,
+        compute_timing=am.timing_text(),
+        segment_launch=am.group_launch("segment") if am.group_launch_ps and not am.launch_per_group else None,
+    )
 
+
+def _memory_plan(hw: HardwareConfig, m: ModelShape) -> _MemoryPlan:
+    """The expert buffer's slots and the operand memory's budget, each refused in one line when it cannot be."""
+    r = roles(hw)
+    bits = hw.model.expert_bits
     per_matrix = expert_matrix_sizes(hw, m)
     expert_bytes = sum(per_matrix)
     all_experts = m.num_moe_layers * m.num_experts * expert_bytes
@@ -330,7 +356,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB holds {slots} experts of "
             f"{m.name} at {bits} bit, fewer than the {m.top_k} one layer routes to"
         )
-    if in_sram:
+    if r.stage_in_sram:
         sram_bytes = int(hw.compute.arrays * hw.compute.sram_mib_per_array * BYTES_PER_MIB)
         if buffer_bytes > sram_bytes:
             raise InputError(
@@ -338,11 +364,11 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
                 f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
                 f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
-    kv = m.cache_bytes(ctx, BF16_BYTES)  # KV of each attention layer (a sliding one: its window), Mamba2 states
-    activations = 64 * d * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
+    kv = m.cache_bytes(hw.workload.context_length, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
+    activations = 64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
     operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
-    needed = non_expert + kv + activations + (0 if in_sram else slots * expert_bytes)
+    needed = non_expert + kv + activations + (0 if r.stage_in_sram else slots * expert_bytes)
     if needed > hbm_capacity:
         held = "every expert" if r.in_place else "expert buffer"
         raise InputError(
@@ -356,11 +382,5 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
             f"{store_key}.capacity_gib: {store.capacity_gib} GiB cannot hold the "
             f"{all_experts / BYTES_PER_GIB:.2f} GiB of {m.name}'s experts at {bits} bit"
         )
-    return DecodeWorkload(
-        model=m, context_length=ctx, expert_bits=bits, expert_bytes=expert_bytes,
-        expert_matrix_bytes=tuple(per_matrix), layers=tuple(layers), token_head=head,
-        hbm_non_expert_bytes=non_expert, hbm_kv_bytes=kv, hbm_activation_bytes=activations,
-        hbm_spare_bytes=hbm_capacity - needed,
-        buffer_slots=slots, buffer_bytes=buffer_bytes, experts_in_sram=in_sram, compute_timing=am.timing_text(),
-        segment_launch=am.group_launch("segment") if am.group_launch_ps and not am.launch_per_group else None,
-    )
+    return _MemoryPlan(per_matrix, expert_bytes, buffer_bytes, slots, non_expert, kv, activations,
+                       hbm_capacity - needed)

@@ -23,6 +23,11 @@ from chipsim.workload.shape import FULL, MAMBA, MIXERS, SLIDING, ModelShape
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"  # the bundled shapes
 CONFIG_MAX_BYTES = 4 << 20  # a config.json is a few KB; a 4 MB one is not a config
+# bounds no real model reaches (the largest vocabularies are ~260k, hidden sizes ~16k, layers ~100) and that keep
+# a mistyped value from costing for minutes: it is refused in one line instead
+MAX_DIMENSION = 1 << 22
+MAX_LAYERS = 1024
+MAX_EXPERTS = 65534  # the trace format's expert ids are uint16, 65535 meaning none
 
 
 class _Fields:
@@ -34,16 +39,18 @@ class _Fields:
     def _bad(self, key: str, why: str) -> InputError:
         return InputError(f"{self.where}: {key} {why}")
 
-    def int(self, key: str, default=None, minimum: int = 1) -> int:
-        value = self.cfg.get(key, default)
+    def int(self, key: str, default=None, minimum: int = 1, maximum: int = MAX_DIMENSION) -> int:
+        """A whole-number field; absent or null: `default` (None: the field is required)."""
+        value = self.cfg.get(key)
         if value is None:
-            if default is None and key not in self.cfg:
-                raise self._bad(key, f"is missing; chipsim needs it for {self.model_type}")
-            value = default if default is not None else 0
+            if default is None:
+                said = "is null" if key in self.cfg else "is missing"
+                raise self._bad(key, f"{said}; chipsim needs it (a whole number) for {self.model_type}")
+            value = default
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._bad(key, f"must be a whole number, not {value!r}")
-        if value < minimum:
-            raise self._bad(key, f"must be >= {minimum}, not {value}")
+        if not minimum <= value <= maximum:
+            raise self._bad(key, f"must be from {minimum} to {maximum:,}, not {value:,}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -74,8 +81,9 @@ def _common(f: _Fields, experts_key: str, top_k_key: str, expert_ffn_key: str, t
     d = f.int("hidden_size")
     heads = f.int("num_attention_heads")
     return dict(
-        hf_architecture=_architecture(f), num_layers=f.int("num_hidden_layers"), hidden_size=d,
-        num_experts=f.int(experts_key), top_k=f.int(top_k_key), expert_ffn=f.int(expert_ffn_key),
+        hf_architecture=_architecture(f), num_layers=f.int("num_hidden_layers", maximum=MAX_LAYERS), hidden_size=d,
+        num_experts=f.int(experts_key, maximum=MAX_EXPERTS), top_k=f.int(top_k_key, maximum=MAX_EXPERTS),
+        expert_ffn=f.int(expert_ffn_key),
         vocab_size=f.int("vocab_size"), tie_embeddings=f.bool("tie_word_embeddings", tie_default),
         attention="gqa", num_heads=heads, num_kv_heads=f.int("num_key_value_heads", heads),
         head_dim=f.head_dim(d, heads), attention_bias=f.bool("attention_bias", False),
@@ -83,10 +91,17 @@ def _common(f: _Fields, experts_key: str, top_k_key: str, expert_ffn_key: str, t
 
 
 def _architecture(f: _Fields) -> str:
-    arch = f.cfg.get("architectures")
-    if isinstance(arch, list) and arch and isinstance(arch[0], str):
-        return arch[0]
-    return _DEFAULT_CLASS[f.model_type]
+    return _first_class(f.cfg, f.where) or _DEFAULT_CLASS[f.model_type]
+
+
+def _first_class(cfg: dict, where: str) -> str | None:
+    """architectures[0] (a class name), None when the field is absent or empty."""
+    arch = cfg.get("architectures")
+    if arch is None or arch == []:
+        return None
+    if not isinstance(arch, list) or not isinstance(arch[0], str):
+        raise InputError(f"{where}: architectures must be a list of class names, not {arch!r}")
+    return arch[0]
 
 
 def _every_layer_moe(f: _Fields) -> None:
@@ -95,50 +110,66 @@ def _every_layer_moe(f: _Fields) -> None:
     f.absent_or("moe_layer_freq", (1,), "MoE on every n-th layer only")
 
 
-def _sliding(f: _Fields, layers: int, all_layers_key: str = "") -> dict:
-    """layer_types (per layer: full_attention / sliding_attention) and sliding_window, as transformers reads them."""
+def _sliding(f: _Fields, layers: int, qwen: bool = False, default_types=None, default_window=None) -> dict:
+    """layer_types (full_attention / sliding_attention per layer) and sliding_window, as transformers reads them:
+    listed per layer when the file lists them; otherwise Mixtral and PhiMoE slide every layer when sliding_window
+    is set, Qwen slides only where use_sliding_window says (its layer pattern is refused unless listed), and gpt-oss
+    alternates (`default_types`, its class default)."""
     types = f.cfg.get("layer_types")
-    window = f.cfg.get("sliding_window")
     if types is None:
-        if window is None or (all_layers_key and not f.bool(all_layers_key, False)):
+        if qwen:
+            if f.bool("use_sliding_window", False):
+                raise f._bad("use_sliding_window", "is true but layer_types does not say which layers slide")
             return {}
-        return dict(layer_types=(SLIDING,) * layers, sliding_window=f.int("sliding_window"))
-    kinds = _layer_types(f, layers, {"full_attention": FULL, "sliding_attention": SLIDING})
+        if default_types is not None:
+            types = default_types
+        elif f.cfg.get("sliding_window") is None:
+            return {}
+        else:
+            return dict(layer_types=(SLIDING,) * layers, sliding_window=f.int("sliding_window"))
+    else:
+        types = _layer_types(f, layers, {"full_attention": FULL, "sliding_attention": SLIDING})
+    kinds = tuple(types)
     if SLIDING not in kinds:
-        return dict(layer_types=kinds) if set(kinds) != {FULL} else {}
-    return dict(layer_types=kinds, sliding_window=f.int("sliding_window"))
+        return {}
+    return dict(layer_types=kinds, sliding_window=f.int("sliding_window", default_window))
 
 
-def _layer_types(f: _Fields, layers: int, names: dict) -> tuple[str, ...]:
-    types = f.cfg.get("layer_types")
+def _layer_types(f: _Fields, layers: int, names: dict, key: str = "layer_types") -> tuple[str, ...]:
+    types = f.cfg.get(key)
     if not isinstance(types, list) or len(types) != layers:
-        raise f._bad("layer_types", f"must list one type per layer ({layers}, num_hidden_layers)")
+        raise f._bad(key, f"must list one type per layer ({layers}, num_hidden_layers)")
     for t in types:
-        if t not in names:
-            raise f._bad("layer_types", f"has {t!r}; chipsim costs {', '.join(sorted(names))}")
+        if not isinstance(t, str) or t not in names:
+            raise f._bad(key, f"has {t!r}; chipsim costs {', '.join(sorted(names))}")
     return tuple(names[t] for t in types)
 
 
 # ---------------------------------------------------------------------------------------------- readers
-def _granitemoe(f: _Fields) -> dict:
-    shape = _common(f, "num_local_experts", "num_experts_per_tok", "intermediate_size", True)
-    shared = f.int("shared_intermediate_size", 0, minimum=0)
-    if shared:  # GraniteMoeShared / GraniteMoeHybrid: one ungated shared MLP beside the experts
+def _granitemoe(f: _Fields, shared_default: int = 0) -> dict:
+    shape = _common(f, "num_local_experts", "num_experts_per_tok", "intermediate_size", False)
+    shared = f.int("shared_intermediate_size", shared_default, minimum=0)
+    if shared:  # GraniteMoeShared / GraniteMoeHybrid: one gated (SiLU) shared MLP beside the experts
         shape.update(num_shared_experts=1, shared_expert_ffn=shared)
     return shape
 
 
 def _granitemoehybrid(f: _Fields) -> dict:
-    shape = _granitemoe(f)
-    # the published files say attention / mamba; transformers 5.x saves them as full_attention / linear_attention
-    kinds = _layer_types(f, shape["num_layers"], {"attention": FULL, "mamba": MAMBA, "full_attention": FULL,
-                                                  "linear_attention": MAMBA})
-    f.absent_or("position_embedding_type", ("rope", "nope"), "a position embedding chipsim does not know")
-    shape.update(layer_types=kinds, rope=f.cfg.get("position_embedding_type", "rope") != "nope")
+    """transformers' defaults: a shared MLP of 1024, attention without RoPE unless position_embedding_type says
+    "rope"; layer types as published (attention / mamba) or as transformers saves them (full / linear_attention),
+    or in the older layers_block_type key."""
+    shape = _granitemoe(f, shared_default=1024)
+    names = {"attention": FULL, "full_attention": FULL, "mamba": MAMBA, "linear_attention": MAMBA}
+    key = "layers_block_type" if f.cfg.get("layer_types") is None and "layers_block_type" in f.cfg else "layer_types"
+    kinds = _layer_types(f, shape["num_layers"], names, key)
+    position = f.cfg.get("position_embedding_type")
+    if position not in (None, "rope", "nope"):
+        raise f._bad("position_embedding_type", f"{position!r}: chipsim costs rope or nope")
+    shape.update(layer_types=kinds, rope=position == "rope")
     if MAMBA in kinds:
         d = shape["hidden_size"]
-        heads, head_dim = f.int("mamba_n_heads"), f.int("mamba_d_head")
-        expand = f.int("mamba_expand", 2)
+        heads, expand = f.int("mamba_n_heads"), f.int("mamba_expand", 2)
+        head_dim = expand * d // heads if f.cfg.get("mamba_d_head") == "auto" else f.int("mamba_d_head")
         if heads * head_dim != expand * d:
             raise f._bad("mamba_d_head", f"{head_dim} x mamba_n_heads {heads} is not mamba_expand {expand} x "
                          f"hidden_size {d}")
@@ -170,7 +201,7 @@ def _qwen2_moe(f: _Fields) -> dict:
     shared = f.int("shared_expert_intermediate_size", 0, minimum=0)
     if shared:  # one shared expert behind a sigmoid gate
         shape.update(num_shared_experts=1, shared_expert_ffn=shared, shared_expert_gate=True)
-    shape.update(_sliding(f, shape["num_layers"], "use_sliding_window"))
+    shape.update(_sliding(f, shape["num_layers"], qwen=True))
     return shape
 
 
@@ -180,7 +211,7 @@ def _qwen3_moe(f: _Fields) -> dict:
     experts_key = "num_local_experts" if "num_experts" not in f.cfg and "num_local_experts" in f.cfg else "num_experts"
     shape = _common(f, experts_key, "num_experts_per_tok", "moe_intermediate_size", False)
     shape.update(qk_norm=True)  # Qwen3Attention: q_norm and k_norm over head_dim
-    shape.update(_sliding(f, shape["num_layers"], "use_sliding_window"))
+    shape.update(_sliding(f, shape["num_layers"], qwen=True))
     return shape
 
 
@@ -188,24 +219,32 @@ def _deepseek(f: _Fields) -> dict:
     _every_layer_moe(f)
     shape = _common(f, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", False)
     nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
-    shared = f.int("n_shared_experts", 0, minimum=0)
-    first_dense = f.int("first_k_dense_replace", 0, minimum=0)
+    v3 = f.model_type == "deepseek_v3"  # the classes' defaults differ: V3 1 shared, 3 dense first; V2 2 and 0
+    shared = f.int("n_shared_experts", 1 if v3 else 2, minimum=0)
+    first_dense = f.int("first_k_dense_replace", 3 if v3 else 0, minimum=0)
+    # q_lora_rank: null means a full q_proj; absent, the classes' default 1536
+    q_lora = 0 if "q_lora_rank" in f.cfg and f.cfg["q_lora_rank"] is None else f.int("q_lora_rank", 1536, minimum=0)
     shape.update(attention="mla", head_dim=nope + rope, kv_lora_rank=f.int("kv_lora_rank"),
                  qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=f.int("v_head_dim"),
-                 q_lora_rank=f.int("q_lora_rank", 0, minimum=0), first_dense_layers=first_dense,
+                 q_lora_rank=q_lora, first_dense_layers=first_dense,
                  num_shared_experts=shared, shared_expert_ffn=shape["expert_ffn"] if shared else 0)
     if first_dense:
         shape["dense_ffn"] = f.int("intermediate_size")
     # DeepSeek-V3's router adds a per-expert correction bias to its sigmoid scores (e_score_correction_bias)
-    shape["router_bias"] = f.model_type == "deepseek_v3"
+    shape["router_bias"] = v3
     return shape
 
 
 def _gpt_oss(f: _Fields) -> dict:
     top_k_key = "num_experts_per_tok" if "num_experts_per_tok" in f.cfg else "experts_per_token"
     shape = _common(f, "num_local_experts", top_k_key, "intermediate_size", False)
-    shape.update(_sliding(f, shape["num_layers"]))
+    layers = shape["num_layers"]
+    alternate = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]  # GptOssConfig's default
+    shape.update(_sliding(f, layers, default_types=alternate, default_window=128),
+                 attention_bias=f.bool("attention_bias", True))
     quant = f.cfg.get("quantization_config") or {}
+    if not isinstance(quant, dict):
+        raise f._bad("quantization_config", f"must be a mapping, not {quant!r}")
     shape.update(attention_sinks=True, expert_bias=True, router_bias=True, expert_activation="swiglu_clamped",
                  published_expert_format="mxfp4" if quant.get("quant_method") == "mxfp4" else "")
     return shape
@@ -214,15 +253,15 @@ def _gpt_oss(f: _Fields) -> dict:
 def _ernie4_5_moe(f: _Fields) -> dict:
     shape = _common(f, "moe_num_experts", "moe_k", "moe_intermediate_size", True)
     f.absent_or("moe_layer_interval", (1,), "MoE on every n-th layer only")
-    start = f.int("moe_layer_start_index", 0, minimum=0)
+    f.absent_or("use_bias", (False,), "biases on every linear layer (attention, MLPs, LM head) are not costed")
+    start = f.int("moe_layer_start_index", 1, minimum=0)  # Ernie4_5_MoeConfig's defaults: 1 dense, 2 shared
     end = f.cfg.get("moe_layer_end_index", -1)
     if end not in (-1, None, shape["num_layers"] - 1):
         raise f._bad("moe_layer_end_index", f"{end!r}: dense layers after the MoE layers (chipsim costs MoE up to "
                      f"the last layer: -1 or {shape['num_layers'] - 1})")
-    shared = f.int("moe_num_shared_experts", 0, minimum=0)
+    shared = f.int("moe_num_shared_experts", 2, minimum=0)
     shape.update(first_dense_layers=start, num_shared_experts=shared,
-                 shared_expert_ffn=shape["expert_ffn"] if shared else 0,
-                 attention_bias=f.bool("use_bias", False), router_bias=True)  # moe_statics: a correction bias
+                 shared_expert_ffn=shape["expert_ffn"] if shared else 0, router_bias=True)  # moe_statics: a bias
     if start:
         shape["dense_ffn"] = f.int("intermediate_size")
     return shape
@@ -252,9 +291,10 @@ def shape_from_config(cfg, where: str, name: str, source: str = "") -> ModelShap
     if not isinstance(cfg, dict):
         raise InputError(f"{where}: expected a JSON object of config.json fields, not {type(cfg).__name__}")
     model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise InputError(f"{where}: model_type must be a name, not {model_type!r}")
     if model_type is None:
-        arch = cfg.get("architectures")
-        model_type = _BY_CLASS.get(arch[0]) if isinstance(arch, list) and arch else None
+        model_type = _BY_CLASS.get(_first_class(cfg, where) or "")
         if model_type is None:
             raise InputError(f"{where}: model_type is missing (and architectures names no class chipsim knows); "
                              f"chipsim costs {supported()}")

@@ -22,8 +22,13 @@ from chipsim.workload.shape import FULL, MAMBA, MIXERS, SLIDING, ModelShape  # n
 
 def _read_bundled() -> dict[str, ModelShape]:
     """The bundled shapes by name, from chipsim/workload/shapes/*.yaml."""
-    shapes = [hf_config.read_bundled(path) for path in sorted(SHAPES_DIR.glob("*.yaml"))]
-    return {s.name: s for s in shapes}
+    shapes: dict[str, ModelShape] = {}
+    for path in sorted(SHAPES_DIR.glob("*.yaml")):
+        shape = hf_config.read_bundled(path)
+        if shape.name in shapes:
+            raise InputError(f"model shape {path}: name {shape.name} is taken by another file of {SHAPES_DIR}")
+        shapes[shape.name] = shape
+    return shapes
 
 
 MODELS: dict[str, ModelShape] = _read_bundled()

@@ -146,7 +146,9 @@ class ModelShape:
 
     def mamba_state_bytes(self, bytes_per_value: int = 2) -> int:
         """One Mamba2 layer's recurrent state: the SSM state (heads × head_dim × d_state) and the convolution's last
-        kernel − 1 inputs per channel (as transformers' cache keeps them, at the model's dtype)."""
+        kernel − 1 inputs per channel (what the next step needs), both at `bytes_per_value` (BF16: the model's dtype,
+        as mamba_ssm's inference cache allocates them; transformers computes the state in FP32 and its cache keeps
+        kernel inputs, which would double the state: a choice, not a measurement)."""
         ssm = self.mamba_heads * self.mamba_head_dim * self.mamba_state
         conv = self.mamba_conv_channels() * (self.mamba_conv_kernel - 1)
         return (ssm + conv) * bytes_per_value
