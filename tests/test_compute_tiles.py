@@ -299,3 +299,26 @@ def test_the_h200_described_as_arrays_predicts_gemvs_of_known_structure_and_larg
             assert abs(model / r["cublas_us"] - 1) < 0.25, r
         elif nbytes <= 4 << 20:
             assert r["cublas_us"] > 1.9 * r["triton_us"]  # the library, not the machine
+
+
+# ---------------------------------------------------------------------------------------------- matrix-matrix (prefill)
+def test_a_gemm_of_many_tokens_turns_compute_bound_by_hand():
+    """Granite-3B's gate+up for a 64-token chunk on instant memory: each 8 KiB tile (4,096 weights) is used by all
+    64 tokens: 64 x 4,096 MACs = 32 cycles of 8,192 lanes, more than its 16 cycles of SRAM read, so 96 tiles x 32
+    cycles; one token is the GEMV above (16 cycles a tile); the MACs are tokens x outputs x reduction."""
+    r = matvec(params(), 1536, 1024, 2, tokens=64)
+    assert r.tiles == 96 and r.compute_cycles == 96 * 32
+    assert r.macs == 64 * 1536 * 1024 and r.hbm_bytes == 1536 * 1024 * 2  # weights stream once
+    assert r.ps == pytest.approx(96 * 32 * CYCLE_PS, abs=1)
+    assert matvec(params(), 1536, 1024, 2, tokens=1) == matvec(params(), 1536, 1024, 2)
+
+
+def test_a_gemm_on_a_slow_memory_takes_the_weights_time_until_the_tokens_outweigh_it():
+    """At 100 GB/s the 3 MiB of weights take 31.5 µs to arrive whatever the tokens; 8 tokens' MACs hide under
+    that (8 x 3 MiB/2 weights / 32,768 lanes = 384 cycles = 0.5 µs), 4,096 tokens' do not (256x as many cycles)."""
+    p = params(memory_gbps=100.0)
+    weights_ps = 1536 * 1024 * 2 / 100.0 * 1e3
+    few, many = matvec(p, 1536, 1024, 2, tokens=8), matvec(p, 1536, 1024, 2, tokens=4096)
+    assert weights_ps <= few.ps <= weights_ps * 1.01
+    compute_ps = 4096 * 1536 * 1024 / (4 * 8192) * CYCLE_PS
+    assert compute_ps <= many.ps <= compute_ps * 1.01

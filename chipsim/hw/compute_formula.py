@@ -34,10 +34,13 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def op_key(kind: str, reduction: int = 0, outputs: int = 0, read_bytes: int = 0, elements: int = 0) -> str:
+def op_key(kind: str, reduction: int = 0, outputs: int = 0, read_bytes: int = 0, elements: int = 0,
+           tokens: int = 1) -> str:
     """The name of an operation's shape in `compute.op_times_ns`: what a kernel's time depends on."""
     if kind == "matvec":
         return f"matvec r{reduction} o{outputs} b{read_bytes}"
+    if kind == "matmul":
+        return f"matmul m{tokens} r{reduction} o{outputs} b{read_bytes}"
     if kind == "sfu":
         return f"sfu n{elements}"
     if kind == "vector":
@@ -45,7 +48,7 @@ def op_key(kind: str, reduction: int = 0, outputs: int = 0, read_bytes: int = 0,
     raise ValueError(f"unknown operation kind {kind!r}")
 
 
-_KEY_FIELDS = {"r": "reduction", "o": "outputs", "b": "read_bytes", "n": "elements"}
+_KEY_FIELDS = {"m": "tokens", "r": "reduction", "o": "outputs", "b": "read_bytes", "n": "elements"}
 
 
 def parse_op_key(key: str) -> tuple[str, dict[str, int]]:
@@ -189,6 +192,24 @@ class ArrayModel:
             return self._tiled_matvec(name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups, work)
         return self._op(name, key, cycles, weight_bytes, write_bytes, outputs * reduction, 0, 0, work)
 
+    def matmul(self, name: str, tokens: int, reduction: int, outputs: int, weight_bytes: int, write_bytes: int = 0,
+               groups: int = 1) -> OpCost:
+        """`tokens` rows of activations times a weight matrix (prefill's GEMMs): the weights stream once
+        (`weight_bytes`), every token's dot products run on the lanes: tokens x outputs x ceil(reduction /
+        vector length) unit passes. tokens 1 is exactly matvec."""
+        if tokens == 1:
+            return self.matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
+        passes = tokens * outputs * ceil_div(reduction, self.vector_length)
+        cycles = ceil_div(passes, self.units)
+        key = op_key("matmul", reduction=reduction, outputs=outputs, read_bytes=weight_bytes, tokens=tokens)
+        work = (passes, self.units // self.arrays)
+        if self.tiles is not None and weight_bytes and key not in self.op_times_ps:
+            table_key = key if groups == 1 else f"{key} g{groups}"
+            r = self._table(table_key, lambda: _tile_sim().matvec(self.tiles, reduction, outputs,
+                                                               weight_bytes / (reduction * outputs), groups, tokens))
+            return self._cycle_level(name, key, r, cycles, weight_bytes, write_bytes, work=work)
+        return self._op(name, key, cycles, weight_bytes, write_bytes, tokens * outputs * reduction, 0, 0, work)
+
     def _tiled_matvec(self, name, key, reduction, outputs, weight_bytes, write_bytes, cycles, groups, work) -> OpCost:
         """The cycle-level tile loop's time; the part that moves no operand bytes (issue, the first request's
         latency, the arrays meeting) is the fixed time, the rest the operand stream the system model shares."""
@@ -262,6 +283,8 @@ class ArrayModel:
         kind, f = parse_op_key(key)
         if kind == "matvec":
             return self.matvec(key, f["reduction"], f["outputs"], f["read_bytes"], groups=groups)
+        if kind == "matmul":
+            return self.matmul(key, f["tokens"], f["reduction"], f["outputs"], f["read_bytes"], groups=groups)
         if kind == "sfu":
             return self.sfu(key, f["elements"])
         return self.vector(key, f["elements"], f["read_bytes"])

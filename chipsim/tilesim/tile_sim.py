@@ -111,20 +111,25 @@ def _tile_loop(p: ChipletParams, nbytes: int, macs_per_byte: float, buffers: int
     return tile_end[-1], compute_cycles, tiles, len(arrivals)
 
 
-def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: float, groups: int = 1) -> OpResult:
-    """outputs dot products of length `reduction` against a weight matrix streamed from HBM (a batch-1 GEMV:
-    every weight is used once), split over the arrays by output rows; `groups` outputs share each weight row
-    (GQA heads on one KV entry), so the matrix has outputs / groups rows."""
+def matvec(p: ChipletParams, reduction: int, outputs: int, bytes_per_weight: float, groups: int = 1,
+           tokens: int = 1) -> OpResult:
+    """outputs dot products of length `reduction` against a weight matrix streamed from HBM, split over the
+    arrays by output rows; `groups` outputs share each weight row (GQA heads on one KV entry), so the matrix has
+    outputs / groups rows. With `tokens` > 1 a matrix-matrix product (prefill): each weight tile, streamed once,
+    is used by every token while it sits in SRAM, so a tile costs `tokens` times the MACs (a weight read from SRAM
+    feeds the lanes of all tokens: weight-stationary within a tile) and the loop turns compute-bound as tokens
+    grow. tokens 1 is the batch-1 GEMV of decode, unchanged."""
     total_bytes = math.ceil(outputs * reduction * bytes_per_weight)
+    macs_per_byte = tokens / bytes_per_weight
     if p.rows_per_program:
-        loop_ps, cycles, tiles, requests = _programs(p, math.ceil(outputs / groups), total_bytes, 1 / bytes_per_weight)
+        loop_ps, cycles, tiles, requests = _programs(p, math.ceil(outputs / groups), total_bytes, macs_per_byte)
     else:
         per_array_outputs = math.ceil(outputs / p.arrays)
         nbytes = math.ceil(per_array_outputs * reduction * bytes_per_weight)
-        loop_ps, cycles, tiles, requests = _tile_loop(p, nbytes, 1 / bytes_per_weight)
+        loop_ps, cycles, tiles, requests = _tile_loop(p, nbytes, macs_per_byte)
     fixed = (p.issue_cycles + p.sync_cycles) * p.cycle_ps
-    return OpResult(ps=math.ceil(loop_ps + fixed), stream_ps=math.ceil(loop_ps), macs=outputs * reduction, sfu_ops=0,
-                    hbm_bytes=total_bytes, sram_write_bytes=total_bytes, sram_read_bytes=total_bytes,
+    return OpResult(ps=math.ceil(loop_ps + fixed), stream_ps=math.ceil(loop_ps), macs=tokens * outputs * reduction,
+                    sfu_ops=0, hbm_bytes=total_bytes, sram_write_bytes=total_bytes, sram_read_bytes=total_bytes,
                     compute_cycles=cycles, tiles=tiles, requests=requests)
 
 
