@@ -161,7 +161,7 @@ def _gqa(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
     return ops
 
 
-def _mamba2(am: ArrayModel, m: ModelShape) -> list[OpCost]:
+def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1) -> list[OpCost]:
     """One Mamba2 step (a token at decode), as transformers' torch path computes it. With d the hidden size, H heads
     of P dims (inner width E = H x P), state N, G groups, kernel K, C = E + 2GN convolved channels:
       in_proj   d -> 2E + 2GN + H (z, x, B, C, dt): d(2E + 2GN + H) MACs and weights; x, B, C enter the
@@ -173,43 +173,49 @@ def _mamba2(am: ArrayModel, m: ModelShape) -> list[OpCost]:
                 BF16 as ModelShape.mamba_state_bytes keeps it) read and written back
       output    y + D x (2E lane ops), gate by SiLU(z) (E SFU + E lane ops), grouped RMSNorm (G SFU, 2E lane
                 ops), out_proj E -> d (E d MACs and weights)
-    Biases (mamba_conv_bias, mamba_proj_bias) add their reads and adds."""
+    Biases (mamba_conv_bias, mamba_proj_bias) add their reads and adds. For `tokens` > 1 (a prefill chunk, in the
+    recurrent form) the work per token is the same, the projections are GEMMs whose weights stream once, and the
+    state (in SRAM meanwhile) is read at the chunk's start and written at its end; the chunked SSD scan of
+    training kernels is not modelled."""
     d, heads, p, n, g, k = (m.hidden_size, m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups,
                             m.mamba_conv_kernel)
     inner, ch, proj = m.mamba_inner(), m.mamba_conv_channels(), m.mamba_in_proj_outputs()
     proj_bias = m.mamba_proj_bias
-    in_proj = am.matvec("in_proj", d, proj, (d * proj + (proj if proj_bias else 0)) * BF16_BYTES,
-                        write_bytes=ch * BF16_BYTES)
+    t = tokens
+    in_proj = am.matmul("in_proj", t, d, proj, (d * proj + (proj if proj_bias else 0)) * BF16_BYTES,
+                        write_bytes=min(t, k - 1) * ch * BF16_BYTES)  # the convolution's state: its last inputs
     conv_bias = ch if m.mamba_conv_bias else 0
-    conv = am.vector("conv1d", 2 * ch * k + conv_bias, read_bytes=(ch * k + ch * (k - 1) + conv_bias) * BF16_BYTES)
-    conv_act = am.sfu("conv_silu", ch)
-    dt = am.sfu("dt_softplus_exp", 2 * heads) + am.vector("dt_bias", heads, read_bytes=3 * heads * BF16_BYTES)
+    conv = am.vector("conv1d", t * (2 * ch * k + conv_bias), read_bytes=(ch * k + ch * (k - 1) + conv_bias) * BF16_BYTES)
+    conv_act = am.sfu("conv_silu", t * ch)
+    dt = am.sfu("dt_softplus_exp", t * 2 * heads) + am.vector("dt_bias", t * heads, read_bytes=3 * heads * BF16_BYTES)
     state_bytes = heads * p * n * BF16_BYTES
-    update = am.vector("ssm_update", 3 * heads * p * n)
-    readout = am.matvec("ssm_readout", n, heads * p, state_bytes, write_bytes=state_bytes)
-    skip = am.vector("ssm_skip", 2 * inner)
-    gate = am.sfu("gate_silu", inner) + am.vector("gate_mul", inner)
-    norm = am.sfu("ssm_norm_rsqrt", g) + am.vector("ssm_norm_scale", 2 * inner)
-    out_proj = am.matvec("out_proj", inner, d, (inner * d + (d if proj_bias else 0)) * BF16_BYTES)
+    update = am.vector("ssm_update", t * 3 * heads * p * n)
+    readout = am.matvec("ssm_readout", n, t * heads * p, state_bytes, write_bytes=state_bytes)
+    skip = am.vector("ssm_skip", t * 2 * inner)
+    gate = am.sfu("gate_silu", t * inner) + am.vector("gate_mul", t * inner)
+    norm = am.sfu("ssm_norm_rsqrt", t * g) + am.vector("ssm_norm_scale", t * 2 * inner)
+    out_proj = am.matmul("out_proj", t, inner, d, (inner * d + (d if proj_bias else 0)) * BF16_BYTES)
     return [in_proj, conv, conv_act, dt, update, readout, skip, gate, norm, out_proj]
 
 
 def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, scale_bits: int, dequant_ops: int,
-         activation: str = "silu", bias: bool = False) -> OpCost:
-    """A gated FFN (gate, up, activation, down) whose weights are at `bits` precision. activation "silu":
-    SiLU(gate) x up (I SFU ops, I lane ops); "swiglu_clamped" (gpt-oss): (clamp(up) + 1) x g x sigmoid(1.702 g)
-    with g = clamp(gate) (I SFU ops; 7I lane ops: three clamps, the scale, two products, the + 1). With biases
-    (gpt-oss's experts): 2I added after gate/up and d after down, read at 2 bytes."""
+         activation: str = "silu", bias: bool = False, tokens: int = 1) -> OpCost:
+    """A gated FFN (gate, up, activation, down) whose weights are at `bits` precision, for `tokens` tokens at once
+    (1 at decode; a prefill chunk's, or the tokens routed to one expert: the weights stream once, the MACs and the
+    elementwise work scale with the tokens, the dequantisation is once per weight). activation "silu":
+    SiLU(gate) x up (I SFU ops, I lane ops a token); "swiglu_clamped" (gpt-oss): (clamp(up) + 1) x g x
+    sigmoid(1.702 g) with g = clamp(gate) (I SFU ops; 7I lane ops a token: three clamps, the scale, two products,
+    the + 1). With biases (gpt-oss's experts): 2I added after gate/up and d after down, read at 2 bytes."""
     gu_bytes = weight_bytes(2 * d * inter, bits, group, scale_bits)
     down_bytes = weight_bytes(inter * d, bits, group, scale_bits)
-    op = am.matvec(f"{name}_gate_up", d, 2 * inter, gu_bytes)
+    op = am.matmul(f"{name}_gate_up", tokens, d, 2 * inter, gu_bytes)
     if bias:
-        op = op + am.vector(f"{name}_gate_up_bias", 2 * inter, read_bytes=2 * inter * BF16_BYTES)
+        op = op + am.vector(f"{name}_gate_up_bias", tokens * 2 * inter, read_bytes=2 * inter * BF16_BYTES)
     lane_ops = 7 * inter if activation == "swiglu_clamped" else inter
-    op = op + am.sfu(f"{name}_silu", inter) + am.vector(f"{name}_mul", lane_ops)
-    op = op + am.matvec(f"{name}_down", inter, d, down_bytes)
+    op = op + am.sfu(f"{name}_silu", tokens * inter) + am.vector(f"{name}_mul", tokens * lane_ops)
+    op = op + am.matmul(f"{name}_down", tokens, inter, d, down_bytes)
     if bias:
-        op = op + am.vector(f"{name}_down_bias", d, read_bytes=d * BF16_BYTES)
+        op = op + am.vector(f"{name}_down_bias", tokens * d, read_bytes=d * BF16_BYTES)
     if bits < 16:
         op = op + am.vector(f"{name}_dequant", 3 * d * inter * dequant_ops)
     return op
