@@ -49,6 +49,12 @@ class _KeyRecorder:
     def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0, groups=1) -> OpCost:
         return self._record(op_key("matvec", reduction=reduction, outputs=outputs, read_bytes=weight_bytes))
 
+    def matmul(self, name, tokens, reduction, outputs, weight_bytes, write_bytes=0, groups=1) -> OpCost:
+        if tokens == 1:  # as ArrayModel.matmul: one token is the GEMV
+            return self.matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
+        return self._record(op_key("matmul", reduction=reduction, outputs=outputs, read_bytes=weight_bytes,
+                                   tokens=tokens))
+
     def sfu(self, name, ops) -> OpCost:
         return self._record(op_key("sfu", elements=ops))
 
