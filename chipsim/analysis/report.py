@@ -132,7 +132,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"config: {prep.config.given_path or prep.config.path}",
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
-        f"experts at {wl.expert_bits} bit = {wl.expert_bytes / 1e6:.2f} MB each, context {wl.context_length}, "
+        f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
+        f"context {wl.context_length}, "
         f"buffer {wl.buffer_slots} experts",
         *machine_lines(hw),
         (f"path:   experts read in place from {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, first byte "
