@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, THOR
@@ -284,3 +286,13 @@ def test_a_trace_of_shared_counts_is_named_only_by_shape():
     assert matching_shape(counts) is None
     counts = {k: getattr(MODELS["qwen3-30b-a3b"], k) for k in tformat.META_MODEL_KEYS}
     assert matching_shape(counts) == "qwen3-30b-a3b"
+
+
+def test_a_bundled_name_reads_its_own_file_and_not_every_shape():
+    """Start-up: `chipsim run` of a bundled model parses that model's YAML alone; the registry of all fourteen is
+    read on first use (and gives the same shape)."""
+    code = ("import chipsim.workload.models as m; s = m.get_model('qwen3-30b-a3b'); "
+            "print('MODELS' in vars(m), m.MODELS['qwen3-30b-a3b'] is s, 'MODELS' in vars(m))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.split() == ["False", "True", "True"], proc.stderr

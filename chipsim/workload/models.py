@@ -11,34 +11,56 @@ of the same layer / expert / top-k / shared counts matches the full shape.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from pathlib import Path
 
 from chipsim.errors import InputError
 from chipsim.workload import hf_config
 from chipsim.workload.hf_config import SHAPES_DIR
-from chipsim.workload.shape import FULL, MAMBA, MIXERS, SLIDING, ModelShape  # noqa: F401 (re-exported)
+from chipsim.workload.shape import ModelShape
+
+
+# A run needs one shape: `get_model` reads that shape's file alone; MODELS (every bundled shape) is read on first use
+# (PEP 562), not at import, so a `chipsim run` does not parse fourteen YAML files at start-up.
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # a bundled name is its file's stem
+
+
+@functools.lru_cache(maxsize=None)
+def _read_one(name: str) -> ModelShape:
+    path = SHAPES_DIR / f"{name}.yaml"
+    shape = hf_config.read_bundled(path)
+    if shape.name != name:
+        raise InputError(f"model shape {path}: names itself {shape.name}; a bundled shape is named as its file")
+    return shape
 
 
 def _read_bundled() -> dict[str, ModelShape]:
-    """The bundled shapes by name, from chipsim/workload/shapes/*.yaml."""
-    shapes: dict[str, ModelShape] = {}
-    for path in sorted(SHAPES_DIR.glob("*.yaml")):
-        shape = hf_config.read_bundled(path)
-        if shape.name in shapes:
-            raise InputError(f"model shape {path}: name {shape.name} is taken by another file of {SHAPES_DIR}")
-        shapes[shape.name] = shape
-    return shapes
+    """The bundled shapes by name, from chipsim/workload/shapes/*.yaml (a file's stem is its name)."""
+    return {path.stem: _read_one(path.stem) for path in sorted(SHAPES_DIR.glob("*.yaml"))}
 
 
-MODELS: dict[str, ModelShape] = _read_bundled()
+def __getattr__(attr: str):
+    if attr == "MODELS":  # read once, then a plain module global (tests register tiny shapes in it)
+        models = globals()["MODELS"] = _read_bundled()
+        return models
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def _registry() -> dict[str, ModelShape]:
+    registry = globals().get("MODELS")
+    return registry if registry is not None else __getattr__("MODELS")
 
 
 def get_model(name: str) -> ModelShape:
+    if "MODELS" not in globals() and _NAME.match(name) and (SHAPES_DIR / f"{name}.yaml").is_file():
+        return _read_one(name)
+    registry = _registry()
     try:
-        return MODELS[name]
+        return registry[name]
     except KeyError:
-        known = ", ".join(sorted(MODELS))
+        known = ", ".join(sorted(registry))
         raise InputError(f"model.name: unknown model '{name}' (known: {known}; or give model.config: a "
                          "config.json, or model.shape: its fields)") from None
 
@@ -57,8 +79,9 @@ def model_of(model_cfg) -> ModelShape:
 
 def resolve(name_or_path: str) -> ModelShape:
     """A bundled name, or a path to a config.json or a bundled-style YAML file (`chipsim models NAME|PATH`)."""
-    if name_or_path in MODELS:
-        return MODELS[name_or_path]
+    models = _registry()
+    if name_or_path in models:
+        return models[name_or_path]
     if os.path.sep in name_or_path or name_or_path.endswith((".json", ".yaml", ".yml")):
         if name_or_path.endswith((".yaml", ".yml")):
             return hf_config.read_bundled(Path(name_or_path))

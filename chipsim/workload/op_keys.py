@@ -27,7 +27,7 @@ from chipsim.errors import InputError
 from chipsim.hw.compute_formula import OpCost, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig, ModelConfig, WorkloadConfig, field_bounds
 from chipsim.workload.decode import op_group_builders
-from chipsim.workload.models import MODELS, model_of
+from chipsim.workload.models import model_of
 
 _FORMS = {"matvec": re.compile(r"matvec r(\d+) o(\d+) b(\d+)"), "sfu": re.compile(r"sfu n(\d+)"),
           "vector": re.compile(r"vector n(\d+) b(\d+)")}
@@ -107,23 +107,31 @@ def _matches(values: tuple, at1: tuple, step: tuple, max_context: int) -> bool:
     return context is None or context + 1 <= max_context
 
 
-def known_shape(hw: HardwareConfig, key: str) -> str | None:
-    """None if `key` names an operation some model produces (the module's rule), else what is wrong."""
+def known_models(hw: HardwareConfig) -> tuple:
+    """Every bundled shape and the config's own (a config.json's model is as much a model chipsim knows)."""
+    from chipsim.workload.models import MODELS  # every bundled shape: read here, on the runs that need them
+
+    models = tuple(MODELS.values())
+    own = model_of(hw.model)
+    return models if own in models else models + (own,)
+
+
+def known_shape(hw: HardwareConfig, key: str, models: tuple | None = None) -> str | None:
+    """None if `key` names an operation some model of `models` (default: known_models) produces (the module's
+    rule), else what is wrong."""
     kind = key.split(" ", 1)[0]
     form = _FORMS.get(kind)
     if form is None:
         return f"unknown operation kind '{kind}' (kinds: {', '.join(_FORMS)})"
     if not form.fullmatch(key):
         return f"not of the form '{_SHOWN[kind]}' (op_key's, with whole numbers)"
+    if models is None:
+        models = known_models(hw)
     _, fields = parse_op_key(key)
     names = tuple(fields)
     values = tuple(fields[n] for n in names)
     max_context = field_bounds(WorkloadConfig, "context_length").maximum
     quant = (hw.model.quant_group_size, hw.model.quant_scale_bits, hw.compute.dequant_ops_per_weight)
-    models = tuple(MODELS.values())
-    own = model_of(hw.model)  # a config.json's model is as much a model chipsim knows as a bundled one
-    if own not in models:
-        models += (own,)
     for t_names, at1, step in _templates(quant, models)[kind]:
         if t_names == names and _matches(values, at1, step, max_context):
             return None
@@ -135,8 +143,11 @@ def known_shape(hw: HardwareConfig, key: str) -> str | None:
 def check_op_keys(hw: HardwareConfig) -> None:
     """Every key of compute.op_times_ns and compute.op_energy_pj names an operation of a model (the rule above);
     an InputError naming the first that does not."""
+    if not any(getattr(hw.compute, table) for table in TABLES):
+        return
+    models = known_models(hw)
     for table in TABLES:
         for key in getattr(hw.compute, table):
-            problem = known_shape(hw, key)
+            problem = known_shape(hw, key, models)
             if problem:
                 raise InputError(f"compute.{table}.'{key}': {problem}")
