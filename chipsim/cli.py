@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 import threading
 
 from chipsim import __version__
@@ -193,18 +194,16 @@ def _cmd_models(args) -> int:
     return 0
 
 
-MODELS_EPILOG = """\
-A model is data. To simulate your own, no code: point a config at its Hugging Face config.json
-(`model.config: path/to/config.json`, or `--set model.config=...`), or write its fields inline under
-`model.shape:`. To bundle it, add a YAML file to chipsim/workload/shapes/ (name, source, unconfirmed, published,
-config: the config.json fields) like the files there; tests/test_models.py then holds its parameter count to
-the published one.
-
-Architectures read (model_type): granitemoe, granitemoeshared, granitemoehybrid, phimoe, mixtral, olmoe,
-qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, ernie4_5_moe. A new architecture whose layers chipsim
-already costs needs a reader in chipsim/workload/hf_config.py (its field names); a new kind of layer also needs
-its costing in chipsim/workload/decode.py and its weights in chipsim/workload/shape.py.
-"""
+MODELS_EPILOG = (  # paragraphs, wrapped when the parser is built
+    "A model is data. To simulate your own, no code: point a config at its Hugging Face config.json "
+    "(`model.config: path/to/config.json`, or `--set model.config=...`), or write its fields inline under "
+    "`model.shape:`. To bundle it, add a YAML file to chipsim/workload/shapes/ (name, source, unconfirmed, published, "
+    "config: the config.json fields) like the files there; tests/test_models.py then holds its parameter count to "
+    "the published one.",
+    "Architectures read (model_type): {architectures}. A new architecture whose layers chipsim already costs needs a "
+    "reader in chipsim/workload/hf_config.py (its field names); a new kind of layer also needs its costing in "
+    "chipsim/workload/decode.py and its weights in chipsim/workload/shape.py.",
+)
 
 
 def _cmd_keys(args) -> int:
@@ -656,13 +655,14 @@ def _add_inspect_parser(sub) -> None:
 
 
 def _add_models_parser(sub) -> None:
-    import argparse as _argparse
-
     from chipsim.hw.expert_formats import FORMATS
+    from chipsim.workload.hf_config import supported
 
     p = sub.add_parser("models", help="list the bundled model shapes, or show what chipsim derives from one (a "
                                       "bundled name or a config.json)",
-                       epilog=MODELS_EPILOG, formatter_class=_argparse.RawDescriptionHelpFormatter)
+                       epilog="\n\n".join(textwrap.fill(text.format(architectures=supported()), 110)
+                                           for text in MODELS_EPILOG),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="a bundled name, or a path to a Hugging Face config.json")
     p.add_argument("--expert-format", default="", choices=list(FORMATS),
                    help="the weight format the experts' bytes are shown in (default: as the checkpoint ships them, "

@@ -22,7 +22,7 @@ import yaml
 
 from chipsim.errors import InputError
 from chipsim.files import YAML_MAX_BYTES, check_input, read_input_text
-from chipsim.hw.expert_formats import resolve_format
+from chipsim.hw.expert_formats import FORMATS, resolve_format
 from chipsim.hw.machine import check_roles, roles
 from chipsim.values import Bounds, YamlLimitError, check_value, key_doc, yaml_load
 
@@ -403,9 +403,7 @@ class ModelConfig:
     expert_format: str = _optional("the routed experts' weight format (chipsim.hw.expert_formats): when given, it "
                                    "decides model.expert_bits and, where the format fixes them, model.quant_group_size "
                                    "and model.quant_scale_bits (whatever the config says of them); left out: those "
-                                   "keys as given", "",
-                                   choices=("bf16", "fp16", "fp8-e4m3", "fp8-e4m3-block128", "int8", "int4",
-                                            "mxfp4", "nvfp4"))
+                                   "keys as given", "", choices=tuple(FORMATS))
 
 
 @dataclass(frozen=True)

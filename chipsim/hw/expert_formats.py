@@ -39,7 +39,6 @@ FORMATS = {
     "nvfp4": ExpertFormat(4, 16, 8, "NVIDIA NVFP4: E2M1 elements, one FP8 E4M3 scale per 16 (the per-tensor FP32 "
                                     "scale is not counted)"),
 }
-SHADOWED = ("expert_bits", "quant_group_size", "quant_scale_bits")
 
 
 def resolve_format(model: dict, overrides: list[str]) -> None:

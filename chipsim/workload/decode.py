@@ -284,11 +284,15 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
 
 
 def expert_matrix_sizes(hw: HardwareConfig, m: ModelShape) -> list[int]:
-    """Bytes of one routed expert's gate, up and down matrices at the config's precision (scales included; an
-    expert's biases, kept at 16 bit, travel with their matrix: I each with gate and up, d with down)."""
+    """Bytes of one routed expert's gate, up and down matrices at the config's precision (expert_part_bytes)."""
     w = hw.model
-    sizes = [weight_bytes(i * o, w.expert_bits, w.quant_group_size, w.quant_scale_bits)
-             for _, i, o in m.expert_matrix_params()]
+    return expert_part_bytes(m, w.expert_bits, w.quant_group_size, w.quant_scale_bits)
+
+
+def expert_part_bytes(m: ModelShape, bits: int, group: int, scale_bits: int) -> list[int]:
+    """Bytes of one routed expert's gate, up and down matrices at `bits` (scales included; an expert's biases,
+    kept at 16 bit, travel with their matrix: I each with gate and up, d with down)."""
+    sizes = [weight_bytes(i * o, bits, group, scale_bits) for _, i, o in m.expert_matrix_params()]
     if m.expert_bias:
         sizes = [size + out * BF16_BYTES for size, (_, _, out) in zip(sizes, m.expert_matrix_params())]
     return sizes

@@ -19,7 +19,7 @@ from chipsim.errors import InputError
 import yaml
 
 from chipsim.files import read_input_text, read_json
-from chipsim.workload.shape import FULL, MAMBA, MIXERS, SLIDING, ModelShape
+from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"  # the bundled shapes
 CONFIG_MAX_BYTES = 4 << 20  # a config.json is a few KB; a 4 MB one is not a config
@@ -320,7 +320,6 @@ def _check(m: ModelShape, where: str) -> None:
                          f"{m.num_heads}")
     if m.layer_types and (MAMBA in m.layer_types) and m.first_dense_layers:
         raise InputError(f"{where}: dense first layers in a hybrid model are not costed")
-    assert all(t in MIXERS for t in m.layer_types)
 
 
 def read_config_file(path: str, where: str) -> ModelShape:
@@ -353,8 +352,7 @@ def read_bundled(path: Path) -> ModelShape:
 
 def bundled_record(name: str) -> dict:
     """The bundled file of `name` as data (source, published counts, unconfirmed fields), with its path."""
-    for path in sorted(SHAPES_DIR.glob("*.yaml")):
-        data = _read_yaml(path)
-        if data["name"] == name:
-            return dict(data, path=str(path))
-    raise InputError(f"model.name: unknown model '{name}'")
+    path = SHAPES_DIR / f"{name}.yaml"  # a bundled shape is named as its file (chipsim.workload.models)
+    if not path.is_file():
+        raise InputError(f"model.name: unknown model '{name}'")
+    return dict(_read_yaml(path), path=str(path))

@@ -5,7 +5,7 @@ beside what was published."""
 from __future__ import annotations
 
 from chipsim.hw.expert_formats import FORMATS
-from chipsim.workload.decode import BF16_BYTES, weight_bytes
+from chipsim.workload.decode import BF16_BYTES, expert_part_bytes
 from chipsim.workload.hf_config import bundled_record
 from chipsim.workload.models import MODELS
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
@@ -14,12 +14,9 @@ DEFAULT_GROUP, DEFAULT_SCALE_BITS = 128, 16  # integer formats' groups when no c
 
 
 def expert_bytes(m: ModelShape, fmt: str) -> int:
-    """One routed expert's bytes in format `fmt` (its biases at 16 bit), as decode.expert_matrix_sizes counts them."""
+    """One routed expert's bytes in format `fmt` (its biases at 16 bit), as a run counts them."""
     f = FORMATS[fmt]
-    group = f.group_size or DEFAULT_GROUP
-    scale = f.scale_bits or DEFAULT_SCALE_BITS
-    total = sum(weight_bytes(i * o, f.bits, group, scale) for _, i, o in m.expert_matrix_params())
-    return total + m.expert_bias_params() * BF16_BYTES
+    return sum(expert_part_bytes(m, f.bits, f.group_size or DEFAULT_GROUP, f.scale_bits or DEFAULT_SCALE_BITS))
 
 
 def table() -> str:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 # the token mixers a layer may have (HF's layer_types names, "attention" read as full)
 FULL, SLIDING, MAMBA = "full_attention", "sliding_attention", "mamba"
-MIXERS = (FULL, SLIDING, MAMBA)
 
 
 @dataclass(frozen=True)
