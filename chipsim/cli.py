@@ -68,6 +68,10 @@ def _cmd_run(args) -> int:
         for line in report.header_lines(prep, fetch_path_timing(prep.config.hw)):
             print(line)
         print()
+        if prep.request is not None:
+            print(report.format_request_table(rows))
+            print()
+            print(f"per decode step (means over its {prep.request.decode_steps} steps):")
         print(report.format_table(rows))
         quality = report.quality_lines(rows)
         if quality:

@@ -22,7 +22,7 @@ from chipsim.files import read_input
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.machine import roles
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
-from chipsim.policies.base import Policy, check_policy_config, make_policy
+from chipsim.policies.base import Policy, check_policy_config, make_policy, make_request_policies
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.core import core_for
 from chipsim.sim.engine import Simulation
@@ -36,6 +36,7 @@ from chipsim.workload import hf_config
 from chipsim.workload.decode import DecodeWorkload, build_workload
 from chipsim.workload.op_keys import check_op_keys
 from chipsim.workload.host import host_timing
+from chipsim.workload.request import RequestWorkload, build_request, final_context, is_request, trace_tokens_needed
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Prepared:
     trace: Trace
     policies: list[Policy]
     notes: list[str] = field(default_factory=list)  # what the user should know, e.g. a trace shorter than asked
+    request: RequestWorkload | None = None  # a whole request (workload.prompt_tokens > 0)
+    prefill_for: dict[str, Policy] = field(default_factory=dict)  # a request's prefill policy per decode label
 
 
 # what code_sha256 leaves out: bytecode, built extensions and the record of their build (the same sources give
@@ -111,23 +114,71 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     check_op_keys(config.hw)
     check_policy_config(config.policies)
     specs = list(policy_specs) or list(config.hw.run.policies)
-    policies = [make_policy(spec, config.policies) for spec in specs]  # a bad spec is refused before any work
+    policies, prefill_for = _policies(config, specs)  # a bad spec is refused before any work
     _check_rates(config.hw)
-    workload = build_workload(config.hw)
+    workload = build_workload(config.hw, final_context(config.hw))
+    request = build_request(config.hw, workload) if is_request(config.hw) else None
     # the arrays this run reads are checked now (from the trace cache: read and their sha256 checked), the
     # predictor outputs the trace carries when it was first unpacked
-    needed = set(trace_format.CORE_ARRAYS).union(*({s.name for s in p.trace_arrays} for p in policies))
+    every = [*policies, *prefill_for.values()]
+    needed = set(trace_format.CORE_ARRAYS).union(*({s.name for s in p.trace_arrays} for p in every))
     trace = trace_format.load(config.trace_path, needed=sorted(needed))
     trace.check_matches(workload.model)
-    _check_time_fits(config, workload, trace, policies)
-    for policy in policies:
+    if request is not None:
+        _check_request_fits(config, workload, trace, request, every)
+    _check_time_fits(config, workload, trace, policies, request)
+    for policy in every:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
-    return Prepared(config, workload, trace, policies, _notes(config, trace, policies))
+    return Prepared(config, workload, trace, policies, _notes(config, trace, policies), request, prefill_for)
+
+
+def _policies(config: Config, specs: list[str]) -> tuple[list[Policy], dict[str, Policy]]:
+    """The decode policies the specs name and, for a request, each one's prefill policy (by its label)."""
+    if is_request(config.hw):
+        pairs = [make_request_policies(spec, config.policies, config.hw.run.prefill_policy) for spec in specs]
+        return [decode for _, decode in pairs], {decode.label: prefill for prefill, decode in pairs}
+    policies = []
+    for spec in specs:
+        if "+" in spec:
+            raise InputError(f"--policy {spec}: PREFILL+DECODE needs a request (workload.prompt_tokens > 0)")
+        policy = make_policy(spec, config.policies)
+        if policy.phase != "decode":
+            raise InputError(f"--policy {spec}: a prefill policy runs a request's prompt (workload.prompt_tokens > 0) "
+                             "before a decode policy")
+        policies.append(policy)
+    return policies, {}
+
+
+def _check_request_fits(config: Config, workload: DecodeWorkload, trace: Trace, request: RequestWorkload,
+                        policies: list[Policy]) -> None:
+    """A request reads P + O - 1 trace tokens, and every layer of every prefill chunk needs the union of its tokens'
+    experts in the buffer at once (a chunk runs each of them over all its tokens)."""
+    hw = config.hw
+    w = hw.workload
+    needed = trace_tokens_needed(hw)
+    if needed > trace.num_tokens:
+        raise InputError(f"workload.prompt_tokens: a request of {w.prompt_tokens} prompt + {w.output_tokens} output "
+                         f"tokens reads {needed} trace tokens; {trace.path} has {trace.num_tokens}")
+    routed = trace["routed_ids"]
+    widest, where = 0, (0, 0)
+    for chunk in request.chunks:
+        ids = routed[chunk.offset:chunk.offset + chunk.tokens]
+        for layer in range(ids.shape[1]):
+            n = len(set(ids[:, layer, :].ravel().tolist()))
+            if n > widest:
+                widest, where = n, (chunk.offset, layer)
+    for policy in policies:
+        slots = workload.buffer_bytes // policy.expert_format(workload, hw).slot_bytes
+        if slots < widest:
+            raise InputError(
+                f"expert_buffer.capacity_mib: holds {slots} experts in policy {policy.label}'s format, fewer than the "
+                f"{widest} that the prefill chunk at prompt token {where[0]} routes to in MoE layer {where[1]}; "
+                "use smaller chunks (workload.prefill_chunk_tokens) or a larger buffer")
 
 
 def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
@@ -136,7 +187,12 @@ def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
     wl = config.hw.workload
     tokens = min(wl.max_tokens or trace.num_tokens, trace.num_tokens)
     notes = []
-    if wl.max_tokens > trace.num_tokens:
+    request = is_request(config.hw)
+    if request:
+        notes.append(f"a request of {wl.prompt_tokens} prompt and {wl.output_tokens} output tokens (trace tokens "
+                     f"0..{trace_tokens_needed(config.hw) - 1}): workload.context_length, max_tokens and "
+                     "warmup_tokens are not read")
+    if wl.max_tokens > trace.num_tokens and not request:
         notes.append(f"workload.max_tokens {wl.max_tokens} exceeds the {trace.num_tokens} tokens of trace "
                      f"{trace.path}: replaying {trace.num_tokens}")
     machine = roles(config.hw)
@@ -146,7 +202,7 @@ def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
             said.setdefault(policy.in_place, []).append(policy.label)
         for text, labels in said.items():
             notes.append(f"experts read in place from {machine.expert_store}: {', '.join(labels)}: {text}")
-    for policy in policies:
+    for policy in policies if not request else ():
         warmup = max(wl.warmup_tokens, policy.warmup_tokens())
         measured = tokens - min(warmup, tokens - 1)
         if warmup and measured < warmup:
@@ -169,7 +225,8 @@ def _check_rates(hw) -> None:
                              f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")
 
 
-def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, policies: list[Policy]) -> None:
+def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, policies: list[Policy],
+                     request: RequestWorkload | None = None) -> None:
     """An upper bound on the run's simulated time (every operation, expert fetch and host-CPU expert one
     after another) must fit the simulator's integer picoseconds, whatever the keys say."""
     hw = config.hw
@@ -184,7 +241,14 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
     m = workload.model
     per_token = ops + m.num_moe_layers * m.top_k * (fetch + host_timing(hw, workload).total_ps)
     tokens = min(hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
-    if per_token * tokens >= MAX_SIM_PS:
+    total = per_token * tokens
+    if request is not None:  # its prefill chunks (each expert over all of a chunk's tokens), then its decode steps
+        total = per_token * request.output_tokens
+        for chunk in request.chunks:
+            chunk_ops = chunk.head.duration_ps + sum(op.duration_ps for layer in chunk.layers for op in (
+                layer.mixer, layer.router, layer.dense, layer.combine) if op is not None)
+            total += chunk_ops + m.num_moe_layers * m.num_experts * (fetch + request.expert(chunk.tokens).duration_ps)
+    if total >= MAX_SIM_PS:
         raise InputError(f"config: a decode step could take up to {per_token / PS_PER_S:.3g} s of simulated time, "
                          f"so {tokens} tokens could pass the {MAX_SIM_PS / PS_PER_S / 86400:.0f} days of integer "
                          "picoseconds the simulator keeps; check the clock, latency and bandwidth keys")
@@ -225,7 +289,8 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
     bar = _TokenBar(policy.label) if progress and sys.stderr.isatty() else None
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
                      record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
-                     observers=list(observers) + ([bar] if bar is not None else []))
+                     observers=list(observers) + ([bar] if bar is not None else []),
+                     request=prep.request, prefill_policy=prep.prefill_for.get(policy.label))
     try:
         return sim.run()
     finally:

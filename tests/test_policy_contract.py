@@ -13,14 +13,15 @@ from conftest import THOR
 from chipsim.cli import main
 from chipsim.errors import InputError
 from chipsim.policies import REGISTRY
-from chipsim.policies.base import LayerPlan, Param, Policy, PolicyError, SimContext, make_policy
+from chipsim.policies.base import LayerPlan, Param, Policy, PolicyError, SimContext, make_policy, phase_names
 from chipsim.runner import prepare
 from chipsim.sim.engine import Simulation
 from chipsim.trace import format as tf
 from chipsim.trace import predictor_arrays as pa
 
 MEMBERS = {name for name in dir(SimContext) if not name.startswith("_")}
-HOOKS = ("on_run_start", "on_token_start", "on_layer_start", "on_route", "on_layer_end", "choose_victims")
+HOOKS = ("on_run_start", "on_token_start", "on_layer_start", "on_route", "on_layer_end", "choose_victims",
+         "on_prefill_end")
 
 
 class GuardedContext:
@@ -54,14 +55,20 @@ def test_the_policies_use_exactly_the_members_simcontext_declares(tiny):
     paths) and on a bundled trace: no member outside SimContext, and every member used by some policy."""
     used: set = set()
     cfg = tiny.config(tiny.routing(8, seed=1), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
-    specs = sorted(REGISTRY) + ["promoe:cache=false", "oracle:lookahead=0"]
-    for config, overrides in ((cfg, []), (THOR.replace("thor.yaml", "thor-deepseek-v2-lite.yaml"),
-                                          ["workload.max_tokens=4"])):
+    specs = phase_names("decode") + ["promoe:cache=false", "oracle:lookahead=0"]
+    deepseek = THOR.replace("thor.yaml", "thor-deepseek-v2-lite.yaml")
+    for config, overrides in ((cfg, []), (deepseek, ["workload.max_tokens=4"])):
         prep = prepare(config, overrides, specs)
         for policy in prep.policies:
             sim = Simulation(prep.config.hw, prep.workload, prep.trace, Guarded(policy, used),
                              max_tokens=prep.config.hw.workload.max_tokens)
             sim.run()
+    # the prefill policies, each before a decode policy, on a request of two chunks
+    prep = prepare(deepseek, ["workload.prompt_tokens=8", "workload.output_tokens=3", "workload.prefill_chunk_tokens=4"],
+                   [f"{name}:keep=0.5+lru" for name in phase_names("prefill")] + ["layer-ahead:experts=predicted+apex"])
+    for policy in prep.policies:
+        Simulation(prep.config.hw, prep.workload, prep.trace, Guarded(policy, used), request=prep.request,
+                   prefill_policy=Guarded(prep.prefill_for[policy.label], used)).run()
     assert used == MEMBERS, f"declared but used by no policy: {sorted(MEMBERS - used)}"
 
 
@@ -190,15 +197,21 @@ def test_a_trace_with_only_the_core_arrays_replays_every_policy_that_reads_nothi
     cfg = tiny.config(edit=core_only)
     trace = prepare(cfg, [], ["no-prefetch"]).trace
     assert set(trace.arrays) == set(tf.CORE_ARRAYS) | {"someone_elses_predictor"}
+    decode = set(phase_names("decode"))
     readers_of_nothing = [name for name, cls in sorted(REGISTRY.items()) if not cls.trace_arrays]
-    assert {"no-prefetch", "oracle", "lru", "lfu"} <= set(readers_of_nothing)
-    args = ["run", cfg, "--json", "--jobs", "1"] + [a for name in readers_of_nothing for a in ("--policy", name)]
-    assert main(args) == 0
+    assert {"no-prefetch", "oracle", "lru", "lfu", "on-demand", "fiddler-prefill"} <= set(readers_of_nothing)
+    # a prefill policy runs a request's prompt, before a decode policy
+    specs = [name if name in decode else f"{name}+no-prefetch" for name in readers_of_nothing]
+    request = ["--set", "workload.prompt_tokens=2", "--set", "workload.output_tokens=2"]
+    for names in ([s for s in specs if "+" not in s], [s for s in specs if "+" in s]):
+        args = ["run", cfg, "--json", "--jobs", "1"] + [a for name in names for a in ("--policy", name)]
+        assert main(args + (request if "+" in names[0] else [])) == 0
     capsys.readouterr()
     for name, cls in sorted(REGISTRY.items()):
         if not cls.trace_arrays:
             continue
-        assert main(["run", cfg, "--policy", name]) == 2
+        spec, more = (name, []) if name in decode else (f"{name}+no-prefetch", request)
+        assert main(["run", cfg, "--policy", spec, *more]) == 2
         err = capsys.readouterr().err.strip()
         first = cls.trace_arrays[0].name
         assert err.count("\n") == 0 and f"policy {name} reads array '{first}'" in err, err

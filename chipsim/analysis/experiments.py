@@ -111,7 +111,7 @@ def list_experiments(directory: str | None = None) -> list[str]:
     return sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".yaml") and not f.startswith("."))
 
 
-def _check_key(path: str, config: str, key: str, value) -> None:
+def _check_key(path: str, config: str, key: str, value, overrides: list[str]) -> None:
     """A grid key must be a config key the config accepts (load_config checks the schema; policy params are
     checked against the policy registry)."""
     parts = key.split(".")
@@ -127,7 +127,7 @@ def _check_key(path: str, config: str, key: str, value) -> None:
                              f"(expected one of: {', '.join(cls.param_specs())})")
     try:
         parse_set(f"{key}={yaml_text(key, value)}")
-        load_config(config, [f"{key}={yaml_text(key, value)}"])
+        load_config(config, [*overrides, f"{key}={yaml_text(key, value)}"])
     except InputError as exc:
         raise _err(path, f"grid {key}={value!r}: {exc}") from None
 
@@ -174,23 +174,30 @@ def load_experiment(path: str) -> dict:
     grid = raw.get("grid") or {}
     if not isinstance(grid, dict):
         raise _err(path, "grid: expected a mapping {dotted.key: [values]}")
+    overrides = raw.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise _err(path, "overrides: expected a list of KEY=VALUE strings")
+    # the overrides alone, or with the grid's first point where that completes them (a request's output tokens
+    # need the prompt a grid sweeps)
+    first_point = [f"{k}={yaml_text(k, v[0])}" for k, v in grid.items() if isinstance(k, str) and isinstance(v, list)
+                   and v and k.split(".")[0] != "policies"]
+    for cp in config_paths:
+        try:
+            load_config(cp, overrides)
+        except InputError as exc:
+            try:
+                load_config(cp, [*overrides, *first_point])
+            except InputError:
+                raise _err(path, f"overrides: {exc}") from None
     for key, values in grid.items():
         if not isinstance(key, str) or not isinstance(values, list) or not values:
             raise _err(path, f"grid {key}: expected a non-empty list of values")
         for cp in config_paths:
             for v in values:
-                _check_key(path, cp, key, v)
+                _check_key(path, cp, key, v, overrides)
     policies = raw["policies"]
     if not isinstance(policies, list) or not policies or not all(isinstance(p, str) and p for p in policies):
         raise _err(path, "policies: expected a non-empty list of policy specs")
-    overrides = raw.get("overrides") or []
-    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-        raise _err(path, "overrides: expected a list of KEY=VALUE strings")
-    for cp in config_paths:
-        try:
-            load_config(cp, overrides)
-        except InputError as exc:
-            raise _err(path, f"overrides: {exc}") from None
     grid_mode = raw.get("grid_mode", "product")
     if grid_mode not in GRID_MODES:
         raise _err(path, f"grid_mode {grid_mode!r}: expected one of {', '.join(GRID_MODES)}")

@@ -133,8 +133,10 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
-        f"context {wl.context_length}, "
-        f"buffer {wl.buffer_slots} experts",
+        + (f"context {wl.context_length}, " if prep.request is None else
+           f"request of {prep.request.prompt_tokens} prompt + {prep.request.output_tokens} output tokens "
+           f"(prefill chunks of {prep.request.chunk_tokens}), ")
+        + f"buffer {wl.buffer_slots} experts",
         *machine_lines(hw),
         (f"path:   experts read in place from {fetch_path.bottleneck} {fetch_path.bandwidth_gbps:.1f} GB/s, first byte "
          f"{fetch_path.latency_ns:.0f} ns" if r.in_place else
@@ -175,6 +177,40 @@ def format_table(rows: list[dict]) -> str:
             line.append(fmt.format(value))
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    out = []
+    for n, r in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+# (column header, key in row["request"], format) of a request's table (chipsim.sim.metrics.request_summary)
+REQUEST_TABLE = [
+    ("policy", None, "{}"),
+    ("TTFT ms", "ttft_ms", "{:.3f}"),
+    ("TPOT ms", "tpot_ms_mean", "{:.3f}"),
+    ("p50", "tpot_ms_p50", "{:.3f}"),
+    ("p99", "tpot_ms_p99", "{:.3f}"),
+    ("e2e ms", "e2e_ms", "{:.2f}"),
+    ("tok/s", "tokens_per_s", "{:.2f}"),
+    ("prefill mJ", "energy_prefill_mj", "{:.1f}"),
+    ("decode mJ", "energy_decode_mj", "{:.1f}"),
+    ("request mJ", "energy_request_mj", "{:.1f}"),
+    ("prefill MB", "prefill_link_mb", "{:.1f}"),
+    ("prefill stall ms", "prefill_stall_ms", "{:.3f}"),
+]
+
+
+def format_request_table(rows: list[dict]) -> str:
+    """A whole request per policy: TTFT, TPOT (mean, p50, p99), end to end, output tokens/s, energy of prefill, decode
+    and the request, the bytes prefill moved over the expert link and its stall."""
+    cells = [[head for head, _, _ in REQUEST_TABLE]]
+    for row in rows:
+        req = dict(row["request"], prefill_link_mb=row["request"]["prefill"]["expert_link_bytes"] / 1e6,
+                   prefill_stall_ms=row["request"]["prefill"]["stall_ms"])
+        cells.append([fmt.format(row["policy"] if key is None else req[key]) for _, key, fmt in REQUEST_TABLE])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(REQUEST_TABLE))]
     out = []
     for n, r in enumerate(cells):
         out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))

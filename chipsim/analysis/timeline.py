@@ -36,6 +36,15 @@ LANE_STRIDE = 1000
 TOKENS, ARRAYS, HOST, LINK, DMA0 = 1, 2, 3, 4, 10
 _SORT = {TOKENS: 0, ARRAYS: 1, LINK: 900, HOST: 901}
 
+# a request's prefill chunk on the tokens lane (chipsim.sim.timeline_recorder): chunk, first and last prompt token
+_PREFILL = re.compile(r"^prefill chunk (\d+) \(prompt tokens (\d+)-(\d+)\)$")
+
+
+def _step_token(name: str) -> int:
+    """The token a step's span ends: "token N", or a prefill chunk's last prompt token."""
+    chunk = _PREFILL.match(name)
+    return int(chunk[3]) if chunk else int(name.split()[1])
+
 _STALL = re.compile(r"L(\d+) stall$")
 _HOST_WAIT = re.compile(r"L(\d+) host wait$")
 _EXPERT = re.compile(r"L(\d+)E(\d+)$")
@@ -72,7 +81,7 @@ def _process_events(pid: int, run: dict) -> list[dict]:
         meta.append(_meta("thread_name", pid, base + lane, {"name": names[lane]}))
         meta.append(_meta("thread_sort_index", pid, base + lane, {"sort_index": _SORT.get(lane, lane)}))
 
-    tokens = sorted((start, end, int(name.split()[1])) for lane, name, start, end in run["events"] if lane == "tokens")
+    tokens = sorted((start, end, _step_token(name)) for lane, name, start, end in run["events"] if lane == "tokens")
     token_starts = [start for start, _, _ in tokens]
 
     def token_of(ps: int) -> int:
@@ -81,7 +90,10 @@ def _process_events(pid: int, run: dict) -> list[dict]:
     spans = []  # (tid, start, end, name, event)
     for lane, name, start, end in run["events"]:
         if lane == "tokens":
-            tid, ev = TOKENS, _span(name, "token", start, end, pid, base + TOKENS, {"token": int(name.split()[1])})
+            chunk = _PREFILL.match(name)
+            args = ({"chunk": int(chunk[1]), "first": int(chunk[2]), "last": int(chunk[3])} if chunk
+                    else {"token": int(name.split()[1])})
+            tid, ev = TOKENS, _span(name, "prefill" if chunk else "token", start, end, pid, base + TOKENS, args)
         elif lane == "arrays":
             m = _STALL.match(name)
             w = _HOST_WAIT.match(name) if m is None else None

@@ -414,11 +414,23 @@ class WorkloadConfig:
     max_tokens: int = _f("replay at most this many trace tokens (0 = all)", minimum=0, maximum=1 << 31)
     warmup_tokens: int = _f("leading tokens simulated but reported separately, not in the means",
                             minimum=0, maximum=1 << 31)
+    # a whole request (issue #42): prefill of the prompt, then decode with a KV cache that grows
+    prompt_tokens: int = _optional("tokens of a request's prompt, the trace's first tokens, read by prefill "
+                                   "(0: decode only, every step at workload.context_length)", 0, minimum=0,
+                                   maximum=1 << 20)
+    output_tokens: int = _optional("tokens a request generates: the first by the prefill, each later one by a "
+                                   "decode step attending over the prompt and the tokens before it (with "
+                                   "workload.prompt_tokens)", 0, minimum=0, maximum=1 << 20)
+    prefill_chunk_tokens: int = _optional("prompt tokens per prefill chunk (0: the whole prompt in one)", 0,
+                                          minimum=0, maximum=1 << 20)
 
 
 @dataclass(frozen=True)
 class RunConfig:
     policies: list = _f("policies `chipsim run` compares when no --policy is given")
+    prefill_policy: str = _optional("the prefill policy a request runs before each decode policy that --policy "
+                                    "names without one (PREFILL+DECODE names both, e.g. layer-ahead+apex)",
+                                    "on-demand")
     engine: str = _optional("event engine: fast (the same events with less Python) or reference (the engine of "
                             "record, chipsim.sim.engine); both give identical results", "fast",
                             choices=("fast", "reference"))
@@ -774,11 +786,26 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     return config
 
 
+def _check_request(w: WorkloadConfig) -> None:
+    """A request's prompt, output and chunk keys agree with each other."""
+    if w.prompt_tokens and w.output_tokens < 2:
+        raise InputError(f"workload.output_tokens: {w.output_tokens}; a request (workload.prompt_tokens > 0) "
+                         "generates at least 2 tokens (the first by its prefill, then at least one decode step)")
+    if w.output_tokens and not w.prompt_tokens:
+        raise InputError("workload.prompt_tokens: workload.output_tokens needs a prompt of at least 1 token")
+    if w.prefill_chunk_tokens and not w.prompt_tokens:
+        raise InputError("workload.prefill_chunk_tokens: needs a request (workload.prompt_tokens > 0)")
+    if w.prefill_chunk_tokens > w.prompt_tokens:
+        raise InputError(f"workload.prefill_chunk_tokens: {w.prefill_chunk_tokens} is larger than the prompt "
+                         f"(workload.prompt_tokens {w.prompt_tokens})")
+
+
 def _check_consistency(config: Config) -> None:
     """Cross-key checks that no single key can make."""
     hw = config.hw
     if hw.workload.warmup_tokens and hw.workload.max_tokens and hw.workload.warmup_tokens >= hw.workload.max_tokens:
         raise InputError("workload.warmup_tokens: must be smaller than workload.max_tokens")
+    _check_request(hw.workload)
     for key, d in memory_tiers(hw).values():
         if d.trfc_ns >= d.trefi_ns:
             raise InputError(f"{key}.trfc_ns: refresh time must be shorter than {key}.trefi_ns")

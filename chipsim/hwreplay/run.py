@@ -31,6 +31,9 @@ def _plan_job(args):
 def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs: int, overrides=()):
     """{(context, policy label): Plan}, built in parallel processes."""
     base = prepare(config, list(overrides), policies or ())
+    if base.request is not None:
+        raise InputError(f"{config}: workload.prompt_tokens: the GPU replay runs decode steps at a fixed context; "
+                         "a whole request (prefill chunks, then decode) is not replayed yet")
     specs = [p.label for p in base.policies]
     work = [(config, [*overrides, f"workload.context_length={c}"], s) for c in contexts for s in specs]
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
 
@@ -64,6 +64,7 @@ class Apex(Policy):
         self._routed_seen = None  # each (token, layer)'s routed set at t * L + layer, noted as it routes: δ*, reported
         self._rank = None
         self._warmup = 0
+        self._first = 0
         self._meta = {}
         self._capped = False
         self._layer_substituted = None
@@ -83,7 +84,8 @@ class Apex(Policy):
         self._rank = TokenRows(self._apex_rank)
         self._layers = ctx.num_moe_layers
         self._routed_seen = [None] * (T * self._layers)
-        self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
+        self._first = ctx.first_token
+        self._warmup = measured_from(ctx, int(ctx.hw.workload.warmup_tokens))
         self._meta = ctx.trace_meta
         if self.stall_free:
             L = ctx.num_moe_layers
@@ -110,8 +112,10 @@ class Apex(Policy):
             return {}
         sl = slice(self._warmup, None)
         dh = self._delta_hat[sl]
-        routed = np.array(self._routed_seen, dtype=np.int64).reshape(self._apex_rank.shape[:2] + (-1,))
-        ds = pa.delta_star(self._apex_rank, routed)[sl]
+        first = self._first  # the tokens this policy ran (a request's decode steps)
+        ranks = self._apex_rank[first:]
+        routed = np.array(self._routed_seen[first * self._layers:], dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
+        ds = pa.delta_star(ranks, routed)[self._warmup - first:]
         out = {
             "tau": self.params.tau,
             "mean_delta_hat": float(dh.mean()),

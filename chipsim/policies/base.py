@@ -12,6 +12,15 @@ itself as `ctx`, a `SimContext`: the members listed there are all a policy may u
     choose_victims(ctx, l, needed, n) -> list of (layer, expert) to evict to make room for demand fetches
     extra_metrics() -> dict             policy-specific results for the output
 
+A step is one decode token, or in a whole request (chipsim.workload.request) a prefill chunk of several tokens: then
+t is the chunk's last token, `ctx.step_tokens` all of them, `routed` the union of their routed experts, and a
+prefill policy (`phase = "prefill"`, chipsim.policies.prefill) runs the chunks and ends with
+
+    on_prefill_end(ctx)                 the prompt is read: what stays in the buffer is what decode starts with
+
+before the decode policy's on_run_start. `--policy PREFILL+DECODE` names both (e.g. layer-ahead+apex); a decode
+policy alone gets the config's run.prefill_policy. Today's decode policies see one token per step, as before.
+
 A policy reads the trace's core arrays (chipsim.trace.format.CORE_ARRAYS: routing, weights, the router's
 ranking) and the predictor outputs it declares in `trace_arrays` (specs from chipsim.trace.predictor_arrays);
 `runner.prepare` checks a trace carries them, naming the policy and the array, before anything runs.
@@ -128,6 +137,16 @@ class SimContext(Protocol):
     @property
     def slots(self) -> int:
         """Expert slots the buffer holds in this policy's expert format."""
+
+    @property
+    def first_token(self) -> int:
+        """The first token this policy's steps run: 0, or in a request the first decode step's token for a decode
+        policy (the prompt's tokens ran under the prefill policy)."""
+
+    @property
+    def step_tokens(self) -> range:
+        """The tokens of the running step: the decode token, or a prefill chunk's prompt tokens (the routing of each
+        is known layer by layer, as routing reaches it)."""
 
     @property
     def in_place(self) -> bool:
@@ -282,6 +301,8 @@ class LayerPlan:
 class Policy:
     name: str = ""
     summary: str = ""
+    # "decode": runs decode steps; "prefill": runs a request's prefill chunks (chipsim.policies.prefill)
+    phase: ClassVar[str] = "decode"
     # the frozen dataclass of this policy's parameters (fields made by `param`); a subclass that sets it also
     # annotates `params` with it, so that a type checker knows `self.params.<field>`
     Params: ClassVar[type] = NoParams
@@ -363,6 +384,14 @@ class Policy:
 
     def extra_metrics(self) -> dict:
         return {}
+
+
+def measured_from(ctx: SimContext, warmup: int) -> int:
+    """The first token a policy's own results average from: after `warmup` tokens of a decode-only run (all but one
+    at most), or a request's first decode step (its prefill warmed the buffer; workload.warmup_tokens is not read)."""
+    if ctx.first_token:
+        return ctx.first_token
+    return min(warmup, ctx.num_tokens - 1)
 
 
 def _key_text(key) -> str:
@@ -480,6 +509,31 @@ def make_policy(spec: str, config_params: dict) -> Policy:
                 raise InputError(f"policies.{name}.{key}: unknown parameter (known: {known})")
             values[key] = specs[key].check(f"policies.{name}.{key}", value)
     return cls(label=spec, params=cls.Params(**values))
+
+
+def make_request_policies(spec: str, config_params: dict, default_prefill: str) -> tuple[Policy, Policy]:
+    """A request's (prefill, decode) policies from 'PREFILL+DECODE' or a decode spec alone (then `default_prefill`,
+    the config's run.prefill_policy); the decode policy is labelled with both, 'PREFILL+DECODE'."""
+    spec = spec.strip()
+    prefill_spec, plus, decode_spec = spec.partition("+")
+    if not plus:
+        prefill_spec, decode_spec = default_prefill, spec
+    prefill = make_policy(prefill_spec, config_params)
+    decode = make_policy(decode_spec, config_params)
+    if prefill.phase != "prefill":
+        where = f"--policy {spec}" if plus else "run.prefill_policy"
+        raise InputError(f"{where}: '{prefill_spec.strip()}' is a decode policy, not a prefill policy (prefill: "
+                         f"{', '.join(sorted(phase_names('prefill')))})")
+    if decode.phase != "decode":
+        raise InputError(f"--policy {spec}: '{decode_spec.strip()}' is a prefill policy; name a decode policy after "
+                         f"it (PREFILL+DECODE, e.g. {prefill_spec.strip()}+apex)")
+    decode.label = f"{prefill.label}+{decode.label}"
+    return prefill, decode
+
+
+def phase_names(phase: str) -> list[str]:
+    """The registered policies of one phase ("decode" or "prefill")."""
+    return [name for name, cls in REGISTRY.items() if cls.phase == phase]
 
 
 def check_policy_config(config_params: dict) -> None:

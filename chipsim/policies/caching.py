@@ -23,7 +23,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -96,7 +96,8 @@ class ExpertCache(Policy):
     def on_run_start(self, ctx: SimContext) -> None:
         T, L = ctx.num_tokens, ctx.num_moe_layers
         self.capacity = self._resolve_capacity(ctx)
-        self._warm = min(max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()), T - 1)
+        self._warm_from = ctx.first_token
+        self._warm = measured_from(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
         self._resident = np.zeros((T, L), dtype=np.int64)  # executed experts landed when routing decided
         self._executed = np.zeros((T, L), dtype=np.int64)
         self._pending: dict[int, set[int]] = {}  # layer -> experts predicted (and protected) until it routes
@@ -220,13 +221,13 @@ class ExpertCache(Policy):
     def extra_metrics(self) -> dict:
         if self._resident is None:
             return {}
-        sl, wu = slice(self._warm, None), slice(0, self._warm)
+        sl, wu = slice(self._warm, None), slice(self._warm_from, self._warm)
         out = {
             "cache_slots": self.capacity,
             "resident_rate": _mean_or_none(self._resident[sl], self._executed[sl]),
             "resident_rate_per_layer": _per_layer(self._resident[sl], self._executed[sl]),
         }
-        if self._warm:
+        if self._warm > self._warm_from:
             out["warmup_resident_rate"] = _mean_or_none(self._resident[wu], self._executed[wu])
         return out
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Policy, SimContext, param, quality_fields, register
+from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -65,7 +65,7 @@ class PreGated(Policy):
         self._no_pregate = np.zeros((T, L), dtype=bool)
         self._k = k
         self._L = L
-        self._warmup = min(int(ctx.hw.workload.warmup_tokens), T - 1)
+        self._warmup = measured_from(ctx, int(ctx.hw.workload.warmup_tokens))
 
     def _prefetch(self, ctx: SimContext, t, layer):
         experts = self._pred[t][layer]

@@ -120,6 +120,17 @@ class PolicyContext:
         return self._slots
 
     @property
+    def first_token(self) -> int:
+        return self._sim._first_token if self is self._sim.context else 0
+
+    @property
+    def step_tokens(self) -> range:
+        sim = self._sim
+        first = sim._step_first
+        last = sim._current_token
+        return range(last if first > last else first, last + 1)
+
+    @property
     def in_place(self) -> bool:
         return self._in_place
 
@@ -344,7 +355,10 @@ class PolicyContext:
             raise self._refuse(f"{call}({first}{token}, {layer_id})", f"outside the run: it has tokens "
                                f"0..{self._tokens - 1} and MoE layers 0..{self._layers - 1}")
         cell = token * self._layers + layer_id
-        if routing and cell > self._sim._routed_upto and not self._sees_future:
+        upto_cell = self._sim._routed_upto
+        # a prefill chunk routes all its tokens layer by layer: a later layer of any of them is not routed yet
+        ahead = cell > upto_cell or (token >= self._sim._step_first and layer_id > upto_cell % self._layers)
+        if routing and ahead and not self._sees_future:
             upto = self._sim._routed_upto
             first = "" if key is None else f"{key!r}, "
             known = (f"the run has routed up to token {upto // self._layers}, MoE layer "

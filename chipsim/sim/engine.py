@@ -49,13 +49,16 @@ from chipsim.sim.work import NO_WORK, LayerCost, Work, cost_of
 from chipsim.trace.format import TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.decode import DecodeWorkload
-from chipsim.workload.host import host_timing
+from chipsim.workload.host import HostTiming, host_timing
+from chipsim.workload.request import PrefillChunk, PrefillLayer, RequestWorkload, trace_tokens_needed
 
 
 # the operand link is two resources where fetches cross it too (thor's UCIe: the I/O die's link for fetches, the
 # memory-to-compute link for operand streams): its name with these suffixes (a ':' no config name has)
 _FETCH_SIDE: Final = ":io"
 _OPERAND_SIDE: Final = ":compute"
+# no prefill chunk is running: every routing read is checked against the routed cell alone
+_NO_STEP: Final = 1 << 62
 
 
 class Simulation:
@@ -63,10 +66,12 @@ class Simulation:
 
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
-                 core: EventCore | None = None, observers: Sequence[Observer] = ()) -> None:
+                 core: EventCore | None = None, observers: Sequence[Observer] = (),
+                 request: RequestWorkload | None = None, prefill_policy: Policy | None = None) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
         `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
-        watch the run (chipsim.sim.observe)."""
+        watch the run (chipsim.sim.observe). With `request` (chipsim.workload.request) the run is a whole request:
+        `prefill_policy` runs its prefill chunks, then `policy` its decode steps; max_tokens is not read."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -78,12 +83,24 @@ class Simulation:
         self.num_experts = self.model.num_experts
         self.num_moe_layers = self.model.num_moe_layers
         self.num_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
+        self.request = request
+        # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
+        self.num_steps = self.num_tokens
+        if request is not None:
+            self.num_tokens = trace_tokens_needed(hw)
+            self.num_steps = len(request.chunks) + request.decode_steps
         self._on_core(core if core is not None else simpy_core())
         self._fetch_path(hw)
         self._expert_format(policy, workload, hw)
         self._run_state(hw, workload, trace)
         # what the policy's hooks receive: exactly chipsim.policies.base.SimContext, with its checks (chipsim.sim.context)
         self.context = PolicyContext(self, trace, self._routed, bool(policy.sees_future_routing))
+        self.prefill_policy: Any = prefill_policy
+        self.prefill_context: PolicyContext | None = None
+        if prefill_policy is not None:  # its own context: its label and the trace arrays it declares
+            self.policy = prefill_policy
+            self.prefill_context = PolicyContext(self, trace, self._routed, bool(prefill_policy.sees_future_routing))
+            self.policy = policy
         self._watched_by(observers, record_events, record_tokens)
 
     def _on_core(self, core: EventCore) -> None:
@@ -172,6 +189,11 @@ class Simulation:
         # what routing the run knows: every (token, MoE layer) up to this cell, t * MoE layers + layer (-1: none yet;
         # _route moves it on just before on_route); only the oracle reads beyond it
         self._routed_upto = -1
+        self._step_first = _NO_STEP  # a prefill chunk's first token while it runs: its later layers are not routed
+        self._current_token = 0  # the step's (last) token
+        # the decode policy's first token: in a request, the first decode step's (the prompt ran under prefill)
+        self._first_token = self.request.prompt_tokens if self.request is not None else 0
+        self._expert_works: dict[int, Work] = {}  # a prefill expert's arrays work by the tokens routed to it
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
@@ -185,10 +207,10 @@ class Simulation:
         self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self._token_routed: list[list[int]] = []
-        self.rec = RunRecorder(n_tokens, self.num_moe_layers, self._components)
-        # what routing found and each layer's stall, per (token, MoE layer) at t * layers + layer: plain lists as the
-        # run goes (a store into a numpy array from compiled code is a generic call), into rec.layers at its end
-        cells = n_tokens * self.num_moe_layers
+        self.rec = RunRecorder(self.num_steps, self.num_moe_layers, self._components)
+        # what routing found and each layer's stall, per (step, MoE layer) at step * layers + layer: plain lists as
+        # the run goes (a store into a numpy array from compiled code is a generic call), into rec.layers at its end
+        cells = self.num_steps * self.num_moe_layers
         self._layer_hits = [0] * cells
         self._layer_demands = [0] * cells
         self._layer_stall = [0] * cells
@@ -344,10 +366,12 @@ class Simulation:
     def _all_of(self, events: list[Any]) -> Any:
         return self._new_all_of(self.env, events)
 
-    def _host_job(self, layer: int, expert: int) -> Generator[Any, Any, None]:
+    def _host_job(self, layer: int, expert: int, timing: HostTiming | None = None) -> Generator[Any, Any, None]:
         """An expert computed on the host CPU: activations over PCIe, weights from LPDDR5X (a flow sharing it
-        with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back."""
-        timing = self.host_timing
+        with the fetches, no faster than the CPU computes or its own memory bandwidth allows), result back.
+        `timing`: for the tokens a prefill chunk routes to it (default: one token)."""
+        if timing is None:
+            timing = self.host_timing
         with self.host.request() as req:
             yield req
             start = self._now()
@@ -466,14 +490,19 @@ class Simulation:
     def _decode(self) -> Generator[Any, Any, None]:
         costs = self._layer_costs()
         head = cost_of(self.workload.token_head)
+        if self.request is not None:
+            yield from self._request(costs, head, self.request)
+            return
         self.policy.on_run_start(self.context)
         for t in range(self.num_tokens):
-            yield from self._token(t, costs, head)
+            yield from self._token(t, costs, head, t)
         # transfers still in flight land after this, charged to the last token's ledger
 
-    def _token(self, t: int, costs: list[LayerCost], head: Work) -> Generator[Any, Any, None]:
-        """One decode step: dense layers, MoE layers, LM head; records its latency and stall."""
+    def _token(self, t: int, costs: list[LayerCost], head: Work, row: int) -> Generator[Any, Any, None]:
+        """One decode step of trace token t, recorded as step `row`: dense layers, MoE layers, LM head; records its
+        latency and stall."""
         token_start = self._now()
+        self._current_token = t
         if self._observer is not None:
             self._observer.token_start(t, token_start)
         self._token_routed = self._routed[t]  # this token's routing, per MoE layer
@@ -486,15 +515,15 @@ class Simulation:
             if li < dense:
                 yield from self._compute(self._launched(cost.pre + cost.dense), "dense", li)
             else:
-                stall += yield from self._moe_layer(t, li - dense, cost)
+                stall += yield from self._moe_layer(t, li - dense, cost, row)
         yield from self._compute(self._launched(head), "head", -1)
         self._synced = True  # the token's end is marked between it and the next
         if self._observer is not None:
             self._observer.token_end(t, token_start, self._now())
         self._tally.add_to(self.rec.ledger)
-        self.rec.end_token(t, self._now() - token_start, stall)
+        self.rec.end_token(row, self._now() - token_start, stall)
 
-    def _moe_layer(self, t: int, layer: int, cost: LayerCost) -> Generator[Any, Any, int]:
+    def _moe_layer(self, t: int, layer: int, cost: LayerCost, row: int) -> Generator[Any, Any, int]:
         """One MoE layer: the policy prefetches, attention and the router run, routing decides, the experts
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         if self._observer is not None:
@@ -502,19 +531,20 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_layer_start(self.context, t, layer)
         yield from self._compute(self._launched(cost.pre), "attention", layer)
-        plan = self._route(t, layer)
-        stall = yield from self._run_experts(t, layer, plan, cost)
-        self._layer_stall[t * self.num_moe_layers + layer] = stall
+        plan = self._route(t, layer, row)
+        stall = yield from self._run_experts(t, layer, plan, cost, row)
+        self._layer_stall[row * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(t, layer)
         with self.dma.batch():
             self.policy.on_layer_end(self.context, t, layer)
         return stall
 
-    def _route(self, t: int, layer: int) -> LayerPlan:
+    def _route(self, t: int, layer: int, row: int, routed: list[int] | None = None) -> LayerPlan:
         """Routing is known: record what the buffer held, ask the policy what runs, demand-fetch what is
-        missing of it."""
-        routed = list(self._token_routed[layer])  # (a copy: the policy may keep or change it)
+        missing of it. `routed`: a prefill chunk's union of its tokens' experts (default: token t's)."""
+        if routed is None:
+            routed = list(self._token_routed[layer])  # (a copy: the policy may keep or change it)
         slot_of = self._slot_of
         base = layer * self.num_experts  # (routed experts are checked against the model when the trace loads)
         hits = 0
@@ -522,7 +552,7 @@ class Simulation:
             if slot_of[base + e] is not None:
                 hits += 1
         cell = t * self.num_moe_layers + layer
-        self._layer_hits[cell] = hits  # (overlap: hits == routed experts, at the end)
+        self._layer_hits[row * self.num_moe_layers + layer] = hits  # (overlap: hits == routed experts, at the end)
         self._routed_upto = cell  # this layer's routing is known from here on
         with self.dma.batch():
             if self._observer is not None:
@@ -536,10 +566,10 @@ class Simulation:
                 if slot_of[base + expert] is None:
                     demands += 1
                 self._demands.demand(layer, expert, execute)
-        self._layer_demands[cell] = demands
+        self._layer_demands[row * self.num_moe_layers + layer] = demands
         return plan
 
-    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: LayerCost) -> Generator[Any, Any, int]:
+    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: LayerCost, row: int) -> Generator[Any, Any, int]:
         """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
         while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
         expert, combine = cost.expert, cost.combine
@@ -547,10 +577,10 @@ class Simulation:
         host_jobs = [self._process(self._host_job(layer, e)) for e in plan.on_host]
         if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
             layers = self.rec.layers
-            layers.host[t, layer] = len(plan.on_host)
-            layers.surrogate[t, layer] = len(plan.surrogate)
-            layers.substituted[t, layer] = plan.substituted
-            layers.dropped[t, layer] = plan.dropped
+            layers.host[row, layer] = len(plan.on_host)
+            layers.surrogate[row, layer] = len(plan.surrogate)
+            layers.substituted[row, layer] = plan.substituted
+            layers.dropped[row, layer] = plan.dropped
             if plan.surrogate:
                 extra = extra + cost_of(self.policy.surrogate_op).times(len(plan.surrogate))
             if host_jobs:  # the weighted sum waits for the host's results
@@ -587,25 +617,179 @@ class Simulation:
                 yield from self._compute(extra, "shared", layer)
                 extra = NO_WORK
             else:
-                self._waiting_layer = layer
-                self._arrival_event = self._event()
-                wait_start = self._now()
-                yield self._arrival_event
-                if self._copy_wait_ps:  # the hand-off from the copy engine back to compute
-                    yield self._timeout(self._copy_wait_ps)
-                stall += self._now() - wait_start
-                if self._observer is not None:
-                    self._observer.stall(layer, wait_start, self._now())
+                stall += yield from self._await_arrival(layer)
         if host_jobs:
             wait_start = self._now()
             yield self._all_of(host_jobs)
-            self.rec.host_wait_ps[t] += self._now() - wait_start
+            self.rec.host_wait_ps[row] += self._now() - wait_start
             if self._observer is not None:
                 self._observer.host_wait(layer, wait_start, self._now())
             yield from self._compute(self._launched(extra + combine_later), "combine", layer)
         elif not plan.execute:
             yield from self._compute(self._launched(extra + combine), "combine", layer)
         return stall
+
+    def _await_arrival(self, layer: int) -> Generator[Any, Any, int]:
+        """The arrays wait for the next of this layer's experts to land; returns the stall (ps)."""
+        self._waiting_layer = layer
+        self._arrival_event = self._event()
+        wait_start = self._now()
+        yield self._arrival_event
+        if self._copy_wait_ps:  # the hand-off from the copy engine back to compute
+            yield self._timeout(self._copy_wait_ps)
+        if self._observer is not None:
+            self._observer.stall(layer, wait_start, self._now())
+        return self._now() - wait_start
+
+    # ======================================================================== a whole request
+    def _request(self, costs: list[LayerCost], head: Work, req: RequestWorkload) -> Generator[Any, Any, None]:
+        """A request: its prefill chunks under the prefill policy, which then says what stays in the buffer, and
+        its decode steps under the decode policy, step j attending over the prompt and the j tokens since."""
+        decode_policy, decode_context = self.policy, self.context
+        self.policy = self.prefill_policy
+        prefill_context = self.prefill_context
+        assert prefill_context is not None
+        self.context = prefill_context
+        self.policy.on_run_start(self.context)
+        for k, chunk in enumerate(req.chunks):
+            yield from self._prefill_chunk(k, chunk)
+        with self.dma.batch():
+            self.policy.on_prefill_end(self.context)
+        self._step_first = _NO_STEP
+        self.policy, self.context = decode_policy, decode_context
+        self.policy.on_run_start(self.context)
+        routers = [cost_of(layer.router) for layer in self.workload.layers]
+        kinds = [self.model.mixer(li) for li in range(len(costs))]
+        chunks, prompt = len(req.chunks), req.prompt_tokens
+        for step in range(1, req.output_tokens):
+            context = req.step_context(step)
+            step_costs = [cost._replace(pre=cost_of(req.decode_mixer(kinds[li], context)) + routers[li])
+                          for li, cost in enumerate(costs)]
+            yield from self._token(prompt + step - 1, step_costs, head, chunks + step - 1)
+
+    def _prefill_chunk(self, k: int, chunk: PrefillChunk) -> Generator[Any, Any, None]:
+        """Prefill chunk k, recorded as step k: every layer over its tokens at once, each MoE layer's experts the
+        union of its tokens' routed sets; the prompt's last chunk ends with the first output token's LM head."""
+        start = self._now()
+        first, last = chunk.offset, chunk.offset + chunk.tokens - 1
+        self._step_first = first
+        self._current_token = last
+        if self._observer is not None:
+            self._observer.prefill_start(k, first, last, start)
+        self.rec.start_token()
+        with self.dma.batch():
+            self.policy.on_token_start(self.context, last)
+        stall = 0
+        dense = self.model.first_dense_layers
+        for li, layer in enumerate(chunk.layers):
+            if li < dense:
+                yield from self._compute(self._launched(cost_of(layer.mixer) + cost_of(layer.dense)), "dense", li)
+            else:
+                stall += yield from self._prefill_layer(k, chunk, li - dense, layer)
+        yield from self._compute(self._launched(cost_of(chunk.head)), "head", -1)
+        self._synced = True
+        if self._observer is not None:
+            self._observer.prefill_end(k, first, last, start, self._now())
+        self._tally.add_to(self.rec.ledger)
+        self.rec.end_token(k, self._now() - start, stall)
+
+    def _prefill_layer(self, k: int, chunk: PrefillChunk, layer: int, costs: PrefillLayer
+                       ) -> Generator[Any, Any, int]:
+        """One MoE layer of a prefill chunk: the policy's layer start, the chunk's mixer and router, the union of
+        its tokens' experts routed, run and ended as a decode layer is. Returns the layer's stall (ps)."""
+        last = chunk.offset + chunk.tokens - 1
+        if self._observer is not None:
+            self._observer.layer_start(last, layer)
+        with self.dma.batch():
+            self.policy.on_layer_start(self.context, last, layer)
+        yield from self._compute(self._launched(cost_of(costs.mixer) + cost_of(costs.router)), "attention", layer)
+        counts: dict[int, int] = {}  # expert -> the chunk's tokens routed to it, in order of first appearance
+        routed = self._routed
+        for t in range(chunk.offset, last + 1):
+            for e in routed[t][layer]:
+                counts[e] = counts.get(e, 0) + 1
+        plan = self._route(last, layer, k, list(counts))
+        stall = yield from self._run_prefill_experts(last, layer, plan, costs, k, counts)
+        self._layer_stall[k * self.num_moe_layers + layer] = stall
+        if self._observer is not None:
+            self._observer.layer_end(last, layer)
+        with self.dma.batch():
+            self.policy.on_layer_end(self.context, last, layer)
+        return stall
+
+    def _run_prefill_experts(self, t: int, layer: int, plan: LayerPlan, costs: PrefillLayer, row: int,
+                             counts: dict[int, int]) -> Generator[Any, Any, int]:
+        """A chunk's shared experts over all its tokens, then each executed expert as a GEMM over the tokens routed
+        to it, in batches as their bytes land; host-CPU experts on their tokens; then the weighted sum."""
+        extra, combine = cost_of(costs.dense), cost_of(costs.combine)
+        host_jobs = [self._process(self._host_job(layer, e, host_timing(self.hw, self.workload, counts.get(e, 1))))
+                     for e in plan.on_host]
+        self.rec.layers.host[row, layer] = len(plan.on_host)
+        if host_jobs:
+            combine_later, combine = combine, NO_WORK
+        stall = 0
+        remaining = list(plan.execute)
+        slot_of = self._slot_of
+        base = layer * self.num_experts
+        use = t * self.num_moe_layers + layer
+        while remaining:
+            ready_entries: list[Entry] = []
+            ready: list[int] = []
+            waiting: list[int] = []
+            for e in remaining:
+                entry = slot_of[base + e]
+                if entry is not None and entry.resident:
+                    ready.append(e)
+                    ready_entries.append(entry)
+                else:
+                    waiting.append(e)
+            if ready:
+                work = extra
+                for e in ready:
+                    work = work + self._prefill_expert_work(counts.get(e, 1))
+                if len(ready) == len(remaining):
+                    work = work + combine
+                extra = NO_WORK
+                for entry in ready_entries:
+                    entry.used = True
+                    entry.last_use = use
+                if self._segment_launch is not None:
+                    work = self._launched_experts(work, ready_entries)
+                yield from self._compute(work, "experts", layer, ready)
+                self._expert_computes += len(ready)
+                remaining = waiting
+            elif extra.ps:
+                yield from self._compute(extra, "shared", layer)
+                extra = NO_WORK
+            else:
+                stall += yield from self._await_arrival(layer)
+        if host_jobs:
+            wait_start = self._now()
+            yield self._all_of(host_jobs)
+            self.rec.host_wait_ps[row] += self._now() - wait_start
+            if self._observer is not None:
+                self._observer.host_wait(layer, wait_start, self._now())
+            yield from self._compute(self._launched(extra + combine_later), "combine", layer)
+        elif not plan.execute:
+            yield from self._compute(self._launched(extra + combine), "combine", layer)
+        return stall
+
+    def _prefill_expert_work(self, tokens: int) -> Work:
+        """One routed expert as a GEMM over `tokens` tokens, as arrays work (operands from SRAM where experts are
+        staged there)."""
+        work = self._expert_works.get(tokens)
+        if work is None:
+            assert self.request is not None
+            op = self.request.expert(tokens)
+            if self.expert_format.operands_in_sram:
+                nbytes = op.hbm_read_bytes + op.hbm_write_bytes
+                work = Work(op.duration_ps, 0, op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, nbytes,
+                            op.duration_ps - op.fixed_ps, op.occupied_ps, op.profiled_pj,
+                            unpriced_sram_bytes=op.unpriced_bytes)
+            else:
+                work = cost_of(op)
+            self._expert_works[tokens] = work
+        return work
 
     def run(self) -> SimResult:
         process = self._process(self._decode())
@@ -623,7 +807,14 @@ class Simulation:
                                     prefetches_unused=self._prefetches_unused, fetches_total=self._fetches_total,
                                     peak_buffer_slots=self._peak_buffer_slots, expert_computes=self._expert_computes)
         timeline = self._timeline.timeline() if self._timeline is not None else None
-        return self.rec.result(self.policy.label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+        label = self.policy.label
+        if self.request is None:
+            return self.rec.result(label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+        extra = {f"prefill_{k}": v for k, v in self.prefill_policy.extra_metrics().items()}
+        result = self.rec.result(label, self.num_moe_layers, {**extra, **self.policy.extra_metrics()}, timeline)
+        result.prefill_steps = len(self.request.chunks)
+        result.prefill_chunk_tokens = tuple(c.tokens for c in self.request.chunks)
+        return result
 
     def _record_layers(self) -> None:
         """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer)."""

@@ -88,8 +88,9 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
               link_gbps: float | None = None, link: str = "pcie") -> dict:
     """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary. `link`: the link
     into the package, whose bytes are the off-chip traffic; `link_gbps`: its data bandwidth per direction."""
-    warmup = min(warmup_tokens, result.tokens - 1)
-    sl = slice(warmup, None)
+    first = result.prefill_steps  # a request's decode steps follow its prefill chunks; it needs no warm-up
+    warmup = min(warmup_tokens, result.tokens - 1) if not first else 0
+    sl = slice(first + warmup, None)
     row = {"policy": result.policy}
     row.update(_span_summary(result, table, sl, link))
     row["recall"] = row.pop("hits_per_layer") / top_k
@@ -125,5 +126,68 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
         "stall_ms": [float(x) for x in layers.stall_ps[sl].mean(axis=0) / PS_PER_MS],
         "demand_fetches": [float(x) for x in layers.demand_fetches[sl].mean(axis=0)],
     }
+    if first:
+        req = request_summary(result, table, link)
+        row.update({key: req[key] for key in REQUEST_COLUMNS})
+        row["request"] = req
     row.update(result.extra)
     return row
+
+
+# a request's metrics that the results table, results.csv and sweeps carry as columns (all in row["request"])
+REQUEST_COLUMNS = ("ttft_ms", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99", "e2e_ms", "tokens_per_s",
+                   "energy_request_mj", "energy_prefill_mj", "energy_decode_mj")
+
+
+def _request_part(result: SimResult, energy: dict[str, np.ndarray], table: EnergyTable, sl: slice,
+                  link: str) -> dict:
+    """Sums over a request's prefill chunks or decode steps: time, stall, energy by category and component, bytes
+    over the expert link, demand fetches."""
+    tok = result.per_token
+    comp = {c: float(v[sl].sum() / PJ_PER_MJ) for c, v in energy.items()}
+    cat = {c: 0.0 for c in CATEGORIES}
+    for c, v in comp.items():
+        cat[table.category_of[c]] += v
+    return {
+        "steps": int(tok.latency_ps[sl].size),
+        "latency_ms": float(tok.latency_ps[sl].sum() / PS_PER_MS),
+        "stall_ms": float(tok.stall_ps[sl].sum() / PS_PER_MS),
+        "energy_mj": float(sum(cat.values())),
+        "energy_onchip_active_mj": cat["onchip_active"],
+        "energy_offchip_io_mj": cat["offchip_io"],
+        "energy_idle_leakage_mj": cat["idle_leakage"],
+        "energy_host_cpu_mj": cat["host_cpu"],
+        "energy_by_component_mj": comp,
+        "expert_link_bytes": int(tok.bytes[link][sl].sum()) if link else 0,
+        "demand_fetches": int(result.per_layer.demand_fetches[sl].sum()),
+        "host_experts": int(result.per_layer.host[sl].sum()),
+    }
+
+
+def request_summary(result: SimResult, table: EnergyTable, link: str) -> dict:
+    """A whole request: TTFT (its prefill chunks, the last one's LM head giving the first token), TPOT over its decode
+    steps (mean, p50, p99), end-to-end time, output tokens per second, and energy split into prefill and decode."""
+    n = result.prefill_steps
+    latency = result.per_token.latency_ps
+    energy = per_token_energy_pj(result, table)
+    prefill = _request_part(result, energy, table, slice(0, n), link)
+    decode = _request_part(result, energy, table, slice(n, None), link)
+    tpot = latency[n:] / PS_PER_MS
+    e2e_ms = float(latency.sum() / PS_PER_MS)
+    output = int(tpot.size) + 1
+    return {
+        "prompt_tokens": int(sum(result.prefill_chunk_tokens)),
+        "output_tokens": output,
+        "prefill_chunk_tokens": list(result.prefill_chunk_tokens),
+        "ttft_ms": prefill["latency_ms"],
+        "tpot_ms_mean": float(tpot.mean()),
+        "tpot_ms_p50": float(np.percentile(tpot, 50)),
+        "tpot_ms_p99": float(np.percentile(tpot, 99)),
+        "e2e_ms": e2e_ms,
+        "tokens_per_s": output / (e2e_ms / 1e3),
+        "energy_request_mj": prefill["energy_mj"] + decode["energy_mj"],
+        "energy_prefill_mj": prefill["energy_mj"],
+        "energy_decode_mj": decode["energy_mj"],
+        "prefill": prefill,
+        "decode": decode,
+    }

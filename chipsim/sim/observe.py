@@ -28,6 +28,12 @@ index, 0 for the first MoE layer; times in ps; `demand`: a demand fetch, else a 
     layer_end(t, layer)                      a MoE layer's experts are done (before the policy's on_layer_end)
     token_end(t, start, end)                 a decode step ended
 
+A request's prefill chunks (chipsim.workload.request) come before its decode steps; within each, the calls above
+from layer_start to layer_end run as in a decode step (t: the chunk's last token), between
+
+    prefill_start(chunk, first, last, now)   prefill chunk `chunk` of prompt tokens first .. last begins
+    prefill_end(chunk, first, last, start, end)  it ended (its LM head, on the prompt's last chunk, included)
+
 Fetches, landings, evictions and host jobs happen whenever the DMA queue and the policy make them, between the
 calls above. The DMA queue has its own, finer observer (chipsim.sim.dma.DmaRecorder: each transfer's phases on each
 engine), handed to it by an observer's attach with `record_dma(sim, recorder)` when it needs them; one per run.
@@ -86,6 +92,12 @@ class Observer:
         pass
 
     def token_end(self, t: int, start: int, end: int) -> None:
+        pass
+
+    def prefill_start(self, chunk: int, first: int, last: int, now: int) -> None:
+        pass
+
+    def prefill_end(self, chunk: int, first: int, last: int, start: int, end: int) -> None:
         pass
 
 
@@ -154,6 +166,14 @@ class Observers(Observer):
     def token_end(self, t: int, start: int, end: int) -> None:
         for o in self.observers:
             o.token_end(t, start, end)
+
+    def prefill_start(self, chunk: int, first: int, last: int, now: int) -> None:
+        for o in self.observers:
+            o.prefill_start(chunk, first, last, now)
+
+    def prefill_end(self, chunk: int, first: int, last: int, start: int, end: int) -> None:
+        for o in self.observers:
+            o.prefill_end(chunk, first, last, start, end)
 
 
 def record_dma(sim: Any, recorder: Any) -> Any:

@@ -106,6 +106,10 @@ class SimResult:
     counts: RunCounts
     extra: dict = field(default_factory=dict)  # the policy's own metrics (Policy.extra_metrics)
     timeline: RecordedTimeline | None = None
+    # a whole request (chipsim.workload.request): its first `prefill_steps` steps are prefill chunks of these many
+    # prompt tokens each, the rest decode steps; 0 and () in decode-only runs, where every step is a token
+    prefill_steps: int = 0
+    prefill_chunk_tokens: tuple[int, ...] = ()
 
 
 class RunRecorder:
@@ -170,4 +174,6 @@ def differences(a: SimResult, b: SimResult) -> list[str]:
         out.append("counts")
     if a.extra != b.extra:
         out.append("extra")
+    if (a.prefill_steps, a.prefill_chunk_tokens) != (b.prefill_steps, b.prefill_chunk_tokens):
+        out.append("prefill")
     return out

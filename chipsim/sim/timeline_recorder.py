@@ -67,6 +67,10 @@ class TimelineRecorder(Observer):
         if self.recording:
             self.events.append(("tokens", f"token {t}", start, end))
 
+    def prefill_end(self, chunk: int, first: int, last: int, start: int, end: int) -> None:
+        if self.recording:
+            self.events.append(("tokens", f"prefill chunk {chunk} (prompt tokens {first}-{last})", start, end))
+
     def timeline(self) -> RecordedTimeline:
         """The DMA recorder's spans as plain tuples (engine, phase, start_ps, end_ps, layer, expert, bytes,
         "demand"/"prefetch" at the span's start, cancelled, promoted to demand), its link samples and the

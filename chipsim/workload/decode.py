@@ -225,7 +225,8 @@ OP_GROUPS = ("attention", "attention_sliding", "mamba", "dense", "router", "shar
 MIXER_GROUP = {FULL: "attention", SLIDING: "attention_sliding", MAMBA: "mamba"}
 
 
-def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_am: ArrayModel | None = None) -> dict:
+def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_am: ArrayModel | None = None,
+                      context: int | None = None) -> dict:
     """Group name -> a function building that group's OpCost on `am` (None: the model has no such group).
 
     attention: input norm … residual of a full-attention layer; attention_sliding: the same over at most the
@@ -233,9 +234,10 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
     (dense first layers); router: post-attention norm, router GEMV, softmax, top-k; shared: the shared experts;
     expert: one routed expert; combine: weighted sum + residual; head: embedding, final norm, LM head.
     chipsim.hwreplay replays the same builders primitive by primitive, so timing and replay share one
-    description of the decode step.
+    description of the decode step. `context`: the KV-cache length the mixers attend over (default
+    workload.context_length).
     """
-    ctx = hw.workload.context_length
+    ctx = hw.workload.context_length if context is None else context
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
     d = m.hidden_size
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}
@@ -312,19 +314,21 @@ class _MemoryPlan:
     spare: int
 
 
-def build_workload(hw: HardwareConfig) -> DecodeWorkload:
+def build_workload(hw: HardwareConfig, context: int | None = None) -> DecodeWorkload:
+    """The decode step at `context` cached tokens (default workload.context_length; a request passes its final
+    context, chipsim.workload.request), its memory plan checked first."""
     m = model_of(hw.model)
-    ctx = hw.workload.context_length
+    ctx = hw.workload.context_length if context is None else context
     r = roles(hw)
     in_sram = r.stage_in_sram
     if in_sram and not hw.compute.sram_read_gbps_per_array:
         key = "roles.expert_staging" if hw.roles.expert_staging else "expert_buffer.location"
         raise InputError(f"{key}: sram needs compute.sram_read_gbps_per_array (the bandwidth staged "
                          "experts are read at)")
-    plan = _memory_plan(hw, m)  # before any operation is costed: a model that cannot fit is refused at once
+    plan = _memory_plan(hw, m, ctx)  # before any operation is costed: a model that cannot fit is refused at once
     am = ArrayModel(hw)
     expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
-    built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am).items()}
+    built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am, ctx).items()}
     if am.launch_per_group:  # each op group starts with a launch (a CUDA graph per group on a GPU)
         built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
     am.save_table()
@@ -346,7 +350,7 @@ def build_workload(hw: HardwareConfig) -> DecodeWorkload:
     )
 
 
-def _memory_plan(hw: HardwareConfig, m: ModelShape) -> _MemoryPlan:
+def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan:
     """The expert buffer's slots and the operand memory's budget, each refused in one line when it cannot be."""
     r = roles(hw)
     bits = hw.model.expert_bits
@@ -374,7 +378,7 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape) -> _MemoryPlan:
                 f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
                 f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
-    kv = m.cache_bytes(hw.workload.context_length, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
+    kv = m.cache_bytes(context, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
     activations = 64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
     operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
@@ -383,7 +387,8 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape) -> _MemoryPlan:
         held = "every expert" if r.in_place else "expert buffer"
         raise InputError(
             f"{operand_key}.capacity_gib: {operand.capacity_gib} GiB cannot hold non-expert weights "
-            f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache ({kv / BYTES_PER_GIB:.2f} GiB) + activations + "
+            f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache of {context} tokens ({kv / BYTES_PER_GIB:.2f} GiB) + "
+            f"activations + "
             f"{held} ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )
     store_key, store = memories(hw)[r.expert_store]  # the memory the experts are fetched from

@@ -21,14 +21,16 @@ class HostTiming:
     activation_bytes: int  # bytes crossing PCIe per expert (both ways)
 
 
-def host_timing(hw: HardwareConfig, workload: DecodeWorkload) -> HostTiming:
+def host_timing(hw: HardwareConfig, workload: DecodeWorkload, tokens: int = 1) -> HostTiming:
+    """One expert on the host CPU for `tokens` tokens (a prefill chunk's routed to it): its weights read once,
+    every token's FLOPs, every token's activation across the host link each way."""
     cpu = hw.host_cpu
     m = workload.model
-    flops = 2 * m.expert_params
+    flops = 2 * m.expert_params * tokens
     peak = cpu.cores * cpu.clock_ghz * 1e9 * cpu.flops_per_cycle_per_core
     compute_ps = max(-(-flops * PS_PER_S // int(peak)),
                      transfer_ps(workload.expert_bytes, gbps_to_bytes_per_s(cpu.memory_bandwidth_gbps)))
-    act = m.hidden_size * 2  # BF16 hidden vector
+    act = m.hidden_size * 2 * tokens  # BF16 hidden vectors
     host_link = roles(hw).host_link
     transit_ps = 0  # no link: the host CPU reads the activations where the compute units left them
     if host_link:

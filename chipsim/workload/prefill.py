@@ -1,6 +1,6 @@
 """A prefill chunk as costed operations: C prompt tokens at positions offset .. offset + C - 1 through every layer
 at once, as matrix-matrix work on the arrays (ArrayModel.matmul: the weights stream once for the chunk). This module
-costs a chunk; running prefill on the machine (the engine, prefill policies, TTFT) is issue #42's next part.
+costs a chunk; chipsim.workload.request lays a prompt out in chunks and the engine runs them.
 
 Per layer: the chunk's input norms; its token mixer (attention: q, k, v for all C tokens, causal scores and value
 mix against the cached keys and values and the chunk's own, the output projection; a Mamba2 layer: the same step
@@ -145,9 +145,14 @@ def prefill_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, of
         return _ffn(am, "expert", d, m.expert_ffn, bits, group, sbits, hw.compute.dequant_ops_per_weight,
                     m.expert_activation, m.expert_bias, tokens=routed_tokens)
 
-    def head():
+    def head(logits: bool = True):
+        """The chunk's embedding lookups; with `logits` (the prompt's last chunk), its last token's LM head."""
         op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES)
+        if not logits:
+            return op
         op = op + _norm(am, "final_norm", 1, d) + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+        if m.lm_head_bias:
+            op = op + am.vector("lm_head_bias", m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
         return op + am.vector("argmax", m.vocab_size)
 
     return {
