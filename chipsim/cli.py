@@ -510,7 +510,8 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--timeline", metavar="FILE",
                      help="write a Chrome/Perfetto trace-event JSON of the runs (open in ui.perfetto.dev)")
     run.add_argument("--timeline-tokens", type=int, default=8, metavar="N",
-                     help="tokens the timeline covers, from the first (default 8; 0: all); the table covers all")
+                     help="tokens the timeline covers, from the first (default 8; 0: all; a request's prefill chunks "
+                          "count as one each); the table covers all")
     run.add_argument("--profile", action="store_true",
                      help="run each policy once under cProfile, in this process, and print where the time goes "
                           "(SimPy events, transfers, DMA queue, engine, policy hooks)")

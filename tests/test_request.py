@@ -129,6 +129,9 @@ def test_the_timeline_shows_the_prefill_chunks_and_then_the_decode_steps():
     assert [name for name, _ in spans] == ["prefill chunk 0 (prompt tokens 0-15)", "prefill chunk 1 (prompt tokens "
                                            "16-31)", "token 32", "token 33"]
     assert [start for _, start in spans] == sorted(start for _, start in spans)
+    # --timeline-tokens N: the first N steps, a prefill chunk counting as one
+    first3 = simulate(prep, prep.policies[0], record_events=True, record_tokens=3).timeline
+    assert [name for lane, name, _, _ in first3.events if lane == "tokens"] == [name for name, _ in spans][:3]
 
 
 @pytest.mark.parametrize("keys, policy, words", [

@@ -17,10 +17,12 @@ _OP_LABELS = {"dense": "dense layer %d", "attention": "L%d attention+router", "s
 
 
 class TimelineRecorder(Observer):
-    """Spans of the first `tokens` tokens (0: every token), as (lane, name, start ps, end ps)."""
+    """Spans of the first `tokens` steps (0: all; a step is a decode token or a request's prefill chunk), as (lane,
+    name, start ps, end ps)."""
 
     def __init__(self, tokens: int = 0) -> None:
         self.until = tokens if tokens else -1
+        self.steps = 0  # steps begun so far (in a decode-only run, the token's index)
         self.events: list[tuple[str, str, int, int]] = []
         self.recording = True
         self.dma: DmaRecorder | None = None
@@ -31,10 +33,18 @@ class TimelineRecorder(Observer):
         self.dma = record_dma(sim, DmaRecorder(sim.dma.engines))
 
     def token_start(self, t: int, now: int) -> None:
-        if t == self.until:  # it has its tokens: stop (fetches in flight finish their DMA spans)
+        self._step_start()
+
+    def prefill_start(self, chunk: int, first: int, last: int, now: int) -> None:
+        self._step_start()
+
+    def _step_start(self) -> None:
+        """A step begins (a decode token, or a request's prefill chunk): the first `tokens` steps are recorded."""
+        if self.steps == self.until:  # it has its steps: stop (fetches in flight finish their DMA spans)
             self.recording = False
             if self.dma is not None:
                 self.dma.stopping = True
+        self.steps += 1
 
     def ops(self, kind: str, index: int, experts: list[int] | None, start: int, end: int) -> None:
         if not self.recording:
