@@ -26,8 +26,8 @@ def test_every_experiment_loads_and_validates(name):
     assert exp["name"] == name
     assert exp["policies"] and exp["plot"]["kind"] in ex.PLOT_KINDS
     assert all(os.path.isfile(c) for c in exp["configs"])
-    # fast: every experiment caps its tokens
-    assert any(o.startswith("workload.max_tokens=") for o in exp["overrides"])
+    # fast: every experiment caps its tokens (a request: its output tokens; its prompt is what it sweeps)
+    assert any(o.startswith(("workload.max_tokens=", "workload.output_tokens=")) for o in exp["overrides"])
 
 
 GOOD = """\

@@ -132,6 +132,23 @@ def _check_key(path: str, config: str, key: str, value, overrides: list[str]) ->
         raise _err(path, f"grid {key}={value!r}: {exc}") from None
 
 
+def _check_overrides(path: str, config_paths: list[str], overrides, grid: dict) -> None:
+    """The overrides are KEY=VALUE strings each config accepts, alone or with the grid's first point where that
+    completes them (a request's output tokens need the prompt its grid sweeps)."""
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise _err(path, "overrides: expected a list of KEY=VALUE strings")
+    first_point = [f"{k}={yaml_text(k, v[0])}" for k, v in grid.items() if isinstance(k, str) and isinstance(v, list)
+                   and v and k.split(".")[0] != "policies"]
+    for cp in config_paths:
+        try:
+            load_config(cp, overrides)
+        except InputError as exc:
+            try:
+                load_config(cp, [*overrides, *first_point])
+            except InputError:
+                raise _err(path, f"overrides: {exc}") from None
+
+
 def load_experiment(path: str) -> dict:
     """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
     text = read_input_text(path, "experiment", YAML_MAX_BYTES)
@@ -175,20 +192,7 @@ def load_experiment(path: str) -> dict:
     if not isinstance(grid, dict):
         raise _err(path, "grid: expected a mapping {dotted.key: [values]}")
     overrides = raw.get("overrides") or []
-    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-        raise _err(path, "overrides: expected a list of KEY=VALUE strings")
-    # the overrides alone, or with the grid's first point where that completes them (a request's output tokens
-    # need the prompt a grid sweeps)
-    first_point = [f"{k}={yaml_text(k, v[0])}" for k, v in grid.items() if isinstance(k, str) and isinstance(v, list)
-                   and v and k.split(".")[0] != "policies"]
-    for cp in config_paths:
-        try:
-            load_config(cp, overrides)
-        except InputError as exc:
-            try:
-                load_config(cp, [*overrides, *first_point])
-            except InputError:
-                raise _err(path, f"overrides: {exc}") from None
+    _check_overrides(path, config_paths, overrides, grid)
     for key, values in grid.items():
         if not isinstance(key, str) or not isinstance(values, list) or not values:
             raise _err(path, f"grid {key}: expected a non-empty list of values")
