@@ -62,7 +62,7 @@ CONFIG_NAMES = {
     "thor-olmoe-1b-7b-0125": "OLMoE-0125*",
     "thor-granite-4.0-h-tiny": "Granite-4.0-H*",
     "thor-moonlight-16b-a3b": "Moonlight*",
-    "thor-gpt-oss-20b": "gpt-oss-20b*",
+    "thor-gpt-oss-20b": "gpt-oss-20b",  # (a trained trace)
     "thor-ernie-4.5-21b-a3b": "ERNIE-4.5*",
     "thor-qwen3-30b-a3b": "Qwen3-30B*",
     "thor-phi-3.5-moe": "Phi-3.5-MoE*",
