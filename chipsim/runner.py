@@ -22,7 +22,7 @@ from chipsim.files import read_input
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.machine import roles
 from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
-from chipsim.policies.base import Policy, check_policy_config, make_policy, make_request_policies
+from chipsim.policies.base import Policy, check_policy_config, make_policy, make_request_policies, split_request_spec
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.core import core_for
 from chipsim.sim.engine import Simulation
@@ -125,7 +125,7 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     trace = trace_format.load(config.trace_path, needed=sorted(needed))
     trace.check_matches(workload.model)
     if request is not None:
-        _check_request_fits(config, workload, trace, request, every)
+        _check_request_fits(config, workload, trace, request, list(prefill_for.values()))
     _check_time_fits(config, workload, trace, policies, request)
     for policy in every:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
@@ -144,7 +144,7 @@ def _policies(config: Config, specs: list[str]) -> tuple[list[Policy], dict[str,
         return [decode for _, decode in pairs], {decode.label: prefill for prefill, decode in pairs}
     policies = []
     for spec in specs:
-        if "+" in spec:
+        if split_request_spec(spec):
             raise InputError(f"--policy {spec}: PREFILL+DECODE needs a request (workload.prompt_tokens > 0)")
         policy = make_policy(spec, config.policies)
         if policy.phase != "decode":

@@ -151,9 +151,9 @@ def test_the_timeline_shows_the_prefill_chunks_and_then_the_decode_steps():
      ["run.prefill_policy", "'lru' is a decode policy"]),
     (["workload.prompt_tokens=64", "workload.output_tokens=8", "expert_buffer.capacity_mib=96"], "apex",
      ["expert_buffer.capacity_mib", "routes to in MoE layer", "smaller chunks"]),
-    # 0.8 GiB holds the decode of context 1,024, not a request's final 2,008-token cache
+    # 0.8 GiB holds the decode of context 1,024, not a request's final 2,007-token cache (its last step's)
     (["workload.prompt_tokens=2000", "workload.output_tokens=8", "memory.hbm.capacity_gib=0.8"], "apex",
-     ["memory.hbm.capacity_gib", "KV cache of 2008 tokens"]),
+     ["memory.hbm.capacity_gib", "KV cache of 2007 tokens"]),
 ])
 def test_a_bad_request_is_one_line_and_exit_2(capsys, tmp_path, keys, policy, words):
     argv = ["run", THOR, "--policy", policy, "--out", str(tmp_path / "out")]
@@ -174,3 +174,38 @@ def test_a_decode_only_run_reads_no_request_key():
     with pytest.raises(InputError, match="fewer than"):
         prepare(THOR, ["workload.prompt_tokens=64", "workload.output_tokens=2", "expert_buffer.capacity_mib=96"],
                 ["apex"])
+
+
+def test_a_plus_inside_a_parameter_value_is_not_a_prefill_policy(tmp_path):
+    prep = prepare(THOR, ["workload.max_tokens=2"], ["static:extra=+4", "apex:tau=0.5e+0"])
+    assert [p.label for p in prep.policies] == ["static:extra=+4", "apex:tau=0.5e+0"] and prep.request is None
+    prep = prepare(THOR, ["workload.prompt_tokens=16", "workload.output_tokens=2"],
+                   ["on-demand:keep=1e+0+static:extra=+4", "static-4"])
+    assert [p.label for p in prep.policies] == ["on-demand:keep=1e+0+static:extra=+4", "on-demand+static-4"]
+    assert prep.prefill_for["on-demand:keep=1e+0+static:extra=+4"].params.keep == 1.0
+
+
+def test_prefill_moves_experts_as_stored_whatever_the_decode_policy():
+    """TTFT is the prefill policy's: the same before per-layer staging, FloE's compressed experts or ProMoE's
+    per-matrix transfers; a decode policy with another format starts from an empty buffer."""
+    keys = ["workload.prompt_tokens=64", "workload.output_tokens=3", "expert_buffer.capacity_mib=1200"]
+    ttft = {}
+    for decode in ("no-prefetch", "floe", "promoe", "lru"):
+        prep = prepare(THOR, keys, [f"layer-ahead:keep=0.8+{decode}"])
+        result = simulate(prep, prep.policies[0])
+        ttft[decode] = int(result.per_token.latency_ps[:result.prefill_steps].sum())
+    assert len(set(ttft.values())) == 1, ttft
+
+
+def test_the_prefill_policy_counts_from_the_first_token_and_decode_from_the_prompt_s_end():
+    prep = prepare(THOR, ["workload.prompt_tokens=16", "workload.output_tokens=3"], ["on-demand+no-prefetch"])
+    seen = {}
+
+    class Asks(OnDemand):
+        def on_run_start(self, ctx):
+            seen["prefill"] = ctx.first_token
+            super().on_run_start(ctx)
+
+    prep.prefill_for[prep.policies[0].label] = Asks("on-demand")
+    sim = simulate(prep, prep.policies[0])
+    assert seen == {"prefill": 0} and sim.prefill_steps == 1

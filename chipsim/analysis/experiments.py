@@ -196,9 +196,12 @@ def load_experiment(path: str) -> dict:
     for key, values in grid.items():
         if not isinstance(key, str) or not isinstance(values, list) or not values:
             raise _err(path, f"grid {key}: expected a non-empty list of values")
+        # with the other grid keys at their first values (a request's prompt and chunk swept together)
+        others = [f"{k}={yaml_text(k, v[0])}" for k, v in grid.items() if k != key and isinstance(k, str)
+                  and isinstance(v, list) and v and k.split(".")[0] != "policies"]
         for cp in config_paths:
             for v in values:
-                _check_key(path, cp, key, v, overrides)
+                _check_key(path, cp, key, v, [*overrides, *others])
     policies = raw["policies"]
     if not isinstance(policies, list) or not policies or not all(isinstance(p, str) and p for p in policies):
         raise _err(path, "policies: expected a non-empty list of policy specs")

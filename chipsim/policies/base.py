@@ -303,6 +303,10 @@ class Policy:
     summary: str = ""
     # "decode": runs decode steps; "prefill": runs a request's prefill chunks (chipsim.policies.prefill)
     phase: ClassVar[str] = "decode"
+    # True: its decisions read the buffer as the engine holds it, so after a request's prefill it uses what prefill
+    # kept there; False: it keeps its own record of what it placed (Fiddler's placement, SPICE's stamps), so the
+    # engine empties the buffer before its first decode step
+    adopts_buffer: ClassVar[bool] = True
     # the frozen dataclass of this policy's parameters (fields made by `param`); a subclass that sets it also
     # annotates `params` with it, so that a type checker knows `self.params.<field>`
     Params: ClassVar[type] = NoParams
@@ -479,7 +483,7 @@ def _parse_inline(text: str, spec: str = "") -> dict:
     return out
 
 
-def make_policy(spec: str, config_params: dict) -> Policy:
+def make_policy(spec: str, config_params: dict, where: str = "") -> Policy:
     """Build a policy from 'name', a shorthand like 'static-4', or 'name:param=value,...'.
 
     Parameters come, in increasing precedence, from the declared defaults, `policies.<name>` in the
@@ -495,7 +499,7 @@ def make_policy(spec: str, config_params: dict) -> Policy:
                 name, shorthand = hit
                 break
     if name not in REGISTRY:
-        raise InputError(f"--policy {spec}: unknown policy '{head}' (known: {', '.join(sorted(REGISTRY))})")
+        raise InputError(f"{where or '--policy ' + spec}: unknown policy '{head}' (known: {', '.join(sorted(REGISTRY))})")
     cls = REGISTRY[name]
     specs = cls.param_specs()
     family = (config_params.get(cls.param_family, {}) or {}) if cls.param_family else {}
@@ -511,22 +515,41 @@ def make_policy(spec: str, config_params: dict) -> Policy:
     return cls(label=spec, params=cls.Params(**values))
 
 
+def _names_policy(spec: str) -> bool:
+    """The spec's head (before any ':') is a registered policy or a shorthand of one (static-4)."""
+    head = spec.partition(":")[0].strip()
+    return head in REGISTRY or any(parse(head) for parse in SHORTHANDS)
+
+
+def split_request_spec(spec: str) -> tuple[str, str] | None:
+    """'PREFILL+DECODE' -> (PREFILL, DECODE) at the first '+' with a registered policy on its left and a policy or
+    nothing on its right (so a '+' inside a parameter value, static:extra=+4 or apex:tau=0.5e+0, is not a split);
+    None for a spec without one."""
+    for i, char in enumerate(spec):
+        if char == "+" and spec[:i].partition(":")[0].strip() in REGISTRY:
+            right = spec[i + 1:].strip()
+            if not right or _names_policy(right):
+                return spec[:i].strip(), right
+    return None
+
+
 def make_request_policies(spec: str, config_params: dict, default_prefill: str) -> tuple[Policy, Policy]:
     """A request's (prefill, decode) policies from 'PREFILL+DECODE' or a decode spec alone (then `default_prefill`,
     the config's run.prefill_policy); the decode policy is labelled with both, 'PREFILL+DECODE'."""
     spec = spec.strip()
-    prefill_spec, plus, decode_spec = spec.partition("+")
-    if not plus:
-        prefill_spec, decode_spec = default_prefill, spec
-    prefill = make_policy(prefill_spec, config_params)
+    pair = split_request_spec(spec)
+    prefill_spec, decode_spec = pair if pair else (default_prefill, spec)
+    where = f"--policy {spec}" if pair else f"run.prefill_policy {default_prefill}"
+    if pair and not decode_spec:
+        raise InputError(f"--policy {spec}: no decode policy after '+' (PREFILL+DECODE, e.g. {prefill_spec}+apex)")
+    prefill = make_policy(prefill_spec, config_params, where)
     decode = make_policy(decode_spec, config_params)
     if prefill.phase != "prefill":
-        where = f"--policy {spec}" if plus else "run.prefill_policy"
-        raise InputError(f"{where}: '{prefill_spec.strip()}' is a decode policy, not a prefill policy (prefill: "
+        raise InputError(f"{where}: '{prefill_spec}' is a decode policy, not a prefill policy (prefill: "
                          f"{', '.join(sorted(phase_names('prefill')))})")
     if decode.phase != "decode":
-        raise InputError(f"--policy {spec}: '{decode_spec.strip()}' is a prefill policy; name a decode policy after "
-                         f"it (PREFILL+DECODE, e.g. {prefill_spec.strip()}+apex)")
+        raise InputError(f"--policy {spec}: '{decode_spec}' is a prefill policy; name a decode policy after "
+                         f"it (PREFILL+DECODE, e.g. {prefill_spec}+apex)")
     decode.label = f"{prefill.label}+{decode.label}"
     return prefill, decode
 

@@ -44,6 +44,7 @@ class Fiddler(Policy):
                 "set it runs the experts it did not place on the host CPU, a deliberate CPU/GPU split")
     summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"
     caches_across_tokens = True
+    adopts_buffer = False  # its placement is its own record
     trace_arrays = (pa.TRAIN_EXPERT_COUNTS,)
     Params = FiddlerParams
     params: FiddlerParams

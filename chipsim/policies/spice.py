@@ -135,6 +135,7 @@ class SpiceParams:
 @register
 class Spice(Policy):
     name = "spice"
+    adopts_buffer = False  # its cache is its own stamps
     in_place = ("every expert is already where the arrays read it: no miss goes to the host CPU or a surrogate, "
                 "and it runs as no-prefetch does")
     summary = ("draft predictions several layers deep (depth grows with confidence, ≥ D_min), expert cache; "

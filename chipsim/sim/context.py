@@ -77,6 +77,7 @@ class PolicyContext:
         # the trace arrays this policy may read: the core schema and what it declares
         self._readable = set(CORE_ARRAYS) | {spec.name for spec in sim.policy.trace_arrays}
         self._rows: dict[str, TokenRows] = {}  # trace_row's arrays, per token as nested lists
+        self._first_token = 0  # the first token this policy's steps run (a request's decode policy: the engine sets)
 
     # ---- the run's set-up (constant for the whole run)
     @property
@@ -121,7 +122,7 @@ class PolicyContext:
 
     @property
     def first_token(self) -> int:
-        return self._sim._first_token if self is self._sim.context else 0
+        return self._first_token
 
     @property
     def step_tokens(self) -> range:

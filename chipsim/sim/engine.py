@@ -97,8 +97,13 @@ class Simulation:
         self.context = PolicyContext(self, trace, self._routed, bool(policy.sees_future_routing))
         self.prefill_policy: Any = prefill_policy
         self.prefill_context: PolicyContext | None = None
-        if prefill_policy is not None:  # its own context: its label and the trace arrays it declares
+        if request is not None and prefill_policy is not None:
+            self.context._first_token = request.prompt_tokens  # the decode policy's steps start after the prompt
+            # prefill moves and computes experts in its own format (as stored, unless its policy says otherwise),
+            # with its own context: its label, the trace arrays it declares; the run starts in it
             self.policy = prefill_policy
+            self._expert_format(prefill_policy, workload, hw)
+            self.buffer.slots = self.slots
             self.prefill_context = PolicyContext(self, trace, self._routed, bool(prefill_policy.sees_future_routing))
             self.policy = policy
         self._watched_by(observers, record_events, record_tokens)
@@ -191,8 +196,6 @@ class Simulation:
         self._routed_upto = -1
         self._step_first = _NO_STEP  # a prefill chunk's first token while it runs: its later layers are not routed
         self._current_token = 0  # the step's (last) token
-        # the decode policy's first token: in a request, the first decode step's (the prompt ran under prefill)
-        self._first_token = self.request.prompt_tokens if self.request is not None else 0
         self._expert_works: dict[int, Work] = {}  # a prefill expert's arrays work by the tokens routed to it
         self._waiting_layer = -1
         self._arrival_event: Any = None
@@ -657,6 +660,7 @@ class Simulation:
             self.policy.on_prefill_end(self.context)
         self._step_first = _NO_STEP
         self.policy, self.context = decode_policy, decode_context
+        self._decode_format(decode_policy)
         self.policy.on_run_start(self.context)
         routers = [cost_of(layer.router) for layer in self.workload.layers]
         kinds = [self.model.mixer(li) for li in range(len(costs))]
@@ -666,6 +670,18 @@ class Simulation:
             step_costs = [cost._replace(pre=cost_of(req.decode_mixer(kinds[li], context)) + routers[li])
                           for li, cost in enumerate(costs)]
             yield from self._token(prompt + step - 1, step_costs, head, chunks + step - 1)
+
+    def _decode_format(self, policy: Any) -> None:
+        """Decode moves and stores experts in its policy's format: where that is not prefill's (FloE's compressed
+        experts, per-matrix transfers), nothing prefill left in the buffer is of use and it is evicted; so it is for a
+        policy that keeps its own record of the buffer (Policy.adopts_buffer)."""
+        prefill_format = self.expert_format
+        self._expert_format(policy, self.workload, self.hw)
+        if self.expert_format != prefill_format or not policy.adopts_buffer:
+            with self.dma.batch():
+                for entry in self.buffer.in_buffer():
+                    self._evict_at(entry.index, True)
+        self.buffer.slots = self.slots
 
     def _prefill_chunk(self, k: int, chunk: PrefillChunk) -> Generator[Any, Any, None]:
         """Prefill chunk k, recorded as step k: every layer over its tokens at once, each MoE layer's experts the

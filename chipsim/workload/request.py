@@ -8,7 +8,8 @@ tokens then in the cache (its own appended) and yields token j + 1. So a request
 ceil(P / C) prefill chunks and O - 1 decode steps over the trace's first P + O - 1 tokens.
 
 Only the token mixer of a decode step depends on the context; the rest of the step is the decode workload's
-(chipsim.workload.decode), built with the final context P + O so that the memory plan holds the last step's cache.
+(chipsim.workload.decode), built with the final context P + O - 1 so that the memory plan holds the last step's
+cache.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ def is_request(hw: HardwareConfig) -> bool:
 
 
 def final_context(hw: HardwareConfig) -> int:
-    """The context the memory plan must hold: the last decode step's (prompt + output), else context_length."""
+    """The context the memory plan must hold: the last decode step's (P + O - 1 tokens), else context_length."""
     w = hw.workload
-    return w.prompt_tokens + w.output_tokens if is_request(hw) else w.context_length
+    return w.prompt_tokens + w.output_tokens - 1 if is_request(hw) else w.context_length
 
 
 def trace_tokens_needed(hw: HardwareConfig) -> int:
