@@ -176,7 +176,12 @@ def format_table(rows: list[dict]) -> str:
                 value = value / 1e6
             line.append(fmt.format(value))
         cells.append(line)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return _aligned(cells)
+
+
+def _aligned(cells: list[list[str]]) -> str:
+    """Rows of cells as a text table: the first column left-aligned, the others right, a rule under the header."""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     out = []
     for n, r in enumerate(cells):
         out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -210,13 +215,7 @@ def format_request_table(rows: list[dict]) -> str:
         req = dict(row["request"], prefill_link_mb=row["request"]["prefill"]["expert_link_bytes"] / 1e6,
                    prefill_stall_ms=row["request"]["prefill"]["stall_ms"])
         cells.append([fmt.format(row["policy"] if key is None else req[key]) for _, key, fmt in REQUEST_TABLE])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(REQUEST_TABLE))]
-    out = []
-    for n, r in enumerate(cells):
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return _aligned(cells)
 
 
 # rates of a quality record (chipsim.tracegen.quality), in the order `quality_lines` prints them: key, text after

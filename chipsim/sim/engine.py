@@ -572,12 +572,18 @@ class Simulation:
         self._layer_demands[row * self.num_moe_layers + layer] = demands
         return plan
 
-    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: LayerCost, row: int) -> Generator[Any, Any, int]:
+    def _run_experts(self, t: int, layer: int, plan: LayerPlan, cost: LayerCost, row: int,
+                     tokens: dict[int, int] | None = None) -> Generator[Any, Any, int]:
         """The layer's shared experts, then its routed experts in batches as their bytes land (stalling
-        while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps)."""
+        while none has), host-CPU experts and surrogates, then the weighted sum. Returns the stall (ps).
+        `tokens`: a prefill chunk's tokens routed to each expert (each then a GEMM over them; default: one token)."""
         expert, combine = cost.expert, cost.combine
         extra = cost.dense  # shared experts run first, while fetches proceed
-        host_jobs = [self._process(self._host_job(layer, e)) for e in plan.on_host]
+        if tokens is None:
+            host_jobs = [self._process(self._host_job(layer, e)) for e in plan.on_host]
+        else:
+            host_jobs = [self._process(self._host_job(layer, e, host_timing(self.hw, self.workload, tokens.get(e, 1))))
+                         for e in plan.on_host]
         if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
             layers = self.rec.layers
             layers.host[row, layer] = len(plan.on_host)
@@ -605,7 +611,8 @@ class Simulation:
                     waiting.append(e)
             if ready:
                 last = len(ready) == len(remaining)
-                work = extra + expert.times(len(ready)) + (combine if last else NO_WORK)
+                batch = expert.times(len(ready)) if tokens is None else self._prefill_experts_work(ready, tokens)
+                work = extra + batch + (combine if last else NO_WORK)
                 extra = NO_WORK
                 use = t * self.num_moe_layers + layer
                 for entry in ready_entries:
@@ -725,7 +732,8 @@ class Simulation:
             for e in routed[t][layer]:
                 counts[e] = counts.get(e, 0) + 1
         plan = self._route(last, layer, k, list(counts))
-        stall = yield from self._run_prefill_experts(last, layer, plan, costs, k, counts)
+        cost = LayerCost(NO_WORK, cost_of(costs.dense), NO_WORK, cost_of(costs.combine))
+        stall = yield from self._run_experts(last, layer, plan, cost, k, counts)
         self._layer_stall[k * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(last, layer)
@@ -733,62 +741,12 @@ class Simulation:
             self.policy.on_layer_end(self.context, last, layer)
         return stall
 
-    def _run_prefill_experts(self, t: int, layer: int, plan: LayerPlan, costs: PrefillLayer, row: int,
-                             counts: dict[int, int]) -> Generator[Any, Any, int]:
-        """A chunk's shared experts over all its tokens, then each executed expert as a GEMM over the tokens routed
-        to it, in batches as their bytes land; host-CPU experts on their tokens; then the weighted sum."""
-        extra, combine = cost_of(costs.dense), cost_of(costs.combine)
-        host_jobs = [self._process(self._host_job(layer, e, host_timing(self.hw, self.workload, counts.get(e, 1))))
-                     for e in plan.on_host]
-        self.rec.layers.host[row, layer] = len(plan.on_host)
-        if host_jobs:
-            combine_later, combine = combine, NO_WORK
-        stall = 0
-        remaining = list(plan.execute)
-        slot_of = self._slot_of
-        base = layer * self.num_experts
-        use = t * self.num_moe_layers + layer
-        while remaining:
-            ready_entries: list[Entry] = []
-            ready: list[int] = []
-            waiting: list[int] = []
-            for e in remaining:
-                entry = slot_of[base + e]
-                if entry is not None and entry.resident:
-                    ready.append(e)
-                    ready_entries.append(entry)
-                else:
-                    waiting.append(e)
-            if ready:
-                work = extra
-                for e in ready:
-                    work = work + self._prefill_expert_work(counts.get(e, 1))
-                if len(ready) == len(remaining):
-                    work = work + combine
-                extra = NO_WORK
-                for entry in ready_entries:
-                    entry.used = True
-                    entry.last_use = use
-                if self._segment_launch is not None:
-                    work = self._launched_experts(work, ready_entries)
-                yield from self._compute(work, "experts", layer, ready)
-                self._expert_computes += len(ready)
-                remaining = waiting
-            elif extra.ps:
-                yield from self._compute(extra, "shared", layer)
-                extra = NO_WORK
-            else:
-                stall += yield from self._await_arrival(layer)
-        if host_jobs:
-            wait_start = self._now()
-            yield self._all_of(host_jobs)
-            self.rec.host_wait_ps[row] += self._now() - wait_start
-            if self._observer is not None:
-                self._observer.host_wait(layer, wait_start, self._now())
-            yield from self._compute(self._launched(extra + combine_later), "combine", layer)
-        elif not plan.execute:
-            yield from self._compute(self._launched(extra + combine), "combine", layer)
-        return stall
+    def _prefill_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
+        """A batch of a prefill chunk's experts, each a GEMM over the chunk's tokens routed to it."""
+        work = NO_WORK
+        for e in experts:
+            work = work + self._prefill_expert_work(tokens.get(e, 1))
+        return work
 
     def _prefill_expert_work(self, tokens: int) -> Work:
         """One routed expert as a GEMM over `tokens` tokens, as arrays work (operands from SRAM where experts are
