@@ -358,8 +358,8 @@ class PolicyContext:
         cell = token * self._layers + layer_id
         upto_cell = self._sim._routed_upto
         # a prefill chunk routes all its tokens layer by layer: a later layer of any of them is not routed yet
-        ahead = cell > upto_cell or (token >= self._sim._step_first and layer_id > upto_cell % self._layers)
-        if routing and ahead and not self._sees_future:
+        if routing and not self._sees_future and (
+                cell > upto_cell or (token >= self._sim._step_first and layer_id > upto_cell % self._layers)):
             upto = self._sim._routed_upto
             first = "" if key is None else f"{key!r}, "
             known = (f"the run has routed up to token {upto // self._layers}, MoE layer "

@@ -144,11 +144,11 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
     expert_builder = prefill_group_builders(expert_am, m, hw, 0, 1)["expert"]
     am.save_table()
 
+    # built during the run, one per token count the chunks route to an expert (and one per decode context below);
+    # shapes new to the cycle-level table are not written back from inside a run
     def expert_op(n: int) -> OpCost:
         op = grouped("expert", expert_builder(n))
         assert op is not None
-        if expert_am is not am:
-            expert_am.save_table()
         return op
 
     def decode_mixer(kind: str, context: int) -> OpCost:
