@@ -72,6 +72,9 @@ def _cmd_run(args) -> int:
             print(report.format_request_table(rows))
             print()
             print(f"per decode step (means over its {prep.request.decode_steps} steps):")
+        if prep.batch is not None:
+            print(f"per decode step of {prep.batch.batch} tokens, one of each sequence (lat ms: each sequence's "
+                  "time per token; E mJ and off-chip MB: the step's; tok/s and mJ/tok: per output token):")
         print(report.format_table(rows))
         quality = report.quality_lines(rows)
         if quality:
@@ -236,6 +239,8 @@ def _cmd_policies(args) -> int:
         if cls.trace_arrays:
             print(f"{'':14}   reads trace arrays: {', '.join(spec.name for spec in cls.trace_arrays)}")
         print(f"{'':14}   experts read in place: {cls.in_place}")
+        if cls.phase == "decode":
+            print(f"{'':14}   several sequences (workload.batch > 1): {cls.batch_support or 'runs one sequence only'}")
     return 0
 
 

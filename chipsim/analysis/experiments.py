@@ -39,7 +39,7 @@ import pandas as pd
 import yaml
 
 from chipsim.analysis.report import CSV_COLUMNS
-from chipsim.sim.metrics import REQUEST_COLUMNS
+from chipsim.sim.metrics import BATCH_COLUMNS, REQUEST_COLUMNS, fill_batch_columns
 from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
 from chipsim.files import GIB, JSON_MAX_BYTES, YAML_MAX_BYTES, read_input_text, write_atomic
@@ -319,7 +319,7 @@ def _check_table(path: str, columns) -> list[dict]:
     out = []
     for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
                            "{metric, label[, factor, format]}"):
-        if col["metric"] not in CSV_COLUMNS and col["metric"] not in REQUEST_COLUMNS:
+        if col["metric"] not in CSV_COLUMNS and col["metric"] not in REQUEST_COLUMNS + BATCH_COLUMNS:
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
@@ -427,7 +427,7 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
             one = {"parameter": swept, "value": r.get("values", {}).get(swept)} if swept else {}
             rows.append({"config": stem, **one, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
     scalars = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in rows]
-    return pd.DataFrame(scalars), rows
+    return fill_batch_columns(pd.DataFrame(scalars)), rows
 
 
 def select(df: pd.DataFrame, where: dict) -> pd.DataFrame:

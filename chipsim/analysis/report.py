@@ -133,7 +133,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
-        + (f"context {wl.context_length}, " if prep.request is None else
+        + (f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}, "
+           if prep.batch is not None else f"context {wl.context_length}, " if prep.request is None else
            f"request of {prep.request.prompt_tokens} prompt + {prep.request.output_tokens} output tokens "
            f"(prefill chunks of {prep.request.chunk_tokens}), ")
         + f"buffer {wl.buffer_slots} experts",
@@ -167,6 +168,8 @@ def format_table(rows: list[dict]) -> str:
                for head, key, fmt in TABLE_COLUMNS]
     if any(row.get("energy_host_cpu_mj") for row in rows):  # only policies that use the host CPU have it
         columns.insert(8, ("host", "energy_host_cpu_mj", "{:.2f}"))
+    if rows and rows[0].get("batch", 1) > 1:  # per step of B tokens, then per output token
+        columns += [("tok/s", "tokens_per_s", "{:.1f}"), ("mJ/tok", "energy_mj_per_output_token", "{:.2f}")]
     cells = [[h for h, _, _ in columns]]
     for row in rows:
         line = []

@@ -21,6 +21,7 @@ from chipsim.workload.op_table import apex_window, value_reaching_window, window
 from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.runner import code_sha256
+from chipsim.sim.metrics import fill_batch_columns
 
 
 # ---------------------------------------------------------------------------------------------- comparison
@@ -193,7 +194,7 @@ def load_csv_results(exp: dict, out_dir: str) -> pd.DataFrame:
         if swept:  # one key at a time: which key, and its value
             frame = frame.assign(parameter=swept, value=frame[swept].astype(str))
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    return fill_batch_columns(pd.concat(frames, ignore_index=True))
 
 
 def sweep_keys(exp: dict) -> list[str]:

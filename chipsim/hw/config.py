@@ -423,6 +423,10 @@ class WorkloadConfig:
                                    "workload.prompt_tokens)", 0, minimum=0, maximum=1 << 20)
     prefill_chunk_tokens: int = _optional("prompt tokens per prefill chunk (0: the whole prompt in one)", 0,
                                           minimum=0, maximum=1 << 20)
+    # several sequences decoded together (issue #43)
+    batch: int = _optional("sequences decoded together, one token of each per step, each reading its own window of "
+                           "the trace (workload.max_tokens tokens; 0: the trace split evenly) and attending over its "
+                           "own KV cache of workload.context_length tokens", 1, minimum=1, maximum=4096)
 
 
 @dataclass(frozen=True)
@@ -795,6 +799,9 @@ def _check_request(w: WorkloadConfig) -> None:
         raise InputError("workload.prompt_tokens: workload.output_tokens needs a prompt of at least 1 token")
     if w.prefill_chunk_tokens and not w.prompt_tokens:
         raise InputError("workload.prefill_chunk_tokens: needs a request (workload.prompt_tokens > 0)")
+    if w.batch > 1 and w.prompt_tokens:
+        raise InputError(f"workload.batch: {w.batch} sequences decode at workload.context_length; a batch of whole "
+                         "requests (workload.prompt_tokens > 0) is not simulated yet: use one or the other")
     if w.prefill_chunk_tokens > w.prompt_tokens:
         raise InputError(f"workload.prefill_chunk_tokens: {w.prefill_chunk_tokens} is larger than the prompt "
                          f"(workload.prompt_tokens {w.prompt_tokens})")

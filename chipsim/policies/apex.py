@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
+                                   step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
 
@@ -50,6 +51,8 @@ class Apex(Policy):
     params: ApexParams
     stall_free = False
     trace_arrays = (pa.APEX_RANK, pa.APEX_SCORE, pa.APEX_THETA)
+    batch_support = ("prefetches the union of each token's top-(k+δ̂), token by token, until the buffer is full; δ* "
+                     "and coverage are per token")
 
     def __init__(self, label: str, params: ApexParams | None = None):
         super().__init__(label, params)
@@ -94,15 +97,23 @@ class Apex(Policy):
         self._routed_count = ctx.top_k
 
     def on_layer_start(self, ctx: SimContext, t, layer):
-        for expert in self._rank[t][layer][:self._budget[t][layer]]:
+        rank, budget = self._rank, self._budget
+        for expert in step_union(ctx, lambda token: rank[token][layer][:budget[token][layer]]):
             if not ctx.prefetch(layer, expert):
                 break  # buffer full: the rest of the ranking cannot be staged
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         """The base class's correctness-preserving default (cancel unpicked in-flight prefetches, execute the routed
-        set, the engine demand-fetches what is missing); the routed set is noted for δ*."""
-        self._routed_seen[t * self._layers + layer] = routed
+        set, the engine demand-fetches what is missing); each token's routed set is noted for δ*."""
+        self._note_routed(ctx, t, layer, routed)
         return super().on_route(ctx, t, layer, routed)
+
+    def _note_routed(self, ctx: SimContext, t, layer, routed):
+        if ctx.batch == 1:
+            self._routed_seen[t * self._layers + layer] = routed
+            return
+        for token in ctx.step_tokens:
+            self._routed_seen[token * self._layers + layer] = ctx.trace_routed(token, layer)
 
     # on_layer_end: the base class's, evict the layer.
 
@@ -135,9 +146,27 @@ class ApexStallFree(Apex):
                "the router ranks highest, or dropped: never fetched on demand (stall-free, changes routing)")
     # Params: apex's (ApexParams); param_family lets one policies.apex section set both
     stall_free = True
+    batch_support = ("each token's missing routed experts are replaced by its own highest-ranked prefetched ones (or "
+                     "dropped); the step executes the union of what its tokens keep and substitute")
 
     def on_route(self, ctx: SimContext, t, layer, routed):
-        self._routed_seen[t * self._layers + layer] = routed
+        self._note_routed(ctx, t, layer, routed)
+        if ctx.batch == 1:
+            execute, substituted, dropped = self._token_plan(ctx, t, layer, routed)
+        else:  # each token keeps and substitutes on its own; the step runs the union
+            sets, substituted, dropped = {}, 0, 0
+            for token in ctx.step_tokens:
+                sets[token], subs, drops = self._token_plan(ctx, token, layer, ctx.trace_routed(token, layer))
+                substituted += subs
+                dropped += drops
+            execute = step_union(ctx, sets.__getitem__)
+        if not self.complete_unpicked:
+            ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
+        return LayerPlan(execute=execute, substituted=substituted, dropped=dropped)
+
+    def _token_plan(self, ctx: SimContext, t, layer, routed) -> tuple[list[int], int, int]:
+        """Token t's routed experts that are present, then its substitutes for the missing ones (the router's
+        highest-ranked present experts it did not route to), and how many it drops; noted per token."""
         kept = [e for e in routed if ctx.present(layer, e)]
         missing = len(routed) - len(kept)
         substitutes = []
@@ -149,12 +178,9 @@ class ApexStallFree(Apex):
                     if len(substitutes) == missing:
                         break
         dropped = missing - len(substitutes)
-        execute = kept + substitutes
-        if not self.complete_unpicked:
-            ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
         self._layer_substituted[t, layer] = len(substitutes)
         self._layer_dropped[t, layer] = dropped
-        return LayerPlan(execute=execute, substituted=len(substitutes), dropped=dropped)
+        return kept + substitutes, len(substitutes), dropped
 
     def extra_metrics(self) -> dict:
         out = super().extra_metrics()

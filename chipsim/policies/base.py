@@ -149,6 +149,11 @@ class SimContext(Protocol):
         is known layer by layer, as routing reaches it)."""
 
     @property
+    def batch(self) -> int:
+        """Sequences decoded together (workload.batch): a step's tokens are one of each, and a token's predecessor in
+        its own sequence is `batch` tokens before it (chipsim.workload.batch)."""
+
+    @property
     def in_place(self) -> bool:
         """The machine reads every expert where it is stored (roles.expert_staging: in-place): every expert is
         present from the start, nothing is ever fetched or missing, and `slots` counts them all."""
@@ -307,6 +312,9 @@ class Policy:
     # kept there; False: it keeps its own record of what it placed (Fiddler's placement, SPICE's stamps), so the
     # engine empties the buffer before its first decode step
     adopts_buffer: ClassVar[bool] = True
+    # how it decides for a step of several sequences' tokens (workload.batch > 1), in words; "" where it runs one
+    # sequence only (`chipsim policies` prints it; a batch run refuses such a policy in one line)
+    batch_support: ClassVar[str] = ""
     # the frozen dataclass of this policy's parameters (fields made by `param`); a subclass that sets it also
     # annotates `params` with it, so that a type checker knows `self.params.<field>`
     Params: ClassVar[type] = NoParams
@@ -391,11 +399,24 @@ class Policy:
 
 
 def measured_from(ctx: SimContext, warmup: int) -> int:
-    """The first token a policy's own results average from: after `warmup` tokens of a decode-only run (all but one
-    at most), or a request's first decode step (its prefill warmed the buffer; workload.warmup_tokens is not read)."""
+    """The first token a policy's own results average from: after `warmup` steps of a decode-only run (all but one
+    at most; a step is `ctx.batch` tokens), or a request's first decode step (its prefill warmed the buffer;
+    workload.warmup_tokens is not read)."""
     if ctx.first_token:
         return ctx.first_token
-    return min(warmup, ctx.num_tokens - 1)
+    return min(warmup * ctx.batch, ctx.num_tokens - ctx.batch)
+
+
+def step_union(ctx: SimContext, rows: Callable[[int], Collection[int]]) -> list[int]:
+    """The union of `rows(token)` over the step's tokens, in order of first appearance (one token: its row)."""
+    tokens = ctx.step_tokens
+    if len(tokens) == 1:
+        return list(rows(tokens[0]))
+    seen: dict[int, None] = {}
+    for token in tokens:
+        for e in rows(token):
+            seen.setdefault(int(e), None)
+    return list(seen)
 
 
 def _key_text(key) -> str:

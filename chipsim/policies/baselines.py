@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from chipsim.policies.base import SHORTHANDS, NoParams, Policy, SimContext, param, register
+from chipsim.policies.base import SHORTHANDS, NoParams, Policy, SimContext, param, register, step_union
 from chipsim.trace import predictor_arrays as pa
 
 
@@ -13,6 +13,7 @@ from chipsim.trace import predictor_arrays as pa
 class NoPrefetch(Policy):
     name = "no-prefetch"
     summary = "on demand: route, then fetch the routed experts, then compute (per-layer staging)"
+    batch_support = "the union of the step's routed experts, fetched on demand"
     Params = NoParams
     params: NoParams
 
@@ -31,15 +32,16 @@ class Oracle(Policy):
     Params = OracleParams
     params: OracleParams
     sees_future_routing = True  # the one policy that reads routing before the run reaches it (an upper bound)
+    batch_support = "prefetches the union of the step's routed sets"
 
     def on_layer_start(self, ctx: SimContext, t, layer):
-        for expert in ctx.trace_routed(t, layer):
+        for expert in step_union(ctx, lambda token: ctx.trace_routed(token, layer)):
             ctx.prefetch(layer, expert)
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         plan = super().on_route(ctx, t, layer, routed)
         if self.params.lookahead and layer + 1 < ctx.num_moe_layers:
-            for expert in ctx.trace_routed(t, layer + 1):
+            for expert in step_union(ctx, lambda token: ctx.trace_routed(token, layer + 1)):
                 ctx.prefetch(layer + 1, expert)
         return plan
 
@@ -58,6 +60,7 @@ class StaticParams:
 class StaticTopKPlusN(Policy):
     name = "static"
     summary = "before attention, prefetch the top-(k+N) of the APEX prefetch router's ranking (fixed N)"
+    batch_support = "prefetches the union of each token's top-(k+N), token by token, until the buffer is full"
     trace_arrays = (pa.APEX_RANK,)
     Params = StaticParams
     params: StaticParams
@@ -68,7 +71,8 @@ class StaticTopKPlusN(Policy):
 
     def on_layer_start(self, ctx: SimContext, t, layer):
         budget = ctx.top_k + self.params.extra
-        for expert in ctx.trace_array("apex_rank")[t, layer, :budget]:
+        ranks = ctx.trace_array("apex_rank")
+        for expert in step_union(ctx, lambda token: ranks[token, layer, :budget]):
             if not ctx.prefetch(layer, int(expert)):
                 break  # buffer full: the rest of the ranking cannot be staged
 

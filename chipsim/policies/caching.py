@@ -23,7 +23,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
+                                   step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -68,6 +69,7 @@ class ExpertCache(Policy):
     """
 
     caches_across_tokens = True
+    batch_support = "caches the union of the step's routed experts; an expert's use is the step's, once"
     Params: ClassVar[type] = CacheParams  # ProMoE sets its own, not a CacheParams
     params: CacheSizing
 
@@ -157,7 +159,7 @@ class ExpertCache(Policy):
     def _note_use(self, ctx: SimContext, layer, execute) -> None:
         pass
 
-    def _next_layer_prediction(self, t, layer) -> list[int]:
+    def _next_layer_prediction(self, ctx: SimContext, t, layer) -> list[int]:
         """Experts to prefetch for MoE layer `layer` + 1, known at layer `layer`'s routing (default: none)."""
         return []
 
@@ -167,7 +169,7 @@ class ExpertCache(Policy):
         issued = set()
         if nxt >= ctx.num_moe_layers:
             return issued
-        pred = [e for e in self._next_layer_prediction(t, layer) if e != NO_EXPERT]
+        pred = [e for e in self._next_layer_prediction(ctx, t, layer) if e != NO_EXPERT]
         if not pred:
             return issued
         self._pending[nxt] = set(pred)
@@ -296,6 +298,8 @@ class AdapMoE(ExpertCache):
     """
 
     name = "adapmoe"
+    batch_support = ("each token keeps its own experts up to the gate threshold; the step executes the union of what "
+                     "its tokens keep and prefetches the union of their next-layer predictions; rates per token")
     summary = ("AdapMoE: adaptive gating drops trailing experts past a cumulative router-weight threshold (top-k > 2), "
                "next-layer gate prefetch, LRU cache with per-layer sizes")
     trace_arrays = (pa.PREGATE_RANK, pa.TRAIN_EXPERT_COUNTS)
@@ -315,6 +319,7 @@ class AdapMoE(ExpertCache):
         self._quality = quality_fields(f"gate threshold {self.params.gate_threshold:g}" if k > 2 else None,
                                        ctx.trace_meta, ("adapmoe", self.params.gate_threshold))
         self._pred_exec = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ executed|
+        self._token_executed = np.zeros((T, L), dtype=np.int64)  # each token's own executed experts
         self._predicted = np.zeros((T, L), dtype=bool)
         self._over_quota: set = set()
 
@@ -347,12 +352,22 @@ class AdapMoE(ExpertCache):
         return max(1, keep)
 
     def _select(self, ctx: SimContext, t, layer, routed):
+        if ctx.batch == 1:
+            return self._token_select(ctx, t, layer, routed)
+        sets, dropped = {}, 0  # each token gates its own experts; the step runs the union of what they keep
+        for token in ctx.step_tokens:
+            sets[token], own = self._token_select(ctx, token, layer, ctx.trace_routed(token, layer))
+            dropped += own
+        return step_union(ctx, sets.__getitem__), dropped
+
+    def _token_select(self, ctx: SimContext, t, layer, routed):
         weights = np.asarray(ctx.trace_row("routed_weights", t, layer), dtype=np.float64)  # known at routing
         keep = self._keep_count(weights)
         order = sorted(range(len(routed)), key=lambda i: (-weights[i], i))  # stable: descending weight
         execute = [routed[i] for i in order[:keep]]
         dropped = len(routed) - keep
         self._dropped[t, layer] = dropped
+        self._token_executed[t, layer] = len(execute)
         pred = self._pred[t][layer]
         if NO_EXPERT not in pred:
             ps = set(pred)
@@ -361,8 +376,9 @@ class AdapMoE(ExpertCache):
             self._pred_exec[t, layer] = len(ps & set(execute))
         return execute, dropped
 
-    def _next_layer_prediction(self, t, layer):
-        return self._pred[t][layer + 1]
+    def _next_layer_prediction(self, ctx: SimContext, t, layer):
+        pred = self._pred
+        return step_union(ctx, lambda token: pred[token][layer + 1])
 
     def _order(self, ctx: SimContext, key):
         return (0 if key in self._over_quota else 1, ctx.last_use(key), key)
@@ -399,7 +415,7 @@ class AdapMoE(ExpertCache):
         dropped = self._dropped[sl]
         routed = np.full(dropped.shape, self._k, dtype=np.int64)
         predicted = self._predicted[sl].astype(np.int64)
-        executed = self._executed[sl]
+        executed = self._token_executed[sl]
         out.update({
             "gate_threshold": self.params.gate_threshold,
             "deviation_rate": float(dropped.sum() / routed.sum()),  # routed experts not computed

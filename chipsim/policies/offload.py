@@ -40,6 +40,8 @@ class FiddlerParams:
 @register
 class Fiddler(Policy):
     name = "fiddler"
+    batch_support = ("the union's placed experts run on the arrays, the others on the host CPU, each over the step's "
+                     "tokens routed to it")
     in_place = ("its placement is every expert by default (slots: 0), so none runs on the host CPU; with slots "
                 "set it runs the experts it did not place on the host CPU, a deliberate CPU/GPU split")
     summary = "hot experts placed statically from training-split counts (never evicted); misses run on the host CPU"

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
+                                   step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -42,6 +43,8 @@ class PreGatedParams:
 @register
 class PreGated(Policy):
     name = "pregated"
+    batch_support = ("each token runs its pre-gate's set (its routed set where it has none): the step prefetches and "
+                     "executes their union; deviations per token")
     summary = ("Pre-gated MoE: layer l−1's pre-gate picks layer l's top-k, which are prefetched and executed "
                "instead of the router's choice (routing deviations counted)")
     trace_arrays = (pa.PREGATE_RANK,)
@@ -68,9 +71,8 @@ class PreGated(Policy):
         self._warmup = measured_from(ctx, int(ctx.hw.workload.warmup_tokens))
 
     def _prefetch(self, ctx: SimContext, t, layer):
-        experts = self._pred[t][layer]
-        if experts is None:
-            return
+        pred = self._pred
+        experts = step_union(ctx, lambda token: pred[token][layer] or ())
         for expert in experts:
             if not ctx.prefetch(layer, expert):
                 break  # buffer full: the rest are fetched on demand
@@ -79,6 +81,24 @@ class PreGated(Policy):
         self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
 
     def on_route(self, ctx: SimContext, t, layer, routed):
+        if ctx.batch == 1:
+            execute, deviations = self._token_set(t, layer, routed)
+        else:  # each token its own set, the step their union
+            sets = {}
+            deviations = 0
+            for token in ctx.step_tokens:
+                sets[token], own = self._token_set(token, layer, ctx.trace_routed(token, layer))
+                deviations += own
+            execute = step_union(ctx, sets.__getitem__)
+        ctx.cancel_unneeded(layer, execute)
+        if self.params.lookahead and layer + 1 < self._L:
+            # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
+            self._prefetch(ctx, t, layer + 1)
+        return LayerPlan(execute=execute, substituted=deviations)
+
+    def _token_set(self, t, layer, routed) -> tuple[list[int], int]:
+        """Token t's executed experts at `layer` (its pre-gate's set, else its routed set) and its deviations from
+        its routed set, noted per token."""
         predicted = self._pred[t][layer]
         if predicted is None:
             execute = list(routed)
@@ -89,11 +109,7 @@ class PreGated(Policy):
             routed_set = set(routed)
             deviations = sum(1 for e in execute if e not in routed_set)
         self._deviations[t, layer] = deviations
-        ctx.cancel_unneeded(layer, execute)
-        if self.params.lookahead and layer + 1 < self._L:
-            # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
-            self._prefetch(ctx, t, layer + 1)
-        return LayerPlan(execute=execute, substituted=deviations)
+        return execute, deviations
 
     def on_layer_end(self, ctx: SimContext, t, layer):
         ctx.evict_layer(layer)  # only this layer: layer+1's prefetches stay staged

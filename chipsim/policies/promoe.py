@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import SimContext, param, register
+from chipsim.policies.base import SimContext, param, register, step_union
 from chipsim.trace import predictor_arrays as pa
 from chipsim.policies.caching import WARMUP_DOC, ExpertCache, _mean_or_none, _per_layer
 from chipsim.trace.format import NO_EXPERT, TokenRows
@@ -45,6 +45,8 @@ class ProMoEParams:
 @register
 class ProMoE(ExpertCache):
     name = "promoe"
+    batch_support = ("prefetches the union of each token's next-layer prediction; caches the union of the routed "
+                     "experts; prediction recall per token")
     summary = ("ProMoE: previous-layer predictor, top-k prefetched one layer ahead in gate/up/down chunks, "
                "LRU expert cache (cache=false: per-layer staging)")
     trace_arrays = (pa.PROMOE_RANK,)
@@ -75,14 +77,17 @@ class ProMoE(ExpertCache):
         self._from_cache = np.zeros((T, L), dtype=np.int64)  # landed, and no prefetch of this token brought it
         self._issued: dict[int, set[int]] = {}  # layer -> experts this token's prefetch issued
 
-    def _next_layer_prediction(self, t, layer):
-        return self._pred[t][layer + 1]
+    def _next_layer_prediction(self, ctx: SimContext, t, layer):
+        pred = self._pred
+        return step_union(ctx, lambda token: pred[token][layer + 1])
 
     def on_route(self, ctx: SimContext, t, layer, routed):
-        pred = self._pred[t][layer]
-        if NO_EXPERT not in pred:
-            self._has_pred[t, layer] = True
-            self._pred_correct[t, layer] = len(set(pred) & set(routed))
+        for token in ctx.step_tokens:  # each token's own prediction against its own routing
+            pred = self._pred[token][layer]
+            if NO_EXPERT not in pred:
+                own = routed if ctx.batch == 1 else ctx.trace_routed(token, layer)
+                self._has_pred[token, layer] = True
+                self._pred_correct[token, layer] = len(set(pred) & set(own))
         issued = self._issued.pop(layer, set())
         from_cache = 0
         for e in routed:

@@ -78,6 +78,7 @@ class PolicyContext:
         self._readable = set(CORE_ARRAYS) | {spec.name for spec in sim.policy.trace_arrays}
         self._rows: dict[str, TokenRows] = {}  # trace_row's arrays, per token as nested lists
         self._first_token = 0  # the first token this policy's steps run (a request's decode policy: the engine sets)
+        self._batch = sim.batch.batch if sim.batch is not None else 1
 
     # ---- the run's set-up (constant for the whole run)
     @property
@@ -119,6 +120,10 @@ class PolicyContext:
     @property
     def slots(self) -> int:
         return self._slots
+
+    @property
+    def batch(self) -> int:
+        return self._batch
 
     @property
     def first_token(self) -> int:

@@ -48,6 +48,7 @@ from chipsim.sim.timeline_recorder import TimelineRecorder
 from chipsim.sim.work import NO_WORK, LayerCost, Work, cost_of
 from chipsim.trace.format import TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
+from chipsim.workload.batch import BatchWorkload
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import HostTiming, host_timing
 from chipsim.workload.request import PrefillChunk, PrefillLayer, RequestWorkload, trace_tokens_needed
@@ -67,11 +68,14 @@ class Simulation:
     def __init__(self, hw: HardwareConfig, workload: DecodeWorkload, trace: Trace, policy: Policy,
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
                  core: EventCore | None = None, observers: Sequence[Observer] = (),
-                 request: RequestWorkload | None = None, prefill_policy: Policy | None = None) -> None:
+                 request: RequestWorkload | None = None, prefill_policy: Policy | None = None,
+                 batch: BatchWorkload | None = None) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
         `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
         watch the run (chipsim.sim.observe). With `request` (chipsim.workload.request) the run is a whole request:
-        `prefill_policy` runs its prefill chunks, then `policy` its decode steps; max_tokens is not read."""
+        `prefill_policy` runs its prefill chunks, then `policy` its decode steps; max_tokens is not read. With
+        `batch` (chipsim.workload.batch) each step decodes one token of every sequence, over `trace` as
+        chipsim.workload.batch.interleave lays it out."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -84,11 +88,15 @@ class Simulation:
         self.num_moe_layers = self.model.num_moe_layers
         self.num_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.request = request
+        self.batch = batch
         # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
         self.num_steps = self.num_tokens
         if request is not None:
             self.num_tokens = trace_tokens_needed(hw)
             self.num_steps = len(request.chunks) + request.decode_steps
+        if batch is not None:
+            self.num_steps = min(batch.steps, max_tokens or batch.steps)
+            self.num_tokens = self.num_steps * batch.batch
         self._on_core(core if core is not None else simpy_core())
         self._fetch_path(hw)
         self._expert_format(policy, workload, hw)
@@ -497,6 +505,11 @@ class Simulation:
             yield from self._request(costs, head, self.request)
             return
         self.policy.on_run_start(self.context)
+        if self.batch is not None:
+            size = self.batch.batch
+            for i in range(self.num_steps):
+                yield from self._batch_step(i, i * size, i * size + size - 1, self.batch)
+            return
         for t in range(self.num_tokens):
             yield from self._token(t, costs, head, t)
         # transfers still in flight land after this, charged to the last token's ledger
@@ -718,21 +731,28 @@ class Simulation:
 
     def _prefill_layer(self, k: int, chunk: PrefillChunk, layer: int, costs: PrefillLayer
                        ) -> Generator[Any, Any, int]:
-        """One MoE layer of a prefill chunk: the policy's layer start, the chunk's mixer and router, the union of
-        its tokens' experts routed, run and ended as a decode layer is. Returns the layer's stall (ps)."""
-        last = chunk.offset + chunk.tokens - 1
+        """One MoE layer of a prefill chunk (_tokens_layer over its tokens). Returns the layer's stall (ps)."""
+        return (yield from self._tokens_layer(k, chunk.offset, chunk.offset + chunk.tokens - 1, layer,
+                                              cost_of(costs.mixer) + cost_of(costs.router), cost_of(costs.dense),
+                                              cost_of(costs.combine)))
+
+    def _tokens_layer(self, k: int, first: int, last: int, layer: int, pre: Work, dense: Work, combine: Work
+                      ) -> Generator[Any, Any, int]:
+        """One MoE layer of step k, tokens first .. last at once (a prefill chunk, a batch step): the policy's layer
+        start, the mixer and router (`pre`), the union of the tokens' experts routed, run (each a GEMM over its
+        tokens) and ended as a decode layer is. Returns the layer's stall (ps)."""
         if self._observer is not None:
             self._observer.layer_start(last, layer)
         with self.dma.batch():
             self.policy.on_layer_start(self.context, last, layer)
-        yield from self._compute(self._launched(cost_of(costs.mixer) + cost_of(costs.router)), "attention", layer)
-        counts: dict[int, int] = {}  # expert -> the chunk's tokens routed to it, in order of first appearance
+        yield from self._compute(self._launched(pre), "attention", layer)
+        counts: dict[int, int] = {}  # expert -> the step's tokens routed to it, in order of first appearance
         routed = self._routed
-        for t in range(chunk.offset, last + 1):
+        for t in range(first, last + 1):
             for e in routed[t][layer]:
                 counts[e] = counts.get(e, 0) + 1
         plan = self._route(last, layer, k, list(counts))
-        cost = LayerCost(NO_WORK, cost_of(costs.dense), NO_WORK, cost_of(costs.combine))
+        cost = LayerCost(NO_WORK, dense, NO_WORK, combine)
         stall = yield from self._run_experts(last, layer, plan, cost, k, counts)
         self._layer_stall[k * self.num_moe_layers + layer] = stall
         if self._observer is not None:
@@ -740,6 +760,32 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_layer_end(self.context, last, layer)
         return stall
+
+    def _batch_step(self, i: int, first: int, last: int, batch: BatchWorkload) -> Generator[Any, Any, None]:
+        """Batch step i: one token of every sequence (tokens first .. last of the interleaved trace) through every
+        layer at once, each MoE layer's experts the union of the tokens' routed sets; every sequence's LM head."""
+        start = self._now()
+        self._step_first = first
+        self._current_token = last
+        if self._observer is not None:
+            self._observer.token_start(last, start)
+        self.rec.start_token()
+        with self.dma.batch():
+            self.policy.on_token_start(self.context, last)
+        stall = 0
+        dense = self.model.first_dense_layers
+        for li, layer in enumerate(batch.layers):
+            if li < dense:
+                yield from self._compute(self._launched(cost_of(layer.pre) + cost_of(layer.dense)), "dense", li)
+            else:
+                stall += yield from self._tokens_layer(i, first, last, li - dense, cost_of(layer.pre),
+                                                       cost_of(layer.dense), cost_of(layer.combine))
+        yield from self._compute(self._launched(cost_of(batch.head)), "head", -1)
+        self._synced = True
+        if self._observer is not None:
+            self._observer.token_end(last, start, self._now())
+        self._tally.add_to(self.rec.ledger)
+        self.rec.end_token(i, self._now() - start, stall)
 
     def _prefill_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
         """A batch of a prefill chunk's experts, each a GEMM over the chunk's tokens routed to it."""
@@ -753,8 +799,9 @@ class Simulation:
         staged there)."""
         work = self._expert_works.get(tokens)
         if work is None:
-            assert self.request is not None
-            op = self.request.expert(tokens)
+            source = self.request if self.request is not None else self.batch
+            assert source is not None
+            op = source.expert(tokens)
             if self.expert_format.operands_in_sram:
                 nbytes = op.hbm_read_bytes + op.hbm_write_bytes
                 work = Work(op.duration_ps, 0, op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, nbytes,
@@ -783,12 +830,26 @@ class Simulation:
         timeline = self._timeline.timeline() if self._timeline is not None else None
         label = self.policy.label
         if self.request is None:
-            return self.rec.result(label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+            result = self.rec.result(label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+            if self.batch is not None:
+                result.batch = self.batch.batch
+                result.union = self._union_sizes(self.batch.batch)
+            return result
         extra = {f"prefill_{k}": v for k, v in self.prefill_policy.extra_metrics().items()}
         result = self.rec.result(label, self.num_moe_layers, {**extra, **self.policy.extra_metrics()}, timeline)
         result.prefill_steps = len(self.request.chunks)
         result.prefill_chunk_tokens = tuple(c.tokens for c in self.request.chunks)
         return result
+
+    def _union_sizes(self, size: int) -> np.ndarray:
+        """Experts each batch step's MoE layers routed to: the union of its tokens' routed sets."""
+        ids = np.asarray(self.trace["routed_ids"][:self.num_steps * size], dtype=np.int64)
+        steps, layers = self.num_steps, self.num_moe_layers
+        marks = np.zeros((steps, layers, self.num_experts), dtype=bool)
+        rows = ids.reshape(steps, size, layers, -1).transpose(0, 2, 1, 3).reshape(steps, layers, -1)
+        np.put_along_axis(marks, rows, True, axis=2)
+        union: np.ndarray = marks.sum(axis=2).astype(np.int64)
+        return union
 
     def _record_layers(self) -> None:
         """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer)."""

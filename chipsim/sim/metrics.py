@@ -108,8 +108,13 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row["surrogate_experts_per_token"] = float(layers.surrogate[sl].sum(axis=1).mean())
     row["substitutions_per_token"] = float(layers.substituted[sl].sum(axis=1).mean())
     row["dropped_experts_per_token"] = float(layers.dropped[sl].sum(axis=1).mean())
-    routed = top_k * layers.hits.shape[1]
-    row["fallback_rate"] = float((routed - layers.hits[sl].sum(axis=1)).mean() / routed)
+    if result.union is not None:  # a batch: each layer's routed experts are the union of its tokens' sets
+        union, hits = result.union[sl], layers.hits[sl]
+        row["recall"] = float(hits.sum() / union.sum())
+        row["fallback_rate"] = float(((union - hits).sum(axis=1) / union.sum(axis=1)).mean())
+    else:
+        routed = top_k * layers.hits.shape[1]
+        row["fallback_rate"] = float((routed - layers.hits[sl].sum(axis=1)).mean() / routed)
     row["prefetches_issued"] = counts.prefetches_issued
     row["prefetches_dropped"] = counts.prefetches_dropped
     row["prefetches_unused"] = counts.prefetches_unused
@@ -122,7 +127,8 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
         row["warmup"] = {k: v for k, v in w.items() if k != "energy_by_component_mj"}
     row["per_layer"] = {
         "overlap": [float(x) for x in layers.overlap[sl].mean(axis=0)],
-        "recall": [float(x) for x in layers.hits[sl].mean(axis=0) / top_k],
+        "recall": ([float(x) for x in layers.hits[sl].mean(axis=0) / top_k] if result.union is None else
+                   [float(x) for x in layers.hits[sl].sum(axis=0) / result.union[sl].sum(axis=0)]),
         "stall_ms": [float(x) for x in layers.stall_ps[sl].mean(axis=0) / PS_PER_MS],
         "demand_fetches": [float(x) for x in layers.demand_fetches[sl].mean(axis=0)],
     }
@@ -130,8 +136,45 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
         req = request_summary(result, table, link)
         row.update({key: req[key] for key in REQUEST_COLUMNS})
         row["request"] = req
+    if result.batch > 1:  # a step is one token of each sequence: per output token, the step's share
+        row.update(batch_columns(row, result.batch))
     row.update(result.extra)
     return row
+
+
+# a batch run's columns (workload.batch > 1): the table's other columns are per step of `batch` tokens
+BATCH_COLUMNS = ("batch", "tokens_per_s", "energy_mj_per_output_token", "offchip_bytes_per_output_token")
+
+
+def fill_batch_columns(df):
+    """A DataFrame of result rows with the batch columns a one-sequence decode-only row implies (batch 1, tokens/s
+    from its latency, per-output-token shares equal to its per-step means), so that a sweep over workload.batch
+    draws and tabulates its B = 1 point too; request rows and batch rows are left as they are."""
+    if "latency_ms_per_token" not in df.columns:
+        return df
+    df = df.copy()
+    for column in BATCH_COLUMNS:
+        if column not in df.columns:
+            df[column] = float("nan")
+    single = df["batch"].isna()
+    if "ttft_ms" in df.columns:
+        single &= df["ttft_ms"].isna()
+    implied = {"batch": 1, "tokens_per_s": 1e3 / df["latency_ms_per_token"],
+               "energy_mj_per_output_token": df["energy_mj_per_token"],
+               "offchip_bytes_per_output_token": df["offchip_bytes_per_token"]}
+    for column, values in implied.items():
+        df.loc[single, column] = values if isinstance(values, int) else values[single]
+    return df
+
+
+def batch_columns(row: dict, batch: int) -> dict:
+    """Throughput and per-token shares of a batch run's per-step means: every sequence gets one token a step."""
+    return {
+        "batch": batch,
+        "tokens_per_s": batch / (row["latency_ms_per_token"] / 1e3),
+        "energy_mj_per_output_token": row["energy_mj_per_token"] / batch,
+        "offchip_bytes_per_output_token": row["offchip_bytes_per_token"] / batch,
+    }
 
 
 # a request's metrics that the results table, results.csv and sweeps carry as columns (all in row["request"])

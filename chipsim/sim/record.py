@@ -110,6 +110,10 @@ class SimResult:
     # prompt tokens each, the rest decode steps; 0 and () in decode-only runs, where every step is a token
     prefill_steps: int = 0
     prefill_chunk_tokens: tuple[int, ...] = ()
+    # sequences decoded together (chipsim.workload.batch): each step is one token of each, and each MoE layer
+    # routes to the union of their experts, `union` of them (steps x MoE layers; None for one sequence)
+    batch: int = 1
+    union: np.ndarray | None = None
 
 
 class RunRecorder:
@@ -176,4 +180,7 @@ def differences(a: SimResult, b: SimResult) -> list[str]:
         out.append("extra")
     if (a.prefill_steps, a.prefill_chunk_tokens) != (b.prefill_steps, b.prefill_chunk_tokens):
         out.append("prefill")
+    if a.batch != b.batch or (a.union is None) != (b.union is None) or (
+            a.union is not None and not np.array_equal(a.union, b.union)):
+        out.append("batch")
     return out

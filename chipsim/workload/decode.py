@@ -161,7 +161,7 @@ def _gqa(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
     return ops
 
 
-def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1) -> list[OpCost]:
+def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1, states: int = 1) -> list[OpCost]:
     """One Mamba2 step (a token at decode), as transformers' torch path computes it. With d the hidden size, H heads
     of P dims (inner width E = H x P), state N, G groups, kernel K, C = E + 2GN convolved channels:
       in_proj   d -> 2E + 2GN + H (z, x, B, C, dt): d(2E + 2GN + H) MACs and weights; x, B, C enter the
@@ -176,19 +176,21 @@ def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1) -> list[OpCost]:
     Biases (mamba_conv_bias, mamba_proj_bias) add their reads and adds. For `tokens` > 1 (a prefill chunk, in the
     recurrent form) the work per token is the same, the projections are GEMMs whose weights stream once, and the
     state (in SRAM meanwhile) is read at the chunk's start and written at its end; the chunked SSD scan of
-    training kernels is not modelled."""
+    training kernels is not modelled. With `states` > 1 (B sequences decoded together, one token each) every
+    sequence's convolution inputs and state are read and written, the projections' weights still stream once."""
     d, heads, p, n, g, k = (m.hidden_size, m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups,
                             m.mamba_conv_kernel)
     inner, ch, proj = m.mamba_inner(), m.mamba_conv_channels(), m.mamba_in_proj_outputs()
     proj_bias = m.mamba_proj_bias
     t = tokens
     in_proj = am.matmul("in_proj", t, d, proj, (d * proj + (proj if proj_bias else 0)) * BF16_BYTES,
-                        write_bytes=min(t, k - 1) * ch * BF16_BYTES)  # the convolution's state: its last inputs
+                        write_bytes=states * min(t // states, k - 1) * ch * BF16_BYTES)  # the convolution's state
     conv_bias = ch if m.mamba_conv_bias else 0
-    conv = am.vector("conv1d", t * (2 * ch * k + conv_bias), read_bytes=(ch * k + ch * (k - 1) + conv_bias) * BF16_BYTES)
+    conv = am.vector("conv1d", t * (2 * ch * k + conv_bias),
+                     read_bytes=(ch * k + states * ch * (k - 1) + conv_bias) * BF16_BYTES)
     conv_act = am.sfu("conv_silu", t * ch)
     dt = am.sfu("dt_softplus_exp", t * 2 * heads) + am.vector("dt_bias", t * heads, read_bytes=3 * heads * BF16_BYTES)
-    state_bytes = heads * p * n * BF16_BYTES
+    state_bytes = states * heads * p * n * BF16_BYTES
     update = am.vector("ssm_update", t * 3 * heads * p * n)
     readout = am.matvec("ssm_readout", n, t * heads * p, state_bytes, write_bytes=state_bytes)
     skip = am.vector("ssm_skip", t * 2 * inner)
@@ -350,6 +352,10 @@ def build_workload(hw: HardwareConfig, context: int | None = None) -> DecodeWork
     )
 
 
+def _times(batch: int) -> str:
+    return f" x {batch} sequences" if batch > 1 else ""
+
+
 def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan:
     """The expert buffer's slots and the operand memory's budget, each refused in one line when it cannot be."""
     r = roles(hw)
@@ -378,8 +384,9 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan
                 f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
                 f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
-    kv = m.cache_bytes(context, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
-    activations = 64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4  # residual stream, scratch vectors, logits
+    batch = hw.workload.batch  # sequences decoded together: a cache and activations each
+    kv = batch * m.cache_bytes(context, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
+    activations = batch * (64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4)  # residual stream, scratch, logits
     operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
     needed = non_expert + kv + activations + (0 if r.stage_in_sram else slots * expert_bytes)
@@ -387,7 +394,8 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan
         held = "every expert" if r.in_place else "expert buffer"
         raise InputError(
             f"{operand_key}.capacity_gib: {operand.capacity_gib} GiB cannot hold non-expert weights "
-            f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache of {context} tokens ({kv / BYTES_PER_GIB:.2f} GiB) + "
+            f"({non_expert / BYTES_PER_GIB:.2f} GiB) + KV cache of {context} tokens{_times(batch)} "
+            f"({kv / BYTES_PER_GIB:.2f} GiB) + "
             f"activations + "
             f"{held} ({slots * expert_bytes / BYTES_PER_GIB:.2f} GiB) = {needed / BYTES_PER_GIB:.2f} GiB"
         )

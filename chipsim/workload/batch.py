@@ -1,0 +1,286 @@
+"""B sequences decoded together (workload.batch): each decode step runs one token of every sequence through every
+layer at once. Sequence b reads its own window of the trace (tokens b·n .. b·n + n − 1, n the tokens each sequence
+decodes) and attends over its own KV cache; this module costs such a step, lays the trace out for it, and says
+what the memory plan must hold.
+
+A step's work, per layer: the B tokens' input norms; the mixer's weights streamed once for all B (q, k, v and o
+projections, MLA's absorbed projections, a Mamba2 layer's in/out projections: GEMMs of B rows, ArrayModel.matmul)
+while each sequence's scores and value mix read its own cache (B decode attentions, each over its own context);
+the router over the B tokens; the dense FFN or shared experts for B; each routed expert as a GEMM over the step's
+tokens routed to it (the union of the B tokens' sets is what must be in the buffer); the weighted sums; the
+embedding lookups and the LM head for every sequence (each needs its next token).
+
+The engine runs a step as it runs a prefill chunk (chipsim.sim.engine: one routing per layer for the union, the
+experts as GEMMs over their token counts), over B consecutive tokens of a re-ordered trace (`interleave`): step i's
+tokens are i·B .. i·B + B − 1, token i·B + b being sequence b's i-th. A policy's hooks receive the step's last
+token as t and all B as `ctx.step_tokens`; `ctx.batch` is B, so a token's predecessor in its own sequence is
+t − B. B = 1 is not built here: the decode step of chipsim.workload.decode runs, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from chipsim.errors import InputError
+from chipsim.hw.compute_formula import ArrayModel, OpCost
+from chipsim.hw.config import HardwareConfig
+from chipsim.trace.format import CORE_ARRAYS, Trace
+from chipsim.trace.predictor_arrays import BY_NAME
+from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _ffn, _mamba2
+from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
+
+
+def is_batch(hw: HardwareConfig) -> bool:
+    return hw.workload.batch > 1
+
+
+def tokens_per_sequence(hw: HardwareConfig, trace_tokens: int) -> int:
+    """Decode steps of a batch run: workload.max_tokens, or as many as the trace gives every sequence a window of."""
+    w = hw.workload
+    return w.max_tokens or trace_tokens // w.batch
+
+
+@dataclass(frozen=True)
+class BatchLayer:
+    """One layer of a batch step: its mixer and router (a MoE layer) over the B tokens, its dense FFN or shared
+    experts, and the weighted sums."""
+
+    pre: OpCost
+    dense: OpCost | None
+    combine: OpCost | None
+
+
+@dataclass
+class BatchWorkload:
+    """A decode step of `batch` sequences, each at `context` cached tokens (workload.context_length, as a decode-only
+    run's every step), costed on the decode workload's arrays; `steps` steps."""
+
+    batch: int
+    steps: int
+    context: int
+    layers: tuple[BatchLayer, ...]
+    head: OpCost
+    _expert_op: Callable[[int], OpCost]
+    _experts: dict[int, OpCost] = field(default_factory=dict)
+
+    def expert(self, routed_tokens: int) -> OpCost:
+        """One routed expert as a GEMM over the step's `routed_tokens` tokens routed to it."""
+        op = self._experts.get(routed_tokens)
+        if op is None:
+            op = self._experts[routed_tokens] = self._expert_op(routed_tokens)
+        return op
+
+    @property
+    def window_starts(self) -> tuple[int, ...]:
+        """The first trace token of each sequence's window."""
+        return tuple(b * self.steps for b in range(self.batch))
+
+
+# ---------------------------------------------------------------------------------------------- the step's costs
+def _attention_cores(am: ArrayModel, m: ModelShape, contexts: list[int], core: Callable[[int], list[OpCost]]
+                     ) -> list[OpCost]:
+    """Each sequence's own cache reads: `core(context)` once per sequence (equal contexts costed once, repeated)."""
+    ops: list[OpCost] = []
+    for context, n in sorted(Counter(contexts).items()):
+        once = core(context)
+        for _ in range(n):
+            ops += once
+    return ops
+
+
+def _gqa_batch(am: ArrayModel, m: ModelShape, kv_lens: list[int]) -> list[OpCost]:
+    """Grouped-query attention for B tokens, each over its own sequence's `kv_len` cached tokens: the projections as
+    GEMMs of B rows (each token's K and V appended), per sequence the scores, softmax and value mix of
+    chipsim.workload.decode._gqa over its cache."""
+    d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
+    b = len(kv_lens)
+    ops = [am.matmul("qkv_proj", b, d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+                     write_bytes=b * 2 * nkv * hd * BF16_BYTES)]
+    if m.attention_bias:
+        ops.append(am.vector("qkv_bias", b * (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
+    if m.qk_norm:
+        ops.append(am.sfu("qk_norm_rsqrt", b * (nq + nkv)) + am.vector("qk_norm_scale", b * 2 * (nq + nkv) * hd))
+    if m.rope:
+        ops.append(am.vector("rope", b * 2 * (nq + nkv) * hd))
+
+    def core(kv_len: int) -> list[OpCost]:
+        logits = kv_len + (1 if m.attention_sinks else 0)
+        kv_bytes = nkv * kv_len * hd * BF16_BYTES
+        return [am.matvec("scores", hd, nq * kv_len, kv_bytes, groups=nq // nkv),
+                am.sfu("softmax_exp", nq * logits) + am.vector("softmax_norm", 3 * nq * logits),
+                am.matvec("value_mix", kv_len, nq * hd, kv_bytes, groups=nq // nkv)]
+
+    ops += _attention_cores(am, m, kv_lens, core)
+    ops.append(am.matmul("o_proj", b, nq * hd, d, nq * hd * d * BF16_BYTES))
+    if m.attention_bias:
+        ops.append(am.vector("o_bias", b * d, read_bytes=d * BF16_BYTES))
+    return ops
+
+
+def _mla_batch(am: ArrayModel, m: ModelShape, contexts: list[int]) -> list[OpCost]:
+    """DeepSeek's MLA, absorbed as at decode (chipsim.workload.decode._mla), for B tokens: every weight (q, kv_a,
+    the absorbed uk and uv, o) a GEMM of B rows; per sequence the scores against its cached latents and their mix."""
+    d = m.hidden_size
+    h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+    b = len(contexts)
+    if m.q_lora_rank:
+        r = m.q_lora_rank
+        q = (am.matmul("q_a_proj", b, d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", b)
+             + am.vector("q_norm_scale", b * 2 * r)
+             + am.matmul("q_b_proj", b, r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
+    else:
+        q = am.matmul("q_proj", b, d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
+    ops = [q,
+           am.matmul("kv_a_proj", b, d, lora + rope, d * (lora + rope) * BF16_BYTES,
+                     write_bytes=b * (lora + rope) * BF16_BYTES),
+           am.sfu("kv_norm_rsqrt", b) + am.vector("kv_norm_scale", b * 2 * lora),
+           am.vector("rope", b * (2 * h * rope + 2 * rope)),
+           am.matmul("q_absorb_uk", b, nope, h * lora, h * nope * lora * BF16_BYTES)]
+
+    def core(ctx: int) -> list[OpCost]:
+        return [am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h),
+                am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx),
+                am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)]
+
+    ops += _attention_cores(am, m, contexts, core)
+    ops += [am.matmul("v_up_uv", b, lora, h * v, h * lora * v * BF16_BYTES),
+            am.matmul("o_proj", b, h * v, d, h * v * d * BF16_BYTES)]
+    return ops
+
+
+def _norm(am: ArrayModel, name: str, tokens: int, width: int) -> OpCost:
+    return am.sfu(f"{name}_rsqrt", tokens) + am.vector(f"{name}_scale", 2 * width * tokens)
+
+
+def _mixer_batch(am: ArrayModel, m: ModelShape, kind: str, contexts: list[int]) -> OpCost:
+    """A layer's token mixer for the step's B tokens, with their input norms and residuals; a sliding layer's
+    sequences each attend over at most its window; a Mamba2 layer steps each sequence's own state."""
+    b = len(contexts)
+    if kind == MAMBA:
+        ops = _mamba2(am, m, tokens=b, states=b)
+    elif m.attention == "mla":
+        ops = _mla_batch(am, m, contexts)
+    else:
+        window = m.sliding_window if kind == SLIDING else 0
+        ops = _gqa_batch(am, m, [min(c, window) if window else c for c in contexts])
+    total = _norm(am, "attn_norm", b, m.hidden_size)
+    for op in ops:
+        total = total + op
+    return total + am.vector("attn_residual", b * m.hidden_size)
+
+
+def batch_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, contexts: list[int]) -> dict:
+    """Group name -> a function building that group's OpCost for a step of len(contexts) tokens, sequence b's
+    attending over contexts[b] tokens (None: the model has no such group); "expert" takes the number of the step's
+    tokens routed to that expert. The prefill builders (chipsim.workload.prefill) cost everything but the mixer
+    and the head the same way for B tokens at once."""
+    from chipsim.workload.prefill import prefill_group_builders
+
+    b = len(contexts)
+    groups = prefill_group_builders(am, m, hw, 0, b)
+    kinds = {m.mixer(layer) for layer in range(m.num_layers)}
+    d = m.hidden_size
+
+    def mixer(kind):
+        return (lambda: _mixer_batch(am, m, kind, contexts)) if kind in kinds else None
+
+    def head():
+        """Every sequence's embedding lookup and LM head (each samples its next token)."""
+        op = am.vector("embedding", b * d, read_bytes=b * d * BF16_BYTES) + _norm(am, "final_norm", b, d)
+        op = op + am.matmul("lm_head", b, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+        if m.lm_head_bias:
+            op = op + am.vector("lm_head_bias", b * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
+        return op + am.vector("argmax", b * m.vocab_size)
+
+    return dict(groups, attention=mixer(FULL), attention_sliding=mixer(SLIDING), mamba=mixer(MAMBA), head=head)
+
+
+def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -> BatchWorkload:
+    """The batch step of hw.workload costed on hw's arrays (the decode workload's memory plan holds the B caches)."""
+    w, m = hw.workload, decode.model
+    steps = tokens_per_sequence(hw, trace_tokens)
+    am = ArrayModel(hw)
+    expert_am = ArrayModel(hw, operands_from="sram") if decode.experts_in_sram else am
+    launch = am.launch_per_group
+
+    def grouped(name: str, op: OpCost | None) -> OpCost | None:
+        return op + am.group_launch(name) if op is not None and launch else op
+
+    builders = batch_group_builders(am, m, hw, [w.context_length] * w.batch)
+    built = {name: grouped(name, fn()) for name, fn in builders.items() if fn is not None and name != "expert"}
+    layers = []
+    for layer in range(m.num_layers):
+        mixer = built[MIXER_GROUP[m.mixer(layer)]]
+        assert mixer is not None
+        if layer < m.first_dense_layers:
+            layers.append(BatchLayer(mixer, built["dense"], None))
+        else:
+            router = built["router"]
+            assert router is not None
+            layers.append(BatchLayer(mixer + router, built.get("shared"), built["combine"]))
+    expert_builder = batch_group_builders(expert_am, m, hw, [w.context_length])["expert"]
+    am.save_table()
+    head = grouped("head", built["head"])
+    assert head is not None
+
+    def expert_op(n: int) -> OpCost:
+        op = grouped("expert", expert_builder(n))
+        assert op is not None
+        return op
+
+    return BatchWorkload(w.batch, steps, w.context_length, tuple(layers), head, expert_op)
+
+
+# --------------------------------------------------------------------------------------------- the trace and checks
+def interleave(trace: Trace, batch: int, steps: int) -> Trace:
+    """The trace re-ordered for a batch run: token i·B + b is sequence b's i-th (trace token b·steps + i), so step i
+    reads B consecutive tokens. Per-token arrays (their spec's first axis is T) are re-ordered when first read."""
+    order = (np.arange(batch)[None, :] * steps + np.arange(steps)[:, None]).ravel()
+    meta = dict(trace.meta, batch={"sequences": batch, "tokens_each": steps,
+                                   "order": "token i*B + b is sequence b's i-th, trace token b*tokens_each + i"})
+    return replace(trace, arrays=_Interleaved(trace.arrays, order, trace.num_tokens), meta=meta, _checked=set(trace._checked))
+
+
+class _Interleaved(Mapping):
+    """A trace's arrays with the per-token ones re-ordered by `order` (each once, on first use, read-only)."""
+
+    def __init__(self, arrays: Mapping, order: np.ndarray, tokens: int):
+        self._arrays, self._order, self._tokens = arrays, order, tokens
+        self._made: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __contains__(self, name) -> bool:
+        return name in self._arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        made = self._made.get(name)
+        if made is None:
+            arr = self._arrays[name]
+            spec = CORE_ARRAYS.get(name) or BY_NAME.get(name)
+            per_token = spec.per_token if spec is not None else arr.shape[:1] == (self._tokens,)
+            if per_token:
+                arr = arr[self._order]
+                arr.setflags(write=False)
+            made = self._made[name] = arr
+        return made
+
+
+def check_batch_fits(hw: HardwareConfig, trace: Trace) -> None:
+    """A batch run needs a window of its decode steps for every sequence in the trace; refused in one line."""
+    w = hw.workload
+    steps = tokens_per_sequence(hw, trace.num_tokens)
+    if steps < 1 or steps * w.batch > trace.num_tokens:
+        raise InputError(
+            f"workload.batch: {w.batch} sequences of {max(steps, 1)} tokens each read "
+            f"{w.batch * max(steps, 1)} trace tokens; {trace.path} has {trace.num_tokens} "
+            f"(lower workload.max_tokens or workload.batch)")

@@ -1,0 +1,142 @@
+"""Several sequences decoded together (workload.batch, issue #43). Hand checks: B identical sequences move what one
+does and run each expert once over B tokens; B sequences with disjoint routings move B times the bytes; a step whose
+experts are all where the arrays read them ends at the sum of its operations; the trace is laid out one token of
+each sequence per step; a policy that cannot run a batch, a batch larger than the trace or the memory: one line."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from chipsim.cli import main
+from chipsim.errors import InputError
+from chipsim.runner import prepare, simulate, summarize_result
+from conftest import ROOT, THOR
+
+JETSON = os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml")  # every expert read in place: nothing is fetched
+BIG_BUFFER = "expert_buffer:\n  capacity_mib: 16\n"  # 85 tiny experts: every union of a step fits
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def run(config, batch, tokens, policy="no-prefetch", *more):
+    prep = prepare(config, [f"workload.batch={batch}", f"workload.max_tokens={tokens}", *more], [policy])
+    result = simulate(prep, prep.policies[0])
+    return prep, result, summarize_result(prep, result, prep.policies[0])
+
+
+def test_identical_sequences_move_what_one_does_and_run_each_expert_over_all_of_them(tiny):
+    one = tiny.routing(tokens=6)
+    cfg = tiny.config(np.concatenate([one] * 4), extra_yaml=BIG_BUFFER)
+    _, single, _ = run(cfg, 1, 6)
+    prep, batch, row = run(cfg, 4, 6)
+    assert batch.per_token.bytes["pcie"].tolist() == single.per_token.bytes["pcie"].tolist()
+    assert batch.per_layer.demand_fetches.tolist() == single.per_layer.demand_fetches.tolist()
+    # every routed expert runs once a step, as a GEMM over the 4 tokens (the 4 copies of the same token)
+    assert batch.counts.expert_computes == single.counts.expert_computes
+    assert prep.batch.expert(4).macs == 4 * prep.batch.expert(1).macs
+    assert row["batch"] == 4 and row["tokens_per_s"] == pytest.approx(4e3 / row["latency_ms_per_token"])
+
+
+def test_disjoint_routings_move_b_times_the_bytes(tiny):
+    L, k = tiny.shape.num_moe_layers, tiny.shape.top_k
+    # sequence b routes token i of layer l to experts 2b and 2b + 1: the four sequences share no expert
+    routed = np.zeros((4 * 5, L, k), dtype=np.uint8)
+    for b in range(4):
+        routed[5 * b:5 * b + 5] = [2 * b, 2 * b + 1]
+    cfg = tiny.config(routed, extra_yaml=BIG_BUFFER)
+    _, single, _ = run(cfg, 1, 5)
+    _, batch, row = run(cfg, 4, 5)
+    expert = tiny.shape.hidden_size * tiny.shape.expert_ffn * 3 * 2
+    assert batch.per_token.bytes["pcie"].tolist() == [4 * L * k * expert] * 5
+    assert single.per_token.bytes["pcie"].tolist() == [L * k * expert] * 5
+    assert row["offchip_bytes_per_output_token"] == L * k * expert
+
+
+def test_a_step_whose_experts_are_all_in_place_ends_at_the_sum_of_its_operations():
+    prep, result, _ = run(JETSON, 3, 4)
+    b, m = prep.batch, prep.workload.model
+    routed = prep.trace["routed_ids"]
+    for step in range(4):
+        total = b.head.duration_ps
+        for li, layer in enumerate(b.layers):
+            total += sum(op.duration_ps for op in (layer.pre, layer.dense, layer.combine) if op)
+            if li >= m.first_dense_layers:
+                ids = routed[3 * step:3 * step + 3, li - m.first_dense_layers].ravel()
+                _, counts = np.unique(ids, return_counts=True)
+                total += sum(b.expert(int(n)).duration_ps for n in counts)
+        assert int(result.per_token.latency_ps[step]) == total
+
+
+def test_the_weights_stream_once_a_step_and_each_sequence_reads_its_own_cache():
+    prep = prepare(JETSON, ["workload.batch=4", "workload.max_tokens=2"], ["no-prefetch"])
+    one = prep.workload.layers[0].attention  # one sequence's mixer at the same context
+    four = prep.batch.layers[0].pre  # (and the router, the first layer being a MoE layer)
+    m = prep.workload.model
+    kv = m.num_kv_heads * prep.workload.context_length * m.head_dim * 2
+    weights = one.hbm_read_bytes - 2 * kv  # the projections' (and norms'): everything but the cache reads
+    router = prep.workload.layers[0].router
+    assert four.hbm_read_bytes == weights + 4 * 2 * kv + router.hbm_read_bytes
+    assert four.macs == 4 * (one.macs + router.macs)
+
+
+def test_each_step_is_one_token_of_every_sequence_from_its_own_window():
+    plain = prepare(THOR, ["workload.max_tokens=8"], ["no-prefetch"]).trace["routed_ids"]
+    prep = prepare(THOR, ["workload.batch=3", "workload.max_tokens=8"], ["no-prefetch"])
+    laid = prep.trace["routed_ids"]
+    assert prep.batch.window_starts == (0, 8, 16)
+    assert laid.shape[0] == 24
+    for i in range(8):
+        for b in range(3):
+            assert laid[3 * i + b].tolist() == plain[8 * b + i].tolist()
+
+
+def test_a_batch_holds_a_kv_cache_per_sequence():
+    one = prepare(THOR, [], ["no-prefetch"]).workload
+    four = prepare(THOR, ["workload.batch=4", "workload.max_tokens=16"], ["no-prefetch"]).workload
+    assert four.hbm_kv_bytes == 4 * one.hbm_kv_bytes
+
+
+def test_batch_one_is_the_decode_step_unchanged():
+    prep = prepare(THOR, ["workload.batch=1", "workload.max_tokens=16"], ["apex"])
+    assert prep.batch is None
+    row = summarize_result(prep, simulate(prep, prep.policies[0]), prep.policies[0])
+    assert "batch" not in row
+
+
+@pytest.mark.parametrize("policy", ["no-prefetch", "oracle", "static-4", "apex", "lru", "lfu", "promoe",
+                                    "pregated", "fiddler"])
+def test_every_policy_that_says_how_runs_a_batch(policy):
+    prep = prepare(THOR, ["workload.batch=2", "workload.max_tokens=8"], [policy])
+    assert prep.policies[0].batch_support
+    result = simulate(prep, prep.policies[0])
+    assert result.tokens == 8 and result.batch == 2
+
+
+def test_bad_batches_are_one_line(capsys):
+    for keys, text in [(["workload.batch=0"], "workload.batch"),
+                       (["workload.batch=4"], "4 sequences of 1024 tokens each read 4096 trace tokens"),
+                       (["workload.batch=4000", "workload.max_tokens=1"], "memory.hbm.capacity_gib"),
+                       (["workload.batch=2", "workload.prompt_tokens=16", "workload.output_tokens=4"],
+                        "a batch of whole requests")]:
+        with pytest.raises(InputError, match=text):
+            prepare(THOR, keys, ["no-prefetch"])
+    assert main(["run", THOR, "--set", "workload.batch=2", "--set", "workload.max_tokens=8", "--policy",
+                 "spice"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spice" in err[0] and "workload.batch 2" in err[0]
+
+
+def test_a_union_wider_than_the_buffer_is_refused(tiny):
+    L, k = tiny.shape.num_moe_layers, tiny.shape.top_k
+    routed = np.zeros((8, L, k), dtype=np.uint8)
+    for b in range(4):
+        routed[2 * b:2 * b + 2] = [2 * b, 2 * b + 1]
+    cfg = tiny.config(routed, extra_yaml="expert_buffer:\n  capacity_mib: 1\n")  # 5 experts of 196,608 bytes
+    with pytest.raises(InputError, match="fewer than the 8 that the 4 tokens of batch step 0 route to"):
+        prepare(cfg, ["workload.batch=4", "workload.max_tokens=2"], ["no-prefetch"])
