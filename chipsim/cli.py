@@ -68,13 +68,8 @@ def _cmd_run(args) -> int:
         for line in report.header_lines(prep, fetch_path_timing(prep.config.hw)):
             print(line)
         print()
-        if prep.request is not None:
-            print(report.format_request_table(rows))
-            print()
-            print(f"per decode step (means over its {prep.request.decode_steps} steps):")
-        if prep.batch is not None:
-            print(f"per decode step of {prep.batch.batch} tokens, one of each sequence (lat ms: each sequence's "
-                  "time per token; E mJ and off-chip MB: the step's; tok/s and mJ/tok: per output token):")
+        for line in report.table_preface(prep, rows):
+            print(line)
         print(report.format_table(rows))
         quality = report.quality_lines(rows)
         if quality:

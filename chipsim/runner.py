@@ -35,8 +35,10 @@ from chipsim.trace import format as trace_format
 from chipsim.trace.format import Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps, transfer_ps
 from chipsim.workload import hf_config
-from chipsim.workload.batch import BatchWorkload, build_batch, check_batch_fits, interleave, is_batch
+from chipsim.trace.interleave import check_batch_fits, interleave
+from chipsim.workload.batch import BatchWorkload, build_batch, is_batch
 from chipsim.workload.decode import DecodeWorkload, build_workload
+from chipsim.workload.speculative import SpecWorkload, build_speculative, is_speculative
 from chipsim.workload.op_keys import check_op_keys
 from chipsim.workload.host import host_timing
 from chipsim.workload.request import RequestWorkload, build_request, final_context, is_request, trace_tokens_needed
@@ -52,6 +54,7 @@ class Prepared:
     request: RequestWorkload | None = None  # a whole request (workload.prompt_tokens > 0)
     prefill_for: dict[str, Policy] = field(default_factory=dict)  # a request's prefill policy per decode label
     batch: BatchWorkload | None = None  # several sequences decoded together (workload.batch > 1)
+    speculative: SpecWorkload | None = None  # drafts verified with each step's token (workload.speculative)
 
 
 # what code_sha256 leaves out: bytecode, built extensions and the record of their build (the same sources give
@@ -135,17 +138,26 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
         check_batch_fits(config.hw, trace)
         batch = build_batch(config.hw, workload, trace.num_tokens)
         trace = interleave(trace, batch.batch, batch.steps)
-    _check_time_fits(config, workload, trace, policies, request, batch)
+    spec = None
+    if is_speculative(config.hw):
+        tokens = min(config.hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
+        spec = build_speculative(config.hw, workload, trace["token_ids"], tokens)
+    _check_time_fits(config, workload, trace, policies, request, batch, spec)
     for policy in every:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
         if batch is not None:
-            _check_batch_policy(config, workload, trace, policy, batch)
+            _check_steps_policy(config, workload, trace, policy, f"workload.batch {batch.batch}",
+                                [(i * batch.batch, batch.batch) for i in range(batch.steps)])
+        if spec is not None:
+            _check_steps_policy(config, workload, trace, policy, "workload.speculative",
+                                [(s.first, s.tokens) for s in spec.steps])
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
-    return Prepared(config, workload, trace, policies, _notes(config, trace, policies), request, prefill_for, batch)
+    return Prepared(config, workload, trace, policies, _notes(config, trace, policies), request, prefill_for, batch,
+                    spec)
 
 
 def _policies(config: Config, specs: list[str]) -> tuple[list[Policy], dict[str, Policy]]:
@@ -236,42 +248,45 @@ def _check_rates(hw) -> None:
                              f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")
 
 
-def _check_batch_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy: Policy,
-                        batch: BatchWorkload) -> None:
-    """A policy runs a batch when it says how (Policy.batch_support) and its experts compute as stored (a GEMM
-    over several tokens of another format, FloE's compressed experts, is not costed); and every step's union of
-    experts must fit its buffer at once."""
+def _check_steps_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy: Policy, what: str,
+                        spans: list[tuple[int, int]]) -> None:
+    """A policy runs steps of several tokens (`spans`: each step's first token and count) when it says how
+    (Policy.batch_support) and its experts compute as stored (a GEMM over several tokens of another format, FloE's
+    compressed experts, is not costed); and every step's union of experts must fit its buffer at once."""
     if not policy.batch_support:
-        raise InputError(f"--policy {policy.label}: runs one sequence (it does not say how it handles "
-                         f"workload.batch {batch.batch})")
+        raise InputError(f"--policy {policy.label}: runs one token a step, not {what}: {policy.batch_refusal}")
     stored = workload.expert_format()
     fmt = policy.expert_format(workload, config.hw)
     if (fmt.compute_ps, fmt.macs, fmt.hbm_bytes) != (stored.compute_ps, stored.macs, stored.hbm_bytes):
         raise InputError(f"--policy {policy.label}: its experts compute in another format than stored; a GEMM of "
-                         f"that format over several tokens is not costed (workload.batch {batch.batch})")
+                         f"that format over several tokens is not costed ({what})")
     slots = workload.buffer_bytes // fmt.slot_bytes
-    widest = widest_union(trace["routed_ids"], batch.batch, min(batch.steps * batch.batch, trace.num_tokens))
-    if slots < widest[0]:
+    experts, step, layer = widest_union(trace["routed_ids"], spans)
+    if slots < experts:
         raise InputError(
             f"expert_buffer.capacity_mib: holds {slots} experts in policy {policy.label}'s format, fewer than the "
-            f"{widest[0]} that the {batch.batch} tokens of batch step {widest[1]} route to in MoE layer {widest[2]}; "
-            "use a smaller workload.batch or a larger buffer")
+            f"{experts} that the {spans[step][1]} tokens of step {step} route to in MoE layer {layer} ({what}); "
+            "use fewer tokens a step or a larger buffer")
 
 
-def widest_union(routed: np.ndarray, batch: int, tokens: int) -> tuple[int, int, int]:
-    """(experts, step, MoE layer) of the widest union of routed experts over steps of `batch` consecutive tokens."""
-    steps = tokens // batch
-    ids = np.asarray(routed[:steps * batch]).reshape(steps, batch, routed.shape[1], -1).transpose(0, 2, 1, 3)
-    flat = ids.reshape(steps, routed.shape[1], -1).astype(np.int64)
-    marks = np.zeros((steps, routed.shape[1], int(flat.max()) + 1), dtype=bool)
-    np.put_along_axis(marks, flat, True, axis=2)
-    sizes = marks.sum(axis=2)
-    step, layer = np.unravel_index(int(sizes.argmax()), sizes.shape)
-    return int(sizes[step, layer]), int(step), int(layer)
+def widest_union(routed: np.ndarray, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """(experts, step, MoE layer) of the widest union of routed experts over steps of `spans` (first token,
+    tokens) of consecutive tokens."""
+    widest = (0, 0, 0)
+    for i, (first, tokens) in enumerate(spans):
+        ids = np.asarray(routed[first:first + tokens], dtype=np.int64)
+        marks = np.zeros((ids.shape[1], int(ids.max()) + 1), dtype=bool)
+        np.put_along_axis(marks, ids.transpose(1, 0, 2).reshape(ids.shape[1], -1), True, axis=1)
+        sizes = marks.sum(axis=1)
+        layer = int(sizes.argmax())
+        if sizes[layer] > widest[0]:
+            widest = (int(sizes[layer]), i, layer)
+    return widest
 
 
 def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, policies: list[Policy],
-                     request: RequestWorkload | None = None, batch: BatchWorkload | None = None) -> None:
+                     request: RequestWorkload | None = None, batch: BatchWorkload | None = None,
+                     spec: SpecWorkload | None = None) -> None:
     """An upper bound on the run's simulated time (every operation, expert fetch and host-CPU expert one
     after another) must fit the simulator's integer picoseconds, whatever the keys say."""
     hw = config.hw
@@ -290,6 +305,9 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
     if batch is not None:  # every step: each token's mixer, each of its experts fetched and run over every token
         tokens = batch.steps * batch.batch
         total = per_token * tokens * batch.batch
+    if spec is not None:  # every verify step as a batch of its tokens, and its draft's wait
+        tokens = sum(s.tokens for s in spec.steps)
+        total = per_token * tokens * (hw.workload.speculative.draft_tokens + 1) + spec.draft_ps * len(spec.steps)
     if request is not None:  # its prefill chunks (each expert over all of a chunk's tokens), then its decode steps
         total = per_token * request.output_tokens
         for chunk in request.chunks:
@@ -338,7 +356,8 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
                      record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
                      observers=list(observers) + ([bar] if bar is not None else []),
-                     request=prep.request, prefill_policy=prep.prefill_for.get(policy.label), batch=prep.batch)
+                     request=prep.request, prefill_policy=prep.prefill_for.get(policy.label), batch=prep.batch,
+                     speculative=prep.speculative)
     try:
         return sim.run()
     finally:

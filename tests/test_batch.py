@@ -109,8 +109,8 @@ def test_batch_one_is_the_decode_step_unchanged():
     assert "batch" not in row
 
 
-@pytest.mark.parametrize("policy", ["no-prefetch", "oracle", "static-4", "apex", "lru", "lfu", "promoe",
-                                    "pregated", "fiddler"])
+@pytest.mark.parametrize("policy", ["no-prefetch", "oracle", "static-4", "apex", "apex-sf", "lru", "lfu", "promoe",
+                                    "pregated", "fiddler", "adapmoe", "spice"])
 def test_every_policy_that_says_how_runs_a_batch(policy):
     prep = prepare(THOR, ["workload.batch=2", "workload.max_tokens=8"], [policy])
     assert prep.policies[0].batch_support
@@ -127,9 +127,9 @@ def test_bad_batches_are_one_line(capsys):
         with pytest.raises(InputError, match=text):
             prepare(THOR, keys, ["no-prefetch"])
     assert main(["run", THOR, "--set", "workload.batch=2", "--set", "workload.max_tokens=8", "--policy",
-                 "spice"]) == 2
+                 "floe"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "spice" in err[0] and "workload.batch 2" in err[0]
+    assert len(err) == 1 and "floe" in err[0] and "workload.batch 2" in err[0] and "channels" in err[0]
 
 
 def test_a_union_wider_than_the_buffer_is_refused(tiny):
@@ -138,5 +138,73 @@ def test_a_union_wider_than_the_buffer_is_refused(tiny):
     for b in range(4):
         routed[2 * b:2 * b + 2] = [2 * b, 2 * b + 1]
     cfg = tiny.config(routed, extra_yaml="expert_buffer:\n  capacity_mib: 1\n")  # 5 experts of 196,608 bytes
-    with pytest.raises(InputError, match="fewer than the 8 that the 4 tokens of batch step 0 route to"):
+    with pytest.raises(InputError, match="fewer than the 8 that the 4 tokens of step 0 route to"):
         prepare(cfg, ["workload.batch=4", "workload.max_tokens=2"], ["no-prefetch"])
+
+
+# ---------------------------------------------------------------------------------------------- speculative steps
+def test_prompt_lookup_drafts_what_followed_the_last_match_and_accepts_what_the_text_repeats():
+    from chipsim.workload.speculative import prompt_lookup
+
+    ids = np.array([1, 2, 3, 4, 1, 2, 3, 4, 1, 9])
+    assert prompt_lookup(ids, 0, 4, 3) == []  # nothing before the first token
+    assert prompt_lookup(ids, 4, 4, 3) == [2, 3, 4, 1]  # only "1" recurs (position 0): what followed it, up to p
+    assert prompt_lookup(ids, 8, 2, 3) == [2, 3]  # "2 3 4 1"'s suffix "3 4 1" last ended at position 4
+    assert prompt_lookup(ids, 3, 4, 3) == []  # "4" never came before
+
+
+def spec_run(config, tokens, *keys, policy="no-prefetch"):
+    prep = prepare(config, [f"workload.max_tokens={tokens}", *keys], [policy])
+    result = simulate(prep, prep.policies[0])
+    return prep, result, summarize_result(prep, result, prep.policies[0])
+
+
+@pytest.mark.parametrize("rate, steps", [(0.0, 24), (1.0, 5)])
+def test_a_certain_draft_yields_k_plus_one_tokens_a_step_and_a_useless_one_one(rate, steps):
+    prep, result, row = spec_run(THOR, 24, "workload.speculative.draft_tokens=4", "workload.speculative.draft=rate",
+                                 f"workload.speculative.acceptance={rate}")
+    plan = prep.speculative.steps
+    assert len(plan) == steps == result.tokens
+    assert sum(s.accepted + 1 for s in plan) == 24  # every token of the run, once
+    assert row["tokens_per_step"] == pytest.approx(24 / steps)
+    assert row["acceptance_rate"] == rate
+
+
+def test_a_verify_step_whose_experts_are_in_place_ends_at_the_sum_of_its_operations():
+    prep, result, _ = spec_run(JETSON, 16, "workload.speculative.draft_tokens=3", "workload.speculative.draft=rate",
+                               "workload.speculative.acceptance=0.5", "workload.speculative.draft_ms_per_step=0.25")
+    spec, m, routed = prep.speculative, prep.workload.model, prep.trace["routed_ids"]
+    row, step = next((i, s) for i, s in enumerate(spec.steps) if s.tokens > 1)
+    layers, head = spec.verify(step.tokens)
+    total = spec.draft_ps + head.duration_ps
+    for li, layer in enumerate(layers):
+        total += sum(op.duration_ps for op in (layer.pre, layer.dense, layer.combine) if op)
+        if li >= m.first_dense_layers:
+            ids = routed[step.first:step.first + step.tokens, li - m.first_dense_layers].ravel()
+            _, counts = np.unique(ids, return_counts=True)
+            total += sum(spec.expert(int(n)).duration_ps for n in counts)
+    assert spec.draft_ps == 250_000_000
+    assert int(result.per_token.latency_ps[row]) == total
+
+
+def test_prompt_lookup_acceptance_is_the_trace_text_s_own():
+    from chipsim.workload.speculative import prompt_lookup
+
+    prep, _, row = spec_run(THOR, 256, "workload.speculative.draft_tokens=4")
+    ids, steps = prep.trace["token_ids"][:256].tolist(), prep.speculative.steps
+    for s, after in zip(steps, steps[1:]):
+        drafts = prompt_lookup(np.array(ids), s.first, 4 if s.first + 4 < 256 else 255 - s.first, 3)
+        assert s.tokens == 1 + len(drafts)
+        assert drafts[:s.accepted] == ids[s.first + 1:s.first + 1 + s.accepted]  # accepted: the text's own next
+        assert s.accepted == len(drafts) or drafts[s.accepted] != ids[s.first + 1 + s.accepted]  # the first miss
+        assert after.first == s.first + s.accepted + 1
+    accepted = sum(s.accepted for s in steps)
+    assert accepted > 0 and row["acceptance_rate"] == pytest.approx(accepted / sum(s.tokens - 1 for s in steps))
+
+
+def test_speculation_refuses_what_it_does_not_model():
+    with pytest.raises(InputError, match="speculation runs one decode-only sequence"):
+        prepare(THOR, ["workload.speculative.draft_tokens=2", "workload.batch=2", "workload.max_tokens=8"],
+                ["no-prefetch"])
+    with pytest.raises(InputError, match="floe: runs one token a step, not workload.speculative"):
+        prepare(THOR, ["workload.speculative.draft_tokens=2", "workload.max_tokens=8"], ["floe"])

@@ -133,7 +133,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
-        + (f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}, "
+        + (f"speculative ({_speculative_text(prep)}), context {wl.context_length}, " if prep.speculative is not None
+           else f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}, "
            if prep.batch is not None else f"context {wl.context_length}, " if prep.request is None else
            f"request of {prep.request.prompt_tokens} prompt + {prep.request.output_tokens} output tokens "
            f"(prefill chunks of {prep.request.chunk_tokens}), ")
@@ -149,6 +150,14 @@ def header_lines(prep, fetch_path) -> list[str]:
     ]
 
 
+def _speculative_text(prep) -> str:
+    s = prep.config.hw.workload.speculative
+    steps = prep.speculative.steps
+    draft = (f"prompt lookup of up to {s.draft_tokens} tokens, n-gram {s.ngram}" if s.draft == "prompt-lookup" else
+             f"{s.draft_tokens} draft tokens accepted at rate {s.acceptance:g}")
+    return f"{draft}: {sum(st.accepted + 1 for st in steps)} tokens in {len(steps)} steps"
+
+
 def _memory_text(hw, name: str) -> str:
     """Where a memory's figures come from: the closed form or the command-level model, and what they are; a flash
     device's, its closed-loop read bound (chipsim/hw/flash.py)."""
@@ -162,6 +171,19 @@ def _memory_text(hw, name: str) -> str:
             f"{t.turnaround:.2f}, first byte {t.access_latency_ns:.1f} ns")
 
 
+def table_preface(prep, rows: list[dict]) -> list[str]:
+    """What comes before the results table: a request's own table, and what a row is when it is not one token."""
+    if prep.request is not None:
+        return [format_request_table(rows), "", f"per decode step (means over its {prep.request.decode_steps} steps):"]
+    if prep.speculative is not None:
+        return ["per step (lat ms: a step, its input token and drafts verified in one pass; tok/step: accepted "
+                "drafts + 1; ms/tok, tok/s, mJ/tok: per output token):"]
+    if prep.batch is not None:
+        return [f"per decode step of {prep.batch.batch} tokens, one of each sequence (lat ms: each sequence's time "
+                "per token; E mJ and off-chip MB: the step's; tok/s and mJ/tok: per output token):"]
+    return []
+
+
 def format_table(rows: list[dict]) -> str:
     link = rows[0].get("expert_link", "") if rows else ""
     columns = [(_DISPLAY.get(link, link) or "link", key, fmt) if key == "energy_expert_link_mj" else (head, key, fmt)
@@ -170,6 +192,9 @@ def format_table(rows: list[dict]) -> str:
         columns.insert(8, ("host", "energy_host_cpu_mj", "{:.2f}"))
     if rows and rows[0].get("batch", 1) > 1:  # per step of B tokens, then per output token
         columns += [("tok/s", "tokens_per_s", "{:.1f}"), ("mJ/tok", "energy_mj_per_output_token", "{:.2f}")]
+    if rows and "tokens_per_step" in rows[0]:  # per verify step, then per output token
+        columns += [("tok/step", "tokens_per_step", "{:.2f}"), ("ms/tok", "latency_ms_per_output_token", "{:.3f}"),
+                    ("tok/s", "tokens_per_s", "{:.1f}"), ("mJ/tok", "energy_mj_per_output_token", "{:.2f}")]
     cells = [[h for h, _, _ in columns]]
     for row in rows:
         line = []

@@ -407,6 +407,29 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding as a step shape (issue #43): a draft proposes tokens, the model verifies them and the
+    token after them in one step; each step yields the accepted drafts and one token of the model's own."""
+
+    draft_tokens: int = _optional("tokens the draft proposes per step, verified with the step's own token in one pass "
+                                  "(0: no speculation)", 0, minimum=0, maximum=64)
+    draft: str = _optional("prompt-lookup: the tokens that followed the longest earlier match of the last `ngram` "
+                           "tokens in the trace's text (Saxena 2023; acceptance measured from the trace's own next "
+                           "tokens); rate: a draft model whose tokens are each accepted with probability `acceptance`",
+                           "prompt-lookup", choices=("prompt-lookup", "rate"))
+    ngram: int = _optional("prompt-lookup: the longest suffix matched (then shorter ones, down to 1 token)", 3,
+                           minimum=1, maximum=64)
+    # ASSUMPTION: no public acceptance rate for these models' drafts; swept in experiments/speculative_decode.yaml
+    acceptance: float = _optional("rate: the probability each draft token is accepted, given the ones before were",
+                                  0.7, minimum=0.0, maximum=1.0)
+    # ASSUMPTION: a draft model's time depends on the model chosen; 0 leaves it out (prompt lookup takes microseconds)
+    draft_ms_per_step: float = _optional("time a step waits for its draft before verifying (prompt lookup runs on the "
+                                         "host in microseconds: 0; a draft model: its k forward passes)", 0.0,
+                                         minimum=0.0, maximum=1e6)
+    seed: int = _optional("rate: the seed of the acceptance draws", 0, minimum=0, maximum=(1 << 32) - 1)
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     trace: str = _f("routing trace file (.npz), relative to the config file that names it (with --set: to the "
                     "current folder)")
@@ -424,6 +447,8 @@ class WorkloadConfig:
     prefill_chunk_tokens: int = _optional("prompt tokens per prefill chunk (0: the whole prompt in one)", 0,
                                           minimum=0, maximum=1 << 20)
     # several sequences decoded together (issue #43)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig, metadata=spec(
+        "speculative decoding: drafts verified with each step's token in one pass (draft_tokens 0: off)"))
     batch: int = _optional("sequences decoded together, one token of each per step, each reading its own window of "
                            "the trace (workload.max_tokens tokens; 0: the trace split evenly) and attending over its "
                            "own KV cache of workload.context_length tokens", 1, minimum=1, maximum=4096)
@@ -799,6 +824,9 @@ def _check_request(w: WorkloadConfig) -> None:
         raise InputError("workload.prompt_tokens: workload.output_tokens needs a prompt of at least 1 token")
     if w.prefill_chunk_tokens and not w.prompt_tokens:
         raise InputError("workload.prefill_chunk_tokens: needs a request (workload.prompt_tokens > 0)")
+    if w.speculative.draft_tokens and (w.prompt_tokens or w.batch > 1):
+        raise InputError("workload.speculative.draft_tokens: speculation runs one decode-only sequence; with a request "
+                         "(workload.prompt_tokens) or a batch (workload.batch) it is not simulated yet")
     if w.batch > 1 and w.prompt_tokens:
         raise InputError(f"workload.batch: {w.batch} sequences decode at workload.context_length; a batch of whole "
                          "requests (workload.prompt_tokens > 0) is not simulated yet: use one or the other")

@@ -109,7 +109,7 @@ class Apex(Policy):
         return super().on_route(ctx, t, layer, routed)
 
     def _note_routed(self, ctx: SimContext, t, layer, routed):
-        if ctx.batch == 1:
+        if len(ctx.step_tokens) == 1:
             self._routed_seen[t * self._layers + layer] = routed
             return
         for token in ctx.step_tokens:
@@ -151,7 +151,7 @@ class ApexStallFree(Apex):
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._note_routed(ctx, t, layer, routed)
-        if ctx.batch == 1:
+        if len(ctx.step_tokens) == 1:
             execute, substituted, dropped = self._token_plan(ctx, t, layer, routed)
         else:  # each token keeps and substitutes on its own; the step runs the union
             sets, substituted, dropped = {}, 0, 0

@@ -315,6 +315,8 @@ class Policy:
     # how it decides for a step of several sequences' tokens (workload.batch > 1), in words; "" where it runs one
     # sequence only (`chipsim policies` prints it; a batch run refuses such a policy in one line)
     batch_support: ClassVar[str] = ""
+    # why it runs one sequence only (where batch_support is ""), for the refusal
+    batch_refusal: ClassVar[str] = "it does not say how it handles several sequences"
     # the frozen dataclass of this policy's parameters (fields made by `param`); a subclass that sets it also
     # annotates `params` with it, so that a type checker knows `self.params.<field>`
     Params: ClassVar[type] = NoParams

@@ -352,7 +352,7 @@ class AdapMoE(ExpertCache):
         return max(1, keep)
 
     def _select(self, ctx: SimContext, t, layer, routed):
-        if ctx.batch == 1:
+        if len(ctx.step_tokens) == 1:
             return self._token_select(ctx, t, layer, routed)
         sets, dropped = {}, 0  # each token gates its own experts; the step runs the union of what they keep
         for token in ctx.step_tokens:

@@ -84,6 +84,8 @@ class FloE(Policy):
     summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
                "prefetch, per-layer staging")
     trace_arrays = (pa.FLOE_RANK,)
+    batch_refusal = ("it moves only the gate and down channels one token's intra-expert predictor keeps; several "
+                     "tokens need the union of their channels, which the paper does not measure nor chipsim cost")
     Params = FloEParams
     params: FloEParams
 

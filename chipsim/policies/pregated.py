@@ -81,7 +81,7 @@ class PreGated(Policy):
         self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
 
     def on_route(self, ctx: SimContext, t, layer, routed):
-        if ctx.batch == 1:
+        if len(ctx.step_tokens) == 1:
             execute, deviations = self._token_set(t, layer, routed)
         else:  # each token its own set, the step their union
             sets = {}

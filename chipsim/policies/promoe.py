@@ -85,7 +85,7 @@ class ProMoE(ExpertCache):
         for token in ctx.step_tokens:  # each token's own prediction against its own routing
             pred = self._pred[token][layer]
             if NO_EXPERT not in pred:
-                own = routed if ctx.batch == 1 else ctx.trace_routed(token, layer)
+                own = routed if len(ctx.step_tokens) == 1 else ctx.trace_routed(token, layer)
                 self._has_pred[token, layer] = True
                 self._pred_correct[token, layer] = len(set(pred) & set(own))
         issued = self._issued.pop(layer, set())

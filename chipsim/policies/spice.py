@@ -87,6 +87,7 @@ from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
 from chipsim.workload.decode import BF16_BYTES
+from chipsim.workload.host import host_timing
 
 LORE_FORMS = ("residual", "factored")
 
@@ -141,6 +142,9 @@ class Spice(Policy):
     summary = ("draft predictions several layers deep (depth grows with confidence, ≥ D_min), expert cache; "
                "misses: LoRE surrogate (low confidence) or the cheaper of fetch / host CPU")
     caches_across_tokens = True
+    batch_support = ("prefetches each token's drafts (its own depth; every prefetch stamped for the step); a miss is "
+                     "low-confidence when every token routed to it is, else the cost model weighs fetching it against "
+                     "the host CPU computing it for all its tokens")
     trace_arrays = (pa.DRAFT_IDS, pa.DRAFT_CONF)
     Params = SpiceParams
     params: SpiceParams
@@ -224,9 +228,8 @@ class Spice(Policy):
         # lazily: a stamp only grows, so an entry at or below its expert's stamp keeps the smallest live one on top once
         # entries found behind their stamps move up to them (_evict_past); one whose expert has gone is dropped
         self._by_stamp: list[int] = []
-        self._pos = 0
-        self._token_ids = b""
-        self._token_conf: list[list[float]] = []
+        self._pos, self._token_ids, self._token_conf = 0, b"", []
+        self._step_drafts: list[tuple[int, bytes, list[list[float]]]] = []  # a batch step's (token, ids, conf)
         # per token-layer counters
         self.depth = np.zeros((T, L), dtype=np.int16)
         self.misses = np.zeros((T, L), dtype=np.int16)
@@ -338,6 +341,9 @@ class Spice(Policy):
         # (L, D, k) as bytes: iterating bytes gives ints, with no list made per draft (a token's tolist() is ~30 us)
         self._token_ids = self._ids[t].tobytes()
         self._token_conf = self._conf[t].astype(np.float64).tolist()  # (L, D)
+        if len(ctx.step_tokens) > 1:
+            self._step_drafts = [(token, self._ids[token].tobytes(), self._conf[token].astype(np.float64).tolist())
+                                 for token in ctx.step_tokens]
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         L = self._L
@@ -349,7 +355,17 @@ class Spice(Policy):
             limit, floor = min(self.params.max_depth, remaining), self.d_min
         else:
             limit, floor = 1, 1
-        ids, conf = self._token_ids, self._token_conf
+        if len(ctx.step_tokens) == 1:
+            self._prefetch_drafts(ctx, t, t, layer, limit, floor, self._token_ids, self._token_conf)
+            return
+        for token, ids, conf in self._step_drafts:  # each token's drafts, stamped for the step's position
+            self._prefetch_drafts(ctx, t, token, layer, limit, floor, ids, conf)
+
+    def _prefetch_drafts(self, ctx: SimContext, t: int, token: int, layer: int, limit: int, floor: int, ids: bytes,
+                         conf: list[list[float]]) -> None:
+        """Prefetch one token's drafts made at `layer`, deeper while confident (at least `floor`, at most `limit`
+        layers), each stamped at step t's position of the layer it is for; the depth reached noted for `token`."""
+        L = self._L
         row, per_layer = self._draft_row, self._draft_layer
         stamps, n = self._stamp, self._E
         heap, cells = self._by_stamp, self._cells
@@ -387,7 +403,7 @@ class Spice(Policy):
             if not ok:
                 self.depth_cut_by_buffer += 1
                 break
-        self.depth[t, layer] = reached
+        self.depth[token, layer] = reached
 
     def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
         if self._in_place:  # every expert is where the arrays read it: no miss to send anywhere
@@ -411,14 +427,14 @@ class Spice(Policy):
         if not misses:
             return plan
         self.misses[t, layer] = len(misses)
-        first = self._token_ids[layer * self._draft_layer]  # the depth-1 draft's first id
-        predicted = first != NO_EXPERT
-        low = predicted and self._token_conf[layer][0] < self.params.confidence
+        low, tokens_of = self._low_confidence(ctx, layer, misses)
         if low:
-            self.low_conf[t, layer] = len(misses)
+            self.low_conf[t, layer] = len(low)
         if low and self._use_surrogate:
-            plan.surrogate = misses
-            return plan
+            plan.surrogate = low
+            misses = [e for e in misses if e not in set(low)]
+            if not misses:
+                return plan
         fetch_base = ctx.fetch_estimate_ps() + self._t_acc
         host_base = ctx.host_estimate_ps()
         host_one = ctx.host_timing.total_ps
@@ -426,6 +442,8 @@ class Spice(Policy):
         for e in misses:
             fetch_ps = fetch_base + len(to_fetch) * self._fetch_one_ps
             host_ps = host_base + len(plan.on_host) * host_one
+            if tokens_of.get(e, 1) > 1:  # the host computes it for every token of the step routed to it
+                host_ps += host_timing(ctx.hw, ctx.workload, tokens_of[e]).total_ps - host_one
             if self.params.cpu_fallback and host_ps < fetch_ps:
                 plan.on_host.append(e)
                 choice = "cpu"
@@ -441,6 +459,24 @@ class Spice(Policy):
             execute.extend(to_fetch)
         self.fetched[t, layer] = len(to_fetch)
         return plan
+
+    def _low_confidence(self, ctx: SimContext, layer: int, misses: list[int]) -> tuple[list[int], dict[int, int]]:
+        """The misses to judge low-confidence (the depth-1 draft's confidence for this layer below `confidence`;
+        a layer no draft predicted is high): one token's all or none; in a batch step, those every token routed to
+        them is low for. Also, in a batch, each miss's tokens."""
+        confidence, at = self.params.confidence, layer * self._draft_layer
+        if len(ctx.step_tokens) == 1:
+            predicted = self._token_ids[at] != NO_EXPERT  # the depth-1 draft's first id
+            return (list(misses) if predicted and self._token_conf[layer][0] < confidence else []), {}
+        tokens_of: dict[int, int] = {}
+        high: set[int] = set()
+        for token, ids, conf in self._step_drafts:
+            low = ids[at] != NO_EXPERT and conf[layer][0] < confidence
+            for e in ctx.trace_routed(token, layer):
+                tokens_of[e] = tokens_of.get(e, 0) + 1
+                if not low:
+                    high.add(e)
+        return [e for e in misses if e not in high], tokens_of
 
     def on_layer_end(self, ctx: SimContext, t: int, layer: int) -> None:
         """Nothing is staged out per layer; only the slot budget is honoured (after cancelled transfers)."""

@@ -48,10 +48,11 @@ from chipsim.sim.timeline_recorder import TimelineRecorder
 from chipsim.sim.work import NO_WORK, LayerCost, Work, cost_of
 from chipsim.trace.format import TokenRows, Trace
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
-from chipsim.workload.batch import BatchWorkload
+from chipsim.workload.batch import BatchLayer, BatchWorkload
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import HostTiming, host_timing
 from chipsim.workload.request import PrefillChunk, PrefillLayer, RequestWorkload, trace_tokens_needed
+from chipsim.workload.speculative import SpecStep, SpecWorkload
 
 
 # the operand link is two resources where fetches cross it too (thor's UCIe: the I/O die's link for fetches, the
@@ -69,13 +70,14 @@ class Simulation:
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
                  core: EventCore | None = None, observers: Sequence[Observer] = (),
                  request: RequestWorkload | None = None, prefill_policy: Policy | None = None,
-                 batch: BatchWorkload | None = None) -> None:
+                 batch: BatchWorkload | None = None, speculative: SpecWorkload | None = None) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
         `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
         watch the run (chipsim.sim.observe). With `request` (chipsim.workload.request) the run is a whole request:
         `prefill_policy` runs its prefill chunks, then `policy` its decode steps; max_tokens is not read. With
         `batch` (chipsim.workload.batch) each step decodes one token of every sequence, over `trace` as
-        chipsim.workload.batch.interleave lays it out."""
+        chipsim.workload.batch.interleave lays it out; with `speculative` (chipsim.workload.speculative) each step
+        verifies its planned drafts with its input token."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -89,6 +91,9 @@ class Simulation:
         self.num_tokens = trace.num_tokens if not max_tokens else min(max_tokens, trace.num_tokens)
         self.request = request
         self.batch = batch
+        self.speculative = speculative
+        # what prices a routed expert as a GEMM over several tokens: the request's, the batch's or the verify steps'
+        self._gemm_source: Any = request if request is not None else batch if batch is not None else speculative
         # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
         self.num_steps = self.num_tokens
         if request is not None:
@@ -97,6 +102,10 @@ class Simulation:
         if batch is not None:
             self.num_steps = min(batch.steps, max_tokens or batch.steps)
             self.num_tokens = self.num_steps * batch.batch
+        if speculative is not None:
+            self.num_steps = len(speculative.steps)
+            last = speculative.steps[-1]
+            self.num_tokens = last.first + last.tokens
         self._on_core(core if core is not None else simpy_core())
         self._fetch_path(hw)
         self._expert_format(policy, workload, hw)
@@ -506,9 +515,13 @@ class Simulation:
             return
         self.policy.on_run_start(self.context)
         if self.batch is not None:
-            size = self.batch.batch
+            size, layers, head_work = self.batch.batch, self.batch.layers, self.batch.head
             for i in range(self.num_steps):
-                yield from self._batch_step(i, i * size, i * size + size - 1, self.batch)
+                yield from self._batch_step(i, i * size, i * size + size - 1, layers, head_work)
+            return
+        if self.speculative is not None:
+            for row, step in enumerate(self.speculative.steps):
+                yield from self._speculative_step(row, step, costs, head, self.speculative)
             return
         for t in range(self.num_tokens):
             yield from self._token(t, costs, head, t)
@@ -761,10 +774,24 @@ class Simulation:
             self.policy.on_layer_end(self.context, last, layer)
         return stall
 
-    def _batch_step(self, i: int, first: int, last: int, batch: BatchWorkload) -> Generator[Any, Any, None]:
-        """Batch step i: one token of every sequence (tokens first .. last of the interleaved trace) through every
-        layer at once, each MoE layer's experts the union of the tokens' routed sets; every sequence's LM head."""
+    def _speculative_step(self, row: int, step: SpecStep, costs: list[LayerCost], head: Work,
+                          spec: SpecWorkload) -> Generator[Any, Any, None]:
+        """A speculative step: a plain decode step where nothing was drafted, else the draft's wait and one pass
+        over the input token and its drafts."""
+        if step.tokens == 1:
+            yield from self._token(step.first, costs, head, row)
+            return
+        layers, verify_head = spec.verify(step.tokens)
+        yield from self._batch_step(row, step.first, step.first + step.tokens - 1, layers, verify_head, spec.draft_ps)
+
+    def _batch_step(self, i: int, first: int, last: int, layers: Sequence[BatchLayer], head: Any, wait_ps: int = 0
+                    ) -> Generator[Any, Any, None]:
+        """Step i over tokens first .. last at once (one of every sequence of a batch, or a verify step's input and
+        drafts) through every layer, each MoE layer's experts the union of the tokens' routed sets, then their LM
+        heads; `wait_ps` first (a speculative step's draft)."""
         start = self._now()
+        if wait_ps:
+            yield self._timeout(wait_ps)
         self._step_first = first
         self._current_token = last
         if self._observer is not None:
@@ -774,18 +801,19 @@ class Simulation:
             self.policy.on_token_start(self.context, last)
         stall = 0
         dense = self.model.first_dense_layers
-        for li, layer in enumerate(batch.layers):
+        for li, layer in enumerate(layers):
             if li < dense:
                 yield from self._compute(self._launched(cost_of(layer.pre) + cost_of(layer.dense)), "dense", li)
             else:
                 stall += yield from self._tokens_layer(i, first, last, li - dense, cost_of(layer.pre),
                                                        cost_of(layer.dense), cost_of(layer.combine))
-        yield from self._compute(self._launched(cost_of(batch.head)), "head", -1)
+        yield from self._compute(self._launched(cost_of(head)), "head", -1)
         self._synced = True
         if self._observer is not None:
             self._observer.token_end(last, start, self._now())
         self._tally.add_to(self.rec.ledger)
         self.rec.end_token(i, self._now() - start, stall)
+        self._step_first = _NO_STEP  # a later one-token step's routing rule is the cell's alone
 
     def _prefill_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
         """A batch of a prefill chunk's experts, each a GEMM over the chunk's tokens routed to it."""
@@ -799,9 +827,7 @@ class Simulation:
         staged there)."""
         work = self._expert_works.get(tokens)
         if work is None:
-            source = self.request if self.request is not None else self.batch
-            assert source is not None
-            op = source.expert(tokens)
+            op = self._gemm_source.expert(tokens)
             if self.expert_format.operands_in_sram:
                 nbytes = op.hbm_read_bytes + op.hbm_write_bytes
                 work = Work(op.duration_ps, 0, op.fixed_ps, op.macs, op.sfu_ops, op.vector_ops, nbytes,
@@ -832,8 +858,13 @@ class Simulation:
         if self.request is None:
             result = self.rec.result(label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
             if self.batch is not None:
-                result.batch = self.batch.batch
-                result.union = self._union_sizes(self.batch.batch)
+                size = self.batch.batch
+                result.batch = size
+                result.union = self._union_sizes([(i * size, size) for i in range(self.num_steps)])
+            if self.speculative is not None:
+                steps = self.speculative.steps
+                result.union = self._union_sizes([(s.first, s.tokens) for s in steps])
+                result.speculative = np.array([(s.first, s.tokens, s.accepted) for s in steps], dtype=np.int64)
             return result
         extra = {f"prefill_{k}": v for k, v in self.prefill_policy.extra_metrics().items()}
         result = self.rec.result(label, self.num_moe_layers, {**extra, **self.policy.extra_metrics()}, timeline)
@@ -841,14 +872,16 @@ class Simulation:
         result.prefill_chunk_tokens = tuple(c.tokens for c in self.request.chunks)
         return result
 
-    def _union_sizes(self, size: int) -> np.ndarray:
-        """Experts each batch step's MoE layers routed to: the union of its tokens' routed sets."""
-        ids = np.asarray(self.trace["routed_ids"][:self.num_steps * size], dtype=np.int64)
-        steps, layers = self.num_steps, self.num_moe_layers
-        marks = np.zeros((steps, layers, self.num_experts), dtype=bool)
-        rows = ids.reshape(steps, size, layers, -1).transpose(0, 2, 1, 3).reshape(steps, layers, -1)
-        np.put_along_axis(marks, rows, True, axis=2)
-        union: np.ndarray = marks.sum(axis=2).astype(np.int64)
+    def _union_sizes(self, spans: list[tuple[int, int]]) -> np.ndarray:
+        """Experts each step's MoE layers routed to (steps x MoE layers): the union of the routed sets of its tokens,
+        `spans` of (first token, tokens) per step."""
+        routed = self.trace["routed_ids"]
+        union = np.zeros((len(spans), self.num_moe_layers), dtype=np.int64)
+        for i, (first, tokens) in enumerate(spans):
+            ids = np.asarray(routed[first:first + tokens], dtype=np.int64)  # (tokens, layers, k)
+            marks = np.zeros((self.num_moe_layers, self.num_experts), dtype=bool)
+            np.put_along_axis(marks, ids.transpose(1, 0, 2).reshape(self.num_moe_layers, -1), True, axis=1)
+            union[i] = marks.sum(axis=1)
         return union
 
     def _record_layers(self) -> None:

@@ -90,6 +90,8 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     into the package, whose bytes are the off-chip traffic; `link_gbps`: its data bandwidth per direction."""
     first = result.prefill_steps  # a request's decode steps follow its prefill chunks; it needs no warm-up
     warmup = min(warmup_tokens, result.tokens - 1) if not first else 0
+    if result.speculative is not None:  # the steps whose input token is among the warm-up tokens
+        warmup = min(int((result.speculative[:, 0] < warmup_tokens).sum()), result.tokens - 1)
     sl = slice(first + warmup, None)
     row = {"policy": result.policy}
     row.update(_span_summary(result, table, sl, link))
@@ -138,12 +140,34 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
         row["request"] = req
     if result.batch > 1:  # a step is one token of each sequence: per output token, the step's share
         row.update(batch_columns(row, result.batch))
+    if result.speculative is not None:
+        row.update(speculative_columns(result, row, sl))
     row.update(result.extra)
     return row
 
 
 # a batch run's columns (workload.batch > 1): the table's other columns are per step of `batch` tokens
 BATCH_COLUMNS = ("batch", "tokens_per_s", "energy_mj_per_output_token", "offchip_bytes_per_output_token")
+
+
+# a speculative run's columns (workload.speculative): the table's other columns are per step
+SPECULATIVE_COLUMNS = ("tokens_per_step", "acceptance_rate", "tokens_per_s", "latency_ms_per_output_token",
+                       "energy_mj_per_output_token")
+
+
+def speculative_columns(result: SimResult, row: dict, sl: slice) -> dict:
+    """Per output token of a speculative run: each step yields its accepted drafts and one token of its own."""
+    steps = result.speculative[sl]
+    produced = int((steps[:, 2] + 1).sum())
+    drafted = int((steps[:, 1] - 1).sum())
+    total_ms = float(result.per_token.latency_ps[sl].sum() / PS_PER_MS)
+    return {
+        "tokens_per_step": produced / len(steps),
+        "acceptance_rate": float(steps[:, 2].sum() / drafted) if drafted else None,
+        "tokens_per_s": produced / (total_ms / 1e3),
+        "latency_ms_per_output_token": total_ms / produced,
+        "energy_mj_per_output_token": row["energy_mj_per_token"] * len(steps) / produced,
+    }
 
 
 def fill_batch_columns(df):
@@ -156,7 +180,7 @@ def fill_batch_columns(df):
     for column in BATCH_COLUMNS:
         if column not in df.columns:
             df[column] = float("nan")
-    single = df["batch"].isna()
+    single = df["batch"].isna() & df["tokens_per_s"].isna()  # (a speculative row has its own per-token columns)
     if "ttft_ms" in df.columns:
         single &= df["ttft_ms"].isna()
     implied = {"batch": 1, "tokens_per_s": 1e3 / df["latency_ms_per_token"],

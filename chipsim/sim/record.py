@@ -114,6 +114,8 @@ class SimResult:
     # routes to the union of their experts, `union` of them (steps x MoE layers; None for one sequence)
     batch: int = 1
     union: np.ndarray | None = None
+    # a speculative run (chipsim.workload.speculative): each step's (input token, tokens verified, drafts accepted)
+    speculative: np.ndarray | None = None
 
 
 class RunRecorder:
@@ -180,7 +182,10 @@ def differences(a: SimResult, b: SimResult) -> list[str]:
         out.append("extra")
     if (a.prefill_steps, a.prefill_chunk_tokens) != (b.prefill_steps, b.prefill_chunk_tokens):
         out.append("prefill")
-    if a.batch != b.batch or (a.union is None) != (b.union is None) or (
-            a.union is not None and not np.array_equal(a.union, b.union)):
+    for name in ("union", "speculative"):
+        u, v = getattr(a, name), getattr(b, name)
+        if (u is None) != (v is None) or (u is not None and not np.array_equal(u, v)):
+            out.append(name)
+    if a.batch != b.batch:
         out.append("batch")
     return out

@@ -11,7 +11,8 @@ tokens routed to it (the union of the B tokens' sets is what must be in the buff
 embedding lookups and the LM head for every sequence (each needs its next token).
 
 The engine runs a step as it runs a prefill chunk (chipsim.sim.engine: one routing per layer for the union, the
-experts as GEMMs over their token counts), over B consecutive tokens of a re-ordered trace (`interleave`): step i's
+experts as GEMMs over their token counts), over B consecutive tokens of a re-ordered trace
+(chipsim.trace.interleave): step i's
 tokens are i·B .. i·B + B − 1, token i·B + b being sequence b's i-th. A policy's hooks receive the step's last
 token as t and all B as `ctx.step_tokens`; `ctx.batch` is B, so a token's predecessor in its own sequence is
 t − B. B = 1 is not built here: the decode step of chipsim.workload.decode runs, unchanged.
@@ -20,17 +21,11 @@ t − B. B = 1 is not built here: the decode step of chipsim.workload.decode run
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
-from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.trace.format import CORE_ARRAYS, Trace
-from chipsim.trace.predictor_arrays import BY_NAME
 from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _ffn, _mamba2
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
@@ -213,16 +208,7 @@ def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -
 
     builders = batch_group_builders(am, m, hw, [w.context_length] * w.batch)
     built = {name: grouped(name, fn()) for name, fn in builders.items() if fn is not None and name != "expert"}
-    layers = []
-    for layer in range(m.num_layers):
-        mixer = built[MIXER_GROUP[m.mixer(layer)]]
-        assert mixer is not None
-        if layer < m.first_dense_layers:
-            layers.append(BatchLayer(mixer, built["dense"], None))
-        else:
-            router = built["router"]
-            assert router is not None
-            layers.append(BatchLayer(mixer + router, built.get("shared"), built["combine"]))
+    layers = step_layers(m, built)
     expert_builder = batch_group_builders(expert_am, m, hw, [w.context_length])["expert"]
     am.save_table()
     head = grouped("head", built["head"])
@@ -236,51 +222,17 @@ def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -
     return BatchWorkload(w.batch, steps, w.context_length, tuple(layers), head, expert_op)
 
 
-# --------------------------------------------------------------------------------------------- the trace and checks
-def interleave(trace: Trace, batch: int, steps: int) -> Trace:
-    """The trace re-ordered for a batch run: token i·B + b is sequence b's i-th (trace token b·steps + i), so step i
-    reads B consecutive tokens. Per-token arrays (their spec's first axis is T) are re-ordered when first read."""
-    order = (np.arange(batch)[None, :] * steps + np.arange(steps)[:, None]).ravel()
-    meta = dict(trace.meta, batch={"sequences": batch, "tokens_each": steps,
-                                   "order": "token i*B + b is sequence b's i-th, trace token b*tokens_each + i"})
-    return replace(trace, arrays=_Interleaved(trace.arrays, order, trace.num_tokens), meta=meta, _checked=set(trace._checked))
-
-
-class _Interleaved(Mapping):
-    """A trace's arrays with the per-token ones re-ordered by `order` (each once, on first use, read-only)."""
-
-    def __init__(self, arrays: Mapping, order: np.ndarray, tokens: int):
-        self._arrays, self._order, self._tokens = arrays, order, tokens
-        self._made: dict[str, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-    def __iter__(self):
-        return iter(self._arrays)
-
-    def __contains__(self, name) -> bool:
-        return name in self._arrays
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        made = self._made.get(name)
-        if made is None:
-            arr = self._arrays[name]
-            spec = CORE_ARRAYS.get(name) or BY_NAME.get(name)
-            per_token = spec.per_token if spec is not None else arr.shape[:1] == (self._tokens,)
-            if per_token:
-                arr = arr[self._order]
-                arr.setflags(write=False)
-            made = self._made[name] = arr
-        return made
-
-
-def check_batch_fits(hw: HardwareConfig, trace: Trace) -> None:
-    """A batch run needs a window of its decode steps for every sequence in the trace; refused in one line."""
-    w = hw.workload
-    steps = tokens_per_sequence(hw, trace.num_tokens)
-    if steps < 1 or steps * w.batch > trace.num_tokens:
-        raise InputError(
-            f"workload.batch: {w.batch} sequences of {max(steps, 1)} tokens each read "
-            f"{w.batch * max(steps, 1)} trace tokens; {trace.path} has {trace.num_tokens} "
-            f"(lower workload.max_tokens or workload.batch)")
+def step_layers(m: ModelShape, built: dict) -> tuple[BatchLayer, ...]:
+    """Each layer of a several-token step from its built op groups: the mixer (with the router, in a MoE layer),
+    the dense FFN or shared experts, the weighted sums."""
+    layers = []
+    for layer in range(m.num_layers):
+        mixer = built[MIXER_GROUP[m.mixer(layer)]]
+        assert mixer is not None
+        if layer < m.first_dense_layers:
+            layers.append(BatchLayer(mixer, built["dense"], None))
+        else:
+            router = built["router"]
+            assert router is not None
+            layers.append(BatchLayer(mixer + router, built.get("shared"), built["combine"]))
+    return tuple(layers)
