@@ -230,6 +230,7 @@ class Spice(Policy):
         self._by_stamp: list[int] = []
         self._pos, self._token_ids, self._token_conf = 0, b"", []
         self._step_drafts: list[tuple[int, bytes, list[list[float]]]] = []  # a batch step's (token, ids, conf)
+        self._host_by_tokens: dict[int, int] = {}
         # per token-layer counters
         self.depth = np.zeros((T, L), dtype=np.int16)
         self.misses = np.zeros((T, L), dtype=np.int16)
@@ -443,7 +444,7 @@ class Spice(Policy):
             fetch_ps = fetch_base + len(to_fetch) * self._fetch_one_ps
             host_ps = host_base + len(plan.on_host) * host_one
             if tokens_of.get(e, 1) > 1:  # the host computes it for every token of the step routed to it
-                host_ps += host_timing(ctx.hw, ctx.workload, tokens_of[e]).total_ps - host_one
+                host_ps += self._host_ps(ctx, tokens_of[e]) - host_one
             if self.params.cpu_fallback and host_ps < fetch_ps:
                 plan.on_host.append(e)
                 choice = "cpu"
@@ -459,6 +460,13 @@ class Spice(Policy):
             execute.extend(to_fetch)
         self.fetched[t, layer] = len(to_fetch)
         return plan
+
+    def _host_ps(self, ctx: SimContext, tokens: int) -> int:
+        """A host-CPU expert's time over `tokens` tokens (made once per count)."""
+        ps = self._host_by_tokens.get(tokens)
+        if ps is None:
+            ps = self._host_by_tokens[tokens] = host_timing(ctx.hw, ctx.workload, tokens).total_ps
+        return ps
 
     def _low_confidence(self, ctx: SimContext, layer: int, misses: list[int]) -> tuple[list[int], dict[int, int]]:
         """The misses to judge low-confidence (the depth-1 draft's confidence for this layer below `confidence`;

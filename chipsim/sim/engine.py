@@ -94,6 +94,7 @@ class Simulation:
         self.speculative = speculative
         # what prices a routed expert as a GEMM over several tokens: the request's, the batch's or the verify steps'
         self._gemm_source: Any = request if request is not None else batch if batch is not None else speculative
+        self._host_timings: dict[int, HostTiming] = {}
         # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
         self.num_steps = self.num_tokens
         if request is not None:
@@ -608,7 +609,7 @@ class Simulation:
         if tokens is None:
             host_jobs = [self._process(self._host_job(layer, e)) for e in plan.on_host]
         else:
-            host_jobs = [self._process(self._host_job(layer, e, host_timing(self.hw, self.workload, tokens.get(e, 1))))
+            host_jobs = [self._process(self._host_job(layer, e, self._host_timing_for(tokens.get(e, 1))))
                          for e in plan.on_host]
         if plan.on_host or plan.surrogate or plan.substituted or plan.dropped:
             layers = self.rec.layers
@@ -814,6 +815,13 @@ class Simulation:
         self._tally.add_to(self.rec.ledger)
         self.rec.end_token(i, self._now() - start, stall)
         self._step_first = _NO_STEP  # a later one-token step's routing rule is the cell's alone
+
+    def _host_timing_for(self, tokens: int) -> HostTiming:
+        """A host-CPU expert over `tokens` tokens (one per token count, made once)."""
+        timing = self._host_timings.get(tokens)
+        if timing is None:
+            timing = self._host_timings[tokens] = host_timing(self.hw, self.workload, tokens)
+        return timing
 
     def _prefill_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
         """A batch of a prefill chunk's experts, each a GEMM over the chunk's tokens routed to it."""

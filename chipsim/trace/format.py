@@ -70,9 +70,10 @@ META_MODEL_KEYS = ("num_layers", "first_dense_layers", "num_experts", "top_k", "
 class TokenRows:
     """A per-token trace array read as nested Python lists one token at a time (the last few kept): what a
     policy or the engine indexes per token and layer, fast, without turning a long trace's arrays into
-    Python lists whole (a 32k-token ranking would take gigabytes). `convert` may rewrite each token's rows."""
+    Python lists whole (a 32k-token ranking would take gigabytes). `convert` may rewrite each token's rows. `keep`:
+    tokens kept converted, more than a step of several tokens reads (a batch, a verify step)."""
 
-    def __init__(self, array: np.ndarray, convert: Callable[[list], list] | None = None, keep: int = 4):
+    def __init__(self, array: np.ndarray, convert: Callable[[list], list] | None = None, keep: int = 64):
         self._array, self._convert, self._keep = array, convert, keep
         self._rows: dict[int, list] = {}
 
