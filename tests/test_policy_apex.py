@@ -155,6 +155,7 @@ class FakeCtx:
         self._present = set(present)
         self._router_rank = list(router_rank)  # token 0, layer 0's ranking by the original router
         self.cancelled_with = None
+        self.step_tokens = range(0, 1)  # one token a step (SimContext.step_tokens)
 
     def present(self, layer, expert):
         return expert in self._present

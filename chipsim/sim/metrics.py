@@ -183,11 +183,12 @@ def fill_batch_columns(df):
     single = df["batch"].isna() & df["tokens_per_s"].isna()  # (a speculative row has its own per-token columns)
     if "ttft_ms" in df.columns:
         single &= df["ttft_ms"].isna()
-    implied = {"batch": 1, "tokens_per_s": 1e3 / df["latency_ms_per_token"],
-               "energy_mj_per_output_token": df["energy_mj_per_token"],
-               "offchip_bytes_per_output_token": df["offchip_bytes_per_token"]}
-    for column, values in implied.items():
-        df.loc[single, column] = values if isinstance(values, int) else values[single]
+    df.loc[single, "batch"] = 1
+    df.loc[single, "tokens_per_s"] = 1e3 / df.loc[single, "latency_ms_per_token"]
+    for column, source in (("energy_mj_per_output_token", "energy_mj_per_token"),
+                           ("offchip_bytes_per_output_token", "offchip_bytes_per_token")):
+        if source in df.columns:
+            df.loc[single, column] = df.loc[single, source]
     return df
 
 
