@@ -85,6 +85,18 @@ def test_the_weights_stream_once_a_step_and_each_sequence_reads_its_own_cache():
     assert four.macs == 4 * (one.macs + router.macs)
 
 
+def test_staggered_sequences_each_read_their_own_cache_length():
+    prep = prepare(JETSON, ["workload.batch=4", "workload.max_tokens=2", "workload.batch_contexts=staggered"],
+                   ["no-prefetch"])
+    same = prepare(JETSON, ["workload.batch=4", "workload.max_tokens=2"], ["no-prefetch"])
+    m, c = prep.workload.model, prep.workload.context_length
+    per_token = m.num_kv_heads * m.head_dim * 2  # one cached token's keys (or values) in one layer
+    contexts = [c // 4, c // 2, 3 * c // 4, c]  # sequence b of 4 at context x (b + 1) / 4
+    staggered, full = prep.batch.layers[0].pre.hbm_read_bytes, same.batch.layers[0].pre.hbm_read_bytes
+    assert full - staggered == 2 * per_token * (4 * c - sum(contexts))  # scores and value mix read each cache
+    assert prep.workload.hbm_kv_bytes == sum(m.cache_bytes(x) for x in contexts)
+
+
 def test_each_step_is_one_token_of_every_sequence_from_its_own_window():
     plain = prepare(THOR, ["workload.max_tokens=8"], ["no-prefetch"]).trace["routed_ids"]
     prep = prepare(THOR, ["workload.batch=3", "workload.max_tokens=8"], ["no-prefetch"])

@@ -134,7 +134,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
         + (f"speculative ({_speculative_text(prep)}), context {wl.context_length}, " if prep.speculative is not None
-           else f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}, "
+           else f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}"
+                f"{' (staggered)' if hw.workload.batch_contexts == 'staggered' else ''}, "
            if prep.batch is not None else f"context {wl.context_length}, " if prep.request is None else
            f"request of {prep.request.prompt_tokens} prompt + {prep.request.output_tokens} output tokens "
            f"(prefill chunks of {prep.request.chunk_tokens}), ")

@@ -452,6 +452,10 @@ class WorkloadConfig:
     batch: int = _optional("sequences decoded together, one token of each per step, each reading its own window of "
                            "the trace (workload.max_tokens tokens; 0: the trace split evenly) and attending over its "
                            "own KV cache of workload.context_length tokens", 1, minimum=1, maximum=4096)
+    batch_contexts: str = _optional("the contexts a batch's sequences attend over: same (every one at "
+                                    "workload.context_length) or staggered (sequence b of B at context_length x (b + 1) "
+                                    "/ B, rounded up: sequences that began at evenly spaced times)", "same",
+                                    choices=("same", "staggered"))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Callable
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _ffn, _mamba2
+from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, sequence_contexts
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 
@@ -52,8 +52,8 @@ class BatchLayer:
 
 @dataclass
 class BatchWorkload:
-    """A decode step of `batch` sequences, each at `context` cached tokens (workload.context_length, as a decode-only
-    run's every step), costed on the decode workload's arrays; `steps` steps."""
+    """A decode step of `batch` sequences, each at its context (workload.context_length, or staggered up to it:
+    workload.batch_contexts), costed on the decode workload's arrays; `steps` steps."""
 
     batch: int
     steps: int
@@ -206,7 +206,7 @@ def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -
     def grouped(name: str, op: OpCost | None) -> OpCost | None:
         return op + am.group_launch(name) if op is not None and launch else op
 
-    builders = batch_group_builders(am, m, hw, [w.context_length] * w.batch)
+    builders = batch_group_builders(am, m, hw, sequence_contexts(hw, w.context_length))
     built = {name: grouped(name, fn()) for name, fn in builders.items() if fn is not None and name != "expert"}
     layers = step_layers(m, built)
     expert_builder = batch_group_builders(expert_am, m, hw, [w.context_length])["expert"]

@@ -353,7 +353,15 @@ def build_workload(hw: HardwareConfig, context: int | None = None) -> DecodeWork
 
 
 def _times(batch: int) -> str:
-    return f" x {batch} sequences" if batch > 1 else ""
+    return f" over {batch} sequences" if batch > 1 else ""
+
+
+def sequence_contexts(hw: HardwareConfig, context: int) -> list[int]:
+    """The context each sequence of workload.batch attends over (one sequence: `context`)."""
+    b = hw.workload.batch
+    if hw.workload.batch_contexts == "staggered":
+        return [-(-context * (i + 1) // b) for i in range(b)]
+    return [context] * b
 
 
 def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan:
@@ -385,7 +393,7 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan
                 f"(compute.arrays × compute.sram_mib_per_array)")
     non_expert = m.non_expert_params() * BF16_BYTES
     batch = hw.workload.batch  # sequences decoded together: a cache and activations each
-    kv = batch * m.cache_bytes(context, BF16_BYTES)  # KV (a sliding layer: its window), Mamba2 states
+    kv = sum(m.cache_bytes(c, BF16_BYTES) for c in sequence_contexts(hw, context))  # KV (sliding: window), Mamba2
     activations = batch * (64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4)  # residual stream, scratch, logits
     operand_key, operand = memories(hw)[r.operand_memory]  # weights, KV cache, activations, staged experts
     hbm_capacity = int(operand.capacity_gib * BYTES_PER_GIB)
