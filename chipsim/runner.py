@@ -209,6 +209,8 @@ def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
     warm-up periods that leave few measured tokens."""
     wl = config.hw.workload
     tokens = min(wl.max_tokens or trace.num_tokens, trace.num_tokens)
+    if wl.batch > 1:  # the steps of a batch run (its trace holds every sequence's window)
+        tokens = trace.num_tokens // wl.batch
     notes = []
     request = is_request(config.hw)
     if request:

@@ -114,20 +114,36 @@ def test_a_batch_holds_a_kv_cache_per_sequence():
     assert four.hbm_kv_bytes == 4 * one.hbm_kv_bytes
 
 
-def test_batch_one_is_the_decode_step_unchanged():
-    prep = prepare(THOR, ["workload.batch=1", "workload.max_tokens=16"], ["apex"])
-    assert prep.batch is None
-    row = summarize_result(prep, simulate(prep, prep.policies[0]), prep.policies[0])
-    assert "batch" not in row
-
-
 @pytest.mark.parametrize("policy", ["no-prefetch", "oracle", "static-4", "apex", "apex-sf", "lru", "lfu", "promoe",
                                     "pregated", "fiddler", "adapmoe", "spice"])
 def test_every_policy_that_says_how_runs_a_batch(policy):
-    prep = prepare(THOR, ["workload.batch=2", "workload.max_tokens=8"], [policy])
-    assert prep.policies[0].batch_support
-    result = simulate(prep, prep.policies[0])
+    _, result, row = run(THOR, 2, 8, policy)
     assert result.tokens == 8 and result.batch == 2
+    assert 0 <= row["recall"] <= 1 and 0 <= row["fallback_rate"] <= 1 and 0 <= row["overlap"] <= 1
+    assert row["tokens_per_s"] == pytest.approx(2e3 / row["latency_ms_per_token"])
+
+
+def test_the_oracle_has_every_expert_of_the_union_at_routing_warm_up_included():
+    _, _, row = run(THOR, 4, 16, "oracle", "workload.warmup_tokens=4")
+    assert row["overlap"] == 1.0 and row["recall"] == 1.0 and row["fallback_rate"] == 0.0
+    assert row["warmup"]["recall"] == 1.0 and row["warmup"]["overlap"] == 1.0
+
+
+def test_a_policy_that_changes_what_runs_says_how_many_tokens_each_expert_runs_for():
+    prep = prepare(THOR, ["workload.batch=4", "workload.max_tokens=4"], ["pregated"])
+    policy, plans = prep.policies[0], []
+    route = policy.on_route
+
+    def recording(ctx, t, layer, routed):
+        plan = route(ctx, t, layer, routed)
+        plans.append(plan)
+        return plan
+
+    policy.on_route = recording
+    simulate(prep, policy)
+    k = prep.workload.model.top_k
+    for plan in plans:  # each token runs k experts (its pre-gate's, or its routed ones at MoE layer 0)
+        assert set(plan.tokens) == set(plan.execute) and sum(plan.tokens.values()) == 4 * k
 
 
 def test_bad_batches_are_one_line(capsys):
@@ -135,7 +151,11 @@ def test_bad_batches_are_one_line(capsys):
                        (["workload.batch=4"], "4 sequences of 1024 tokens each read 4096 trace tokens"),
                        (["workload.batch=4000", "workload.max_tokens=1"], "memory.hbm.capacity_gib"),
                        (["workload.batch=2", "workload.prompt_tokens=16", "workload.output_tokens=4"],
-                        "a batch of whole requests")]:
+                        "a batch of whole requests"),
+                       (["workload.batch_contexts=staggered"], "workload.batch is 1"),
+                       (["workload.speculative.ngram=2"], "draft_tokens is 0"),
+                       (["workload.speculative.draft_tokens=2", "workload.speculative.acceptance=0.5"],
+                        "not read by the prompt-lookup draft")]:
         with pytest.raises(InputError, match=text):
             prepare(THOR, keys, ["no-prefetch"])
     assert main(["run", THOR, "--set", "workload.batch=2", "--set", "workload.max_tokens=8", "--policy",
@@ -220,3 +240,34 @@ def test_speculation_refuses_what_it_does_not_model():
                 ["no-prefetch"])
     with pytest.raises(InputError, match="floe: runs one token a step, not workload.speculative"):
         prepare(THOR, ["workload.speculative.draft_tokens=2", "workload.max_tokens=8"], ["floe"])
+
+
+def test_a_step_sees_no_routing_of_its_own_tokens_before_it_routes_them():
+    """After a verify step whose drafts were rejected, the next step re-routes them: at its start none of its tokens'
+    routing is known, at each layer's routing exactly theirs up to that layer."""
+    from chipsim.policies.base import Policy, PolicyError
+
+    class Peek(Policy):
+        name = "peek"
+        batch_support = "reads the routing of its step's tokens"
+
+        def on_token_start(self, ctx, t):
+            for token in ctx.step_tokens:
+                with pytest.raises(PolicyError, match="has not routed yet"):
+                    ctx.trace_routed(token, 0)
+
+        def on_route(self, ctx, t, layer, routed):
+            union = set()
+            for token in ctx.step_tokens:
+                union.update(ctx.trace_routed(token, layer))
+                if layer + 1 < ctx.num_moe_layers:
+                    with pytest.raises(PolicyError, match="has not routed yet"):
+                        ctx.trace_routed(token, layer + 1)
+            assert union == set(routed)
+            return super().on_route(ctx, t, layer, routed)
+
+    spec = prepare(THOR, ["workload.max_tokens=64", "workload.speculative.draft_tokens=4"], ["no-prefetch"])
+    assert any(s.accepted < s.tokens - 1 for s in spec.speculative.steps[:-1])  # a step re-routes rejected drafts
+    assert simulate(spec, Peek("peek")).tokens == len(spec.speculative.steps)
+    batch = prepare(THOR, ["workload.max_tokens=8", "workload.batch=3"], ["no-prefetch"])
+    assert simulate(batch, Peek("peek")).tokens == 8

@@ -819,6 +819,20 @@ def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:
     return config
 
 
+def _check_speculative(s: SpeculativeConfig) -> None:
+    """A speculative key is given only where it is read: with draft tokens, and for the draft that reads it."""
+    default = SpeculativeConfig()
+    unread = {"rate": ("ngram",), "prompt-lookup": ("acceptance", "seed")}[s.draft]
+    for f in dataclasses.fields(SpeculativeConfig):
+        if f.name == "draft_tokens" or getattr(s, f.name) == getattr(default, f.name):
+            continue
+        if not s.draft_tokens:
+            raise InputError(f"workload.speculative.{f.name}: set, but workload.speculative.draft_tokens is 0 "
+                             "(no speculation)")
+        if f.name in unread:
+            raise InputError(f"workload.speculative.{f.name}: not read by the {s.draft} draft")
+
+
 def _check_request(w: WorkloadConfig) -> None:
     """A request's prompt, output and chunk keys agree with each other."""
     if w.prompt_tokens and w.output_tokens < 2:
@@ -828,6 +842,9 @@ def _check_request(w: WorkloadConfig) -> None:
         raise InputError("workload.prompt_tokens: workload.output_tokens needs a prompt of at least 1 token")
     if w.prefill_chunk_tokens and not w.prompt_tokens:
         raise InputError("workload.prefill_chunk_tokens: needs a request (workload.prompt_tokens > 0)")
+    if w.batch_contexts != "same" and w.batch == 1:
+        raise InputError(f"workload.batch_contexts: {w.batch_contexts} spreads a batch's contexts; workload.batch is 1")
+    _check_speculative(w.speculative)
     if w.speculative.draft_tokens and (w.prompt_tokens or w.batch > 1):
         raise InputError("workload.speculative.draft_tokens: speculation runs one decode-only sequence; with a request "
                          "(workload.prompt_tokens) or a batch (workload.batch) it is not simulated yet")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union)
+                                   step_union, token_counts)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
 
@@ -151,18 +151,19 @@ class ApexStallFree(Apex):
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._note_routed(ctx, t, layer, routed)
+        tokens = None
         if len(ctx.step_tokens) == 1:
             execute, substituted, dropped = self._token_plan(ctx, t, layer, routed)
-        else:  # each token keeps and substitutes on its own; the step runs the union
+        else:  # each token keeps and substitutes on its own; the step runs the union, each for its tokens
             sets, substituted, dropped = {}, 0, 0
             for token in ctx.step_tokens:
                 sets[token], subs, drops = self._token_plan(ctx, token, layer, ctx.trace_routed(token, layer))
                 substituted += subs
                 dropped += drops
-            execute = step_union(ctx, sets.__getitem__)
+            execute, tokens = step_union(ctx, sets.__getitem__), token_counts(list(sets.values()))
         if not self.complete_unpicked:
             ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
-        return LayerPlan(execute=execute, substituted=substituted, dropped=dropped)
+        return LayerPlan(execute=execute, substituted=substituted, dropped=dropped, tokens=tokens)
 
     def _token_plan(self, ctx: SimContext, t, layer, routed) -> tuple[list[int], int, int]:
         """Token t's routed experts that are present, then its substitutes for the missing ones (the router's

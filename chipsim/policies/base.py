@@ -294,6 +294,9 @@ class LayerPlan:
     substituted: routed experts replaced by another expert (a routing deviation; the substitute is in
                  `execute`)
     dropped:     routed experts not computed at all (a routing deviation)
+    tokens:      in a step of several tokens, how many of them each executed or host expert runs for, where the
+                 policy changed what runs (a substitute, a pre-gate's choice, a dropped expert); None: the number
+                 routed to it (`token_counts` makes one from each token's set)
     """
 
     execute: list[int]
@@ -301,6 +304,7 @@ class LayerPlan:
     surrogate: list[int] = field(default_factory=list)
     substituted: int = 0
     dropped: int = 0
+    tokens: dict[int, int] | None = None
 
 
 class Policy:
@@ -407,6 +411,15 @@ def measured_from(ctx: SimContext, warmup: int) -> int:
     if ctx.first_token:
         return ctx.first_token
     return min(warmup * ctx.batch, ctx.num_tokens - ctx.batch)
+
+
+def token_counts(sets: Collection[Collection[int]]) -> dict[int, int]:
+    """Expert -> how many of the step's tokens run it, from each token's own set (LayerPlan.tokens)."""
+    counts: dict[int, int] = {}
+    for experts in sets:
+        for e in experts:
+            counts[int(e)] = counts.get(int(e), 0) + 1
+    return counts
 
 
 def step_union(ctx: SimContext, rows: Callable[[int], Collection[int]]) -> list[int]:

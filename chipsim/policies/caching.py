@@ -24,7 +24,7 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union)
+                                   step_union, token_counts)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -80,6 +80,7 @@ class ExpertCache(Policy):
         self._reserved = 0
         self._running = (-1, frozenset())
         self._issued_next: set[int] = set()
+        self._plan_tokens: dict[int, int] | None = None  # LayerPlan.tokens of the step's layer, where _select sets it
         # True: a prefetch may evict cached experts to make room; False: it takes free room only
         self.prefetch_evicts = True
 
@@ -199,8 +200,9 @@ class ExpertCache(Policy):
         for e in execute:
             if ctx.resident(layer, e):
                 resident += 1
-        self._resident[t, layer] = resident
-        self._executed[t, layer] = len(execute)
+        # (added: two speculative steps may end on the same token)
+        self._resident[t, layer] += resident
+        self._executed[t, layer] += len(execute)
         self._note_use(ctx, layer, execute)
         ctx.cancel_unneeded(layer, execute)  # mispredicted prefetches still on their way stop
         misses = 0
@@ -214,7 +216,7 @@ class ExpertCache(Policy):
             self._issued_next = self._prefetch_next(ctx, t, layer)
         finally:
             self._reserved = 0
-        return LayerPlan(execute=execute, dropped=dropped)
+        return LayerPlan(execute=execute, dropped=dropped, tokens=self._plan_tokens)
 
     def on_layer_end(self, ctx: SimContext, t, layer) -> None:
         self._running = (-1, frozenset())  # experts stay cached across tokens
@@ -358,6 +360,7 @@ class AdapMoE(ExpertCache):
         for token in ctx.step_tokens:
             sets[token], own = self._token_select(ctx, token, layer, ctx.trace_routed(token, layer))
             dropped += own
+        self._plan_tokens = token_counts(list(sets.values()))  # each kept expert for the tokens that keep it
         return step_union(ctx, sets.__getitem__), dropped
 
     def _token_select(self, ctx: SimContext, t, layer, routed):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union)
+                                   step_union, token_counts)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -81,20 +81,21 @@ class PreGated(Policy):
         self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
 
     def on_route(self, ctx: SimContext, t, layer, routed):
+        tokens = None
         if len(ctx.step_tokens) == 1:
             execute, deviations = self._token_set(t, layer, routed)
-        else:  # each token its own set, the step their union
+        else:  # each token its own set, the step their union, each expert run for the tokens whose set holds it
             sets = {}
             deviations = 0
             for token in ctx.step_tokens:
                 sets[token], own = self._token_set(token, layer, ctx.trace_routed(token, layer))
                 deviations += own
-            execute = step_union(ctx, sets.__getitem__)
+            execute, tokens = step_union(ctx, sets.__getitem__), token_counts(list(sets.values()))
         ctx.cancel_unneeded(layer, execute)
         if self.params.lookahead and layer + 1 < self._L:
             # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
             self._prefetch(ctx, t, layer + 1)
-        return LayerPlan(execute=execute, substituted=deviations)
+        return LayerPlan(execute=execute, substituted=deviations, tokens=tokens)
 
     def _token_set(self, t, layer, routed) -> tuple[list[int], int]:
         """Token t's executed experts at `layer` (its pre-gate's set, else its routed set) and its deviations from

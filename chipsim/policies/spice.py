@@ -427,10 +427,10 @@ class Spice(Policy):
         plan = LayerPlan(execute=execute)
         if not misses:
             return plan
-        self.misses[t, layer] = len(misses)
+        self.misses[t, layer] += len(misses)
         low, tokens_of = self._low_confidence(ctx, layer, misses)
         if low:
-            self.low_conf[t, layer] = len(low)
+            self.low_conf[t, layer] += len(low)
         if low and self._use_surrogate:
             plan.surrogate = low
             misses = [e for e in misses if e not in set(low)]
@@ -458,7 +458,7 @@ class Spice(Policy):
             for e in to_fetch:
                 self._set_stamp(base + e, pos)
             execute.extend(to_fetch)
-        self.fetched[t, layer] = len(to_fetch)
+        self.fetched[t, layer] += len(to_fetch)
         return plan
 
     def _host_ps(self, ctx: SimContext, tokens: int) -> int:

@@ -383,9 +383,21 @@ class PolicyContext:
         execute = self._plan_experts(t, layer, "execute", given_execute)
         on_host = self._plan_experts(t, layer, "on_host", given_on_host) if given_on_host else given_on_host
         surrogate = self._plan_experts(t, layer, "surrogate", given_surrogate) if given_surrogate else given_surrogate
+        if plan.tokens is not None:
+            self._check_token_counts(t, layer, plan.tokens)
         if execute is given_execute and on_host is given_on_host and surrogate is given_surrogate:
             return plan
-        return LayerPlan(execute, on_host, surrogate, plan.substituted, plan.dropped)
+        return LayerPlan(execute, on_host, surrogate, plan.substituted, plan.dropped, plan.tokens)
+
+    def _check_token_counts(self, t: int, layer: int, tokens: Any) -> None:
+        """LayerPlan.tokens: expert ids of the model to counts of at least one token; refused otherwise."""
+        call = f"on_route({t}, {layer}) -> LayerPlan.tokens"
+        if not isinstance(tokens, dict):
+            raise self._refuse(call, f"{tokens!r} is not a mapping of expert id -> tokens")
+        for e, n in tokens.items():
+            expert = self._as_id(e, "expert id", call)
+            if not 0 <= expert < self._experts or type(n) is not int or n < 1:
+                raise self._refuse(call, f"{e!r}: {n!r} is not an expert of the model with a count of at least 1")
 
     def _plan_experts(self, t: int, layer: int, field: str, experts: Any) -> Any:
         """A LayerPlan field's experts: the list itself when each is a plain int of the model, else a checked copy."""

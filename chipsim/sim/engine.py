@@ -766,6 +766,8 @@ class Simulation:
             for e in routed[t][layer]:
                 counts[e] = counts.get(e, 0) + 1
         plan = self._route(last, layer, k, list(counts))
+        if plan.tokens is not None:  # the policy changed what runs: its own count of each expert's tokens
+            counts = plan.tokens
         cost = LayerCost(NO_WORK, dense, NO_WORK, combine)
         stall = yield from self._run_experts(last, layer, plan, cost, k, counts)
         self._layer_stall[k * self.num_moe_layers + layer] = stall
@@ -778,7 +780,9 @@ class Simulation:
     def _speculative_step(self, row: int, step: SpecStep, costs: list[LayerCost], head: Work,
                           spec: SpecWorkload) -> Generator[Any, Any, None]:
         """A speculative step: a plain decode step where nothing was drafted, else the draft's wait and one pass
-        over the input token and its drafts."""
+        over the input token and its drafts. What was routed from the input token on (drafts an earlier step verified,
+        some rejected) is not known until this step routes it again."""
+        self._routed_upto = step.first * self.num_moe_layers - 1
         if step.tokens == 1:
             yield from self._token(step.first, costs, head, row)
             return
@@ -856,7 +860,8 @@ class Simulation:
                 f"{self.buffer.zombies} stopping, {len(self._demands.pending)} demands waiting)"
             )
         self._tally.add_to(self.rec.ledger)  # transfers that landed after the last token: charged to it
-        self._record_layers()
+        union = self._step_unions()
+        self._record_layers(union)
         self.rec.counts = RunCounts(prefetches_issued=self._prefetches_issued,
                                     prefetches_dropped=self._prefetches_dropped,
                                     prefetches_unused=self._prefetches_unused, fetches_total=self._fetches_total,
@@ -865,13 +870,11 @@ class Simulation:
         label = self.policy.label
         if self.request is None:
             result = self.rec.result(label, self.num_moe_layers, self.policy.extra_metrics(), timeline)
+            result.union = union
             if self.batch is not None:
-                size = self.batch.batch
-                result.batch = size
-                result.union = self._union_sizes([(i * size, size) for i in range(self.num_steps)])
+                result.batch = self.batch.batch
             if self.speculative is not None:
                 steps = self.speculative.steps
-                result.union = self._union_sizes([(s.first, s.tokens) for s in steps])
                 result.speculative = np.array([(s.first, s.tokens, s.accepted) for s in steps], dtype=np.int64)
             return result
         extra = {f"prefill_{k}": v for k, v in self.prefill_policy.extra_metrics().items()}
@@ -879,6 +882,15 @@ class Simulation:
         result.prefill_steps = len(self.request.chunks)
         result.prefill_chunk_tokens = tuple(c.tokens for c in self.request.chunks)
         return result
+
+    def _step_unions(self) -> np.ndarray | None:
+        """The union sizes of a run whose steps are several tokens of decode (a batch, verify steps); else None."""
+        if self.batch is not None:
+            size = self.batch.batch
+            return self._union_sizes([(i * size, size) for i in range(self.num_steps)])
+        if self.speculative is not None:
+            return self._union_sizes([(s.first, s.tokens) for s in self.speculative.steps])
+        return None
 
     def _union_sizes(self, spans: list[tuple[int, int]]) -> np.ndarray:
         """Experts each step's MoE layers routed to (steps x MoE layers): the union of the routed sets of its tokens,
@@ -892,11 +904,12 @@ class Simulation:
             union[i] = marks.sum(axis=1)
         return union
 
-    def _record_layers(self) -> None:
-        """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer)."""
+    def _record_layers(self, union: np.ndarray | None) -> None:
+        """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer; in a step
+        of several tokens, every one of their `union`)."""
         layers = self.rec.layers
         shape = layers.hits.shape
         layers.hits[...] = np.array(self._layer_hits, dtype=np.int64).reshape(shape)
         layers.demand_fetches[...] = np.array(self._layer_demands, dtype=np.int64).reshape(shape)
         layers.stall_ps[...] = np.array(self._layer_stall, dtype=np.int64).reshape(shape)
-        layers.overlap[...] = layers.hits == self._routed_per_layer
+        layers.overlap[...] = layers.hits == (self._routed_per_layer if union is None else union)

@@ -126,6 +126,8 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     if warmup:
         w = _span_summary(result, table, slice(0, warmup), link)
         w["recall"] = w.pop("hits_per_layer") / top_k
+        if result.union is not None:  # the union's experts, as in the measured steps
+            w["recall"] = float(layers.hits[:warmup].sum() / result.union[:warmup].sum())
         row["warmup"] = {k: v for k, v in w.items() if k != "energy_by_component_mj"}
     row["per_layer"] = {
         "overlap": [float(x) for x in layers.overlap[sl].mean(axis=0)],
