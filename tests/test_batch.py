@@ -152,8 +152,6 @@ def test_bad_batches_are_one_line(capsys):
                        (["workload.batch=4000", "workload.max_tokens=1"], "memory.hbm.capacity_gib"),
                        (["workload.batch=2", "workload.prompt_tokens=16", "workload.output_tokens=4"],
                         "a batch of whole requests"),
-                       (["workload.batch_contexts=staggered"], "workload.batch is 1"),
-                       (["workload.speculative.ngram=2"], "draft_tokens is 0"),
                        (["workload.speculative.draft_tokens=2", "workload.speculative.acceptance=0.5"],
                         "not read by the prompt-lookup draft")]:
         with pytest.raises(InputError, match=text):
