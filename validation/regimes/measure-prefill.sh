@@ -1,0 +1,63 @@
+#!/bin/bash
+# Issue #42 item 6: a request's prefill on the H200 (TTFT and energy), in one device command from the repository
+# root with the device's own torch (2.11, CUDA); simpy comes from .whl/ when the device lacks it:
+#
+#     bash validation/regimes/measure-prefill.sh OUT [STEPS]      (STEPS: any of optimes replay; default both)
+#     DRY_RUN=1 bash validation/regimes/measure-prefill.sh OUT    (the same steps on this machine's CPU, tiny prompts)
+#
+# Two models whose real traces hold a prompt of 4,096 (and the one output token the replay stops after):
+# phi-mini-moe (traces/real-phi-mini-moe.npz, 8,192 tokens; hwconfigs/h200-pcie5-phi-mini-moe.yaml) and gpt-oss-20b
+# (traces/real-gpt-oss-20b.npz, 6,144 tokens; hwconfigs/h200-pcie5-gpt-oss-20b.yaml), prompts 256, 1,024 and 4,096,
+# each prompt one chunk, prefill policies on-demand and layer-ahead.
+#
+# optimes: every kernel shape of those prefill chunks that hwconfigs/h200-pcie5.yaml has not timed (each GEMM over a
+#          chunk's tokens and over each expert's routed tokens, the attention kernels, the elementwise work), each
+#          alone in one CUDA graph, the GEMMs and attention first    -> OUT/h200-op-times-prefill-{phi,gpt-oss}.json
+# replay:  each (model, prompt, policy) replayed once unmeasured, then twice with the board's energy read around it
+#          (chipsim hwreplay --prompts ... --graphs)               -> OUT/prefill/h200-pcie5-{phi-mini-moe,gpt-oss-20b}.json
+# Afterwards, on any machine: the config regenerated with the prefill shapes (h200config ... --op-times-extra
+# OUT/h200-op-times-prefill-*.json) and `chipsim hwcompare --prefill-regime NAME OUT/prefill` (validation/regimes/
+# README.md). All output also goes to OUT/measure.log.
+set -uo pipefail
+OUT=${1:?usage: measure-prefill.sh OUT [optimes] [replay]}
+shift
+WHAT=" ${*:-optimes replay} "
+mkdir -p "$OUT/prefill"
+LOG="$OUT/measure.log"
+if ! python -c "import simpy" 2>/dev/null; then  # the device has no simpy: the carried wheel
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+python -c "import pynvml" 2>/dev/null || echo "no pynvml (nvidia-ml-py): the replays read no energy" | tee -a "$LOG"
+PHI=hwconfigs/h200-pcie5-phi-mini-moe.yaml
+OSS=hwconfigs/h200-pcie5-gpt-oss-20b.yaml
+PROMPTS=256,1024,4096
+DEVICE=cuda
+LIMITS=(100 100 120 150)  # seconds: each probe, the phi-mini-moe replays, the gpt-oss-20b replays (7.8 min at most)
+SETS=()
+if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: the smallest prompts, one chunk each, a buffer this machine can hold
+  PROMPTS=16,32
+  DEVICE=cpu
+  LIMITS=(600 600 900 900)
+  SETS=(--set expert_buffer.capacity_mib=2048)
+fi
+step() { [[ "$WHAT" == *" $1 "* ]]; }
+echo "measure-prefill: prompts $PROMPTS on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
+if step optimes; then
+  for pair in "phi:$PHI" "gpt-oss:$OSS"; do
+    name=${pair%%:*}
+    timeout -k 5 "${LIMITS[0]}" python -m chipsim.hwreplay.microbench --gemv cublas --prompts $PROMPTS --device $DEVICE \
+        --shapes-from "${pair#*:}" --missing-from hwconfigs/h200-pcie5.yaml --out "$OUT/h200-op-times-prefill-$name.json" \
+        >> "$LOG" 2>&1
+    echo "optimes $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  done
+fi
+if step replay; then
+  R="python -m chipsim.hwreplay.run --prompts $PROMPTS --policy on-demand --policy layer-ahead --repeats 2 --device $DEVICE"
+  [[ $DEVICE == cuda ]] && R="$R --graphs"
+  timeout -k 5 "${LIMITS[2]}" $R "${SETS[@]}" $PHI --out "$OUT/prefill" >> "$LOG" 2>&1
+  echo "replay phi-mini-moe: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  timeout -k 5 "${LIMITS[3]}" $R "${SETS[@]}" $OSS --out "$OUT/prefill" >> "$LOG" 2>&1
+  echo "replay gpt-oss-20b: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
