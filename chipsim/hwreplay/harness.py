@@ -83,8 +83,8 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
     """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
     shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, a GEMM of `p.tokens` rows of `x`
     for a matmul primitive (a prefill chunk's), an exp for SFU work, an add for vector work, nothing for a fused
-    primitive (a prefill chunk's attention kernel is chipsim.hwreplay.prefill_harness.attention_call's). The replay and the per-shape microbenchmark launch exactly
-    these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
+    primitive (a prefill chunk's attention kernel is chipsim.hwreplay.prefill_harness.attention_call's). The replay
+    and the per-shape microbenchmark launch exactly these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
     cycle-level H200 description assumes). A 4-bit matvec's weight is q4_views' pair, and its kernel is always
     triton_kernels.gemv_q4 (cuBLAS has no 4-bit GEMV; on a CPU dry run, the dequantised reference)."""
     if p.kind == "matvec" and p.bits < 16:
@@ -227,7 +227,7 @@ def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, grap
     """The compiled program's compute entries ("c", [op group keys]) made into calls: kernel by kernel, one
     graph per op group (graphs), or one graph per run of consecutive groups between synchronisations with the
     copy stream (segments; without graphs, a CPU dry run, the same runs kernel by kernel). Keys are the step's
-(`step.calls_for`): ("group", name, layer) or ("expert", slot) of a decode step."""
+    (`step.calls_for`): ("group", name, layer) or ("expert", slot) of a decode step."""
     raw: dict[tuple, list] = {}
 
     def calls_of(key):

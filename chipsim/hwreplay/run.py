@@ -227,7 +227,7 @@ def replay_prefill_config(config: str, prompts: list[int], policies: list[str] |
     log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for prompt in prompts:
-        hw = prepare(config, [*overrides, *request_overrides(prompt)], ()).config.hw
+        hw = load_config(config, [*overrides, *request_overrides(prompt)]).hw
         mine = {label: plan for (p, label), plan in plans.items() if p == prompt}
         first = next(iter(mine.values()))
         tokens = {n for plan in mine.values() for a in plan.actions if a[0] == "compute" for n in a[4]}
