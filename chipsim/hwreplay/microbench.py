@@ -17,7 +17,7 @@ Measures (CUDA events, medians):
 - every kernel shape of the prefill chunks of requests of the given prompt lengths (--prompts, with --gemv): each
   GEMM (a chunk's projections and router over its tokens, each routed expert over the tokens the config's trace
   routes to it), the chunk's attention kernel, its elementwise work, each timed alone in one CUDA graph as a
-  chain of about 2 ms (`prefill_op_times`);
+  chain of about 1 ms (`prefill_op_times`);
 - machine facts: GPU name, SM count, clocks, host CPU and memory.
 Nothing here is fitted to an end-to-end run.
 """
@@ -205,8 +205,6 @@ def prefill_shapes(configs: list[str], prompts: list[int], overrides=(), missing
     token counts its trace routes to them, with its users; none whose key a `missing_from` config's
     compute.op_times_ns already has. A fused primitive's key must not be a launching one's elsewhere (it would be
     timed at 0 there), unless it is the attention kernel's own key (the value mix, the scores' twin)."""
-    import numpy as np
-
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.ops import prefill_chunk_ops, prefill_expert_ops
     from chipsim.hwreplay.run import request_overrides
