@@ -140,6 +140,25 @@ def test_a_cpu_dry_run_copies_exactly_each_layers_routed_experts_not_yet_in_the_
         assert int(slots[slot, 0]) == 10 * layer + e + 1
 
 
+def test_the_prefill_step_offers_all_the_replay_asks_of_a_step(tiny_h200):
+    """Every attribute the replay and its runner read from a step (step.X in harness.py and run.py) the prefill step
+    has too: the CUDA-only paths (--graphs captures each op group with step.as_graph) are not run on a CPU."""
+    torch = pytest.importorskip("torch")
+    import re
+
+    from chipsim.hwreplay import harness, run
+    from chipsim.hwreplay.prefill_harness import GpuPrefill
+
+    used = set()
+    for module in (harness, run):
+        with open(module.__file__, encoding="utf-8") as f:
+            used |= set(re.findall(r"\bstep\.([a-z_]+)", f.read()))
+    prep, plan = _request(tiny_h200, 16)
+    step = GpuPrefill(prep.config.hw, plan.chunk_tokens, 16, {1, 2}, torch.device("cpu"))
+    assert {"as_graph", "calls_for", "groups", "gemv", "expert_bytes", "kernels_per_group"} <= used
+    assert [name for name in sorted(used) if not hasattr(step, name)] == []
+
+
 def test_hwreplay_prompts_writes_a_measurement_that_hwcompare_sets_beside_the_simulator(tiny_h200, tmp_path, capsys):
     """The CLI's CPU dry run of the tiny request, then hwcompare's prefill regime: the decisions and bytes come out of
     the plan again, the measured TTFT is the mean of the measured replays' chunk sums, the error is simulated less

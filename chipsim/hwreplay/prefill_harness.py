@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from chipsim.hwreplay.harness import _nothing, _ProgramCompiler, kernel_call, weight_shape, weight_views
+from chipsim.hwreplay.harness import GpuDecodeStep, _nothing, _ProgramCompiler, kernel_call, weight_shape, weight_views
 from chipsim.hwreplay.ops import Attention, Primitive, prefill_chunk_ops, prefill_expert_ops
 from chipsim.workload.decode import MIXER_GROUP
 from chipsim.workload.models import model_of
@@ -158,6 +158,8 @@ class GpuPrefill:
         if key[0] == "chunk":
             return self.group_calls(key[1], key[2], key[3])
         return self.expert_calls(gpu_slots[key[1]], key[2])
+
+    as_graph = GpuDecodeStep.as_graph  # (--graphs) each op group captured once as a CUDA graph, as at decode
 
 
 class _PrefillCompiler(_ProgramCompiler):
