@@ -285,7 +285,7 @@ def _check_prefill_options(a) -> None:
                                                      else "this option is the decode replay's") + ")")
 
 
-def main(argv=None) -> int:
+def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
     ap.add_argument("configs", nargs="+", metavar="CONFIG", help="hardware configs of the machine, one per model shape")
@@ -325,7 +325,16 @@ def main(argv=None) -> int:
                     help="how the host issues the replay: torch (Tensor.copy_, CUDAGraph.replay) or cudart (the same "
                          "steps as raw CUDA runtime calls, chipsim/hwreplay/cudart.py: a few microseconds per copy; "
                          "needs --graphs)")
-    a = ap.parse_args(argv)  # before torch: --help and bad options need no GPU
+    return ap
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
+    """(contexts, prompts or None, each config's output file name) from the parsed options; bad input refused in one
+    line before any work."""
     prompts = _contexts(a.prompts, "--prompts") if a.prompts is not None else None
     if prompts:
         _check_prefill_options(a)
@@ -349,6 +358,12 @@ def main(argv=None) -> int:
     if len(set(names)) < len(names):
         raise InputError(f"--out {a.out}: two configs would write the same {sorted(n for n in names if names.count(n) > 1)[0]}")
     check_output_dir(a.out, names, "--out")  # before hours of replay, not after
+    return contexts, prompts, names
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)  # before torch: --help and bad options need no GPU
+    contexts, prompts, names = _checked_options(a)
     try:
         import torch
     except ImportError:
@@ -359,18 +374,15 @@ def main(argv=None) -> int:
         os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
         if prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
-            res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=lambda s: print(s, flush=True),
-                                        device=a.device, graphs=a.graphs, overrides=list(a.set), gemv=a.gemv,
-                                        repeats=a.repeats, energy_settle_s=a.energy_settle)
+            res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                        overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
+                                        energy_settle_s=a.energy_settle)
             os.makedirs(a.out, exist_ok=True)
-            path = os.path.join(a.out, name)
-            write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
-            print(f"wrote {path}", flush=True)
-            continue
-        res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
-                            graphs=a.graphs, overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
-                            dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
-                            energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
+        else:
+            res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
+                                dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
+                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)
