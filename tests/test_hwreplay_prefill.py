@@ -268,3 +268,12 @@ def test_bad_prefill_replay_input_is_one_line_and_exit_2(tiny_h200, capsys, tmp_
     _one_line_exit_2(capsys, [tiny_h200, "--prompts", "16", "--policy", "fiddler-prefill", "--jobs", "1", "--device",
                               "cpu", "--out", out], "host CPU")
     assert not os.path.exists(out)  # refused before anything was written
+
+
+def test_a_batch_or_speculative_config_is_not_replayed_as_one_sequence(tiny_h200, capsys, tmp_path):
+    """A step of several sequences (or verified drafts) runs each expert over several tokens: the decode replay, one
+    token per step, would measure something else, so it is refused in one line."""
+    _one_line_exit_2(capsys, [tiny_h200, "--contexts", "8", "--set", "workload.batch=2", "--set",
+                              "workload.max_tokens=4", "--set", "workload.warmup_tokens=0", "--policy", "lru", "--jobs",
+                              "1", "--device", "cpu", "--out",
+                              str(tmp_path / "o")], "workload.batch", "one sequence")

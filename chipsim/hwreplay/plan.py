@@ -286,6 +286,10 @@ def assign_slots(actions: list, slots: int) -> list:
 def build_plan(prep: Prepared, policy) -> Plan:
     """Run `policy` on the prepared config and trace with the recorder watching; return its Plan. For a request
     (prep.request) the run is the whole request under `policy`'s prefill policy, and the plan its prefill chunks."""
+    for many, key in ((getattr(prep, "batch", None), "workload.batch"), (getattr(prep, "speculative", None),
+                                                                         "workload.speculative")):
+        if many is not None:  # a step of several tokens per layer: its experts are GEMMs the decode replay lacks
+            raise InputError(f"hwreplay: {key}: the GPU replay runs one sequence's decode steps, or a request's prefill")
     recorder = PlanRecorder()
     prefill = prep.prefill_for.get(policy.label)
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
