@@ -117,6 +117,7 @@ class PlanRecorder(Observer):
         self._routed = None  # a request's trace routing: (token, MoE layer, k) expert ids
         self._chunk: tuple[int, int] | None = None  # the prefill chunk running: (first, last) prompt token
         self._prompt = 0  # a request's prompt tokens (0: decode steps only)
+        self._plan_tokens: dict | None = None  # the running layer's plan's own token counts (LayerPlan.tokens)
         self.done = False  # a request's prompt is read: nothing more is recorded
 
     def attach(self, sim) -> None:
@@ -147,10 +148,14 @@ class PlanRecorder(Observer):
         self.done = last == self._prompt - 1
 
     def _routed_tokens(self, layer: int, experts: list[int]) -> list[int]:
-        """The running chunk's tokens routed to each of `experts` in MoE layer `layer` (as the engine counts them)."""
-        first, last = self._chunk
-        ids = self._routed[first:last + 1, layer].ravel().tolist()
-        return [ids.count(e) for e in experts]
+        """The running chunk's tokens each of `experts` of MoE layer `layer` runs for, as the engine counts them: the
+        policy's own count where its plan gives one (LayerPlan.tokens), else the tokens routed to it (at least 1)."""
+        counts = self._plan_tokens
+        if counts is None:
+            first, last = self._chunk
+            ids = self._routed[first:last + 1, layer].ravel().tolist()
+            counts = {e: ids.count(e) for e in set(ids)}
+        return [counts.get(e) or 1 for e in experts]
 
     def layer_start(self, t, layer) -> None:
         self.layer = layer
@@ -179,6 +184,7 @@ class PlanRecorder(Observer):
     def plan(self, t, layer, plan) -> None:
         if self.done:
             return
+        self._plan_tokens = getattr(plan, "tokens", None)
         if plan.on_host or plan.surrogate:
             raise InputError(f"hwreplay: policy {self._label} computes experts on the host CPU or with "
                              "surrogates; the hardware replay runs only GPU-side policies")
