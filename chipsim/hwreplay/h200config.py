@@ -36,17 +36,23 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
         return ""
     known = {r["key"] for r in rows}
     added = []
+    field = "eager_us" if kernel_launch == "eager" else "graph_us"
     for path, more in extra:
         new = [r for r in more.get("op_times", []) if r["key"] not in known]
+        if any(field not in r for r in new):
+            raise InputError(f"{path}: its shapes were timed inside CUDA graphs only (microbench --prompts); "
+                             "they need --kernel-launch graph")
         known.update(r["key"] for r in new)
         rows += new
         if new:
             rows.sort(key=lambda r: r["key"])
             src = more.get("op_times_from", {})
+            where = (f"in the prefill chunks of prompts {src['prompts']}" if "prompts" in src
+                     else f"at contexts {src.get('contexts')}")
+            partial = (f"; stopped after {len(more['op_times'])} of its {more.get('shapes')} shapes, the rest "
+                       "left to the array model" if more.get("complete") is False else "")
             added.append(f"{path} ({len(new)} shapes of {', '.join(src.get('configs', []))} "
-                         + (f"with {' '.join(src['set'])} " if src.get("set") else "")
-                         + f"at contexts {src.get('contexts')})")
-    field = "eager_us" if kernel_launch == "eager" else "graph_us"
+                         + (f"with {' '.join(src['set'])} " if src.get("set") else "") + f"{where}{partial})")
     how = ("launched eagerly, queued behind a sleep (GPU time only)" if kernel_launch == "eager"
            else "inside one CUDA graph")
     src = mb.get("op_times_from", {})
@@ -57,9 +63,19 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
     if added:
         lines.append(f"    # and, timed the same way (microbench --gemv cublas), the shapes only in {'; '.join(added)}")
     for r in rows:
-        fused = ": no kernel of its own, it runs inside the 4-bit matvecs" if r.get("fused") else ""
-        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {_users(r["users"])}{fused}')
+        lines.append(f'    "{r["key"]}": {round(r[field] * 1e3, 1)}   # {_users(r["users"])}{_row_note(r)}')
     return "\n".join(lines) + "\n"
+
+
+def _row_note(r: dict) -> str:
+    """What a measured row's comment adds to its users: a fused primitive's kernel, an attention kernel's share."""
+    if r.get("fused"):
+        inside = "the attention kernel" if "attention" in r["fused"] else "the 4-bit matvecs"
+        return f": no kernel of its own, it runs inside {inside}"
+    if r.get("kernel_us") is not None:
+        return (f": half of one {r['kernel']} kernel's {r['kernel_us']} us (the simulator's scores and value mix, "
+                "one shape)")
+    return ""
 
 
 def _op_energy_table(probes: tuple = ()) -> str:

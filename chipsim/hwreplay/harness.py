@@ -81,9 +81,10 @@ def _mv_q4_reference(packed, scales, x, out):
 
 def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = "cublas") -> tuple:
     """The one kernel that stands for primitive `p`, as (function, args, kwargs): a GEMV (or, for an operand
-    shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, an exp for SFU work, an add
-    for vector work, nothing for a fused primitive. The replay and the per-shape microbenchmark launch exactly
-    these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
+    shared by g heads, a (rows × reduction)·(reduction × g) matmul) on `weight`, a GEMM of `p.tokens` rows of `x`
+    for a matmul primitive (a prefill chunk's), an exp for SFU work, an add for vector work, nothing for a fused
+    primitive (a prefill chunk's attention kernel is chipsim.hwreplay.prefill_harness.attention_call's). The replay
+    and the per-shape microbenchmark launch exactly these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
     cycle-level H200 description assumes). A 4-bit matvec's weight is q4_views' pair, and its kernel is always
     triton_kernels.gemv_q4 (cuBLAS has no 4-bit GEMV; on a CPU dry run, the dequantised reference)."""
     if p.kind == "matvec" and p.bits < 16:
@@ -94,6 +95,10 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
         from chipsim.hwreplay import triton_kernels
 
         return triton_kernels.gemv_q4, (packed, scales, x[:p.reduction], res, p.quant_group), {}
+    if p.kind == "matmul":  # tokens x reduction activations times the (rows x reduction) weight: one GEMM
+        xin = x[:p.tokens * p.reduction].view(p.tokens, p.reduction)
+        res = out[:p.tokens * weight.shape[0]].view(p.tokens, weight.shape[0])
+        return torch.mm, (xin, weight.t()), {"out": res}
     if p.kind == "matvec":
         g = p.groups
         rows = weight.shape[0]
@@ -192,6 +197,10 @@ class GpuDecodeStep:
     def group_calls(self, name: str, layer: int) -> list:
         return self._bind(self.groups[name], self.weights.get((name, layer), []))
 
+    def calls_for(self, key: tuple, gpu_slots: torch.Tensor) -> list:
+        """The calls of a compiled program's compute key: ("group", name, layer) or ("expert", slot)."""
+        return self.group_calls(key[1], key[2]) if key[0] == "group" else self.expert_calls(gpu_slots[key[1]])
+
     def expert_calls(self, slot: torch.Tensor) -> list:
         """The expert's kernels over the weights in `slot` (one expert's bytes, uint8): BF16 matrices, or 4-bit
         ones as q4_views lays them out, one after another in the order of its matvecs."""
@@ -217,13 +226,13 @@ class GpuDecodeStep:
 def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, graphs: bool, segments: bool) -> list:
     """The compiled program's compute entries ("c", [op group keys]) made into calls: kernel by kernel, one
     graph per op group (graphs), or one graph per run of consecutive groups between synchronisations with the
-    copy stream (segments; without graphs, a CPU dry run, the same runs kernel by kernel). Group keys: ("group", name, layer) or ("expert", slot)."""
+    copy stream (segments; without graphs, a CPU dry run, the same runs kernel by kernel). Keys are the step's
+    (`step.calls_for`): ("group", name, layer) or ("expert", slot) of a decode step."""
     raw: dict[tuple, list] = {}
 
     def calls_of(key):
         if key not in raw:
-            raw[key] = (step.group_calls(key[1], key[2]) if key[0] == "group"
-                        else step.expert_calls(gpu_slots[key[1]]))
+            raw[key] = step.calls_for(key, gpu_slots)
         return raw[key]
 
     if segments:  # consecutive compute entries become one
@@ -382,30 +391,53 @@ class _ProgramCompiler:
             return
         if kind == "attention":  # one launch per simulator op group: with graphs, one graph each
             layer = self.first_dense + a[2]
-            self.prog.append(("c", [("group", "attention", layer), ("group", "router", layer)]))
+            self.prog.append(("c", [self.group(self.mixer(layer), layer), self.group("router", layer)]))
         elif kind == "dense":
-            self.prog.append(("c", [("group", "attention", a[2]), ("group", "dense", a[2])]))
+            self.prog.append(("c", [self.group(self.mixer(a[2]), a[2]), self.group("dense", a[2])]))
         elif kind == "route":
-            if "shared" in self.step.groups:
-                self.prog.append(("c", [("group", "shared", self.first_dense + a[2])]))
+            if self.has_shared():
+                self.prog.append(("c", [self.group("shared", self.first_dense + a[2])]))
         elif kind == "compute":
             self.add_compute(a)
         elif kind == "layer_end":
-            self.prog.append(("c", [("group", "combine", self.first_dense + a[2])]))
+            self.prog.append(("c", [self.group("combine", self.first_dense + a[2])]))
         elif kind == "head":
-            self.prog.append(("c", [("group", "head", -1)]))
-            ev = self.Event(enable_timing=True)
-            self.prog.append(("tok", ev))
-            self.token_events.append(ev)
+            self.prog.append(("c", [self.group("head", -1)]))
+            self.step_done()
         else:
-            raise ValueError(f"unknown plan action {a!r}")
+            self.add_other(a)
         self.marker = None
+
+    # what a decode step's program names (a prefill chunk's compiler names its own: chipsim.hwreplay.prefill_harness)
+    def group(self, name: str, layer: int) -> tuple:
+        """The compute key of op group `name` of `layer` (-1: the head)."""
+        return ("group", name, layer)
+
+    def mixer(self, layer: int) -> str:
+        """The op group of `layer`'s token mixer: the decode replay runs full attention in every layer."""
+        return "attention"
+
+    def has_shared(self) -> bool:
+        return "shared" in self.step.groups
+
+    def expert_key(self, a: tuple, i: int, slot: int) -> tuple:
+        """The compute key of the i-th expert of compute action `a`, in `slot`."""
+        return ("expert", slot)
+
+    def step_done(self) -> None:
+        """A token's end on the compute stream: the event its latency is measured to."""
+        ev = self.Event(enable_timing=True)
+        self.prog.append(("tok", ev))
+        self.token_events.append(ev)
+
+    def add_other(self, a: tuple) -> None:
+        raise ValueError(f"unknown plan action {a!r}")
 
     def add_compute(self, a: tuple) -> None:
         """A "compute" action: each expert behind its copy's last span (a wait, timed when stalls are), then run."""
         layer = a[2]
         waits = []  # (event before, event after) around each wait, when stalls are timed
-        for e in a[3]:
+        for i, e in enumerate(a[3]):
             if (layer, e) in self.slot_of and (layer, e) not in self.copy_done:
                 raise RuntimeError(f"hwreplay: expert {e} of MoE layer {layer} is computed at token {a[1]} before "
                                    "the copy schedule has enqueued its last bytes")
@@ -418,7 +450,7 @@ class _ProgramCompiler:
                 if self.stalls:
                     self.prog.append(("rec", waits[-1][1], self.cs))
                 self.waited.add(ev)
-            self.prog.append(("c", [("expert", self.slot_of[(layer, e)])]))
+            self.prog.append(("c", [self.expert_key(a, i, self.slot_of[(layer, e)])]))
         if waits:
             self.stall_marks.append((a[1], layer, waits))
 
@@ -510,7 +542,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     cs = Stream()
     copy_streams = [Stream() for _ in range(plan.engines if plan.copies is not None else 1)]
     graphs = graphs and gpu_slots.device.type == "cuda"
-    compiled = _ProgramCompiler(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
+    compiler = getattr(step, "program_compiler", None) or _ProgramCompiler  # a prefill's steps compile their own
+    compiled = compiler(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
     for a in plan.actions:
         compiled.add(a)
     prog = _bind_compute(compiled.prog, step, gpu_slots, graphs, segments)

@@ -14,6 +14,10 @@ Measures (CUDA events, medians):
   timed alone, as a chain of the same kernel over weights that rotate through more than the L2 cache,
   launched eagerly behind a sleep (GPU time only) and captured in one CUDA graph; the rows are the
   compute.op_times_ns table of h200config (the simulator's profiled-operator mode);
+- every kernel shape of the prefill chunks of requests of the given prompt lengths (--prompts, with --gemv): each
+  GEMM (a chunk's projections and router over its tokens, each routed expert over the tokens the config's trace
+  routes to it), the chunk's attention kernel, its elementwise work, each timed alone in one CUDA graph as a
+  chain of about 1 ms (`prefill_op_times`);
 - machine facts: GPU name, SM count, clocks, host CPU and memory.
 Nothing here is fitted to an end-to-end run.
 """
@@ -30,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+from chipsim.errors import InputError, run_module_main
+from chipsim.files import write_atomic
 from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_bytes, weight_views
 from chipsim.hwreplay.ops import GEMV_KERNELS
 
@@ -193,11 +199,67 @@ def decode_shapes(configs: list[str], contexts: list[int], overrides=(), missing
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
+def prefill_shapes(configs: list[str], prompts: list[int], overrides=(), missing_from=()) -> list[tuple[object, list[str]]]:
+    """Every distinct primitive (by op key) of the prefill chunks of each config's request of each prompt length
+    (workload.prompt_tokens; chunks as the config's workload.prefill_chunk_tokens), its routed experts over the
+    token counts its trace routes to them, with its users; none whose key a `missing_from` config's
+    compute.op_times_ns already has. A fused primitive's key must not be a launching one's elsewhere (it would be
+    timed at 0 there), unless it is the attention kernel's own key (the value mix, the scores' twin)."""
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.ops import prefill_chunk_ops, prefill_expert_ops
+    from chipsim.hwreplay.run import request_overrides
+    from chipsim.runner import prepare
+
+    known = {k for path in missing_from for k in load_config(path, []).hw.compute.op_times_ns}
+    found: dict[str, tuple[object, set]] = {}
+    launched: set[str] = set()
+
+    def add(p, user):
+        if p.key in known:
+            return
+        if p.attention is not None or not p.fused:
+            launched.add(p.key)
+        held = found.get(p.key)
+        if held is None or (held[0].fused and p.attention is not None):  # the attention kernel stands for its key
+            found[p.key] = (p, held[1] if held else set())
+        found[p.key][1].add(user)
+
+    for path in configs:
+        for prompt in prompts:
+            prep = prepare(path, [*overrides, *request_overrides(prompt)], ())
+            hw, routed, name = prep.config.hw, prep.trace["routed_ids"], prep.workload.model.name
+            tokens = set()
+            for chunk in prep.request.chunks:
+                last = chunk.offset + chunk.tokens == prompt
+                for prims in prefill_chunk_ops(hw, chunk.offset, chunk.tokens, last).values():
+                    for p in prims:
+                        add(p, f"{p.name} ({name}, prompt {prompt})")
+                ids = routed[chunk.offset:chunk.offset + chunk.tokens]
+                for layer in range(ids.shape[1]):
+                    tokens.update(np.unique(ids[:, layer], return_counts=True)[1].tolist())
+            for n in sorted(tokens):
+                for p in prefill_expert_ops(hw, n):
+                    add(p, f"{p.name} over {n} tokens ({name}, prompt {prompt})")
+    clash = sorted(k for k, (p, _) in found.items() if p.fused and k in launched)
+    if clash:
+        raise RuntimeError(f"prefill shape {clash[0]} is fused into the attention kernel in one place and launches a "
+                           "kernel of its own in another: one time cannot stand for both")
+    return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
+
+
+def _in_attention(p) -> bool:
+    """A prefill chunk's attention kernel or a primitive fused into it: its operands are the kernel's own."""
+    from chipsim.hwreplay.ops import ATTENTION_FUSED
+
+    return p.attention is not None or (p.fused and p.name in ATTENTION_FUSED)
+
+
 def chain_buffers(shapes, device, pool_mib: int = 2048) -> tuple:
     """(weight pool, input vector, two scratch operands, output) wide enough for every shape's chain."""
     pool = torch.empty(pool_mib * MIB // 2, dtype=torch.bfloat16, device=device).normal_()
-    widest = max([p.reduction * p.groups for p, _ in shapes] + [1])
-    longest = max([max(p.elements, p.outputs) for p, _ in shapes] + [1])
+    shapes = [(p, u) for p, u in shapes if not _in_attention(p)]
+    widest = max([p.reduction * p.groups * p.tokens for p, _ in shapes] + [1])
+    longest = max([max(p.elements, p.outputs * p.tokens) for p, _ in shapes] + [1])
     x = torch.randn(widest, dtype=torch.bfloat16, device=device)
     sa = torch.randn(longest, dtype=torch.bfloat16, device=device)
     sb = torch.randn(longest, dtype=torch.bfloat16, device=device)
@@ -207,10 +269,10 @@ def chain_buffers(shapes, device, pool_mib: int = 2048) -> tuple:
 def shape_chain(p, pool, x, sa, sb, out, max_chain: int = 400, gemv: str = "cublas") -> list:
     """A chain of primitive `p`'s kernel (chipsim.hwreplay.harness.kernel_call): a matvec over weights rotating
     through `pool` (each kernel reads its own, as each layer of a decode step does), other kernels repeated."""
-    if p.kind == "matvec":  # BF16, or packed 4-bit weights with their scales
+    if p.kind in ("matvec", "matmul"):  # BF16, or packed 4-bit weights with their scales
         raw = pool.view(torch.uint8)
         n = weight_bytes(p) + weight_bytes(p) % 2  # each operand starts on a 2-byte boundary (BF16 views)
-        count = max(2, min(max_chain, raw.numel() // n))
+        count = max(1, min(max_chain, raw.numel() // n))  # (one when the pool holds the weight only once)
         return [kernel_call(p, weight_views(raw[i * n:], p), x, sa, sb, out, gemv) for i in range(count)]
     return [kernel_call(p, None, x, sa, sb, out)] * (max_chain // 2)
 
@@ -248,6 +310,67 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     del pool
     torch.cuda.empty_cache()
     return rows_out
+
+
+def _chain_of(p, buffers, count: int, gemv: str) -> list:
+    """`count` launches of a prefill primitive's kernel: a GEMM or matvec over weights rotating through the pool,
+    the attention kernel over its own tensors, an elementwise kernel repeated."""
+    from chipsim.hwreplay.prefill_harness import attention_call, attention_tensors
+
+    if p.attention is not None:
+        return [attention_call(*attention_tensors(p.attention, buffers[0].device))] * count
+    if p.kind in ("matvec", "matmul"):
+        return shape_chain(p, *buffers, max_chain=count, gemv=gemv)[:count]
+    return [kernel_call(p, None, *buffers[1:])] * count
+
+
+def _wall_us(calls: list, synchronize) -> float:
+    """Wall time of one run of `calls`, synchronised before and after (µs)."""
+    synchronize()
+    t0 = time.perf_counter()
+    for fn, args, kwargs in calls:
+        fn(*args, **kwargs)
+    synchronize()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def prefill_op_times(device, shapes, pool_mib: int = 2048, chain_us: float = 1000.0, max_chain: int = 200,
+                     reps: int = 3, gemv: str = "cublas", save=None, every: int = 200) -> list[dict]:
+    """Each prefill shape timed alone (prefill_shapes): a chain of its kernel in one CUDA graph, µs per kernel
+    (graph_us; the config's --kernel-launch graph field). The chain is about `chain_us` long, its length from
+    three launches timed on the host first (a few for a large GEMM, up to `max_chain` for a small one). The
+    attention kernel's key is also its value mix's (two matvecs of one shape in the simulator): each gets half the
+    kernel's time (`kernel_us`); the softmax's primitives run inside it, at 0. On a CPU (--device cpu: a dry run of
+    the same code) the chain's wall time stands for the graph's. `save(rows)` is called every `every` shapes (what
+    a time limit leaves is kept)."""
+    cuda = device.type == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    buffers = chain_buffers(shapes, device, pool_mib)
+    rows = []
+    for i, (p, users) in enumerate(shapes):
+        if save is not None and i and i % every == 0:
+            save(rows)
+        if p.fused:
+            rows.append({"key": p.key, "users": users, "chain": 0, "graph_us": 0.0,
+                         "fused": "runs inside the attention kernel (scaled_dot_product_attention)"})
+            continue
+        probe = _chain_of(p, buffers, 3, gemv)
+        _wall_us(probe, synchronize)  # cuBLAS's heuristics, the first launch
+        count = max(3, min(max_chain, round(chain_us / (_wall_us(probe, synchronize) / 3))))
+        calls = _chain_of(p, buffers, count, gemv)
+        if cuda:
+            us = _graph_us(capture_graph(calls), count, reps)
+        else:
+            us = statistics.median(_wall_us(calls, synchronize) for _ in range(reps)) / count
+        row = {"key": p.key, "users": users, "chain": count, "graph_us": round(us, 3)}
+        if p.attention is not None:  # the simulator charges this key twice per layer: scores and value mix
+            row.update(graph_us=round(us / 2, 3), kernel_us=round(us, 3), kernel="scaled_dot_product_attention",
+                       shared_by=["scores", "value_mix"])
+        rows.append(row)
+    del buffers
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
 
 
 def machine(device) -> dict:
@@ -315,6 +438,36 @@ def run(device="cuda", shape_configs=(), contexts=(512, 1024, 2048)) -> dict:
     return result
 
 
+def _prefill_main(a) -> int:
+    """--prompts: the prefill chunks' kernel shapes alone (prefill_op_times) into --out."""
+    try:
+        prompts = [int(c) for c in a.prompts.split(",")]
+    except ValueError:
+        raise InputError(f"--prompts {a.prompts!r}: expected whole numbers separated by commas, e.g. 256,4096") from None
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
+    t0 = time.perf_counter()
+    device = torch.device(a.device)
+    # the GEMMs and attention kernels first (the array model has no tensor cores), then the rest: a time limit
+    # that stops the probe leaves the elementwise shapes to the array model, not the GEMMs
+    shapes = sorted(prefill_shapes(list(a.shapes_from), prompts, a.set, a.missing_from),
+                    key=lambda s: (s[0].kind != "matmul" and s[0].attention is None, s[0].key))
+    print(f"{len(shapes)} prefill kernel shapes to time", flush=True)
+    info = machine(device) if device.type == "cuda" else {"gpu": "cpu (dry run)"}
+
+    def save(rows, complete=False):
+        res = {"machine": info, "gemv_kernel": a.gemv, "op_times": rows, "graph_only": True, "complete": complete,
+               "shapes": len(shapes),
+               "op_times_from": {"configs": list(a.shapes_from), "prompts": prompts, **({"set": a.set} if a.set else {}),
+                                 **({"missing_from": a.missing_from} if a.missing_from else {})},
+               "seconds": round(time.perf_counter() - t0, 1)}
+        write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True), what="--out")
+        print(f"{len(rows)} of {len(shapes)} shapes timed in {res['seconds']} s", flush=True)
+
+    save(prefill_op_times(device, shapes, gemv=a.gemv, save=save), complete=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="single-op and single-copy microbenchmarks of a CUDA machine")
     ap.add_argument("--out", required=True)
@@ -327,10 +480,16 @@ def main(argv=None) -> int:
                     help="with --gemv: override a key of the --shapes-from configs, e.g. model.expert_bits=4")
     ap.add_argument("--missing-from", nargs="*", default=[], metavar="CONFIG",
                     help="with --gemv: time only the shapes these configs' compute.op_times_ns lack")
+    ap.add_argument("--prompts", default=None, metavar="N,N",
+                    help="with --gemv: the kernel shapes of the prefill chunks of requests of these prompt lengths "
+                         "instead of decode steps (each in one CUDA graph only)")
+    ap.add_argument("--device", default="cuda", help="with --prompts: cuda, or cpu for a dry run (times meaningless)")
     a = ap.parse_args(argv)
     contexts = [int(c) for c in a.contexts.split(",")]
-    if (a.set or a.missing_from) and not a.gemv:
-        ap.error("--set and --missing-from go with --gemv (the per-shape kernel times alone)")
+    if (a.set or a.missing_from or a.prompts) and not a.gemv:
+        ap.error("--set, --missing-from and --prompts go with --gemv (the per-shape kernel times alone)")
+    if a.prompts:
+        return _prefill_main(a)
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")
@@ -353,4 +512,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_module_main(main)

@@ -1,19 +1,32 @@
-"""The decode step's primitive operations, as the simulator costs them (no torch).
+"""The decode step's and a prefill chunk's primitive operations, as the simulator costs them (no torch).
 
 chipsim.workload.decode builds each op group (attention, router, shared, expert, combine, head, dense)
 from primitives on an ArrayModel; `primitive_ops` runs the same builders on a recording model, so the
-hardware replay launches one kernel per primitive the simulator charges for.
+hardware replay launches one kernel per primitive the simulator charges for. chipsim.workload.prefill builds a
+prefill chunk's groups the same way (`prefill_chunk_ops`, `prefill_expert_ops`): its projections, router and
+experts are GEMMs (`matmul` primitives over M > 1 tokens).
+
+A prefill chunk's attention is one kernel on the GPU (scaled_dot_product_attention over the chunk, causal, and the
+cache), where the simulator costs it as four primitives: scores and value mix (two matvecs of the same shape,
+head_dim x pairs, hence the same op key) and the softmax's SFU and vector work. The replay launches the attention
+kernel for the scores primitive (`Primitive.attention` says its geometry) and marks the other three fused: they
+launch nothing, as the 4-bit experts' dequantisation does. The single-op probe (chipsim.hwreplay.microbench) times
+that kernel alone and gives each of the two matvecs of its key half of it, the fused softmax primitives 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataclasses import replace
+
 from chipsim.hw.compute_formula import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import op_group_builders, weight_bytes as weight_bytes_at
+from chipsim.workload.decode import MIXER_GROUP, op_group_builders, weight_bytes as weight_bytes_at
 from chipsim.errors import InputError
 from chipsim.workload.models import model_of
+from chipsim.workload.prefill import prefill_group_builders
+from chipsim.workload.shape import MAMBA, SLIDING
 
 # the kernels a matvec primitive can be launched with (chipsim.hwreplay.harness.kernel_call)
 GEMV_KERNELS = ("cublas", "triton")
@@ -32,12 +45,32 @@ class Primitive:
     bits: int = 16  # matvec: bits per weight; below 16 the weights are packed with one BF16 scale per quant_group
     quant_group: int = 0  # matvec below 16 bit: weights sharing one scale
     fused: bool = False  # its work runs inside other primitives' kernels (dequantisation inside the 4-bit matvecs)
+    tokens: int = 1  # matmul: rows of activations (a prefill chunk's tokens, or those routed to one expert)
+    attention: "Attention | None" = None  # a prefill chunk's scores: the attention kernel it launches
 
     @property
     def key(self) -> str:
         """The shape's name in compute.op_times_ns."""
         return op_key(self.kind, reduction=self.reduction, outputs=self.outputs, read_bytes=self.weight_bytes,
-                      elements=self.elements)
+                      elements=self.elements, tokens=self.tokens)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A prefill chunk's causal attention as one kernel: `tokens` queries at positions offset .. offset + tokens - 1
+    over every key up to each one's own (or the last `window` of them), grouped-query heads."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    offset: int
+    tokens: int
+    window: int = 0  # 0: full attention
+
+    @property
+    def keys(self) -> int:
+        """Keys and values in the cache when the chunk's last query runs (its own included)."""
+        return self.offset + self.tokens
 
 
 def key_groups(key: str) -> int:
@@ -70,6 +103,15 @@ class RecordingArrayModel(ArrayModel):
         self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes, groups=groups,
                                   bits=bits, quant_group=group))
         return super().matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
+
+    def matmul(self, name, tokens, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
+        if tokens == 1:  # ArrayModel.matmul costs one token as the matvec (which notes it)
+            return super().matmul(name, tokens, reduction, outputs, weight_bytes, write_bytes, groups)
+        if groups != 1:
+            raise InputError(f"hwreplay: {name}: a GEMM whose operand rows several outputs share is not replayed")
+        self.log.append(Primitive("matmul", name, reduction, outputs, weight_bytes, write_bytes=write_bytes,
+                                  tokens=tokens))
+        return super().matmul(name, tokens, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def sfu(self, name, ops):
         self.log.append(Primitive("sfu", name, elements=ops))
@@ -121,3 +163,64 @@ def kernels_per_token(hw: HardwareConfig) -> dict[str, int]:
             if not p.fused:
                 counts[p.key] = counts.get(p.key, 0) + per_group[name]
     return counts
+
+
+# the primitives a prefill chunk's attention kernel stands for besides the scores: they launch nothing
+ATTENTION_FUSED = ("softmax_exp", "softmax_norm", "value_mix")
+
+
+def replayable_prefill_model(hw: HardwareConfig):
+    """The model shape, if the prefill replay runs it: grouped-query attention in every layer (full or sliding)."""
+    model = model_of(hw.model)
+    if model.attention == "mla" or any(model.mixer(layer) == MAMBA for layer in range(model.num_layers)):
+        raise InputError(f"hwreplay: {model.name}: the prefill replay runs models whose every layer is grouped-query "
+                         "attention (full or sliding); not MLA or Mamba layers")
+    if hw.model.expert_bits != 16:
+        raise InputError(f"hwreplay: model.expert_bits {hw.model.expert_bits}: the prefill replay runs BF16 experts")
+    return model
+
+
+def _with_attention_kernel(prims: list[Primitive], attention: Attention) -> list[Primitive]:
+    """A chunk's mixer primitives with its attention as one kernel: the scores launch it, the softmax and the value
+    mix run inside it (module docstring)."""
+    out = []
+    for p in prims:
+        if p.name == "scores":
+            p = replace(p, attention=attention)
+        elif p.name in ATTENTION_FUSED:
+            p = replace(p, fused=True)
+        out.append(p)
+    if sum(p.attention is not None for p in out) != 1:
+        raise RuntimeError(f"hwreplay: a prefill mixer without exactly one scores primitive: {[p.name for p in prims]}")
+    return out
+
+
+def prefill_chunk_ops(hw: HardwareConfig, offset: int, tokens: int, last: bool) -> dict[str, list[Primitive]]:
+    """A prefill chunk's op groups as primitives (groups the model lacks are absent): "attention" and
+    "attention_sliding" (the layer's mixer), "router", "dense", "shared", "combine", and "head" (the chunk's
+    embedding lookups; with `last`, the prompt's last chunk, its last token's LM head). The routed experts are
+    prefill_expert_ops'."""
+    model = replayable_prefill_model(hw)
+    am = RecordingArrayModel(hw)
+    out = {}
+    for name, build in prefill_group_builders(am, model, hw, offset, tokens).items():
+        if build is None or name in ("expert", "mamba"):
+            continue
+        am.log = []
+        build(last) if name == "head" else build()
+        out[name] = list(am.log)
+    for kind in {model.mixer(layer) for layer in range(model.num_layers)}:
+        window = model.sliding_window if kind == SLIDING else 0
+        group = MIXER_GROUP[kind]
+        out[group] = _with_attention_kernel(out[group], Attention(model.num_heads, model.num_kv_heads, model.head_dim,
+                                                                  offset, tokens, window))
+    return out
+
+
+def prefill_expert_ops(hw: HardwareConfig, tokens: int) -> list[Primitive]:
+    """One routed expert of a prefill chunk over the `tokens` tokens routed to it: its GEMMs (its matvecs for one
+    token) and their elementwise work, as chipsim.workload.request costs it."""
+    model = replayable_prefill_model(hw)
+    am = RecordingArrayModel(hw)
+    prefill_group_builders(am, model, hw, 0, 1)["expert"](tokens)
+    return list(am.log)

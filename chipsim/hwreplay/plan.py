@@ -14,6 +14,16 @@ takes:
     ["layer_end", t, l]                   the weighted sum runs, then on_layer_end
     ["head", t]                           embedding, final norm and LM head: the token ends
 
+A request's plan (workload.prompt_tokens > 0) holds its prefill chunks, and the replay stops after them (at the first
+output token: TTFT); within a chunk the actions above run as in a decode step, with t the chunk's last token:
+
+    ["prefill", k, first, last]           prefill chunk k of prompt tokens first .. last starts
+    ["compute", t, l, [e, ...], [n, ...]] these routed experts run, each a GEMM over the n chunk tokens routed to it
+    ["head", t]                           the chunk's embedding lookups (the prompt's last chunk: and its LM head)
+    ["prefill_end", k]                    the chunk ends
+
+What the run does after the prompt's last chunk (its decode steps) is not recorded.
+
 Issue points are program points: the replay may start a copy no earlier than the compute stream reaches
 the action's place in the list. The buffer slot of every fetch is assigned here (lowest free slot; an
 evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
@@ -104,23 +114,61 @@ class PlanRecorder(Observer):
         self.issue_of_tid: dict[int, int] = {}  # DMA transfer id -> its "issue" among the actions (0, 1, ...)
         self.spans: _SpanRecorder | None = None
         self._label = ""
+        self._routed = None  # a request's trace routing: (token, MoE layer, k) expert ids
+        self._chunk: tuple[int, int] | None = None  # the prefill chunk running: (first, last) prompt token
+        self._prompt = 0  # a request's prompt tokens (0: decode steps only)
+        self._plan_tokens: dict | None = None  # the running layer's plan's own token counts (LayerPlan.tokens)
+        self.done = False  # a request's prompt is read: nothing more is recorded
 
     def attach(self, sim) -> None:
         self._label = sim.policy.label
+        if sim.request is not None:
+            if not fifo_copy_stream(sim.hw.dma):
+                raise InputError("hwreplay: a request's prefill is replayed on one FIFO copy stream (dma.engines 1, "
+                                 "no demand_first, demand_preempts_prefetch or cancel_in_flight)")
+            self._routed = sim.trace["routed_ids"]
+            self._prompt = sim.request.prompt_tokens
         if not fifo_copy_stream(sim.hw.dma):
             self.spans = record_dma(sim, _SpanRecorder(sim.dma.engines))
 
     def token_start(self, t, now) -> None:
+        if self.done:
+            return
         self.t = t
         self.actions.append(["token", t])
+
+    def prefill_start(self, chunk, first, last, now) -> None:
+        self.t = last
+        self._chunk = (first, last)
+        self.actions.append(["prefill", chunk, first, last])
+
+    def prefill_end(self, chunk, first, last, start, end) -> None:
+        self.actions.append(["prefill_end", chunk])
+        self._chunk = None
+        self.done = last == self._prompt - 1
+
+    def _routed_tokens(self, layer: int, experts: list[int]) -> list[int]:
+        """The running chunk's tokens each of `experts` of MoE layer `layer` runs for, as the engine counts them: the
+        policy's own count where its plan gives one (LayerPlan.tokens), else the tokens routed to it (at least 1)."""
+        counts = self._plan_tokens
+        if counts is None:
+            first, last = self._chunk
+            ids = self._routed[first:last + 1, layer].ravel().tolist()
+            counts = {e: ids.count(e) for e in set(ids)}
+        return [counts.get(e) or 1 for e in experts]
 
     def layer_start(self, t, layer) -> None:
         self.layer = layer
 
     def ops(self, kind, index, experts, start, end) -> None:
+        if self.done:
+            return
         if kind == "attention":
             self.layer = index
             self.actions.append(["attention", self.t, index])
+        elif kind == "experts" and self._chunk is not None:
+            ids = [int(e) for e in experts]
+            self.actions.append(["compute", self.t, index, ids, self._routed_tokens(index, ids)])
         elif kind == "experts":
             self.actions.append(["compute", self.t, index, [int(e) for e in experts]])
         elif kind == "dense":
@@ -130,22 +178,30 @@ class PlanRecorder(Observer):
         # "shared" and "combine" run inside the replay's route and layer_end steps
 
     def route(self, t, layer) -> None:
-        self.actions.append(["route", t, layer])
+        if not self.done:
+            self.actions.append(["route", t, layer])
 
     def plan(self, t, layer, plan) -> None:
+        if self.done:
+            return
+        self._plan_tokens = getattr(plan, "tokens", None)
         if plan.on_host or plan.surrogate:
             raise InputError(f"hwreplay: policy {self._label} computes experts on the host CPU or with "
                              "surrogates; the hardware replay runs only GPU-side policies")
 
     def issued(self, layer, expert, demand, transfer) -> None:
+        if self.done:
+            return
         self.actions.append(["issue", self.t, self.layer, layer, expert, "demand" if demand else "prefetch"])
         self.issue_of_tid[transfer.tid] = len(self.issue_of_tid)
 
     def evicted(self, layer, expert) -> None:
-        self.actions.append(["evict", self.t, self.layer, layer, expert])
+        if not self.done:
+            self.actions.append(["evict", self.t, self.layer, layer, expert])
 
     def layer_end(self, t, layer) -> None:
-        self.actions.append(["layer_end", t, layer])
+        if not self.done:
+            self.actions.append(["layer_end", t, layer])
 
     def copy_schedule(self) -> list | None:
         """[engine, issue, first byte, end byte] per data span, engine by engine in the order they ran (None for
@@ -170,6 +226,13 @@ class Plan:
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
     sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
+    prompt_tokens: int = 0  # a request's prompt: the plan is its prefill chunks (tokens: their number), else 0
+    chunk_tokens: list | None = None  # a request's prefill chunks: [offset, tokens] each
+
+    @property
+    def sim_ttft_ms(self) -> float:
+        """A request's time to first token as simulated: its prefill chunks one after another."""
+        return sum(self.sim_latency_ms)
 
     def digest(self) -> str:
         """sha256 of the action list (and the copy schedule, where there is one): two plans with the same decisions
@@ -197,6 +260,8 @@ class Plan:
         extra = {} if self.copies is None else {"engines": self.engines, "copy_spans": len(self.copies)}
         if self.sim_segment_launches:
             extra["sim_segment_launches"] = self.sim_segment_launches
+        if self.prompt_tokens:
+            extra.update(prompt_tokens=self.prompt_tokens, chunk_tokens=self.chunk_tokens)
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
                 "sim_fetch_bytes": self.sim_fetch_bytes, **extra}
@@ -225,20 +290,33 @@ def assign_slots(actions: list, slots: int) -> list:
 
 
 def build_plan(prep: Prepared, policy) -> Plan:
-    """Run `policy` on the prepared config and trace with the recorder watching; return its Plan."""
+    """Run `policy` on the prepared config and trace with the recorder watching; return its Plan. For a request
+    (prep.request) the run is the whole request under `policy`'s prefill policy, and the plan its prefill chunks."""
+    for many, key in ((getattr(prep, "batch", None), "workload.batch"), (getattr(prep, "speculative", None),
+                                                                         "workload.speculative")):
+        if many is not None:  # a step of several tokens per layer: its experts are GEMMs the decode replay lacks
+            raise InputError(f"hwreplay: {key}: the GPU replay runs one sequence's decode steps, or a request's prefill")
     recorder = PlanRecorder()
+    prefill = prep.prefill_for.get(policy.label)
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
-                     observers=[recorder])
+                     observers=[recorder], request=prep.request, prefill_policy=prefill)
     result = sim.run()
     energy = per_token_energy_pj(result, EnergyTable.from_config(prep.config.hw))
     fmt = sim.expert_format
     if fmt.slot_bytes != fmt.fetch_bytes:
         raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
     actions = assign_slots(recorder.actions, sim.slots)
-    return Plan(policy=policy.label, tokens=sim.num_tokens, slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes],
-                actions=actions, sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps],
-                sim_fetch_bytes=int(result.per_token.bytes[roles(prep.config.hw).expert_link].sum()),
-                sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps],
+    steps = len(prep.request.chunks) if prep.request is not None else result.tokens  # a request: its prefill chunks
+    link = roles(prep.config.hw).expert_link
+    plan = Plan(policy=prefill.label if prefill is not None else policy.label, tokens=steps if prep.request else sim.num_tokens,
+                slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes], actions=actions,
+                sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps[:steps]],
+                sim_fetch_bytes=int(result.per_token.bytes[link][:steps].sum()),
+                sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps[:steps]],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
-                               for t in range(result.tokens)],
+                               for t in range(steps)],
                 engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches)
+    if prep.request is not None:
+        plan.prompt_tokens = prep.request.prompt_tokens
+        plan.chunk_tokens = [[c.offset, c.tokens] for c in prep.request.chunks]
+    return plan

@@ -6,6 +6,14 @@
 For every (context, policy): the plan (the simulator's decisions, chipsim.hwreplay.plan) is built on the
 CPU, then replayed on the GPU (chipsim.hwreplay.harness) once; the JSON keeps the plan's digest, fetch
 count and bytes, the copies the GPU made, every token's measured latency and the host's enqueue time.
+
+    chipsim hwreplay hwconfigs/h200-pcie5-phi-mini-moe.yaml --prompts 256,4096 --policy on-demand --graphs --out DIR
+
+With --prompts, each case is a request's prefill instead (workload.prompt_tokens = N, workload.output_tokens = 2;
+--policy names prefill policies, default the config's run.prefill_policy): its chunks replayed by
+chipsim.hwreplay.prefill_harness once as a warm-up, then --repeats times measured, and the replay stops at the
+first output token. The JSON keeps each chunk's measured latency (their sum: TTFT) and the board's energy over each
+measured replay.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
 from chipsim.files import check_output_dir, write_atomic
+from chipsim.hw.config import load_config
 from chipsim.hwreplay.ops import GEMV_KERNELS, primitive_ops
 from chipsim.hwreplay.plan import build_plan
 from chipsim.runner import prepare
@@ -32,8 +41,8 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
     """{(context, policy label): Plan}, built in parallel processes."""
     base = prepare(config, list(overrides), policies or ())
     if base.request is not None:
-        raise InputError(f"{config}: workload.prompt_tokens: the GPU replay runs decode steps at a fixed context; "
-                         "a whole request (prefill chunks, then decode) is not replayed yet")
+        raise InputError(f"{config}: workload.prompt_tokens: --contexts replays decode steps at a fixed context; "
+                         "replay a request's prefill with --prompts")
     specs = [p.label for p in base.policies]
     work = [(config, [*overrides, f"workload.context_length={c}"], s) for c in contexts for s in specs]
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
@@ -136,6 +145,117 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+PREFILL_OUTPUT_TOKENS = 2  # the fewest a request has: the replay stops at the first, which its prefill yields
+
+
+def request_overrides(prompt: int) -> list[str]:
+    """The config keys that make a config a request of `prompt` tokens whose prefill the replay runs."""
+    return [f"workload.prompt_tokens={prompt}", f"workload.output_tokens={PREFILL_OUTPUT_TOKENS}"]
+
+
+def request_spec(prefill_spec: str) -> str:
+    """A prefill policy as a request's --policy spec (PREFILL+DECODE): the decode policy never runs in the replay,
+    so it is the one that moves nothing of its own."""
+    return prefill_spec if "+" in prefill_spec else f"{prefill_spec}+no-prefetch"
+
+
+def _prefill_plan_job(args):
+    config, overrides, spec = args
+    prep = prepare(config, overrides, [spec])
+    return build_plan(prep, prep.policies[0])
+
+
+def prefill_plans(config: str, prompts: list[int], policies: list[str] | None, jobs: int, overrides=()):
+    """(the first prompt's Prepared, {(prompt, prefill policy label): Plan}), built in parallel processes; every
+    case is prepared first here, so a bad policy or prompt is refused before any plan runs."""
+    from chipsim.hwreplay.ops import replayable_prefill_model
+
+    hw = load_config(config, list(overrides)).hw
+    replayable_prefill_model(hw)  # an attention the replay has no kernel for is refused before any plan runs
+    specs = [request_spec(s) for s in (policies or [hw.run.prefill_policy])]
+    preps = [prepare(config, [*overrides, *request_overrides(prompt)], specs) for prompt in prompts]
+    work = [(config, [*overrides, *request_overrides(prompt)], spec) for prompt in prompts for spec in specs]
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
+        plans = list(pool.map(_prefill_plan_job, work))
+    return preps[0], {(p.prompt_tokens, p.policy): p for p in plans}
+
+
+def _slots_used(plans) -> int:
+    """GPU slots the plans' copies land in (the lowest free slot is always taken: the plan's slots are fewer)."""
+    return 1 + max([a[6] for plan in plans for a in plan.actions if a[0] == "issue"] + [0])
+
+
+def _replay_prefill_case(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
+    """One prefill plan replayed once unmeasured (the first launch of every graph, cuBLAS's first call of each
+    shape), then `repeats` times with the board's energy read around each."""
+    from chipsim.hwreplay.harness import replay
+
+    replay(plan, step, host, gpu_slots, first_dense, **{**kw, "gpu": None})  # warm-up
+    runs = [replay(plan, step, host, gpu_slots, first_dense, **kw) for _ in range(repeats)]
+    res = runs[0]
+    res["ttft_ms"] = round(sum(res["latency_ms"]), 5)
+    res["repeat_latency_ms"] = [r["latency_ms"] for r in runs[1:]]
+    res["repeat_energy"] = [r["energy"] for r in runs[1:]]
+    return res
+
+
+def replay_prefill_config(config: str, prompts: list[int], policies: list[str] | None, jobs: int, log=print,
+                          device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas",
+                          repeats: int = 1, energy_settle_s: float = 0.5) -> dict:
+    """Every (prompt, prefill policy) of a config replayed (module docstring); the measurement file's content."""
+    import torch
+
+    from chipsim.hwreplay.nvml import open_gpu
+    from chipsim.hwreplay.prefill_harness import GpuPrefill
+
+    t0 = time.perf_counter()
+    base, plans = prefill_plans(config, prompts, policies, jobs, overrides)
+    m = base.workload.model
+    log(f"{config}: {len(plans)} prefill plans built in {time.perf_counter() - t0:.1f} s")
+    device = torch.device(device)
+    gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
+    expert_bytes = base.workload.expert_bytes
+    t1 = time.perf_counter()
+    shape = (m.num_moe_layers, m.num_experts, expert_bytes)
+    if device.type == "cuda":
+        host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        fill_normal_bf16(host, device)
+    else:  # a dry run: one expert's zeros stand for every expert (a model larger than this machine's memory fits)
+        host = torch.zeros(expert_bytes, dtype=torch.uint8).expand(shape)
+    slots = _slots_used(plans.values())
+    gpu_slots = expert_slots(slots, expert_bytes, device)
+    log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    cases = []
+    for prompt in prompts:
+        hw = load_config(config, [*overrides, *request_overrides(prompt)]).hw
+        mine = {label: plan for (p, label), plan in plans.items() if p == prompt}
+        first = next(iter(mine.values()))
+        tokens = {n for plan in mine.values() for a in plan.actions if a[0] == "compute" for n in a[4]}
+        step = GpuPrefill(hw, first.chunk_tokens, prompt, tokens, device, gemv=gemv)
+        if step.expert_bytes > expert_bytes:
+            raise RuntimeError(f"expert primitives read {step.expert_bytes} bytes, the expert has {expert_bytes}")
+        kw = dict(graphs=graphs, gpu=gpu, energy_settle_s=energy_settle_s)
+        for label, plan in mine.items():
+            res = _replay_prefill_case(plan, step, host, gpu_slots, m.first_dense_layers, repeats, kw)
+            energies = [e for e in [res["energy"], *res["repeat_energy"]] if e]
+            log(f"  prompt {prompt} {label:14} TTFT measured {res['ttft_ms']:9.3f} ms"
+                + "".join(f", again {sum(r):.3f}" for r in res["repeat_latency_ms"])
+                + f", simulated {plan.sim_ttft_ms:9.3f}; copies {res['copies']} ({res['copied_bytes'] / 1e9:.2f} GB)"
+                + "".join(f", board {e['energy_j']:.2f} J at {e['power_w']:.0f} W" for e in energies)
+                + f", {res['launches_per_token']:.0f} launches/chunk")
+            cases.append({"prompt_tokens": prompt, "policy": label, "plan": plan.to_json(),
+                          "kernels_per_group": step.kernels_per_group, **res})
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"config": config, "overrides": list(overrides), "model": m.name, "trace": os.path.basename(base.config.trace_path),
+            "host_experts": "normal-bf16" if device.type == "cuda" else "zeros (cpu dry run: one expert stands for all)",
+            "prefill": True, "prompts": prompts, "output_tokens": PREFILL_OUTPUT_TOKENS, "warmup_replays": 1,
+            "energy_settle_s": energy_settle_s,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+            "torch": torch.__version__, "cases": cases, "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def replay_overrides(sets: list[str], segments: bool) -> list[str]:
     """The config overrides a replay runs with: the user's, and with segment graphs one launch per segment, not
     per op group (compute.launch_per=segment; the user's own setting of that key wins)."""
@@ -144,22 +264,36 @@ def replay_overrides(sets: list[str], segments: bool) -> list[str]:
     return list(sets)
 
 
-def _contexts(text: str) -> list[int]:
-    """--contexts "512,2048" -> [512, 2048]: whole numbers >= 1, each once."""
+def _contexts(text: str, option: str = "--contexts") -> list[int]:
+    """--contexts "512,2048" -> [512, 2048]: whole numbers >= 1, each once (also --prompts')."""
     try:
         contexts = [int(x) for x in text.split(",")]
     except ValueError:
         contexts = []
     if not contexts or min(contexts) < 1 or len(set(contexts)) < len(contexts):
-        raise InputError(f"--contexts {text!r}: expected distinct whole numbers >= 1 separated by commas, e.g. 512,2048")
+        raise InputError(f"{option} {text!r}: expected distinct whole numbers >= 1 separated by commas, e.g. 512,2048")
     return contexts
 
 
-def main(argv=None) -> int:
+def _check_prefill_options(a) -> None:
+    """--prompts replays prefill chunks: the decode replay's options that have no meaning there are refused."""
+    for given, option in ((a.contexts is not None, "--contexts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
+        if given:
+            raise InputError(f"{option}: not with --prompts (a request's prefill is replayed chunk by chunk, each op "
+                             "group one launch; " + ("decode contexts are --contexts'" if option == "--contexts"
+                                                     else "this option is the decode replay's") + ")")
+
+
+def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
     ap.add_argument("configs", nargs="+", metavar="CONFIG", help="hardware configs of the machine, one per model shape")
-    ap.add_argument("--contexts", default="512,2048", metavar="N,N", help="KV-cache lengths to replay (default 512,2048)")
+    ap.add_argument("--contexts", default=None, metavar="N,N", help="KV-cache lengths to replay (default 512,2048)")
+    ap.add_argument("--prompts", default=None, metavar="N,N",
+                    help="replay a request's prefill instead, for each of these prompt lengths (workload.prompt_tokens; "
+                         "--policy then names prefill policies, default run.prefill_policy); the replay stops at the "
+                         "first output token: TTFT and the board's energy")
     ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -191,8 +325,20 @@ def main(argv=None) -> int:
                     help="how the host issues the replay: torch (Tensor.copy_, CUDAGraph.replay) or cudart (the same "
                          "steps as raw CUDA runtime calls, chipsim/hwreplay/cudart.py: a few microseconds per copy; "
                          "needs --graphs)")
-    a = ap.parse_args(argv)  # before torch: --help and bad options need no GPU
-    contexts = _contexts(a.contexts)
+    return ap
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
+    """(contexts, prompts or None, each config's output file name) from the parsed options; bad input refused in one
+    line before any work."""
+    prompts = _contexts(a.prompts, "--prompts") if a.prompts is not None else None
+    if prompts:
+        _check_prefill_options(a)
+    contexts = _contexts(a.contexts or "512,2048")
     if a.jobs < 1:
         raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
     if a.repeats < 1:
@@ -212,18 +358,31 @@ def main(argv=None) -> int:
     if len(set(names)) < len(names):
         raise InputError(f"--out {a.out}: two configs would write the same {sorted(n for n in names if names.count(n) > 1)[0]}")
     check_output_dir(a.out, names, "--out")  # before hours of replay, not after
+    return contexts, prompts, names
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)  # before torch: --help and bad options need no GPU
+    contexts, prompts, names = _checked_options(a)
     try:
         import torch
     except ImportError:
         raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
-    os.makedirs(a.out, exist_ok=True)
+    if not prompts:
+        os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
-        res = replay_config(config, contexts, a.policy, a.jobs, log=lambda s: print(s, flush=True), device=a.device,
-                            graphs=a.graphs, overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
-                            dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
-                            energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
+        if prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
+            res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                        overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
+                                        energy_settle_s=a.energy_settle)
+            os.makedirs(a.out, exist_ok=True)
+        else:
+            res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
+                                dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
+                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)
