@@ -27,6 +27,7 @@ from typing import Callable
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, sequence_contexts
+from chipsim.workload.prefill import gqa_projections, prefill_group_builders
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 
@@ -94,14 +95,7 @@ def _gqa_batch(am: ArrayModel, m: ModelShape, kv_lens: list[int]) -> list[OpCost
     chipsim.workload.decode._gqa over its cache."""
     d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
     b = len(kv_lens)
-    ops = [am.matmul("qkv_proj", b, d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
-                     write_bytes=b * 2 * nkv * hd * BF16_BYTES)]
-    if m.attention_bias:
-        ops.append(am.vector("qkv_bias", b * (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
-    if m.qk_norm:
-        ops.append(am.sfu("qk_norm_rsqrt", b * (nq + nkv)) + am.vector("qk_norm_scale", b * 2 * (nq + nkv) * hd))
-    if m.rope:
-        ops.append(am.vector("rope", b * 2 * (nq + nkv) * hd))
+    ops = gqa_projections(am, m, b)
 
     def core(kv_len: int) -> list[OpCost]:
         logits = kv_len + (1 if m.attention_sinks else 0)
@@ -174,8 +168,6 @@ def batch_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, cont
     attending over contexts[b] tokens (None: the model has no such group); "expert" takes the number of the step's
     tokens routed to that expert. The prefill builders (chipsim.workload.prefill) cost everything but the mixer
     and the head the same way for B tokens at once."""
-    from chipsim.workload.prefill import prefill_group_builders
-
     b = len(contexts)
     groups = prefill_group_builders(am, m, hw, 0, b)
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}

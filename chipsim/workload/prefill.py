@@ -40,6 +40,21 @@ def _norm(am: ArrayModel, name: str, tokens: int, width: int) -> OpCost:
     return am.sfu(f"{name}_rsqrt", tokens) + am.vector(f"{name}_scale", 2 * width * tokens)
 
 
+def gqa_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+    """q, k and v of `tokens` tokens as one GEMM (their keys and values appended to the cache), with the biases,
+    q/k norms and RoPE a model has: the part of attention whose weights stream once for all of them."""
+    d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
+    ops = [am.matmul("qkv_proj", tokens, d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+                     write_bytes=tokens * 2 * nkv * hd * BF16_BYTES)]
+    if m.attention_bias:
+        ops.append(am.vector("qkv_bias", tokens * (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
+    if m.qk_norm:
+        ops.append(am.sfu("qk_norm_rsqrt", tokens * (nq + nkv)) + am.vector("qk_norm_scale", tokens * 2 * (nq + nkv) * hd))
+    if m.rope:
+        ops.append(am.vector("rope", tokens * 2 * (nq + nkv) * hd))
+    return ops
+
+
 def _gqa_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int, window: int) -> list[OpCost]:
     """Grouped-query attention for a chunk: the projections as GEMMs over the chunk (K and V of its tokens
     appended: tokens x 2 x kv_heads x head_dim x 2 bytes written); scores: one dot product of head_dim per head
@@ -49,14 +64,7 @@ def _gqa_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int, window: 
     cached, cache_pairs, chunk_pairs = attended_pairs(offset, tokens, window)
     pairs = cache_pairs + chunk_pairs
     kv_bytes = nkv * cached * hd * BF16_BYTES
-    ops = [am.matmul("qkv_proj", tokens, d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
-                     write_bytes=tokens * 2 * nkv * hd * BF16_BYTES)]
-    if m.attention_bias:
-        ops.append(am.vector("qkv_bias", tokens * (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
-    if m.qk_norm:
-        ops.append(am.sfu("qk_norm_rsqrt", tokens * (nq + nkv)) + am.vector("qk_norm_scale", tokens * 2 * (nq + nkv) * hd))
-    if m.rope:
-        ops.append(am.vector("rope", tokens * 2 * (nq + nkv) * hd))
+    ops = gqa_projections(am, m, tokens)
     logits = nq * pairs + (nq * tokens if m.attention_sinks else 0)
     ops += [am.matvec("scores", hd, nq * pairs, kv_bytes, groups=nq // nkv),
             am.sfu("softmax_exp", logits) + am.vector("softmax_norm", 3 * logits),
