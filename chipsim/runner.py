@@ -143,15 +143,12 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
         tokens = min(config.hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
         spec = build_speculative(config.hw, workload, trace["token_ids"], tokens)
     _check_time_fits(config, workload, trace, policies, request, batch, spec)
+    steps = _several_token_steps(trace, batch, spec)
     for policy in every:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
-        if batch is not None:
-            _check_steps_policy(config, workload, trace, policy, f"workload.batch {batch.batch}",
-                                [(i * batch.batch, batch.batch) for i in range(batch.steps)])
-        if spec is not None:
-            _check_steps_policy(config, workload, trace, policy, "workload.speculative",
-                                [(s.first, s.tokens) for s in spec.steps])
+        if steps is not None:
+            _check_steps_policy(config, workload, policy, *steps)
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
@@ -250,11 +247,24 @@ def _check_rates(hw) -> None:
                              f"{timing.peak_gbps:.3g} GB/s peak, less than one byte per second")
 
 
-def _check_steps_policy(config: Config, workload: DecodeWorkload, trace: Trace, policy: Policy, what: str,
-                        spans: list[tuple[int, int]]) -> None:
+def _several_token_steps(trace: Trace, batch: BatchWorkload | None, spec: SpecWorkload | None
+                         ) -> tuple[str, list[tuple[int, int]], tuple[int, int, int]] | None:
+    """A run whose steps are several tokens: what makes them so, each step's (first token, tokens) and the widest
+    union of experts a step's MoE layer routes to (widest_union); None for one token a step."""
+    if batch is not None:
+        what, spans = f"workload.batch {batch.batch}", [(i * batch.batch, batch.batch) for i in range(batch.steps)]
+    elif spec is not None:
+        what, spans = "workload.speculative", [(s.first, s.tokens) for s in spec.steps]
+    else:
+        return None
+    return what, spans, widest_union(trace["routed_ids"], spans)
+
+
+def _check_steps_policy(config: Config, workload: DecodeWorkload, policy: Policy, what: str,
+                        spans: list[tuple[int, int]], widest: tuple[int, int, int]) -> None:
     """A policy runs steps of several tokens (`spans`: each step's first token and count) when it says how
     (Policy.batch_support) and its experts compute as stored (a GEMM over several tokens of another format, FloE's
-    compressed experts, is not costed); and every step's union of experts must fit its buffer at once."""
+    compressed experts, is not costed); and the `widest` step's union of experts must fit its buffer at once."""
     if not policy.batch_support:
         raise InputError(f"--policy {policy.label}: runs one token a step, not {what}: {policy.batch_refusal}")
     stored = workload.expert_format()
@@ -263,7 +273,7 @@ def _check_steps_policy(config: Config, workload: DecodeWorkload, trace: Trace, 
         raise InputError(f"--policy {policy.label}: its experts compute in another format than stored; a GEMM of "
                          f"that format over several tokens is not costed ({what})")
     slots = workload.buffer_bytes // fmt.slot_bytes
-    experts, step, layer = widest_union(trace["routed_ids"], spans)
+    experts, step, layer = widest
     if slots < experts:
         raise InputError(
             f"expert_buffer.capacity_mib: holds {slots} experts in policy {policy.label}'s format, fewer than the "

@@ -235,6 +235,10 @@ class Simulation:
         self._layer_hits = [0] * cells
         self._layer_demands = [0] * cells
         self._layer_stall = [0] * cells
+        # a batch's or verify steps' union of routed experts per (step, MoE layer), noted where it is formed (a
+        # one-token step routes top-k); None where every step is one token or a prefill chunk
+        several = self.batch is not None or self.speculative is not None
+        self._layer_union: list[int] | None = [self._routed_per_layer] * cells if several else None
         self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
 
@@ -638,7 +642,7 @@ class Simulation:
                     waiting.append(e)
             if ready:
                 last = len(ready) == len(remaining)
-                batch = expert.times(len(ready)) if tokens is None else self._prefill_experts_work(ready, tokens)
+                batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
                 extra = NO_WORK
                 use = t * self.num_moe_layers + layer
@@ -765,6 +769,8 @@ class Simulation:
         for t in range(first, last + 1):
             for e in routed[t][layer]:
                 counts[e] = counts.get(e, 0) + 1
+        if self._layer_union is not None:
+            self._layer_union[k * self.num_moe_layers + layer] = len(counts)
         plan = self._route(last, layer, k, list(counts))
         if plan.tokens is not None:  # the policy changed what runs: its own count of each expert's tokens
             counts = plan.tokens
@@ -827,14 +833,14 @@ class Simulation:
             timing = self._host_timings[tokens] = host_timing(self.hw, self.workload, tokens)
         return timing
 
-    def _prefill_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
-        """A batch of a prefill chunk's experts, each a GEMM over the chunk's tokens routed to it."""
+    def _gemm_experts_work(self, experts: list[int], tokens: dict[int, int]) -> Work:
+        """Experts of a step of several tokens (a prefill chunk, a batch, a verify step), each a GEMM over its tokens."""
         work = NO_WORK
         for e in experts:
-            work = work + self._prefill_expert_work(tokens.get(e, 1))
+            work = work + self._gemm_expert_work(tokens.get(e, 1))
         return work
 
-    def _prefill_expert_work(self, tokens: int) -> Work:
+    def _gemm_expert_work(self, tokens: int) -> Work:
         """One routed expert as a GEMM over `tokens` tokens, as arrays work (operands from SRAM where experts are
         staged there)."""
         work = self._expert_works.get(tokens)
@@ -860,7 +866,9 @@ class Simulation:
                 f"{self.buffer.zombies} stopping, {len(self._demands.pending)} demands waiting)"
             )
         self._tally.add_to(self.rec.ledger)  # transfers that landed after the last token: charged to it
-        union = self._step_unions()
+        union = None
+        if self._layer_union is not None:
+            union = np.array(self._layer_union, dtype=np.int64).reshape(self.num_steps, self.num_moe_layers)
         self._record_layers(union)
         self.rec.counts = RunCounts(prefetches_issued=self._prefetches_issued,
                                     prefetches_dropped=self._prefetches_dropped,
@@ -882,27 +890,6 @@ class Simulation:
         result.prefill_steps = len(self.request.chunks)
         result.prefill_chunk_tokens = tuple(c.tokens for c in self.request.chunks)
         return result
-
-    def _step_unions(self) -> np.ndarray | None:
-        """The union sizes of a run whose steps are several tokens of decode (a batch, verify steps); else None."""
-        if self.batch is not None:
-            size = self.batch.batch
-            return self._union_sizes([(i * size, size) for i in range(self.num_steps)])
-        if self.speculative is not None:
-            return self._union_sizes([(s.first, s.tokens) for s in self.speculative.steps])
-        return None
-
-    def _union_sizes(self, spans: list[tuple[int, int]]) -> np.ndarray:
-        """Experts each step's MoE layers routed to (steps x MoE layers): the union of the routed sets of its tokens,
-        `spans` of (first token, tokens) per step."""
-        routed = self.trace["routed_ids"]
-        union = np.zeros((len(spans), self.num_moe_layers), dtype=np.int64)
-        for i, (first, tokens) in enumerate(spans):
-            ids = np.asarray(routed[first:first + tokens], dtype=np.int64)  # (tokens, layers, k)
-            marks = np.zeros((self.num_moe_layers, self.num_experts), dtype=bool)
-            np.put_along_axis(marks, ids.transpose(1, 0, 2).reshape(self.num_moe_layers, -1), True, axis=1)
-            union[i] = marks.sum(axis=1)
-        return union
 
     def _record_layers(self, union: np.ndarray | None) -> None:
         """The per-(token, MoE layer) lists into rec.layers (overlap: every routed expert was in the buffer; in a step
