@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union, token_counts)
+                                   per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
 
@@ -151,16 +151,9 @@ class ApexStallFree(Apex):
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._note_routed(ctx, t, layer, routed)
-        tokens = None
-        if len(ctx.step_tokens) == 1:
-            execute, substituted, dropped = self._token_plan(ctx, t, layer, routed)
-        else:  # each token keeps and substitutes on its own; the step runs the union, each for its tokens
-            sets, substituted, dropped = {}, 0, 0
-            for token in ctx.step_tokens:
-                sets[token], subs, drops = self._token_plan(ctx, token, layer, ctx.trace_routed(token, layer))
-                substituted += subs
-                dropped += drops
-            execute, tokens = step_union(ctx, sets.__getitem__), token_counts(list(sets.values()))
+        # each token keeps and substitutes on its own; a step of several runs the union, each for its tokens
+        execute, tokens, (substituted, dropped) = per_token_plan(
+            ctx, t, layer, routed, lambda token, own: self._token_plan(ctx, token, layer, own))
         if not self.complete_unpicked:
             ctx.cancel_unneeded(layer, execute)  # keep the substitutes' prefetches, drop the rest
         return LayerPlan(execute=execute, substituted=substituted, dropped=dropped, tokens=tokens)

@@ -296,7 +296,7 @@ class LayerPlan:
     dropped:     routed experts not computed at all (a routing deviation)
     tokens:      in a step of several tokens, how many of them each executed or host expert runs for, where the
                  policy changed what runs (a substitute, a pre-gate's choice, a dropped expert); None: the number
-                 routed to it (`token_counts` makes one from each token's set)
+                 routed to it (`per_token_plan` makes one from each token's own set)
     """
 
     execute: list[int]
@@ -413,13 +413,24 @@ def measured_from(ctx: SimContext, warmup: int) -> int:
     return min(warmup * ctx.batch, ctx.num_tokens - ctx.batch)
 
 
-def token_counts(sets: Collection[Collection[int]]) -> dict[int, int]:
-    """Expert -> how many of the step's tokens run it, from each token's own set (LayerPlan.tokens)."""
-    counts: dict[int, int] = {}
-    for experts in sets:
+def per_token_plan(ctx: SimContext, t: int, layer: int, routed: list[int],
+                   decide: Callable[[int, list[int]], tuple]) -> tuple[list[int], dict[int, int] | None, tuple]:
+    """Each of the step's tokens decides its own experts: `decide(token, its routed set)` -> (experts, *counts). One
+    token: its experts, no LayerPlan.tokens, its counts. Several: the union of their experts in order of first
+    appearance, how many of the tokens run each (LayerPlan.tokens) and their counts summed."""
+    if len(ctx.step_tokens) == 1:
+        experts, *counts = decide(t, routed)
+        return experts, None, tuple(counts)
+    sets: dict[int, list[int]] = {}
+    tokens: dict[int, int] = {}
+    totals: list[int] = []
+    for token in ctx.step_tokens:
+        experts, *counts = decide(token, ctx.trace_routed(token, layer))
+        sets[token] = experts
         for e in experts:
-            counts[int(e)] = counts.get(int(e), 0) + 1
-    return counts
+            tokens[int(e)] = tokens.get(int(e), 0) + 1
+        totals = [a + b for a, b in zip(totals, counts)] if totals else list(counts)
+    return step_union(ctx, sets.__getitem__), tokens, tuple(totals)
 
 
 def step_union(ctx: SimContext, rows: Callable[[int], Collection[int]]) -> list[int]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union, token_counts)
+                                   per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -80,7 +80,6 @@ class ExpertCache(Policy):
         self._reserved = 0
         self._running = (-1, frozenset())
         self._issued_next: set[int] = set()
-        self._plan_tokens: dict[int, int] | None = None  # LayerPlan.tokens of the step's layer, where _select sets it
         # True: a prefetch may evict cached experts to make room; False: it takes free room only
         self.prefetch_evicts = True
 
@@ -153,9 +152,10 @@ class ExpertCache(Policy):
         return True
 
     # ---------------------------------------------------------------- hooks
-    def _select(self, ctx: SimContext, t, layer, routed) -> tuple[list[int], int]:
-        """Experts the layer executes and how many routed ones it drops (default: all routed, none)."""
-        return list(routed), 0
+    def _select(self, ctx: SimContext, t, layer, routed) -> tuple[list[int], int, dict[int, int] | None]:
+        """Experts the layer executes, how many routed ones it drops and, where that changes what runs in a step of
+        several tokens, how many tokens each runs for (LayerPlan.tokens; default: all routed, none, None)."""
+        return list(routed), 0, None
 
     def _note_use(self, ctx: SimContext, layer, execute) -> None:
         pass
@@ -195,7 +195,7 @@ class ExpertCache(Policy):
 
     def on_route(self, ctx: SimContext, t, layer, routed):
         self._pending.pop(layer, None)
-        execute, dropped = self._select(ctx, t, layer, routed)
+        execute, dropped, tokens = self._select(ctx, t, layer, routed)
         resident = 0
         for e in execute:
             if ctx.resident(layer, e):
@@ -216,7 +216,7 @@ class ExpertCache(Policy):
             self._issued_next = self._prefetch_next(ctx, t, layer)
         finally:
             self._reserved = 0
-        return LayerPlan(execute=execute, dropped=dropped, tokens=self._plan_tokens)
+        return LayerPlan(execute=execute, dropped=dropped, tokens=tokens)
 
     def on_layer_end(self, ctx: SimContext, t, layer) -> None:
         self._running = (-1, frozenset())  # experts stay cached across tokens
@@ -354,14 +354,10 @@ class AdapMoE(ExpertCache):
         return max(1, keep)
 
     def _select(self, ctx: SimContext, t, layer, routed):
-        if len(ctx.step_tokens) == 1:
-            return self._token_select(ctx, t, layer, routed)
-        sets, dropped = {}, 0  # each token gates its own experts; the step runs the union of what they keep
-        for token in ctx.step_tokens:
-            sets[token], own = self._token_select(ctx, token, layer, ctx.trace_routed(token, layer))
-            dropped += own
-        self._plan_tokens = token_counts(list(sets.values()))  # each kept expert for the tokens that keep it
-        return step_union(ctx, sets.__getitem__), dropped
+        # each token gates its own experts; a step of several runs the union of what they keep, each for its tokens
+        execute, tokens, (dropped,) = per_token_plan(ctx, t, layer, routed,
+                                                     lambda token, own: self._token_select(ctx, token, layer, own))
+        return execute, dropped, tokens
 
     def _token_select(self, ctx: SimContext, t, layer, routed):
         weights = np.asarray(ctx.trace_row("routed_weights", t, layer), dtype=np.float64)  # known at routing

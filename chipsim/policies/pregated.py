@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   step_union, token_counts)
+                                   per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -81,16 +81,9 @@ class PreGated(Policy):
         self._prefetch(ctx, t, layer)  # already staged at layer−1's routing when lookahead is on
 
     def on_route(self, ctx: SimContext, t, layer, routed):
-        tokens = None
-        if len(ctx.step_tokens) == 1:
-            execute, deviations = self._token_set(t, layer, routed)
-        else:  # each token its own set, the step their union, each expert run for the tokens whose set holds it
-            sets = {}
-            deviations = 0
-            for token in ctx.step_tokens:
-                sets[token], own = self._token_set(token, layer, ctx.trace_routed(token, layer))
-                deviations += own
-            execute, tokens = step_union(ctx, sets.__getitem__), token_counts(list(sets.values()))
+        # each token its own set; a step of several, their union, each expert run for the tokens whose set holds it
+        execute, tokens, (deviations,) = per_token_plan(ctx, t, layer, routed,
+                                                        lambda token, own: self._token_set(token, layer, own))
         ctx.cancel_unneeded(layer, execute)
         if self.params.lookahead and layer + 1 < self._L:
             # layer l's pre-gate runs beside its router on the same FFN input: layer l+1's set is known now
