@@ -269,3 +269,15 @@ def test_a_step_sees_no_routing_of_its_own_tokens_before_it_routes_them():
     assert simulate(spec, Peek("peek")).tokens == len(spec.speculative.steps)
     batch = prepare(THOR, ["workload.max_tokens=8", "workload.batch=3"], ["no-prefetch"])
     assert simulate(batch, Peek("peek")).tokens == 8
+
+
+def test_a_batch_step_s_head_launches_once_where_each_op_group_launches():
+    from chipsim.hw.compute_formula import ArrayModel
+    from chipsim.workload.batch import every_token_head
+
+    prep = prepare(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml"),
+                   ["workload.batch=2", "workload.max_tokens=16", "workload.warmup_tokens=0"], ["no-prefetch"])
+    am = ArrayModel(prep.config.hw)
+    assert am.launch_per_group
+    bare = every_token_head(am, prep.workload.model, 2)
+    assert prep.batch.head.duration_ps == bare.duration_ps + am.group_launch("head").duration_ps

@@ -21,13 +21,13 @@ t − B. B = 1 is not built here: the decode step of chipsim.workload.decode run
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, sequence_contexts
-from chipsim.workload.prefill import gqa_projections, prefill_group_builders
+from chipsim.workload.prefill import ExpertGemms, _norm, gqa_projections, launch_grouped, prefill_group_builders
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 
@@ -61,15 +61,7 @@ class BatchWorkload:
     context: int
     layers: tuple[BatchLayer, ...]
     head: OpCost
-    _expert_op: Callable[[int], OpCost]
-    _experts: dict[int, OpCost] = field(default_factory=dict)
-
-    def expert(self, routed_tokens: int) -> OpCost:
-        """One routed expert as a GEMM over the step's `routed_tokens` tokens routed to it."""
-        op = self._experts.get(routed_tokens)
-        if op is None:
-            op = self._experts[routed_tokens] = self._expert_op(routed_tokens)
-        return op
+    expert: ExpertGemms  # expert(n): one routed expert as a GEMM over the step's n tokens routed to it
 
     @property
     def window_starts(self) -> tuple[int, ...]:
@@ -142,10 +134,6 @@ def _mla_batch(am: ArrayModel, m: ModelShape, contexts: list[int]) -> list[OpCos
     return ops
 
 
-def _norm(am: ArrayModel, name: str, tokens: int, width: int) -> OpCost:
-    return am.sfu(f"{name}_rsqrt", tokens) + am.vector(f"{name}_scale", 2 * width * tokens)
-
-
 def _mixer_batch(am: ArrayModel, m: ModelShape, kind: str, contexts: list[int]) -> OpCost:
     """A layer's token mixer for the step's B tokens, with their input norms and residuals; a sliding layer's
     sequences each attend over at most its window; a Mamba2 layer steps each sequence's own state."""
@@ -171,20 +159,23 @@ def batch_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, cont
     b = len(contexts)
     groups = prefill_group_builders(am, m, hw, 0, b)
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}
-    d = m.hidden_size
 
     def mixer(kind):
         return (lambda: _mixer_batch(am, m, kind, contexts)) if kind in kinds else None
 
-    def head():
-        """Every sequence's embedding lookup and LM head (each samples its next token)."""
-        op = am.vector("embedding", b * d, read_bytes=b * d * BF16_BYTES) + _norm(am, "final_norm", b, d)
-        op = op + am.matmul("lm_head", b, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
-        if m.lm_head_bias:
-            op = op + am.vector("lm_head_bias", b * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
-        return op + am.vector("argmax", b * m.vocab_size)
+    return dict(groups, attention=mixer(FULL), attention_sliding=mixer(SLIDING), mamba=mixer(MAMBA),
+                head=lambda: every_token_head(am, m, b))
 
-    return dict(groups, attention=mixer(FULL), attention_sliding=mixer(SLIDING), mamba=mixer(MAMBA), head=head)
+
+def every_token_head(am: ArrayModel, m: ModelShape, tokens: int) -> OpCost:
+    """The embedding lookup and the LM head of each of `tokens` tokens: every sequence of a batch samples its next
+    token, every position of a verify step checks its prediction."""
+    d = m.hidden_size
+    op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES) + _norm(am, "final_norm", tokens, d)
+    op = op + am.matmul("lm_head", tokens, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+    if m.lm_head_bias:
+        op = op + am.vector("lm_head_bias", tokens * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
+    return op + am.vector("argmax", tokens * m.vocab_size)
 
 
 def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -> BatchWorkload:
@@ -192,26 +183,14 @@ def build_batch(hw: HardwareConfig, decode: DecodeWorkload, trace_tokens: int) -
     w, m = hw.workload, decode.model
     steps = tokens_per_sequence(hw, trace_tokens)
     am = ArrayModel(hw)
-    expert_am = ArrayModel(hw, operands_from="sram") if decode.experts_in_sram else am
-    launch = am.launch_per_group
-
-    def grouped(name: str, op: OpCost | None) -> OpCost | None:
-        return op + am.group_launch(name) if op is not None and launch else op
-
+    grouped = launch_grouped(am)
     builders = batch_group_builders(am, m, hw, sequence_contexts(hw, w.context_length))
     built = {name: grouped(name, fn()) for name, fn in builders.items() if fn is not None and name != "expert"}
-    layers = step_layers(m, built)
-    expert_builder = batch_group_builders(expert_am, m, hw, [w.context_length])["expert"]
+    experts = ExpertGemms(hw, decode, am)
     am.save_table()
-    head = grouped("head", built["head"])
+    head = built["head"]  # (its launch added with the other groups')
     assert head is not None
-
-    def expert_op(n: int) -> OpCost:
-        op = grouped("expert", expert_builder(n))
-        assert op is not None
-        return op
-
-    return BatchWorkload(w.batch, steps, w.context_length, tuple(layers), head, expert_op)
+    return BatchWorkload(w.batch, steps, w.context_length, step_layers(m, built), head, experts)
 
 
 def step_layers(m: ModelShape, built: dict) -> tuple[BatchLayer, ...]:

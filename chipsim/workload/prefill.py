@@ -14,10 +14,39 @@ are read from HBM once per chunk. Norm weights and biases are read as at decode.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import BF16_BYTES, _ffn, _mamba2
+from chipsim.workload.decode import BF16_BYTES, DecodeWorkload, _ffn, _mamba2
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
+
+
+def launch_grouped(am: ArrayModel) -> Callable[[str, OpCost | None], OpCost | None]:
+    """An op group's cost with its own launch where the arrays launch one per group (compute.launch_per: op_group)."""
+    def grouped(name: str, op: OpCost | None) -> OpCost | None:
+        return op + am.group_launch(name) if op is not None and am.launch_per_group else op
+    return grouped
+
+
+class ExpertGemms:
+    """A routed expert as a GEMM over the n tokens of a step routed to it (a prefill chunk, a batch step, a verify
+    step), made once per n on the arrays that read experts (from SRAM where they are staged there). Built during a
+    run: shapes new to the cycle-level table are not written back from inside it."""
+
+    def __init__(self, hw: HardwareConfig, decode: DecodeWorkload, am: ArrayModel):
+        expert_am = ArrayModel(hw, operands_from="sram") if decode.experts_in_sram else am
+        self._build = prefill_group_builders(expert_am, decode.model, hw, 0, 1)["expert"]
+        self._grouped = launch_grouped(am)
+        self._made: dict[int, OpCost] = {}
+
+    def __call__(self, tokens: int) -> OpCost:
+        op = self._made.get(tokens)
+        if op is None:
+            op = self._grouped("expert", self._build(tokens))
+            assert op is not None
+            self._made[tokens] = op
+        return op
 
 
 def attended_pairs(offset: int, tokens: int, window: int = 0) -> tuple[int, int, int]:

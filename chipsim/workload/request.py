@@ -22,7 +22,7 @@ from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.units import BYTES_PER_MIB
 from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mixer
-from chipsim.workload.prefill import prefill_group_builders
+from chipsim.workload.prefill import ExpertGemms, launch_grouped, prefill_group_builders
 
 
 def is_request(hw: HardwareConfig) -> bool:
@@ -73,21 +73,13 @@ class RequestWorkload:
     chunk_tokens: int
     chunks: tuple[PrefillChunk, ...]
     prefill_activation_bytes: int  # the largest chunk's activations in the operand memory
-    _expert_op: Callable[[int], OpCost]
+    expert: ExpertGemms  # expert(n): one routed expert as a GEMM over the chunk's n tokens routed to it
     _decode_mixer: Callable[[str, int], OpCost]
-    _experts: dict[int, OpCost] = field(default_factory=dict)
     _mixers: dict[tuple[str, int], OpCost] = field(default_factory=dict)
 
     @property
     def decode_steps(self) -> int:
         return self.output_tokens - 1
-
-    def expert(self, routed_tokens: int) -> OpCost:
-        """One routed expert as a GEMM over the chunk's `routed_tokens` tokens routed to it."""
-        op = self._experts.get(routed_tokens)
-        if op is None:
-            op = self._experts[routed_tokens] = self._expert_op(routed_tokens)
-        return op
 
     def decode_mixer(self, kind: str, context: int) -> OpCost:
         """A decode step's token mixer of `kind` (chipsim.workload.shape FULL, SLIDING, MAMBA) over `context`
@@ -121,12 +113,7 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
             f"{activations / BYTES_PER_MIB:.1f} MiB of activations, more than the "
             f"{decode.hbm_spare_bytes / BYTES_PER_MIB:.1f} MiB the operand memory has left; use smaller chunks")
     am = ArrayModel(hw)
-    expert_am = ArrayModel(hw, operands_from="sram") if decode.experts_in_sram else am
-    launch = am.launch_per_group
-
-    def grouped(name: str, op: OpCost | None) -> OpCost | None:
-        return op + am.group_launch(name) if op is not None and launch else op
-
+    grouped = launch_grouped(am)
     chunks = []
     for offset, tokens in spans:
         b = prefill_group_builders(am, m, hw, offset, tokens)
@@ -141,23 +128,17 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
                 layers.append(PrefillLayer(mixer, built["router"], built.get("shared"), built["combine"]))
         last = offset + tokens == w.prompt_tokens
         chunks.append(PrefillChunk(offset, tokens, tuple(layers), grouped("head", b["head"](last))))
-    expert_builder = prefill_group_builders(expert_am, m, hw, 0, 1)["expert"]
+    experts = ExpertGemms(hw, decode, am)
     am.save_table()
 
-    # built during the run, one per token count the chunks route to an expert (and one per decode context below);
-    # shapes new to the cycle-level table are not written back from inside a run
-    def expert_op(n: int) -> OpCost:
-        op = grouped("expert", expert_builder(n))
-        assert op is not None
-        return op
-
+    # built during the run, one per decode context (as the experts per token count): not written back from inside it
     def decode_mixer(kind: str, context: int) -> OpCost:
         op = grouped(MIXER_GROUP[kind], _mixer(am, m, kind, context))
         assert op is not None
         return op
 
     return RequestWorkload(w.prompt_tokens, w.output_tokens, w.prefill_chunk_tokens or w.prompt_tokens,
-                           tuple(chunks), activations, expert_op, decode_mixer)
+                           tuple(chunks), activations, experts, decode_mixer)
 
 
 def _chunk_activation_bytes(m, tokens: int) -> int:

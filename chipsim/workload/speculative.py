@@ -27,9 +27,9 @@ import numpy as np
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.batch import BatchLayer, step_layers
-from chipsim.workload.decode import BF16_BYTES, DecodeWorkload
-from chipsim.workload.prefill import _norm, prefill_group_builders
+from chipsim.workload.batch import BatchLayer, every_token_head, step_layers
+from chipsim.workload.decode import DecodeWorkload
+from chipsim.workload.prefill import ExpertGemms, launch_grouped, prefill_group_builders
 
 
 def is_speculative(hw: HardwareConfig) -> bool:
@@ -89,9 +89,8 @@ class SpecWorkload:
     steps: tuple[SpecStep, ...]
     draft_ps: int
     _build: Callable[[int], tuple[tuple[BatchLayer, ...], OpCost]]
-    _expert_op: Callable[[int], OpCost]
+    expert: ExpertGemms  # expert(n): one routed expert as a GEMM over the step's n tokens routed to it
     _verify: dict[int, tuple[tuple[BatchLayer, ...], OpCost]] = field(default_factory=dict)
-    _experts: dict[int, OpCost] = field(default_factory=dict)
 
     def verify(self, tokens: int) -> tuple[tuple[BatchLayer, ...], OpCost]:
         built = self._verify.get(tokens)
@@ -99,50 +98,22 @@ class SpecWorkload:
             built = self._verify[tokens] = self._build(tokens)
         return built
 
-    def expert(self, routed_tokens: int) -> OpCost:
-        """One routed expert as a GEMM over the step's `routed_tokens` tokens routed to it."""
-        op = self._experts.get(routed_tokens)
-        if op is None:
-            op = self._experts[routed_tokens] = self._expert_op(routed_tokens)
-        return op
-
 
 def build_speculative(hw: HardwareConfig, decode: DecodeWorkload, token_ids: np.ndarray, tokens: int
                       ) -> SpecWorkload:
     """The planned steps of decoding `tokens` tokens, and the costs of their verify steps."""
     m = decode.model
     am = ArrayModel(hw)
-    expert_am = ArrayModel(hw, operands_from="sram") if decode.experts_in_sram else am
-    launch = am.launch_per_group
+    grouped = launch_grouped(am)
     offset = decode.context_length - 1  # the input token attends over the context (its own included), as decoding
-
-    def grouped(name: str, op: OpCost | None) -> OpCost | None:
-        return op + am.group_launch(name) if op is not None and launch else op
 
     def build(n: int) -> tuple[tuple[BatchLayer, ...], OpCost]:
         b = prefill_group_builders(am, m, hw, offset, n)
         built = {name: grouped(name, fn()) for name, fn in b.items() if fn is not None and name not in ("expert", "head")}
-        head = grouped("head", _verify_head(am, m, n))
+        head = grouped("head", every_token_head(am, m, n))
         assert head is not None
         return step_layers(m, built), head
 
-    expert_builder = prefill_group_builders(expert_am, m, hw, 0, 1)["expert"]
-
-    def expert_op(n: int) -> OpCost:
-        op = grouped("expert", expert_builder(n))
-        assert op is not None
-        return op
-
     steps = tuple(plan_steps(hw, token_ids, tokens))
     draft_ps = round(hw.workload.speculative.draft_ms_per_step * 1e9)
-    return SpecWorkload(steps, draft_ps, build, expert_op)
-
-
-def _verify_head(am: ArrayModel, m, n: int) -> OpCost:
-    """Every verified token's embedding lookup and LM head (each position's prediction is checked)."""
-    d = m.hidden_size
-    op = am.vector("embedding", n * d, read_bytes=n * d * BF16_BYTES) + _norm(am, "final_norm", n, d)
-    op = op + am.matmul("lm_head", n, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
-    if m.lm_head_bias:
-        op = op + am.vector("lm_head_bias", n * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
-    return op + am.vector("argmax", n * m.vocab_size)
+    return SpecWorkload(steps, draft_ps, build, ExpertGemms(hw, decode, am))
