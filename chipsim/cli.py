@@ -23,7 +23,13 @@ def _cmd_run(args) -> int:
     _check_jobs(args.jobs)
     _check_outputs(args.out, args.timeline)
     overrides = list(args.set or ()) + ([f"run.engine={args.engine}"] if args.engine else [])
+    from chipsim.serve.metrics import parse_slo
+
+    slo = parse_slo(args.slo)
     prep = prepare(args.config, overrides, args.policy or (), args.trace)
+    if slo and prep.served is None:
+        raise InputError(f"--slo {args.slo}: needs a served run (workload.requests > 0)")
+    prep.slo = slo
     notes = list(prep.notes)
     if args.timeline is not None:
         from chipsim.analysis import timeline
@@ -505,7 +511,10 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     run.add_argument("--trace", metavar="PATH", help="replay this trace instead of workload.trace")
     run.add_argument("--json", action="store_true", help="print a JSON list, one object per policy")
-    run.add_argument("--out", metavar="DIR", help="write results.csv and results.json into DIR")
+    run.add_argument("--out", metavar="DIR", help="write results.csv and results.json into DIR (a served run: also "
+                                                 "requests-POLICY.csv, one line per request)")
+    run.add_argument("--slo", metavar="ttft_ms=MS,tpot_ms=MS",
+                     help="a served run's SLO: the share of requests meeting it is reported (either or both)")
     run.add_argument("--jobs", type=int, default=0, help="processes for independent policies (default: cores)")
     run.add_argument("--timeline", metavar="FILE",
                      help="write a Chrome/Perfetto trace-event JSON of the runs (open in ui.perfetto.dev)")

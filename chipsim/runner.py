@@ -42,6 +42,9 @@ from chipsim.workload.speculative import SpecWorkload, build_speculative, is_spe
 from chipsim.workload.op_keys import check_op_keys
 from chipsim.workload.host import host_timing
 from chipsim.workload.request import RequestWorkload, build_request, final_context, is_request, trace_tokens_needed
+from chipsim.serve import prepare as serve_prep
+from chipsim.serve.server import ServePlan
+from chipsim.workload.served import ServedCosts
 
 
 @dataclass
@@ -55,6 +58,9 @@ class Prepared:
     prefill_for: dict[str, Policy] = field(default_factory=dict)  # a request's prefill policy per decode label
     batch: BatchWorkload | None = None  # several sequences decoded together (workload.batch > 1)
     speculative: SpecWorkload | None = None  # drafts verified with each step's token (workload.speculative)
+    served: ServePlan | None = None  # many requests served (workload.requests > 0)
+    served_costs: ServedCosts | None = None  # their steps' costs
+    slo: dict = field(default_factory=dict)  # --slo: ttft_ms, tpot_ms
 
 
 # what code_sha256 leaves out: bytecode, built extensions and the record of their build (the same sources give
@@ -123,7 +129,9 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     specs = list(policy_specs) or list(config.hw.run.policies)
     policies, prefill_for = _policies(config, specs)  # a bad spec is refused before any work
     _check_rates(config.hw)
-    workload = build_workload(config.hw, final_context(config.hw))
+    served = serve_prep.is_served(config.hw)
+    sizes, longest = serve_prep.longest_request(config.hw) if served else (None, 0)
+    workload = build_workload(config.hw, longest if served else final_context(config.hw))
     request = build_request(config.hw, workload) if is_request(config.hw) else None
     # the arrays this run reads are checked now (from the trace cache: read and their sha256 checked), the
     # predictor outputs the trace carries when it was first unpacked
@@ -142,19 +150,23 @@ def prepare(config_path: str, overrides=(), policy_specs=(), trace_path: str | N
     if is_speculative(config.hw):
         tokens = min(config.hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
         spec = build_speculative(config.hw, workload, trace["token_ids"], tokens)
-    _check_time_fits(config, workload, trace, policies, request, batch, spec)
+    plan = serve_prep.serve_plan(config.hw, workload, trace, sizes) if sizes is not None else None
+    _check_time_fits(config, workload, trace, policies, request, batch, spec, plan)
     steps = _several_token_steps(trace, batch, spec)
     for policy in every:
         trace_format.check_arrays(trace, policy.trace_arrays, f"policy {policy.label}")
         _check_policy(config, workload, trace, policy)
         if steps is not None:
             _check_steps_policy(config, workload, policy, *steps)
+        if plan is not None:
+            _check_served_policy(config, workload, policy)
     labels = [p.label for p in policies]
     if len(set(labels)) != len(labels):
         duplicate = next(label for label in labels if labels.count(label) > 1)
         raise InputError(f"--policy {duplicate}: given twice")
+    costs = serve_prep.served_costs(config.hw, workload) if plan is not None else None
     return Prepared(config, workload, trace, policies, _notes(config, trace, policies), request, prefill_for, batch,
-                    spec)
+                    spec, plan, costs)
 
 
 def _policies(config: Config, specs: list[str]) -> tuple[list[Policy], dict[str, Policy]]:
@@ -164,6 +176,9 @@ def _policies(config: Config, specs: list[str]) -> tuple[list[Policy], dict[str,
         return [decode for _, decode in pairs], {decode.label: prefill for prefill, decode in pairs}
     policies = []
     for spec in specs:
+        if split_request_spec(spec) and config.hw.workload.requests:
+            raise InputError(f"--policy {spec}: in a served run (workload.requests) one policy runs every step, "
+                             "prompt chunks and decode tokens of several requests together; name one decode policy")
         if split_request_spec(spec):
             raise InputError(f"--policy {spec}: PREFILL+DECODE needs a request (workload.prompt_tokens > 0)")
         policy = make_policy(spec, config.policies)
@@ -210,7 +225,13 @@ def _notes(config: Config, trace: Trace, policies: list[Policy]) -> list[str]:
         tokens = trace.num_tokens // wl.batch
     notes = []
     request = is_request(config.hw)
-    if request:
+    if wl.requests:
+        s = wl.scheduler
+        notes.append(f"{wl.requests} requests served ({s.kind} scheduler, up to {s.max_sequences} sequences and "
+                     f"{s.max_step_tokens} tokens a step), one policy for every step: workload.context_length, "
+                     "max_tokens and warmup_tokens are not read")
+        request = True
+    elif request:
         notes.append(f"a request of {wl.prompt_tokens} prompt and {wl.output_tokens} output tokens (trace tokens "
                      f"0..{trace_tokens_needed(config.hw) - 1}): workload.context_length, max_tokens and "
                      "warmup_tokens are not read")
@@ -281,6 +302,26 @@ def _check_steps_policy(config: Config, workload: DecodeWorkload, policy: Policy
             "use fewer tokens a step or a larger buffer")
 
 
+def _check_served_policy(config: Config, workload: DecodeWorkload, policy: Policy) -> None:
+    """A served run's policy runs steps of several tokens (Policy.batch_support), its experts as stored, and its
+    buffer holds the most experts a step's MoE layer can route to (max_step_tokens x top-k, at most all)."""
+    what = "workload.requests (steps of several requests)"
+    if not policy.batch_support:
+        raise InputError(f"--policy {policy.label}: runs one token a step, not {what}: {policy.batch_refusal}")
+    stored = workload.expert_format()
+    fmt = policy.expert_format(workload, config.hw)
+    if (fmt.compute_ps, fmt.macs, fmt.hbm_bytes) != (stored.compute_ps, stored.macs, stored.hbm_bytes):
+        raise InputError(f"--policy {policy.label}: its experts compute in another format than stored; a GEMM of "
+                         f"that format over several tokens is not costed ({what})")
+    slots = workload.buffer_bytes // fmt.slot_bytes
+    widest = serve_prep.widest_step_union(config.hw, workload)
+    if slots < widest:
+        raise InputError(
+            f"expert_buffer.capacity_mib: holds {slots} experts in policy {policy.label}'s format; a step of up to "
+            f"{config.hw.workload.scheduler.max_step_tokens} tokens (workload.scheduler.max_step_tokens) can route to "
+            f"{widest} in one MoE layer; use fewer tokens a step or a larger buffer")
+
+
 def widest_union(routed: np.ndarray, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
     """(experts, step, MoE layer) of the widest union of routed experts over steps of `spans` (first token,
     tokens) of consecutive tokens."""
@@ -298,7 +339,7 @@ def widest_union(routed: np.ndarray, spans: list[tuple[int, int]]) -> tuple[int,
 
 def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, policies: list[Policy],
                      request: RequestWorkload | None = None, batch: BatchWorkload | None = None,
-                     spec: SpecWorkload | None = None) -> None:
+                     spec: SpecWorkload | None = None, plan: ServePlan | None = None) -> None:
     """An upper bound on the run's simulated time (every operation, expert fetch and host-CPU expert one
     after another) must fit the simulator's integer picoseconds, whatever the keys say."""
     hw = config.hw
@@ -326,6 +367,12 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
             chunk_ops = chunk.head.duration_ps + sum(op.duration_ps for layer in chunk.layers for op in (
                 layer.mixer, layer.router, layer.dense, layer.combine) if op is not None)
             total += chunk_ops + m.num_moe_layers * m.num_experts * (fetch + request.expert(chunk.tokens).duration_ps)
+    if plan is not None:  # every token of every request as a decode token is, after its request's arrival
+        sizes = plan.sizes
+        tokens = int((sizes.prompt + sizes.output - 1).sum())
+        last = int(sizes.arrival_ps[-1]) if sizes.arrival_ps is not None else 0
+        think = hw.workload.arrivals.think_ms * 1e9 * 50 * sizes.count  # a closed loop's think times, far in the tail
+        total = per_token * tokens + last + int(think)
     if total >= MAX_SIM_PS:
         raise InputError(f"config: a decode step could take up to {per_token / PS_PER_S:.3g} s of simulated time, "
                          f"so {tokens} tokens could pass the {MAX_SIM_PS / PS_PER_S / 86400:.0f} days of integer "
@@ -369,12 +416,20 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
                      record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
                      observers=list(observers) + ([bar] if bar is not None else []),
                      request=prep.request, prefill_policy=prep.prefill_for.get(policy.label), batch=prep.batch,
-                     speculative=prep.speculative)
+                     speculative=prep.speculative, served=_new_server(prep))
     try:
         return sim.run()
     finally:
         if bar is not None:
             bar.close()
+
+
+def _new_server(prep: Prepared):
+    """A fresh server of the prepared requests for one policy's run (None: not a served run)."""
+    if prep.served is None:
+        return None
+    return serve_prep.new_server(prep.config.hw, prep.served, prep.served_costs, prep.trace,
+                                 prep.workload.model.num_moe_layers)
 
 
 class _TokenBar(Observer):
@@ -405,8 +460,17 @@ def summarize_result(prep: Prepared, result: SimResult, policy: Policy) -> dict:
     warmup = max(prep.config.hw.workload.warmup_tokens, policy.warmup_tokens())
     hw = prep.config.hw
     link = package_link(hw)
-    return summarize(result, table, prep.workload.model.top_k, warmup,
-                     link_gbps=components(hw)[link].gbps if link else None, link=link)
+    row = summarize(result, table, prep.workload.model.top_k, warmup,
+                    link_gbps=components(hw)[link].gbps if link else None, link=link)
+    if result.served is not None:
+        from chipsim.serve.metrics import SERVED_COLUMNS, per_request, served_summary
+
+        served = served_summary(result, table, prep.slo)
+        row.update({key: served[key] for key in SERVED_COLUMNS})
+        row["served"] = dict(served, per_request={k: v.tolist() for k, v in per_request(result.served).items()},
+                             arrival_ms=(result.served.arrival_ps / 1e9).tolist(),
+                             window=result.served.window.tolist())
+    return row
 
 
 _WORKER_PREP: Prepared | None = None

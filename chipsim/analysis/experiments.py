@@ -39,6 +39,7 @@ import pandas as pd
 import yaml
 
 from chipsim.analysis.report import CSV_COLUMNS
+from chipsim.serve.metrics import SERVED_COLUMNS
 from chipsim.sim.metrics import BATCH_COLUMNS, REQUEST_COLUMNS, SPECULATIVE_COLUMNS, fill_batch_columns
 from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
@@ -319,7 +320,8 @@ def _check_table(path: str, columns) -> list[dict]:
     out = []
     for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
                            "{metric, label[, factor, format]}"):
-        if col["metric"] not in CSV_COLUMNS and col["metric"] not in REQUEST_COLUMNS + BATCH_COLUMNS + SPECULATIVE_COLUMNS:
+        if col["metric"] not in CSV_COLUMNS and col["metric"] not in (REQUEST_COLUMNS + BATCH_COLUMNS + SPECULATIVE_COLUMNS
+                                                                      + SERVED_COLUMNS):
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:

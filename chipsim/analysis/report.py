@@ -133,7 +133,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
-        + (f"speculative ({_speculative_text(prep)}), context {wl.context_length}, " if prep.speculative is not None
+        + (_served_text(prep) if prep.served is not None else
+           f"speculative ({_speculative_text(prep)}), context {wl.context_length}, " if prep.speculative is not None
            else f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}"
                 f"{' (staggered)' if hw.workload.batch_contexts == 'staggered' else ''}, "
            if prep.batch is not None else f"context {wl.context_length}, " if prep.request is None else
@@ -149,6 +150,20 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"memory: {'; '.join(_memory_text(hw, name) for name in memories(hw))}",
         f"compute: {wl.compute_timing}",
     ]
+
+
+def _served_text(prep) -> str:
+    """A served run's requests, arrivals and scheduler, as the header's model line shows them."""
+    w, plan = prep.config.hw.workload, prep.served
+    a, sizes = w.arrivals, plan.sizes
+    when = (f"Poisson {a.poisson_rps:g}/s" if a.poisson_rps else
+            f"{a.closed_users} users thinking {a.think_ms:g} ms" if a.closed_users else f"from {a.file}")
+    size = (f"{w.prompt_tokens} prompt + {w.output_tokens} output tokens" if not a.file else
+            f"{int(sizes.prompt.mean())} prompt + {int(sizes.output.mean())} output tokens on average")
+    chunk = f", prompt chunks of {plan.chunk_tokens}" if plan.chunk_tokens else ""
+    return (f"{sizes.count} requests of {size} arriving {when}, {plan.scheduler} scheduler ({plan.max_sequences} "
+            f"sequences, {plan.max_step_tokens} tokens a step{chunk}; KV cache {plan.kv_capacity_bytes / 2**20:.0f} "
+            f"MiB; {plan.windows} trace windows of {plan.window_tokens}), ")
 
 
 def _speculative_text(prep) -> str:
@@ -174,6 +189,10 @@ def _memory_text(hw, name: str) -> str:
 
 def table_preface(prep, rows: list[dict]) -> list[str]:
     """What comes before the results table: a request's own table, and what a row is when it is not one token."""
+    if prep.served is not None:
+        steps = rows[0]["served"]["steps"] if rows else 0
+        return [format_served_table(rows), "", f"per step (means over the steps each policy's run took; "
+                f"the first policy's: {steps}):"]
     if prep.request is not None:
         return [format_request_table(rows), "", f"per decode step (means over its {prep.request.decode_steps} steps):"]
     if prep.speculative is not None:
@@ -234,6 +253,36 @@ REQUEST_TABLE = [
     ("prefill MB", "prefill_link_mb", "{:.1f}"),
     ("prefill stall ms", "prefill_stall_ms", "{:.3f}"),
 ]
+
+
+# (column header, key in row["served"], format) of a served run's table (chipsim.serve.metrics.served_summary)
+SERVED_TABLE = [
+    ("policy", None, "{}"),
+    ("TTFT p50", "ttft_ms_p50", "{:.2f}"),
+    ("p99", "ttft_ms_p99", "{:.2f}"),
+    ("TPOT p50", "tpot_ms_p50", "{:.3f}"),
+    ("p99", "tpot_ms_p99", "{:.3f}"),
+    ("queue p99", "queue_ms_p99", "{:.2f}"),
+    ("e2e ms", "e2e_ms_mean", "{:.1f}"),
+    ("req/s", "requests_per_s", "{:.2f}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("mJ/req", "energy_mj_per_request", "{:.1f}"),
+    ("mJ/tok", "energy_mj_per_output_token", "{:.2f}"),
+    ("in system", "mean_in_system", "{:.2f}"),
+]
+
+
+def format_served_table(rows: list[dict]) -> str:
+    """A served run per policy (ms): TTFT and TPOT p50 and p99 over the requests, queueing p99, mean end to end,
+    throughput, energy per request and per output token, the mean number of requests in the system, and SLO
+    attainment where --slo gave one."""
+    columns = list(SERVED_TABLE)
+    if rows and rows[0]["served"].get("slo"):
+        columns.append(("SLO met", "slo_attainment", "{:.3f}"))
+    cells = [[head for head, _, _ in columns]]
+    for row in rows:
+        cells.append([fmt.format(row["policy"] if key is None else row["served"][key]) for _, key, fmt in columns])
+    return _aligned(cells)
 
 
 def format_request_table(rows: list[dict]) -> str:
@@ -344,3 +393,24 @@ def write_outputs(out_dir: str, rows: list[dict], run_info: dict) -> None:
     """Write results.csv and results.json, each whole or not at all."""
     write_atomic(os.path.join(out_dir, "results.csv"), to_csv(rows), what="--out")
     write_atomic(os.path.join(out_dir, "results.json"), to_json({"run": run_info, "results": rows}), what="--out")
+    for row in rows:  # a served run: one line per request and policy
+        if "served" in row:
+            write_atomic(os.path.join(out_dir, f"requests-{_file_label(row['policy'])}.csv"), requests_csv(row),
+                         what="--out")
+
+
+def _file_label(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def requests_csv(row: dict) -> str:
+    """A served run's requests, one line each (chipsim.serve.metrics.REQUEST_CSV_COLUMNS) from a result row."""
+    served = row["served"]
+    times = served["per_request"]
+    lines = ["request,arrival_ms,window,queue_ms,ttft_ms,tpot_ms,e2e_ms"]
+    for r, arrival in enumerate(served["arrival_ms"]):
+        cells = [str(r), repr(arrival), str(served["window"][r])]
+        cells += ["" if v is None or v != v else repr(v) for v in (times[k][r] for k in ("queue_ms", "ttft_ms",
+                                                                                        "tpot_ms", "e2e_ms"))]
+        lines.append(",".join(cells))
+    return "\n".join(lines) + "\n"

@@ -430,6 +430,40 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ArrivalsConfig:
+    """When a served run's requests arrive (workload.requests > 0): exactly one of a Poisson rate, a closed loop of
+    users, or a file."""
+
+    poisson_rps: float = _optional("requests arrive as a Poisson process of this rate, requests per second (each "
+                                   "workload.prompt_tokens + workload.output_tokens)", 0.0, minimum=0.0, maximum=1e6)
+    closed_users: int = _optional("a closed loop: this many users, each sending its next request think_ms after its "
+                                  "last one finished (the first ones at time 0)", 0, minimum=0, maximum=1 << 16)
+    think_ms: float = _optional("closed loop: each user's mean think time between a response and its next request "
+                                "(exponentially distributed; 0: at once)", 0.0, minimum=0.0, maximum=1e9)
+    file: str = _optional("a CSV of requests, one per line: arrival_ms,prompt_tokens,output_tokens (a header line "
+                          "of those names; arrival times sorted, not negative), relative to the config file", "")
+    seed: int = _optional("the seed of the Poisson and think-time draws", 0, minimum=0, maximum=(1 << 32) - 1)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What a served run puts in each step (chipsim.serve.scheduler)."""
+
+    kind: str = _optional("static: FCFS batches of up to max_sequences, admitted only when the last batch has "
+                          "finished; continuous: requests join and leave at every step, a step either prefills "
+                          "or decodes (Orca, vLLM); chunked: every step decodes every running sequence and fills "
+                          "the rest of max_step_tokens with prompt chunks (Sarathi-Serve)", "continuous",
+                          choices=("static", "continuous", "chunked"))
+    max_sequences: int = _optional("sequences admitted at once (each holds a KV cache and a window of the trace)",
+                                   8, minimum=1, maximum=4096)
+    max_step_tokens: int = _optional("tokens one step runs at most (prompt tokens and decode tokens together)",
+                                     2048, minimum=1, maximum=1 << 20)
+    kv_capacity_mib: float = _optional("KV-cache memory requests are admitted against (0: all of the operand memory "
+                                       "left beside the weights, the expert buffer and the activations)", 0.0,
+                                       minimum=0.0, maximum=1 << 30)
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     trace: str = _f("routing trace file (.npz), relative to the config file that names it (with --set: to the "
                     "current folder)")
@@ -456,6 +490,13 @@ class WorkloadConfig:
                                     "workload.context_length) or staggered (sequence b of B at context_length x (b + 1) "
                                     "/ B, rounded up: sequences that began at evenly spaced times)", "same",
                                     choices=("same", "staggered"))
+    # many requests served (issue #43 item 2)
+    requests: int = _optional("requests served, arriving by workload.arrivals and scheduled by workload.scheduler "
+                              "(0: one request, or decode only)", 0, minimum=0, maximum=1 << 24)
+    arrivals: ArrivalsConfig = field(default_factory=ArrivalsConfig, metadata=spec(
+        "when a served run's requests arrive (workload.requests > 0)"))
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata=spec(
+        "what a served run puts in each step (workload.requests > 0)"))
 
 
 @dataclass(frozen=True)
@@ -553,6 +594,9 @@ def _path_keys(data: dict) -> list[tuple[dict, str]]:
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
         out.append((workload, "trace"))
+    arrivals = workload.get("arrivals") if isinstance(workload, dict) else None
+    if isinstance(arrivals, dict) and isinstance(arrivals.get("file"), str) and arrivals["file"]:
+        out.append((arrivals, "file"))
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("config"), str) and model["config"]:
         out.append((model, "config"))
@@ -850,11 +894,43 @@ def _check_request(w: WorkloadConfig) -> None:
                          f"(workload.prompt_tokens {w.prompt_tokens})")
 
 
+def _check_served(w: WorkloadConfig) -> None:
+    """A served run (workload.requests > 0) names one way requests arrive, sizes them, and runs one request per
+    sequence; its keys are not read otherwise."""
+    a, s = w.arrivals, w.scheduler
+    if not w.requests:
+        if a != ArrivalsConfig() or s != SchedulerConfig():
+            key = "arrivals" if a != ArrivalsConfig() else "scheduler"
+            raise InputError(f"workload.{key}: read only by a served run (workload.requests > 0)")
+        return
+    kinds = [name for name, on in (("poisson_rps", a.poisson_rps > 0), ("closed_users", a.closed_users > 0),
+                                   ("file", bool(a.file))) if on]
+    if len(kinds) != 1:
+        raise InputError(f"workload.arrivals: {w.requests} requests need exactly one of poisson_rps, closed_users or "
+                         f"file (given: {', '.join(kinds) or 'none'})")
+    if a.think_ms and not a.closed_users:
+        raise InputError("workload.arrivals.think_ms: read only by a closed loop (workload.arrivals.closed_users)")
+    if not a.file and not w.prompt_tokens:
+        raise InputError("workload.prompt_tokens: the requests' size (with workload.output_tokens); 0 is no request")
+    if a.file and (w.prompt_tokens or w.output_tokens):
+        raise InputError("workload.prompt_tokens: the requests' sizes come from workload.arrivals.file; leave "
+                         "workload.prompt_tokens and workload.output_tokens out")
+    if w.batch > 1 or w.speculative.draft_tokens:
+        key = "batch" if w.batch > 1 else "speculative.draft_tokens"
+        raise InputError(f"workload.{key}: a served run's scheduler decides each step's sequences "
+                         "(workload.scheduler); speculation within served requests is not simulated yet")
+    if s.kind == "chunked" and s.max_step_tokens < s.max_sequences:
+        raise InputError(f"workload.scheduler.max_step_tokens: {s.max_step_tokens} tokens a step cannot hold the "
+                         f"decode tokens of {s.max_sequences} sequences (workload.scheduler.max_sequences), as a "
+                         "chunked step must")
+
+
 def _check_consistency(config: Config) -> None:
     """Cross-key checks that no single key can make."""
     hw = config.hw
     if hw.workload.warmup_tokens and hw.workload.max_tokens and hw.workload.warmup_tokens >= hw.workload.max_tokens:
         raise InputError("workload.warmup_tokens: must be smaller than workload.max_tokens")
+    _check_served(hw.workload)
     _check_request(hw.workload)
     for key, d in memory_tiers(hw).values():
         if d.trfc_ns >= d.trefi_ns:

@@ -84,7 +84,7 @@ class Apex(Policy):
         self._delta_hat = delta
         self._budget = (delta + ctx.top_k).tolist()
         self._apex_rank = ctx.trace_array("apex_rank")[:T]
-        self._rank = TokenRows(self._apex_rank)
+        self._rank = TokenRows(self._apex_rank, keep=ctx.row_keep)
         self._layers = ctx.num_moe_layers
         self._routed_seen = [None] * (T * self._layers)
         self._first = ctx.first_token
@@ -125,7 +125,13 @@ class Apex(Policy):
         dh = self._delta_hat[sl]
         first = self._first  # the tokens this policy ran (a request's decode steps)
         ranks = self._apex_rank[first:]
-        routed = np.array(self._routed_seen[first * self._layers:], dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
+        seen = self._routed_seen[first * self._layers:]
+        if any(r is None for r in seen):  # a served run: the trace tokens its requests read
+            L = self._layers
+            read = np.array([seen[i * L] is not None for i in range(len(seen) // L)])
+            dh, ranks = self._delta_hat[first:][read], ranks[read]
+            seen = [r for r in seen if r is not None]
+        routed = np.array(seen, dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
         ds = pa.delta_star(ranks, routed)[self._warmup - first:]
         out = {
             "tau": self.params.tau,

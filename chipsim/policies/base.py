@@ -61,7 +61,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Collection, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -144,14 +144,25 @@ class SimContext(Protocol):
         policy (the prompt's tokens ran under the prefill policy)."""
 
     @property
-    def step_tokens(self) -> range:
+    def step_tokens(self) -> Sequence[int]:
         """The tokens of the running step: the decode token, or a prefill chunk's prompt tokens (the routing of each
-        is known layer by layer, as routing reaches it)."""
+        is known layer by layer, as routing reaches it); in a served run (workload.requests) the step's parts'
+        tokens, several requests' windows of the trace, each part's in order (a range where the step is one part)."""
 
     @property
     def batch(self) -> int:
         """Sequences decoded together (workload.batch): a step's tokens are one of each, and a token's predecessor in
         its own sequence is `batch` tokens before it (chipsim.workload.batch)."""
+
+    @property
+    def row_keep(self) -> int:
+        """Tokens a chipsim.trace.format.TokenRows of this run should keep converted (`keep=`): every token of its
+        widest step, which a policy reading per token meets once per MoE layer."""
+
+    @property
+    def served(self) -> bool:
+        """A served run (workload.requests): a step's tokens are its requests' windows of the trace, not in time
+        order; a token's predecessor is the one before it in its window, unless it is its request's first."""
 
     @property
     def in_place(self) -> bool:
@@ -407,9 +418,11 @@ class Policy:
 def measured_from(ctx: SimContext, warmup: int) -> int:
     """The first token a policy's own results average from: after `warmup` steps of a decode-only run (all but one
     at most; a step is `ctx.batch` tokens), or a request's first decode step (its prefill warmed the buffer;
-    workload.warmup_tokens is not read)."""
+    workload.warmup_tokens is not read); in a served run, the first."""
     if ctx.first_token:
         return ctx.first_token
+    if ctx.served:  # tokens are windows of the trace, not time: every step counts
+        return 0
     return min(warmup * ctx.batch, ctx.num_tokens - ctx.batch)
 
 

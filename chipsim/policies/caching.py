@@ -313,7 +313,7 @@ class AdapMoE(ExpertCache):
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k = k
         self._L = L
-        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k])
+        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k], keep=ctx.row_keep)
         self.quota = self.layer_quotas(ctx.trace_array("train_expert_counts"), k, max(0, self.capacity - 2 * k))
         self._dropped = np.zeros((T, L), dtype=np.int64)
         self._pred_correct = np.zeros((T, L), dtype=np.int64)  # |predicted ∩ routed|

@@ -63,7 +63,7 @@ class PreGated(Policy):
             # a usable prediction names k distinct experts; anything else (NO_EXPERT at MoE layer 0) has none
             return [None if NO_EXPERT in ids or len(set(ids)) != k else ids for ids in rows]
 
-        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k], convert=usable)
+        self._pred = TokenRows(ctx.trace_array("pregate_rank")[:T, :, :k], convert=usable, keep=ctx.row_keep)
         self._deviations = np.zeros((T, L), dtype=np.int64)
         self._no_pregate = np.zeros((T, L), dtype=bool)
         self._k = k

@@ -71,7 +71,7 @@ class ProMoE(ExpertCache):
         super().on_run_start(ctx)
         T, L, k = ctx.num_tokens, ctx.num_moe_layers, ctx.top_k
         self._k, self._L = k, L
-        self._pred = TokenRows(ctx.trace_array("promoe_rank")[:T, :, :k])
+        self._pred = TokenRows(ctx.trace_array("promoe_rank")[:T, :, :k], keep=ctx.row_keep)
         self._pred_correct = np.zeros((T, L), dtype=np.int64)
         self._has_pred = np.zeros((T, L), dtype=bool)
         self._from_cache = np.zeros((T, L), dtype=np.int64)  # landed, and no prefetch of this token brought it

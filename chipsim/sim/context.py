@@ -130,11 +130,23 @@ class PolicyContext:
         return self._first_token
 
     @property
-    def step_tokens(self) -> range:
+    def step_tokens(self) -> Any:
         sim = self._sim
+        if sim._known is not None:  # a served step: its parts' tokens, each part's in order
+            steps: Any = sim._step_tokens
+            return steps
         first = sim._step_first
         last = sim._current_token
         return range(last if first > last else first, last + 1)
+
+    @property
+    def row_keep(self) -> int:
+        keep: int = self._sim.row_keep()
+        return keep
+
+    @property
+    def served(self) -> bool:
+        return self._sim._known is not None
 
     @property
     def in_place(self) -> bool:
@@ -340,7 +352,7 @@ class PolicyContext:
         array = self._trace[key]
         if array.ndim < 2 or array.shape[1] != self._layers or array.shape[0] < self._tokens:
             raise self._refuse(f"trace_row({key!r}, ...)", f"'{key}' is not a (token, MoE layer, ...) array")
-        rows = self._routed if key == "routed_ids" else TokenRows(array[:self._tokens])
+        rows = self._routed if key == "routed_ids" else TokenRows(array[:self._tokens], keep=self.row_keep)
         self._rows[key] = rows
         return rows
 
@@ -362,6 +374,14 @@ class PolicyContext:
                                f"0..{self._tokens - 1} and MoE layers 0..{self._layers - 1}")
         cell = token * self._layers + layer_id
         upto_cell = self._sim._routed_upto
+        routed_in_window = self._sim._known
+        if routed_in_window is not None:  # a served run: what each trace token's current request has routed
+            if routing and not self._sees_future and layer_id > routed_in_window[token]:
+                raise self._refuse(f"{call}({'' if key is None else repr(key) + ', '}{token}, {layer_id})",
+                                   f"token {token}, MoE layer {layer_id} has not routed yet in the request that reads "
+                                   "this trace window now; only a policy that sees_future_routing (the oracle) "
+                                   "reads routing ahead")
+            return cell
         # a prefill chunk routes all its tokens layer by layer: a later layer of any of them is not routed yet
         if routing and not self._sees_future and (
                 cell > upto_cell or (token >= self._sim._step_first and layer_id > upto_cell % self._layers)):

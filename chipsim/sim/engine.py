@@ -51,7 +51,7 @@ from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, ns_to_ps
 from chipsim.workload.batch import BatchLayer, BatchWorkload
 from chipsim.workload.decode import DecodeWorkload
 from chipsim.workload.host import HostTiming, host_timing
-from chipsim.workload.request import PrefillChunk, PrefillLayer, RequestWorkload, trace_tokens_needed
+from chipsim.workload.request import PrefillChunk, RequestWorkload, trace_tokens_needed
 from chipsim.workload.speculative import SpecStep, SpecWorkload
 
 
@@ -61,6 +61,8 @@ _FETCH_SIDE: Final = ":io"
 _OPERAND_SIDE: Final = ":compute"
 # no prefill chunk is running: every routing read is checked against the routed cell alone
 _NO_STEP: Final = 1 << 62
+# a served run's step records are made for this many steps first, and doubled as the run needs
+SERVED_STEPS_FIRST: Final = 256
 
 
 class Simulation:
@@ -70,14 +72,16 @@ class Simulation:
                  max_tokens: int = 0, record_events: bool = False, record_tokens: int = 0,
                  core: EventCore | None = None, observers: Sequence[Observer] = (),
                  request: RequestWorkload | None = None, prefill_policy: Policy | None = None,
-                 batch: BatchWorkload | None = None, speculative: SpecWorkload | None = None) -> None:
+                 batch: BatchWorkload | None = None, speculative: SpecWorkload | None = None,
+                 served: Any = None) -> None:
         """`record_events` keeps a timeline of the first `record_tokens` tokens (0: all of them; a TimelineRecorder);
         `core`: the event core to run on (chipsim.sim.core; SimPy, the engine of record, unless given); `observers`
         watch the run (chipsim.sim.observe). With `request` (chipsim.workload.request) the run is a whole request:
         `prefill_policy` runs its prefill chunks, then `policy` its decode steps; max_tokens is not read. With
         `batch` (chipsim.workload.batch) each step decodes one token of every sequence, over `trace` as
         chipsim.workload.batch.interleave lays it out; with `speculative` (chipsim.workload.speculative) each step
-        verifies its planned drafts with its input token."""
+        verifies its planned drafts with its input token. With `served` (chipsim.serve.server.Server) the run serves
+        many requests, each step the parts its scheduler picks (chipsim.workload.served)."""
         self.hw = hw
         self.workload = workload
         self.trace = trace
@@ -92,9 +96,13 @@ class Simulation:
         self.request = request
         self.batch = batch
         self.speculative = speculative
+        self.served: Any = served
         # what prices a routed expert as a GEMM over several tokens: the request's, the batch's or the verify steps'
         self._gemm_source: Any = request if request is not None else batch if batch is not None else speculative
+        if served is not None:
+            self._gemm_source = served.costs
         self._host_timings: dict[int, HostTiming] = {}
+        self._served_steps = 0
         # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
         self.num_steps = self.num_tokens
         if request is not None:
@@ -107,6 +115,9 @@ class Simulation:
             self.num_steps = len(speculative.steps)
             last = speculative.steps[-1]
             self.num_tokens = last.first + last.tokens
+        if served is not None:  # requests read windows of the whole trace; the steps are as many as the run takes
+            self.num_tokens = trace.num_tokens
+            self.num_steps = SERVED_STEPS_FIRST
         self._on_core(core if core is not None else simpy_core())
         self._fetch_path(hw)
         self._expert_format(policy, workload, hw)
@@ -225,7 +236,8 @@ class Simulation:
         self._synced = True
         self.segment_launches = 0
         n_tokens = self.num_tokens
-        self._routed = TokenRows(trace["routed_ids"][:n_tokens])  # nested lists per token: fast per-layer reads
+        # nested lists per token, fast per-layer reads: every token of the widest step kept converted
+        self._routed = TokenRows(trace["routed_ids"][:n_tokens], keep=self.row_keep())
         self._routed_per_layer = trace["routed_ids"].shape[-1]  # every (token, layer) routes this many experts
         self._token_routed: list[list[int]] = []
         self.rec = RunRecorder(self.num_steps, self.num_moe_layers, self._components)
@@ -237,10 +249,34 @@ class Simulation:
         self._layer_stall = [0] * cells
         # a batch's or verify steps' union of routed experts per (step, MoE layer), noted where it is formed (a
         # one-token step routes top-k); None where every step is one token or a prefill chunk
-        several = self.batch is not None or self.speculative is not None
+        several = self.batch is not None or self.speculative is not None or self.served is not None
         self._layer_union: list[int] | None = [self._routed_per_layer] * cells if several else None
+        # a served run: each trace token's last MoE layer routed by its current request (what a policy may read), the
+        # step's tokens, and the step index that stamps an expert's use (its tokens are not in time order)
+        self._known: list[int] | None = self.served.known if self.served is not None else None
+        self._step_tokens: Any = ()
+        self._use_clock = -1
         self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
+
+    def widest_step(self) -> int:
+        """The most tokens one step of this run reads: a prefill chunk's, a batch's, a verify step's, a served step's
+        (workload.scheduler.max_step_tokens)."""
+        if self.request is not None:
+            return max(chunk.tokens for chunk in self.request.chunks)
+        if self.batch is not None:
+            return self.batch.batch
+        if self.speculative is not None:
+            return max(step.tokens for step in self.speculative.steps)
+        if self.served is not None:
+            widest: int = self.served.plan.max_step_tokens
+            return widest
+        return 1
+
+    def row_keep(self) -> int:
+        """Tokens a TokenRows of this run keeps converted: at least every token of its widest step (a step reads
+        each of its tokens once per MoE layer; fewer kept would convert them again at every layer)."""
+        return max(64, self.widest_step())
 
     def _watched_by(self, observers: Sequence[Observer], record_events: bool, record_tokens: int) -> None:
         """The observers of the run (chipsim.sim.observe), a TimelineRecorder among them with `record_events`."""
@@ -519,10 +555,13 @@ class Simulation:
             yield from self._request(costs, head, self.request)
             return
         self.policy.on_run_start(self.context)
+        if self.served is not None:
+            yield from self._serve(costs, head, self.served)
+            return
         if self.batch is not None:
             size, layers, head_work = self.batch.batch, self.batch.layers, self.batch.head
             for i in range(self.num_steps):
-                yield from self._batch_step(i, i * size, i * size + size - 1, layers, head_work)
+                yield from self._batch_step(i, range(i * size, i * size + size), layers, head_work)
             return
         if self.speculative is not None:
             for row, step in enumerate(self.speculative.steps):
@@ -588,6 +627,10 @@ class Simulation:
         cell = t * self.num_moe_layers + layer
         self._layer_hits[row * self.num_moe_layers + layer] = hits  # (overlap: hits == routed experts, at the end)
         self._routed_upto = cell  # this layer's routing is known from here on
+        known = self._known
+        if known is not None:  # a served step: its tokens' routing of this layer is known from here on
+            for token in self._step_tokens:
+                known[token] = layer
         with self.dma.batch():
             if self._observer is not None:
                 self._observer.route(t, layer)
@@ -645,7 +688,7 @@ class Simulation:
                 batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
                 extra = NO_WORK
-                use = t * self.num_moe_layers + layer
+                use = (t if self._use_clock < 0 else self._use_clock) * self.num_moe_layers + layer
                 for entry in ready_entries:
                     entry.used = True
                     entry.last_use = use
@@ -693,21 +736,24 @@ class Simulation:
         self.context = prefill_context
         self.policy.on_run_start(self.context)
         for k, chunk in enumerate(req.chunks):
-            yield from self._prefill_chunk(k, chunk)
+            yield from self._prefill_chunk(k, chunk, chunk.offset)
         with self.dma.batch():
             self.policy.on_prefill_end(self.context)
         self._step_first = _NO_STEP
         self.policy, self.context = decode_policy, decode_context
         self._decode_format(decode_policy)
         self.policy.on_run_start(self.context)
-        routers = [cost_of(layer.router) for layer in self.workload.layers]
-        kinds = [self.model.mixer(li) for li in range(len(costs))]
         chunks, prompt = len(req.chunks), req.prompt_tokens
         for step in range(1, req.output_tokens):
-            context = req.step_context(step)
-            step_costs = [cost._replace(pre=cost_of(req.decode_mixer(kinds[li], context)) + routers[li])
-                          for li, cost in enumerate(costs)]
+            step_costs = self._decode_costs(costs, req.decode_mixer, req.step_context(step))
             yield from self._token(prompt + step - 1, step_costs, head, chunks + step - 1)
+
+    def _decode_costs(self, costs: list[LayerCost], mixer: Any, context: int) -> list[LayerCost]:
+        """A request's decode step over `context` tokens: each layer's costs with `mixer(kind, context)` (and the
+        router) in place of the decode workload's mixer."""
+        layers = self.workload.layers
+        return [cost._replace(pre=cost_of(mixer(self.model.mixer(li), context)) + cost_of(layers[li].router))
+                for li, cost in enumerate(costs)]
 
     def _decode_format(self, policy: Any) -> None:
         """Decode moves and stores experts in its policy's format: where that is not prefill's (FloE's compressed
@@ -721,11 +767,12 @@ class Simulation:
                     self._evict_at(entry.index, True)
         self.buffer.slots = self.slots
 
-    def _prefill_chunk(self, k: int, chunk: PrefillChunk) -> Generator[Any, Any, None]:
-        """Prefill chunk k, recorded as step k: every layer over its tokens at once, each MoE layer's experts the
-        union of its tokens' routed sets; the prompt's last chunk ends with the first output token's LM head."""
+    def _prefill_chunk(self, k: int, chunk: PrefillChunk, first: int) -> Generator[Any, Any, None]:
+        """Prefill chunk k, recorded as step k, over trace tokens first ..: every layer over its tokens at once, each
+        MoE layer's experts the union of its tokens' routed sets; the prompt's last chunk ends with the first output
+        token's LM head."""
         start = self._now()
-        first, last = chunk.offset, chunk.offset + chunk.tokens - 1
+        last = first + chunk.tokens - 1
         self._step_first = first
         self._current_token = last
         if self._observer is not None:
@@ -739,7 +786,9 @@ class Simulation:
             if li < dense:
                 yield from self._compute(self._launched(cost_of(layer.mixer) + cost_of(layer.dense)), "dense", li)
             else:
-                stall += yield from self._prefill_layer(k, chunk, li - dense, layer)
+                stall += yield from self._tokens_layer(k, range(first, last + 1), li - dense,
+                                                       cost_of(layer.mixer) + cost_of(layer.router),
+                                                       cost_of(layer.dense), cost_of(layer.combine))
         yield from self._compute(self._launched(cost_of(chunk.head)), "head", -1)
         self._synced = True
         if self._observer is not None:
@@ -747,18 +796,13 @@ class Simulation:
         self._tally.add_to(self.rec.ledger)
         self.rec.end_token(k, self._now() - start, stall)
 
-    def _prefill_layer(self, k: int, chunk: PrefillChunk, layer: int, costs: PrefillLayer
-                       ) -> Generator[Any, Any, int]:
-        """One MoE layer of a prefill chunk (_tokens_layer over its tokens). Returns the layer's stall (ps)."""
-        return (yield from self._tokens_layer(k, chunk.offset, chunk.offset + chunk.tokens - 1, layer,
-                                              cost_of(costs.mixer) + cost_of(costs.router), cost_of(costs.dense),
-                                              cost_of(costs.combine)))
-
-    def _tokens_layer(self, k: int, first: int, last: int, layer: int, pre: Work, dense: Work, combine: Work
+    def _tokens_layer(self, k: int, tokens: Sequence[int], layer: int, pre: Work, dense: Work, combine: Work
                       ) -> Generator[Any, Any, int]:
-        """One MoE layer of step k, tokens first .. last at once (a prefill chunk, a batch step): the policy's layer
-        start, the mixer and router (`pre`), the union of the tokens' experts routed, run (each a GEMM over its
-        tokens) and ended as a decode layer is. Returns the layer's stall (ps)."""
+        """One MoE layer of step k, its `tokens` at once (a prefill chunk, a batch step, a served step; the last
+        one is the hooks' t): the policy's layer start, the mixer and router (`pre`), the union of the tokens'
+        experts routed, run (each a GEMM over its tokens) and ended as a decode layer is. Returns the layer's stall
+        (ps)."""
+        last = tokens[-1]
         if self._observer is not None:
             self._observer.layer_start(last, layer)
         with self.dma.batch():
@@ -766,7 +810,7 @@ class Simulation:
         yield from self._compute(self._launched(pre), "attention", layer)
         counts: dict[int, int] = {}  # expert -> the step's tokens routed to it, in order of first appearance
         routed = self._routed
-        for t in range(first, last + 1):
+        for t in tokens:
             for e in routed[t][layer]:
                 counts[e] = counts.get(e, 0) + 1
         if self._layer_union is not None:
@@ -793,17 +837,19 @@ class Simulation:
             yield from self._token(step.first, costs, head, row)
             return
         layers, verify_head = spec.verify(step.tokens)
-        yield from self._batch_step(row, step.first, step.first + step.tokens - 1, layers, verify_head, spec.draft_ps)
+        yield from self._batch_step(row, range(step.first, step.first + step.tokens), layers, verify_head,
+                                    spec.draft_ps)
 
-    def _batch_step(self, i: int, first: int, last: int, layers: Sequence[BatchLayer], head: Any, wait_ps: int = 0
+    def _batch_step(self, i: int, tokens: Sequence[int], layers: Sequence[BatchLayer], head: Any, wait_ps: int = 0
                     ) -> Generator[Any, Any, None]:
-        """Step i over tokens first .. last at once (one of every sequence of a batch, or a verify step's input and
-        drafts) through every layer, each MoE layer's experts the union of the tokens' routed sets, then their LM
-        heads; `wait_ps` first (a speculative step's draft)."""
+        """Step i over `tokens` at once (one of every sequence of a batch, a verify step's input and drafts, a served
+        step's parts) through every layer, each MoE layer's experts the union of the tokens' routed sets, then their
+        LM heads; `wait_ps` first (a speculative step's draft)."""
         start = self._now()
         if wait_ps:
             yield self._timeout(wait_ps)
-        self._step_first = first
+        last = tokens[-1]
+        self._step_first = tokens[0]
         self._current_token = last
         if self._observer is not None:
             self._observer.token_start(last, start)
@@ -816,7 +862,7 @@ class Simulation:
             if li < dense:
                 yield from self._compute(self._launched(cost_of(layer.pre) + cost_of(layer.dense)), "dense", li)
             else:
-                stall += yield from self._tokens_layer(i, first, last, li - dense, cost_of(layer.pre),
+                stall += yield from self._tokens_layer(i, tokens, li - dense, cost_of(layer.pre),
                                                        cost_of(layer.dense), cost_of(layer.combine))
         yield from self._compute(self._launched(cost_of(head)), "head", -1)
         self._synced = True
@@ -825,6 +871,60 @@ class Simulation:
         self._tally.add_to(self.rec.ledger)
         self.rec.end_token(i, self._now() - start, stall)
         self._step_first = _NO_STEP  # a later one-token step's routing rule is the cell's alone
+
+    # ======================================================================== many requests served
+    def _serve(self, costs: list[LayerCost], head: Work, served: Any) -> Generator[Any, Any, None]:
+        """A served run: step after step, the parts its scheduler picks at the step's start; with none to run, the
+        chip waits for the next arrival (idle). Ends when every request has finished."""
+        row = 0
+        while not served.done:
+            now = self._now()
+            parts = served.plan_step(now)
+            if not parts:
+                arrival = served.next_arrival_ps()
+                assert arrival is not None and arrival > now, "a served run has requests left but none can run"
+                served.idle(now, arrival)
+                yield self._timeout(arrival - now)
+                continue
+            if row == self.num_steps:
+                self._grow_steps()
+            self._use_clock = row
+            yield from self._served_step(row, parts, costs, head, served.costs)
+            served.step_done(parts, now, self._now())
+            row += 1
+        self._served_steps = row
+
+    def _served_step(self, row: int, parts: list[Any], costs: list[LayerCost], head: Work, priced: Any
+                     ) -> Generator[Any, Any, None]:
+        """Step `row` of a served run: one decode token or one prompt chunk as a lone request runs it, several parts
+        as a batch step (chipsim.workload.served)."""
+        if len(parts) > 1:
+            step = priced.mixed(parts)
+            tokens = tuple([t for p in parts for t in range(p.first, p.first + p.tokens)])
+            self._step_tokens = tokens
+            yield from self._batch_step(row, tokens, step.layers, step.head)
+            return
+        part = parts[0]
+        if part.decode:
+            self._step_tokens = (part.first,)
+            yield from self._token(part.first, self._decode_costs(costs, priced.decode_mixer, part.position + 1),
+                                   head, row)
+            return
+        self._step_tokens = range(part.first, part.first + part.tokens)
+        yield from self._prefill_chunk(row, priced.chunk(part.position, part.tokens, part.emits), part.first)
+        self._step_first = _NO_STEP
+
+    def _grow_steps(self) -> None:
+        """Twice the steps recorded so far (a served run's steps are known only as it runs)."""
+        more = self.num_steps
+        cells = more * self.num_moe_layers
+        self._layer_hits += [0] * cells
+        self._layer_demands += [0] * cells
+        self._layer_stall += [0] * cells
+        if self._layer_union is not None:
+            self._layer_union += [self._routed_per_layer] * cells
+        self.num_steps += more
+        self.rec.grow(self.num_steps)
 
     def _host_timing_for(self, tokens: int) -> HostTiming:
         """A host-CPU expert over `tokens` tokens (one per token count, made once)."""
@@ -866,6 +966,13 @@ class Simulation:
                 f"{self.buffer.zombies} stopping, {len(self._demands.pending)} demands waiting)"
             )
         self._tally.add_to(self.rec.ledger)  # transfers that landed after the last token: charged to it
+        if self.served is not None:  # the steps the run took
+            self.num_steps = self._served_steps
+            cells = self.num_steps * self.num_moe_layers
+            for cell_list in (self._layer_hits, self._layer_demands, self._layer_stall, self._layer_union):
+                if cell_list is not None:
+                    del cell_list[cells:]
+            self.rec.grow(self.num_steps)
         union = None
         if self._layer_union is not None:
             union = np.array(self._layer_union, dtype=np.int64).reshape(self.num_steps, self.num_moe_layers)
@@ -884,6 +991,8 @@ class Simulation:
             if self.speculative is not None:
                 steps = self.speculative.steps
                 result.speculative = np.array([(s.first, s.tokens, s.accepted) for s in steps], dtype=np.int64)
+            if self.served is not None:
+                result.served = self.served.record()
             return result
         extra = {f"prefill_{k}": v for k, v in self.prefill_policy.extra_metrics().items()}
         result = self.rec.result(label, self.num_moe_layers, {**extra, **self.policy.extra_metrics()}, timeline)

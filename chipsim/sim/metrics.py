@@ -89,7 +89,7 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     """The policy's row for the results table, plus per-layer breakdowns and a warm-up summary. `link`: the link
     into the package, whose bytes are the off-chip traffic; `link_gbps`: its data bandwidth per direction."""
     first = result.prefill_steps  # a request's decode steps follow its prefill chunks; it needs no warm-up
-    warmup = min(warmup_tokens, result.tokens - 1) if not first else 0
+    warmup = min(warmup_tokens, result.tokens - 1) if not first and result.served is None else 0
     if result.speculative is not None:  # the steps whose input token is among the warm-up tokens
         warmup = min(int((result.speculative[:, 0] < warmup_tokens).sum()), result.tokens - 1)
     sl = slice(first + warmup, None)

@@ -97,6 +97,31 @@ class RecordedTimeline:
 
 
 @dataclass
+class ServedRecord:
+    """A served run's requests (chipsim.serve): per request (arrays of shape (N,), ps) when it arrived, was admitted,
+    first ran, yielded its first token and finished, its size and trace window; per step its tokens and parts; the
+    time the chip sat idle between steps; and the area under the number of requests in the system over time
+    (request-ps), counted as arrivals and finishes happen (Little's law's L times the run's span)."""
+
+    arrival_ps: np.ndarray
+    admitted_ps: np.ndarray
+    scheduled_ps: np.ndarray
+    first_token_ps: np.ndarray
+    finish_ps: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    window: np.ndarray
+    step_tokens: np.ndarray
+    step_parts: np.ndarray
+    idle_ps: int
+    area_ps: int
+    scheduler: str
+
+    def same(self, other: "ServedRecord") -> bool:
+        return all(np.array_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+
+@dataclass
 class SimResult:
     policy: str
     tokens: int
@@ -116,6 +141,8 @@ class SimResult:
     union: np.ndarray | None = None
     # a speculative run (chipsim.workload.speculative): each step's (input token, tokens verified, drafts accepted)
     speculative: np.ndarray | None = None
+    # a served run (workload.requests): its requests and steps
+    served: ServedRecord | None = None
 
 
 class RunRecorder:
@@ -124,6 +151,7 @@ class RunRecorder:
     def __init__(self, tokens: int, layers: int, components: tuple[str, ...]):
         """`components`: the config's memories and links (chipsim.hw.paths.components), counted per byte."""
         self.layers = LayerRecord.zeros(tokens, layers)
+        self.moe_layers = layers
         self.latency_ps = np.zeros(tokens, dtype=np.int64)
         self.stall_ps = np.zeros(tokens, dtype=np.int64)
         self.host_wait_ps = np.zeros(tokens, dtype=np.int64)
@@ -131,6 +159,19 @@ class RunRecorder:
         self.components = components
         self.ledgers: list[Ledger] = []
         self.ledger = Ledger.empty(components)  # the token being decoded (transfers landing after the last: its)
+
+    def grow(self, steps: int) -> None:
+        """Records for `steps` steps: those made so far kept, zeros after them (or cut to `steps`)."""
+        old = self.latency_ps.size
+        keep = min(old, steps)
+        grown = LayerRecord.zeros(steps, self.moe_layers)
+        for f in fields(grown):
+            getattr(grown, f.name)[:keep] = getattr(self.layers, f.name)[:keep]
+        self.layers = grown
+        for name in ("latency_ps", "stall_ps", "host_wait_ps"):
+            arr = np.zeros(steps, dtype=np.int64)
+            arr[:keep] = getattr(self, name)[:keep]
+            setattr(self, name, arr)
 
     def start_token(self) -> Ledger:
         self.ledger = Ledger.empty(self.components)
@@ -182,6 +223,8 @@ def differences(a: SimResult, b: SimResult) -> list[str]:
         out.append("extra")
     if (a.prefill_steps, a.prefill_chunk_tokens) != (b.prefill_steps, b.prefill_chunk_tokens):
         out.append("prefill")
+    if (a.served is None) != (b.served is None) or (a.served is not None and not a.served.same(b.served)):
+        out.append("served")
     for name in ("union", "speculative"):
         u, v = getattr(a, name), getattr(b, name)
         if (u is None) != (v is None) or (u is not None and not np.array_equal(u, v)):

@@ -27,7 +27,8 @@ from typing import Callable
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, sequence_contexts
-from chipsim.workload.prefill import ExpertGemms, _norm, gqa_projections, launch_grouped, prefill_group_builders
+from chipsim.workload.prefill import (ExpertGemms, _norm, gqa_projections, launch_grouped, mla_projections,
+                                      prefill_group_builders)
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 
@@ -85,21 +86,28 @@ def _gqa_batch(am: ArrayModel, m: ModelShape, kv_lens: list[int]) -> list[OpCost
     """Grouped-query attention for B tokens, each over its own sequence's `kv_len` cached tokens: the projections as
     GEMMs of B rows (each token's K and V appended), per sequence the scores, softmax and value mix of
     chipsim.workload.decode._gqa over its cache."""
-    d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
     b = len(kv_lens)
-    ops = gqa_projections(am, m, b)
+    return gqa_projections(am, m, b) + _attention_cores(am, m, kv_lens, lambda c: gqa_decode_core(am, m, c)) + \
+        gqa_output(am, m, b)
 
-    def core(kv_len: int) -> list[OpCost]:
-        logits = kv_len + (1 if m.attention_sinks else 0)
-        kv_bytes = nkv * kv_len * hd * BF16_BYTES
-        return [am.matvec("scores", hd, nq * kv_len, kv_bytes, groups=nq // nkv),
-                am.sfu("softmax_exp", nq * logits) + am.vector("softmax_norm", 3 * nq * logits),
-                am.matvec("value_mix", kv_len, nq * hd, kv_bytes, groups=nq // nkv)]
 
-    ops += _attention_cores(am, m, kv_lens, core)
-    ops.append(am.matmul("o_proj", b, nq * hd, d, nq * hd * d * BF16_BYTES))
+def gqa_decode_core(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
+    """One decoding token's scores, softmax and value mix over its sequence's `kv_len` cached tokens (its own
+    included), as chipsim.workload.decode._gqa computes them."""
+    nq, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+    logits = kv_len + (1 if m.attention_sinks else 0)
+    kv_bytes = nkv * kv_len * hd * BF16_BYTES
+    return [am.matvec("scores", hd, nq * kv_len, kv_bytes, groups=nq // nkv),
+            am.sfu("softmax_exp", nq * logits) + am.vector("softmax_norm", 3 * nq * logits),
+            am.matvec("value_mix", kv_len, nq * hd, kv_bytes, groups=nq // nkv)]
+
+
+def gqa_output(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+    """The output projection of `tokens` tokens' attention (and its bias), weights streamed once."""
+    d, nq, hd = m.hidden_size, m.num_heads, m.head_dim
+    ops = [am.matmul("o_proj", tokens, nq * hd, d, nq * hd * d * BF16_BYTES)]
     if m.attention_bias:
-        ops.append(am.vector("o_bias", b * d, read_bytes=d * BF16_BYTES))
+        ops.append(am.vector("o_bias", tokens * d, read_bytes=d * BF16_BYTES))
     return ops
 
 
@@ -107,31 +115,22 @@ def _mla_batch(am: ArrayModel, m: ModelShape, contexts: list[int]) -> list[OpCos
     """DeepSeek's MLA, absorbed as at decode (chipsim.workload.decode._mla), for B tokens: every weight (q, kv_a,
     the absorbed uk and uv, o) a GEMM of B rows; per sequence the scores against its cached latents and their mix."""
     d = m.hidden_size
-    h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+    h, nope, lora, v = m.num_heads, m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim
     b = len(contexts)
-    if m.q_lora_rank:
-        r = m.q_lora_rank
-        q = (am.matmul("q_a_proj", b, d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", b)
-             + am.vector("q_norm_scale", b * 2 * r)
-             + am.matmul("q_b_proj", b, r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
-    else:
-        q = am.matmul("q_proj", b, d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
-    ops = [q,
-           am.matmul("kv_a_proj", b, d, lora + rope, d * (lora + rope) * BF16_BYTES,
-                     write_bytes=b * (lora + rope) * BF16_BYTES),
-           am.sfu("kv_norm_rsqrt", b) + am.vector("kv_norm_scale", b * 2 * lora),
-           am.vector("rope", b * (2 * h * rope + 2 * rope)),
-           am.matmul("q_absorb_uk", b, nope, h * lora, h * nope * lora * BF16_BYTES)]
-
-    def core(ctx: int) -> list[OpCost]:
-        return [am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h),
-                am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx),
-                am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)]
-
-    ops += _attention_cores(am, m, contexts, core)
+    ops = mla_projections(am, m, b)
+    ops.append(am.matmul("q_absorb_uk", b, nope, h * lora, h * nope * lora * BF16_BYTES))
+    ops += _attention_cores(am, m, contexts, lambda c: mla_decode_core(am, m, c))
     ops += [am.matmul("v_up_uv", b, lora, h * v, h * lora * v * BF16_BYTES),
             am.matmul("o_proj", b, h * v, d, h * v * d * BF16_BYTES)]
     return ops
+
+
+def mla_decode_core(am: ArrayModel, m: ModelShape, ctx: int) -> list[OpCost]:
+    """One decoding token's scores against its sequence's `ctx` cached latents and their mix (absorbed MLA)."""
+    h, rope, lora = m.num_heads, m.qk_rope_head_dim, m.kv_lora_rank
+    return [am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h),
+            am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx),
+            am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)]
 
 
 def _mixer_batch(am: ArrayModel, m: ModelShape, kind: str, contexts: list[int]) -> OpCost:

@@ -84,47 +84,67 @@ def gqa_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
     return ops
 
 
+def mla_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+    """MLA's query (through its LoRA where the model has one) and compressed latent of `tokens` tokens as GEMMs
+    (the latents appended to the cache), the latents' norm and RoPE."""
+    d = m.hidden_size
+    h, nope, rope, lora = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
+    b = tokens
+    if m.q_lora_rank:
+        r = m.q_lora_rank
+        q = (am.matmul("q_a_proj", b, d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", b)
+             + am.vector("q_norm_scale", b * 2 * r)
+             + am.matmul("q_b_proj", b, r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
+    else:
+        q = am.matmul("q_proj", b, d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
+    return [q,
+            am.matmul("kv_a_proj", b, d, lora + rope, d * (lora + rope) * BF16_BYTES,
+                      write_bytes=b * (lora + rope) * BF16_BYTES),
+            am.sfu("kv_norm_rsqrt", b) + am.vector("kv_norm_scale", b * 2 * lora),
+            am.vector("rope", b * (2 * h * rope + 2 * rope))]
+
+
 def _gqa_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int, window: int) -> list[OpCost]:
     """Grouped-query attention for a chunk: the projections as GEMMs over the chunk (K and V of its tokens
     appended: tokens x 2 x kv_heads x head_dim x 2 bytes written); scores: one dot product of head_dim per head
     and attended pair, the cached keys read once (kv_heads x head_dim x 2 bytes each); softmax over every pair
     (+ one sink logit per head and query with sinks); the value mix the same pairs; the output projection."""
-    d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
-    cached, cache_pairs, chunk_pairs = attended_pairs(offset, tokens, window)
-    pairs = cache_pairs + chunk_pairs
-    kv_bytes = nkv * cached * hd * BF16_BYTES
-    ops = gqa_projections(am, m, tokens)
-    logits = nq * pairs + (nq * tokens if m.attention_sinks else 0)
-    ops += [am.matvec("scores", hd, nq * pairs, kv_bytes, groups=nq // nkv),
-            am.sfu("softmax_exp", logits) + am.vector("softmax_norm", 3 * logits),
-            am.matvec("value_mix", hd, nq * pairs, kv_bytes, groups=nq // nkv),
-            am.matmul("o_proj", tokens, nq * hd, d, nq * hd * d * BF16_BYTES)]
+    d, nq, hd = m.hidden_size, m.num_heads, m.head_dim
+    ops = gqa_projections(am, m, tokens) + gqa_chunk_core(am, m, offset, tokens, window)
+    ops.append(am.matmul("o_proj", tokens, nq * hd, d, nq * hd * d * BF16_BYTES))
     if m.attention_bias:
         ops.append(am.vector("o_bias", tokens * d, read_bytes=d * BF16_BYTES))
     return ops
+
+
+def gqa_chunk_core(am: ArrayModel, m: ModelShape, offset: int, tokens: int, window: int) -> list[OpCost]:
+    """A chunk's causal scores, softmax and value mix (cached keys and values read once)."""
+    nq, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+    cached, cache_pairs, chunk_pairs = attended_pairs(offset, tokens, window)
+    pairs = cache_pairs + chunk_pairs
+    kv_bytes = nkv * cached * hd * BF16_BYTES
+    logits = nq * pairs + (nq * tokens if m.attention_sinks else 0)
+    return [am.matvec("scores", hd, nq * pairs, kv_bytes, groups=nq // nkv),
+            am.sfu("softmax_exp", logits) + am.vector("softmax_norm", 3 * logits),
+            am.matvec("value_mix", hd, nq * pairs, kv_bytes, groups=nq // nkv)]
 
 
 def _mla_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> list[OpCost]:
     """DeepSeek's MLA at prefill, not absorbed (as its prefill kernels run it): queries and the compressed latents
     of the chunk as GEMMs; every attended latent (cached ones read once: kv_lora_rank + rope x 2 bytes) lifted
     to per-head keys and values by kv_b_proj; scores of (nope + rope) and a value mix of v_head_dim per pair."""
-    d = m.hidden_size
+    h, v = m.num_heads, m.v_head_dim
+    return mla_projections(am, m, tokens) + mla_chunk_core(am, m, offset, tokens) + [
+        am.matmul("o_proj", tokens, h * v, m.hidden_size, h * v * m.hidden_size * BF16_BYTES)]
+
+
+def mla_chunk_core(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> list[OpCost]:
+    """A chunk's attention on MLA's latents, not absorbed: the cached latents read once, every attended latent
+    lifted to keys and values (kv_b_proj), the causal scores, softmax and value mix."""
     h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
     cached, cache_pairs, chunk_pairs = attended_pairs(offset, tokens)
     pairs = cache_pairs + chunk_pairs
-    if m.q_lora_rank:
-        r = m.q_lora_rank
-        q = (am.matmul("q_a_proj", tokens, d, r, d * r * BF16_BYTES) + _norm(am, "q_norm", tokens, r)
-             + am.matmul("q_b_proj", tokens, r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
-    else:
-        q = am.matmul("q_proj", tokens, d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
-    ops = [
-        q,
-        am.matmul("kv_a_proj", tokens, d, lora + rope, d * (lora + rope) * BF16_BYTES,
-                  write_bytes=tokens * (lora + rope) * BF16_BYTES),
-        _norm(am, "kv_norm", tokens, lora),
-        am.vector("rope", tokens * (2 * h * rope + 2 * rope)),
-    ]
+    ops = []
     if cached:  # the cached latents, read once
         ops.append(am.vector("cached_latents", 0, read_bytes=cached * (lora + rope) * BF16_BYTES))
     return ops + [
@@ -132,7 +152,6 @@ def _mla_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> list[
         am.matvec("scores", nope + rope, h * pairs, 0),
         am.sfu("softmax_exp", h * pairs) + am.vector("softmax_norm", 3 * h * pairs),
         am.matvec("value_mix", v, h * pairs, 0),
-        am.matmul("o_proj", tokens, h * v, d, h * v * d * BF16_BYTES),
     ]
 
 

@@ -26,8 +26,9 @@ from chipsim.workload.prefill import ExpertGemms, launch_grouped, prefill_group_
 
 
 def is_request(hw: HardwareConfig) -> bool:
-    """The config describes a whole request (a prompt and its output), not decode steps at a fixed context."""
-    return hw.workload.prompt_tokens > 0
+    """The config describes a whole request (a prompt and its output), not decode steps at a fixed context nor many
+    requests served (workload.requests, chipsim.serve)."""
+    return hw.workload.prompt_tokens > 0 and not hw.workload.requests
 
 
 def final_context(hw: HardwareConfig) -> int:
@@ -106,7 +107,7 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
     beside the decode workload's memory plan (which holds the final context's cache)."""
     w, m = hw.workload, decode.model
     spans = chunk_spans(w.prompt_tokens, w.prefill_chunk_tokens)
-    activations = max(_chunk_activation_bytes(m, tokens) for _, tokens in spans)
+    activations = max(chunk_activation_bytes(m, tokens) for _, tokens in spans)
     if activations > decode.hbm_spare_bytes:
         raise InputError(
             f"workload.prefill_chunk_tokens: a chunk of {max(t for _, t in spans)} tokens needs "
@@ -114,20 +115,8 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
             f"{decode.hbm_spare_bytes / BYTES_PER_MIB:.1f} MiB the operand memory has left; use smaller chunks")
     am = ArrayModel(hw)
     grouped = launch_grouped(am)
-    chunks = []
-    for offset, tokens in spans:
-        b = prefill_group_builders(am, m, hw, offset, tokens)
-        built = {name: grouped(name, fn()) for name, fn in b.items()
-                 if fn is not None and name not in ("expert", "head")}
-        layers = []
-        for layer in range(m.num_layers):
-            mixer = built[MIXER_GROUP[m.mixer(layer)]]
-            if layer < m.first_dense_layers:
-                layers.append(PrefillLayer(mixer, None, built["dense"], None))
-            else:
-                layers.append(PrefillLayer(mixer, built["router"], built.get("shared"), built["combine"]))
-        last = offset + tokens == w.prompt_tokens
-        chunks.append(PrefillChunk(offset, tokens, tuple(layers), grouped("head", b["head"](last))))
+    chunks = [build_chunk(am, grouped, m, hw, offset, tokens, offset + tokens == w.prompt_tokens)
+              for offset, tokens in spans]
     experts = ExpertGemms(hw, decode, am)
     am.save_table()
 
@@ -141,7 +130,23 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
                            tuple(chunks), activations, experts, decode_mixer)
 
 
-def _chunk_activation_bytes(m, tokens: int) -> int:
+def build_chunk(am: ArrayModel, grouped: Callable, m, hw: HardwareConfig, offset: int, tokens: int, last: bool
+                ) -> PrefillChunk:
+    """The prefill chunk of `tokens` prompt tokens at `offset`, every layer's groups launched as `grouped` says;
+    `last`: the prompt's last chunk, whose head runs the LM head of its last token."""
+    b = prefill_group_builders(am, m, hw, offset, tokens)
+    built = {name: grouped(name, fn()) for name, fn in b.items() if fn is not None and name not in ("expert", "head")}
+    layers = []
+    for layer in range(m.num_layers):
+        mixer = built[MIXER_GROUP[m.mixer(layer)]]
+        if layer < m.first_dense_layers:
+            layers.append(PrefillLayer(mixer, None, built["dense"], None))
+        else:
+            layers.append(PrefillLayer(mixer, built["router"], built.get("shared"), built["combine"]))
+    return PrefillChunk(offset, tokens, tuple(layers), grouped("head", b["head"](last)))
+
+
+def chunk_activation_bytes(m, tokens: int) -> int:
     """A chunk's working activations: per token the residual stream and the normed input (2 x hidden), the
     attention projections (queries, keys, values) and the widest FFN intermediate (gate and up), BF16. Attention
     scores are not materialised (computed in tiles, as flash attention does)."""
