@@ -265,3 +265,16 @@ def test_run_writes_each_policy_s_requests_and_the_slo_attainment(tmp_path, caps
     assert "1.000" in text.split("SLO met")[1].splitlines()[2]  # every request meets a generous SLO
     assert main(["run", THOR, "--slo", "ttft=3", "--policy", "no-prefetch"]) == 2
     assert "--slo ttft=3: expected ttft_ms=VALUE" in capsys.readouterr().err
+
+
+def test_a_long_run_packs_its_step_ledgers_with_the_same_result(monkeypatch):
+    """Step ledgers are packed into arrays every LEDGERS_PER_BLOCK steps (memory per step: a few integers); the
+    result is the one kept unpacked, to the byte."""
+    import chipsim.sim.record as record
+    from chipsim.sim.record import differences
+
+    sets = SMALL + ["workload.requests=6", "workload.arrivals.poisson_rps=2"]
+    _, whole, _ = serve(sets)
+    monkeypatch.setattr(record, "LEDGERS_PER_BLOCK", 7)
+    _, packed, _ = serve(sets)
+    assert whole.tokens > 3 * 7 and differences(whole, packed) == []

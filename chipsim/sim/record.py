@@ -145,6 +145,10 @@ class SimResult:
     served: ServedRecord | None = None
 
 
+# a run packs its steps' ledgers into arrays this many at a time (chipsim.sim.energy.Ledger: a few hundred bytes each)
+LEDGERS_PER_BLOCK = 4096
+
+
 class RunRecorder:
     """The engine's bookkeeping of one run: a Ledger per token, per-token and per-layer arrays, counters."""
 
@@ -157,7 +161,8 @@ class RunRecorder:
         self.host_wait_ps = np.zeros(tokens, dtype=np.int64)
         self.counts = RunCounts()
         self.components = components
-        self.ledgers: list[Ledger] = []
+        self.ledgers: list[Ledger] = []  # the steps' ledgers not yet packed into arrays
+        self._packed: list[dict] = []  # blocks of LEDGERS_PER_BLOCK steps' ledgers as arrays (memory per step small)
         self.ledger = Ledger.empty(components)  # the token being decoded (transfers landing after the last: its)
 
     def grow(self, steps: int) -> None:
@@ -174,8 +179,32 @@ class RunRecorder:
             setattr(self, name, arr)
 
     def start_token(self) -> Ledger:
+        if len(self.ledgers) >= LEDGERS_PER_BLOCK:  # every earlier step's ledger is final once a new step starts
+            self._pack()
         self.ledger = Ledger.empty(self.components)
         return self.ledger
+
+    def _pack(self) -> None:
+        """The ledgers so far as arrays, one block (a long run keeps a few integers per step, not a Ledger)."""
+        ledgers = self.ledgers
+        if not ledgers:
+            return
+        block = {name: np.array([getattr(lg, name) for lg in ledgers], dtype=np.int64)
+                 for name in ("busy_ps", "occupied_ps", "idle_ps", "host_busy_ps", "profiled_pj",
+                              "unpriced_operand_bytes")}
+        block["bytes"] = {c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in self.components}
+        block["actions"] = {a: np.array([lg.actions[a] for lg in ledgers], dtype=np.int64) for a in ACTIONS}
+        self._packed.append(block)
+        self.ledgers = []
+
+    def _joined(self, *path: str) -> np.ndarray:
+        arrays = []
+        for block in self._packed:
+            value = block
+            for key in path:
+                value = value[key]
+            arrays.append(value)
+        return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
 
     def end_token(self, t: int, latency_ps: int, stall_ps: int) -> None:
         self.ledger.idle_ps = latency_ps - self.ledger.busy_ps
@@ -185,21 +214,29 @@ class RunRecorder:
 
     def result(self, policy: str, moe_layers: int, extra: dict,
                timeline: RecordedTimeline | None = None) -> SimResult:
-        ledgers = self.ledgers
+        self._pack()
+        if not self._packed:  # no step ran
+            self._packed.append({"bytes": {c: np.zeros(0, dtype=np.int64) for c in self.components},
+                                 "actions": {a: np.zeros(0, dtype=np.int64) for a in ACTIONS},
+                                 **{name: np.zeros(0, dtype=np.int64) for name in (
+                                     "busy_ps", "occupied_ps", "idle_ps", "host_busy_ps", "profiled_pj",
+                                     "unpriced_operand_bytes")}})
+        join = self._joined
         per_token = TokenRecord(
             latency_ps=self.latency_ps,
             stall_ps=self.stall_ps,
-            busy_ps=np.array([lg.busy_ps for lg in ledgers], dtype=np.int64),
-            occupied_ps=np.array([lg.occupied_ps for lg in ledgers], dtype=np.int64),
-            idle_ps=np.array([lg.idle_ps for lg in ledgers], dtype=np.int64),
+            busy_ps=join("busy_ps"),
+            occupied_ps=join("occupied_ps"),
+            idle_ps=join("idle_ps"),
             host_wait_ps=self.host_wait_ps,
-            host_busy_ps=np.array([lg.host_busy_ps for lg in ledgers], dtype=np.int64),
-            bytes={c: np.array([lg.bytes[c] for lg in ledgers], dtype=np.int64) for c in self.components},
-            actions={a: np.array([lg.actions[a] for lg in ledgers], dtype=np.int64) for a in ACTIONS},
-            profiled_pj=np.array([lg.profiled_pj for lg in ledgers], dtype=np.int64),
-            unpriced_operand_bytes=np.array([lg.unpriced_operand_bytes for lg in ledgers], dtype=np.int64),
+            host_busy_ps=join("host_busy_ps"),
+            bytes={c: join("bytes", c) for c in self.components},
+            actions={a: join("actions", a) for a in ACTIONS},
+            profiled_pj=join("profiled_pj"),
+            unpriced_operand_bytes=join("unpriced_operand_bytes"),
         )
-        return SimResult(policy=policy, tokens=len(ledgers), moe_layers=moe_layers, per_token=per_token,
+        steps = int(per_token.busy_ps.size)
+        return SimResult(policy=policy, tokens=steps, moe_layers=moe_layers, per_token=per_token,
                          per_layer=self.layers, counts=self.counts, extra=extra, timeline=timeline)
 
 
