@@ -115,6 +115,11 @@ def input_files(hw: HardwareConfig) -> dict[str, dict]:
     if hw.model.config:  # the model's shape: a config.json edited between two sweeps is another input
         raw = read_input(hw.model.config, "model.config: config.json", hf_config.CONFIG_MAX_BYTES)
         out["model.config"] = {"path": hw.model.config, "sha256": hashlib.sha256(raw).hexdigest()}
+    if hw.workload.arrivals.file:  # a served run's requests: an edited file is another input
+        from chipsim.serve.arrivals import ARRIVALS_MAX_BYTES
+
+        raw = read_input(hw.workload.arrivals.file, "workload.arrivals.file", ARRIVALS_MAX_BYTES)
+        out["workload.arrivals.file"] = {"path": hw.workload.arrivals.file, "sha256": hashlib.sha256(raw).hexdigest()}
     return out
 
 
@@ -371,12 +376,15 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
         sizes = plan.sizes
         tokens = int((sizes.prompt + sizes.output - 1).sum())
         last = int(sizes.arrival_ps[-1]) if sizes.arrival_ps is not None else 0
-        think = hw.workload.arrivals.think_ms * 1e9 * 50 * sizes.count  # a closed loop's think times, far in the tail
-        total = per_token * tokens + last + int(think)
+        a = hw.workload.arrivals
+        if a.closed_users:  # each user's requests one after another: its think times, 50 times their mean at most
+            last = int(a.think_ms * 1e9 * 50 * -(-sizes.count // a.closed_users))
+        total = per_token * tokens + last
     if total >= MAX_SIM_PS:
+        keys = "workload.arrivals, workload.requests, " if plan is not None else ""
         raise InputError(f"config: a decode step could take up to {per_token / PS_PER_S:.3g} s of simulated time, "
                          f"so {tokens} tokens could pass the {MAX_SIM_PS / PS_PER_S / 86400:.0f} days of integer "
-                         "picoseconds the simulator keeps; check the clock, latency and bandwidth keys")
+                         f"picoseconds the simulator keeps; check {keys}the clock, latency and bandwidth keys")
 
 
 def provenance(prep: Prepared) -> dict:

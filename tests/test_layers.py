@@ -3,7 +3,8 @@ no module imports itself through others, and no module imports from a layer abov
 
 Layers, lowest first: the base modules (errors, units, values, files, cache, pool, _compiled, the package itself), the
 two component simulators (dramsim: the command-level DRAM model; tilesim: the cycle-level compute tiles), hw, workload,
-trace (reading traces), policies, sim, runner, then analysis, tracegen (producing traces: recording, training,
+trace (reading traces), policies, sim, serve (many requests served: they read the sim's records, the runner prepares
+them), runner, then analysis, tracegen (producing traces: recording, training,
 predictors, quality, synthetic) and hwreplay (the GPU validation) side by side (none imports another), then cli. Implicit imports of parent packages (importing chipsim.policies.base runs chipsim/policies/__init__.py)
 are not edges: only the modules an import statement names are."""
 
@@ -16,7 +17,7 @@ from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "chipsim")
 LAYERS = {"base": 0, "dramsim": 1, "tilesim": 1, "hw": 2, "workload": 3, "trace": 4, "policies": 5, "sim": 6,
-          "runner": 7, "analysis": 8, "tracegen": 8, "hwreplay": 8, "cli": 9}
+          "serve": 7, "runner": 8, "analysis": 9, "tracegen": 9, "hwreplay": 9, "cli": 10}
 BASE = {"chipsim", "chipsim.errors", "chipsim.units", "chipsim.values", "chipsim.files", "chipsim.cache",
         "chipsim.pool", "chipsim._compiled"}
 

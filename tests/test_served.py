@@ -215,8 +215,9 @@ def test_no_served_step_sees_its_requests_routing_before_they_route_it():
     (["workload.arrivals.poisson_rps=1"], "workload.arrivals: read only by a served run"),
     (["workload.requests=3", "workload.arrivals.poisson_rps=1", "workload.scheduler.max_sequences=100"],
      "workload.scheduler.max_sequences: 100 requests at once need 100 windows"),
-    (["workload.requests=3", "workload.arrivals.poisson_rps=1", "workload.scheduler.kv_capacity_mib=0.01"],
-     "workload.scheduler.max_sequences: 8 sequences of at least 39 tokens need"),
+    # a request of 39 tokens caches 39 x 64 KiB (32 layers x 8 KV heads x 64 x 2 (K, V) x 2 bytes): 1 fits, 8 do not
+    (["workload.requests=3", "workload.arrivals.poisson_rps=1", "workload.scheduler.kv_capacity_mib=5"],
+     "workload.scheduler.max_sequences: 8 sequences of at least 39 tokens need 19.5 MiB"),
     (["workload.requests=3", "workload.arrivals.poisson_rps=1", "workload.scheduler.kind=chunked",
       "workload.scheduler.max_step_tokens=4"], "cannot hold the decode tokens of 8 sequences"),
     (["workload.requests=3", "workload.arrivals.poisson_rps=1", "workload.arrivals.think_ms=5"],
@@ -278,3 +279,80 @@ def test_a_long_run_packs_its_step_ledgers_with_the_same_result(monkeypatch):
     monkeypatch.setattr(record, "LEDGERS_PER_BLOCK", 7)
     _, packed, _ = serve(sets)
     assert whole.tokens > 3 * 7 and differences(whole, packed) == []
+
+
+def test_an_edited_arrivals_file_is_another_input(tmp_path):
+    from chipsim.runner import input_files
+
+    f = arrivals_file(tmp_path, [(0, 16, 4), (3, 16, 4)])
+    before = input_files(prepare(THOR, ["workload.requests=2", f"workload.arrivals.file={f}"], ["no-prefetch"]).config.hw)
+    arrivals_file(tmp_path, [(0, 200, 30), (3, 200, 30)])
+    after = input_files(prepare(THOR, ["workload.requests=2", f"workload.arrivals.file={f}"], ["no-prefetch"]).config.hw)
+    assert before["workload.arrivals.file"]["sha256"] != after["workload.arrivals.file"]["sha256"]
+
+
+def test_a_sweep_s_fresh_and_cached_rows_agree_where_tpot_is_undefined(tmp_path, capsys):
+    """Requests of one output token have no TPOT: the fresh sweep and its cached rerun write the same results.csv."""
+    f = arrivals_file(tmp_path, [(0, 16, 1), (3, 16, 1)])
+    args = ["sweep", THOR, "--grid", "workload.scheduler.max_sequences=1,2", "--set", "workload.requests=2",
+            "--set", f"workload.arrivals.file={f}", "--policy", "no-prefetch", "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(args) == 0
+    fresh = (tmp_path / "s" / "results.csv").read_text()
+    assert main(args) == 0 and "2 reused" in capsys.readouterr().out
+    assert (tmp_path / "s" / "results.csv").read_text() == fresh
+
+
+def test_a_served_policy_s_own_rates_average_over_the_tokens_its_requests_read():
+    """Pre-gated's deviation rate of one request served alone, by hand from the trace: per (token, layer) of its
+    P + O - 1 tokens, the pre-gate's k experts not in the routed set (none where the pre-gate has no usable set)."""
+    from chipsim.trace.format import NO_EXPERT
+
+    prep, _, row = serve(SMALL + ["workload.requests=1", "workload.arrivals.poisson_rps=1"], "pregated")
+    k = prep.workload.model.top_k
+    pred, routed = prep.trace["pregate_rank"][:39, :, :k], prep.trace["routed_ids"][:39]
+    deviations = 0
+    for t in range(39):
+        for layer in range(pred.shape[1]):
+            ids = pred[t, layer].tolist()
+            if NO_EXPERT not in ids and len(set(ids)) == k:
+                deviations += len(set(ids) - set(routed[t, layer].tolist()))
+    assert row["deviation_rate"] == pytest.approx(deviations / (39 * pred.shape[1] * k), rel=1e-12)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["workload.requests=5", "workload.arrivals.poisson_rps=1e-8"], "workload.arrivals.poisson_rps: 5 requests at"),
+    (["workload.requests=2", "workload.arrivals.poisson_rps=1", "workload.scheduler.kv_capacity_mib=0.5",
+      "workload.scheduler.max_sequences=1"], "workload.prompt_tokens: a request of 39 tokens needs"),
+])
+def test_requests_that_could_never_run_are_refused(sets, message):
+    with pytest.raises(InputError, match=message):
+        prepare(THOR, SMALL + sets, ["no-prefetch"])
+
+
+def test_a_file_s_requests_may_be_chunked_and_one_too_big_for_the_cache_is_named(tmp_path):
+    f = arrivals_file(tmp_path, [(0, 16, 4), (1, 600, 4)])
+    with pytest.raises(InputError, match=r"workload.arrivals.file request 1 \(line 3\): a request of 603 tokens"):
+        prepare(THOR, ["workload.requests=2", f"workload.arrivals.file={f}", "workload.scheduler.kv_capacity_mib=10",
+                       "workload.scheduler.max_sequences=1"], ["no-prefetch"])
+    f = arrivals_file(tmp_path, [(0, 20, 4), (1, 5, 4)], name="b.csv")
+    _, served, _ = serve(["workload.requests=2", f"workload.arrivals.file={f}", "workload.prefill_chunk_tokens=8"])
+    # 20 = 8 + 8 + 4; request 1 (5 tokens) arrives during the first chunk and joins the second step's prefill
+    assert served.served.step_tokens.tolist()[:3] == [8, 8 + 5, 4]
+
+
+def test_a_closed_loop_of_long_think_times_is_not_refused():
+    prep = prepare(THOR, SMALL + ["workload.requests=1000", "workload.arrivals.closed_users=100",
+                                  "workload.arrivals.think_ms=1e5"], ["no-prefetch"])
+    assert prep.served.sizes.count == 1000
+
+
+def test_an_excel_csv_is_read_and_odd_counts_are_not(tmp_path, capsys):
+    path = tmp_path / "bom.csv"
+    path.write_text("\ufeffarrival_ms,prompt_tokens,output_tokens\n0,16,4\n")
+    prep = prepare(THOR, ["workload.requests=1", f"workload.arrivals.file={path}"], ["no-prefetch"])
+    assert prep.served.sizes.prompt.tolist() == [16]
+    path.write_text("arrival_ms,prompt_tokens,output_tokens\n0,1_6,4\n")
+    with pytest.raises(InputError, match="is not a time in ms and two whole token counts"):
+        prepare(THOR, ["workload.requests=1", f"workload.arrivals.file={path}"], ["no-prefetch"])
+    assert main(["run", THOR, "--slo", "", "--policy", "no-prefetch"]) == 2
+    assert "--slo : expected ttft_ms=VALUE" in capsys.readouterr().err

@@ -161,7 +161,7 @@ def _json_default(obj):
 
 def _normalize(row: dict) -> dict:
     """A row as it reads back from JSON: fresh and cached rows are then the same objects, bit for bit."""
-    return json.loads(json.dumps(row, sort_keys=True, default=_json_default))
+    return json.loads(json.dumps(_json_safe(row), sort_keys=True, default=_json_default))
 
 
 def _run_task(task: dict) -> dict:

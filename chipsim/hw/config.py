@@ -880,7 +880,7 @@ def _check_request(w: WorkloadConfig) -> None:
                          "generates at least 2 tokens (the first by its prefill, then at least one decode step)")
     if w.output_tokens and not w.prompt_tokens:
         raise InputError("workload.prompt_tokens: workload.output_tokens needs a prompt of at least 1 token")
-    if w.prefill_chunk_tokens and not w.prompt_tokens:
+    if w.prefill_chunk_tokens and not w.prompt_tokens and not w.requests:
         raise InputError("workload.prefill_chunk_tokens: needs a request (workload.prompt_tokens > 0)")
     _check_speculative(w.speculative)
     if w.speculative.draft_tokens and (w.prompt_tokens or w.batch > 1):
@@ -889,7 +889,7 @@ def _check_request(w: WorkloadConfig) -> None:
     if w.batch > 1 and w.prompt_tokens:
         raise InputError(f"workload.batch: {w.batch} sequences decode at workload.context_length; a batch of whole "
                          "requests (workload.prompt_tokens > 0) is not simulated yet: use one or the other")
-    if w.prefill_chunk_tokens > w.prompt_tokens:
+    if w.prefill_chunk_tokens > w.prompt_tokens and not w.arrivals.file:  # (a file's prompts: each its own size)
         raise InputError(f"workload.prefill_chunk_tokens: {w.prefill_chunk_tokens} is larger than the prompt "
                          f"(workload.prompt_tokens {w.prompt_tokens})")
 
@@ -915,10 +915,10 @@ def _check_served(w: WorkloadConfig) -> None:
     if a.file and (w.prompt_tokens or w.output_tokens):
         raise InputError("workload.prompt_tokens: the requests' sizes come from workload.arrivals.file; leave "
                          "workload.prompt_tokens and workload.output_tokens out")
-    if w.batch > 1 or w.speculative.draft_tokens:
-        key = "batch" if w.batch > 1 else "speculative.draft_tokens"
-        raise InputError(f"workload.{key}: a served run's scheduler decides each step's sequences "
-                         "(workload.scheduler); speculation within served requests is not simulated yet")
+    if w.batch > 1:
+        raise InputError("workload.batch: a served run's scheduler decides each step's sequences (workload.scheduler)")
+    if w.speculative.draft_tokens:
+        raise InputError("workload.speculative.draft_tokens: speculation within served requests is not simulated yet")
     if s.kind == "chunked" and s.max_step_tokens < s.max_sequences:
         raise InputError(f"workload.scheduler.max_step_tokens: {s.max_step_tokens} tokens a step cannot hold the "
                          f"decode tokens of {s.max_sequences} sequences (workload.scheduler.max_sequences), as a "

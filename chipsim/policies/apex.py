@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   per_token_plan, step_union)
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, measured_rows, param, quality_fields,
+                                   register, per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import TokenRows
 
@@ -89,6 +89,7 @@ class Apex(Policy):
         self._routed_seen = [None] * (T * self._layers)
         self._first = ctx.first_token
         self._warmup = measured_from(ctx, int(ctx.hw.workload.warmup_tokens))
+        self._rows = measured_rows(ctx, int(ctx.hw.workload.warmup_tokens))
         self._meta = ctx.trace_meta
         if self.stall_free:
             L = ctx.num_moe_layers
@@ -121,18 +122,18 @@ class Apex(Policy):
     def extra_metrics(self) -> dict:
         if self._delta_hat is None:
             return {}
-        sl = slice(self._warmup, None)
-        dh = self._delta_hat[sl]
         first = self._first  # the tokens this policy ran (a request's decode steps)
-        ranks = self._apex_rank[first:]
-        seen = self._routed_seen[first * self._layers:]
-        if any(r is None for r in seen):  # a served run: the trace tokens its requests read
-            L = self._layers
-            read = np.array([seen[i * L] is not None for i in range(len(seen) // L)])
-            dh, ranks = self._delta_hat[first:][read], ranks[read]
-            seen = [r for r in seen if r is not None]
-        routed = np.array(seen, dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
-        ds = pa.delta_star(ranks, routed)[self._warmup - first:]
+        if isinstance(self._rows, slice):
+            dh = self._delta_hat[self._rows]
+            ranks = self._apex_rank[first:]
+            routed = np.array(self._routed_seen[first * self._layers:], dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
+            ds = pa.delta_star(ranks, routed)[self._warmup - first:]
+        else:  # a served run: the trace tokens its requests read
+            L, read = self._layers, np.flatnonzero(self._rows)
+            dh, ranks = self._delta_hat[read], self._apex_rank[read]
+            routed = np.array([self._routed_seen[t * L + layer] for t in read for layer in range(L)],
+                              dtype=np.int64).reshape(ranks.shape[:2] + (-1,))
+            ds = pa.delta_star(ranks, routed)
         out = {
             "tau": self.params.tau,
             "mean_delta_hat": float(dh.mean()),
@@ -186,7 +187,7 @@ class ApexStallFree(Apex):
         out = super().extra_metrics()
         if not out:
             return out
-        sl = slice(self._warmup, None)
+        sl = self._rows
         subs, drops = self._layer_substituted[sl], self._layer_dropped[sl]
         routed = subs.size * self._routed_count
         out["substitution_rate"] = float(subs.sum() / routed)  # share of routed experts replaced

@@ -160,6 +160,17 @@ class SimContext(Protocol):
         widest step, which a policy reading per token meets once per MoE layer."""
 
     @property
+    def step_clock(self) -> int:
+        """A served run's step index (its steps' tokens are not in time order: a policy that keeps time by tokens
+        stamps with this instead); -1 in other runs, whose tokens are in time order."""
+
+    @property
+    def read_tokens(self):
+        """A served run's trace tokens read by its requests so far (a numpy bool array over the trace, filled as
+        requests are admitted; None in other runs): what a policy's per-token results average over
+        (measured_rows)."""
+
+    @property
     def served(self) -> bool:
         """A served run (workload.requests): a step's tokens are its requests' windows of the trace, not in time
         order; a token's predecessor is the one before it in its window, unless it is its request's first."""
@@ -424,6 +435,14 @@ def measured_from(ctx: SimContext, warmup: int) -> int:
     if ctx.served:  # tokens are windows of the trace, not time: every step counts
         return 0
     return min(warmup * ctx.batch, ctx.num_tokens - ctx.batch)
+
+
+def measured_rows(ctx: SimContext, warmup: int):
+    """What a policy's own per-(token, layer) results average over: the tokens from measured_from on (a slice), or, in
+    a served run, the trace tokens its requests read (a boolean mask over the trace's tokens, filled as the run admits
+    them; a window read by several requests holds its last one's values)."""
+    read = ctx.read_tokens
+    return read if read is not None else slice(measured_from(ctx, warmup), None)
 
 
 def per_token_plan(ctx: SimContext, t: int, layer: int, routed: list[int],

@@ -23,8 +23,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from chipsim.errors import InputError
-from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
-                                   per_token_plan, step_union)
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, measured_rows, param, quality_fields,
+                                   register, per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
 
@@ -100,6 +100,7 @@ class ExpertCache(Policy):
         self.capacity = self._resolve_capacity(ctx)
         self._warm_from = ctx.first_token
         self._warm = measured_from(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
+        self._rows = measured_rows(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
         self._resident = np.zeros((T, L), dtype=np.int64)  # executed experts landed when routing decided
         self._executed = np.zeros((T, L), dtype=np.int64)
         self._pending: dict[int, set[int]] = {}  # layer -> experts predicted (and protected) until it routes
@@ -225,7 +226,7 @@ class ExpertCache(Policy):
     def extra_metrics(self) -> dict:
         if self._resident is None:
             return {}
-        sl, wu = slice(self._warm, None), slice(self._warm_from, self._warm)
+        sl, wu = self._rows, slice(self._warm_from, self._warm)
         out = {
             "cache_slots": self.capacity,
             "resident_rate": _mean_or_none(self._resident[sl], self._executed[sl]),
@@ -410,7 +411,7 @@ class AdapMoE(ExpertCache):
         out = super().extra_metrics()
         if not out:
             return out
-        sl = slice(self._warm, None)
+        sl = self._rows
         dropped = self._dropped[sl]
         routed = np.full(dropped.shape, self._k, dtype=np.int64)
         predicted = self._predicted[sl].astype(np.int64)

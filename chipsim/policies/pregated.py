@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, param, quality_fields, register,
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_rows, param, quality_fields, register,
                                    per_token_plan, step_union)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT, TokenRows
@@ -68,7 +68,7 @@ class PreGated(Policy):
         self._no_pregate = np.zeros((T, L), dtype=bool)
         self._k = k
         self._L = L
-        self._warmup = measured_from(ctx, int(ctx.hw.workload.warmup_tokens))
+        self._rows = measured_rows(ctx, int(ctx.hw.workload.warmup_tokens))
 
     def _prefetch(self, ctx: SimContext, t, layer):
         pred = self._pred
@@ -111,7 +111,7 @@ class PreGated(Policy):
     def extra_metrics(self) -> dict:
         if self._pred is None:
             return {}
-        sl = slice(self._warmup, None)
+        sl = self._rows
         dev = self._deviations[sl]
         routed_experts = dev.size * self._k
         return {

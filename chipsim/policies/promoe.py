@@ -107,7 +107,7 @@ class ProMoE(ExpertCache):
         out = super().extra_metrics()
         if not out:
             return out
-        sl = slice(self._warm, None)
+        sl = self._rows
         k_counts = self._has_pred[sl].astype(np.int64) * self._k
         out["cache_slots"] = self.capacity if self.cached else 0
         out["cache_resident_rate"] = out.pop("resident_rate")

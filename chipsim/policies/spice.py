@@ -82,7 +82,8 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
-from chipsim.policies.base import LayerPlan, Policy, SimContext, measured_from, param, quality_fields, quality_record, register
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, measured_rows, param, quality_fields,
+                                   quality_record, register)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
 from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
@@ -166,6 +167,7 @@ class Spice(Policy):
         self._E = ctx.num_experts
         self._cells = L * ctx.num_experts  # (MoE layer, expert) pairs: a stamp's heap entry is stamp * cells + index
         self._warm = measured_from(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
+        self._rows = measured_rows(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
         slots, rank, form = self.params.slots, self.params.lore_rank, self.params.lore_form
         if slots == 0:
             self.capacity = ctx.slots
@@ -348,7 +350,8 @@ class Spice(Policy):
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         L = self._L
-        self._pos = t * L + layer
+        clock = self._clock(ctx, t)
+        self._pos = clock * L + layer
         remaining = L - 1 - layer
         if remaining <= 0:
             return
@@ -357,15 +360,21 @@ class Spice(Policy):
         else:
             limit, floor = 1, 1
         if len(ctx.step_tokens) == 1:
-            self._prefetch_drafts(ctx, t, t, layer, limit, floor, self._token_ids, self._token_conf)
+            self._prefetch_drafts(ctx, clock, t, layer, limit, floor, self._token_ids, self._token_conf)
             return
         for token, ids, conf in self._step_drafts:  # each token's drafts, stamped for the step's position
-            self._prefetch_drafts(ctx, t, token, layer, limit, floor, ids, conf)
+            self._prefetch_drafts(ctx, clock, token, layer, limit, floor, ids, conf)
+
+    @staticmethod
+    def _clock(ctx: SimContext, t: int) -> int:
+        """The step's place in time: its token, or a served run's step index (its tokens are trace windows)."""
+        clock = ctx.step_clock
+        return t if clock < 0 else clock
 
     def _prefetch_drafts(self, ctx: SimContext, t: int, token: int, layer: int, limit: int, floor: int, ids: bytes,
                          conf: list[list[float]]) -> None:
         """Prefetch one token's drafts made at `layer`, deeper while confident (at least `floor`, at most `limit`
-        layers), each stamped at step t's position of the layer it is for; the depth reached noted for `token`."""
+        layers), each stamped at step clock t's position of the layer it is for; the depth reached noted for `token`."""
         L = self._L
         row, per_layer = self._draft_row, self._draft_layer
         stamps, n = self._stamp, self._E
@@ -409,7 +418,7 @@ class Spice(Policy):
     def on_route(self, ctx: SimContext, t: int, layer: int, routed: list[int]) -> LayerPlan:
         if self._in_place:  # every expert is where the arrays read it: no miss to send anywhere
             return LayerPlan(execute=list(routed))
-        pos = t * self._L + layer
+        pos = self._clock(ctx, t) * self._L + layer
         self._pos = pos
         stamp = self._stamp
         base = layer * self._E
@@ -494,8 +503,7 @@ class Spice(Policy):
 
     # ------------------------------------------------------------------------------ results
     def extra_metrics(self) -> dict:
-        w = self._warm
-        sl = slice(w, None)
+        sl = self._rows
         looked = self.depth[sl][:, :-1] if self._L > 1 else self.depth[sl]
         return {
             "spice_fetched_misses_per_token": float(self.fetched[sl].sum(axis=1).mean()),

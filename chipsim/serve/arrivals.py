@@ -16,6 +16,7 @@ from chipsim.hw.config import WorkloadConfig
 from chipsim.units import PS_PER_MS, PS_PER_S
 
 ARRIVALS_MAX_BYTES = 256 << 20  # a file of requests: millions of lines
+LAST_ARRIVAL_PS = 1 << 61  # the last arrival: half the run's integer picoseconds (chipsim.runner.MAX_SIM_PS)
 FILE_HEADER = ("arrival_ms", "prompt_tokens", "output_tokens")
 
 
@@ -43,13 +44,17 @@ def request_sizes(w: WorkloadConfig) -> RequestSizes:
     if a.closed_users:
         return RequestSizes(prompt, output, None)
     gaps_s = np.random.default_rng(a.seed).exponential(1.0 / a.poisson_rps, n)
-    arrival = np.rint(np.cumsum(gaps_s) * PS_PER_S).astype(np.int64)
-    return RequestSizes(prompt, output, arrival)
+    arrival_s = np.cumsum(gaps_s)
+    if not np.isfinite(arrival_s[-1]) or arrival_s[-1] * PS_PER_S >= LAST_ARRIVAL_PS:
+        raise InputError(f"workload.arrivals.poisson_rps: {n} requests at {a.poisson_rps:g} per second arrive over "
+                         f"{arrival_s[-1]:.3g} s, beyond the {LAST_ARRIVAL_PS / PS_PER_S / 86400:.0f} days of "
+                         "picoseconds the simulator keeps")
+    return RequestSizes(prompt, output, np.rint(arrival_s * PS_PER_S).astype(np.int64))
 
 
 def _from_file(path: str, n: int) -> RequestSizes:
     what = "workload.arrivals.file"
-    lines = read_input_text(path, what, ARRIVALS_MAX_BYTES).splitlines()
+    lines = read_input_text(path, what, ARRIVALS_MAX_BYTES).removeprefix("\ufeff").splitlines()  # (a BOM: Excel's CSV)
     if not lines or tuple(c.strip() for c in lines[0].split(",")) != FILE_HEADER:
         raise InputError(f"{what} {path}: line 1 must be the header {','.join(FILE_HEADER)}")
     rows = [(i + 2, line) for i, line in enumerate(lines[1:]) if line.strip()]
@@ -66,6 +71,8 @@ def _from_file(path: str, n: int) -> RequestSizes:
             raise InputError(f"{where}: expected 3 values ({','.join(FILE_HEADER)}), got {len(fields)}")
         try:
             ms = float(fields[0])
+            if not (fields[1].isdigit() and fields[2].isdigit()):
+                raise ValueError
             p, o = int(fields[1]), int(fields[2])
         except ValueError:
             raise InputError(f"{where}: {line.strip()!r} is not a time in ms and two whole token counts") from None
@@ -74,7 +81,7 @@ def _from_file(path: str, n: int) -> RequestSizes:
         if ms < last_ms:
             raise InputError(f"{where}: arrival {ms:g} ms comes before the line above's {last_ms:g} ms (the file must "
                              "be sorted by arrival)")
-        if ms * PS_PER_MS >= 1 << 61:
+        if ms * PS_PER_MS >= LAST_ARRIVAL_PS:
             raise InputError(f"{where}: arrival {ms:g} ms is beyond what the simulator's picoseconds hold")
         if p < 1 or o < 1 or p > 1 << 20 or o > 1 << 20:
             raise InputError(f"{where}: prompt {p} and output {o} tokens must each be 1 .. {1 << 20}")

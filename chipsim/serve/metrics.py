@@ -26,7 +26,7 @@ SLO_KEYS = ("ttft_ms", "tpot_ms")
 
 def parse_slo(text: str | None) -> dict[str, float]:
     """--slo ttft_ms=…,tpot_ms=… (either or both) as a mapping; one line naming what is wrong."""
-    if not text:
+    if text is None:
         return {}
     out: dict[str, float] = {}
     for item in text.split(","):

@@ -41,12 +41,18 @@ def serve_plan(hw: HardwareConfig, decode: DecodeWorkload, trace: Trace, sizes: 
             f"{trace.num_tokens} tokens, {windows} window{'s' if windows != 1 else ''}")
     kv = np.array([m.cache_bytes(int(c), BF16_BYTES) for c in tokens], dtype=np.int64)
     capacity = _kv_capacity(hw, decode, s.max_sequences)
-    least = int(kv.min())
+    least, most = int(kv.min()), int(kv.max())
+    room = f"{capacity / BYTES_PER_MIB:.1f} MiB is there for it (workload.scheduler.kv_capacity_mib, or the operand " \
+           "memory's room)"
+    if most > capacity:
+        r = int(kv.argmax())
+        where = f"workload.arrivals.file request {r} (line {r + 2})" if w.arrivals.file else "workload.prompt_tokens"
+        raise InputError(f"{where}: a request of {int(tokens[r])} tokens needs {most / BYTES_PER_MIB:.1f} MiB of KV "
+                         f"cache; {room}")
     if s.max_sequences * least > capacity:
         raise InputError(
-            f"workload.scheduler.max_sequences: {s.max_sequences} sequences of at least {int(tokens.min())} tokens need "
-            f"{s.max_sequences * least / BYTES_PER_MIB:.1f} MiB of KV cache; {capacity / BYTES_PER_MIB:.1f} MiB is "
-            "there for it (workload.scheduler.kv_capacity_mib, or the operand memory's room)")
+            f"workload.scheduler.max_sequences: {s.max_sequences} sequences of at least {int(tokens.min())} tokens "
+            f"need {s.max_sequences * least / BYTES_PER_MIB:.1f} MiB of KV cache; {room}")
     return ServePlan(sizes, n, windows, capacity, kv, s.max_sequences, s.kind, s.max_step_tokens,
                      w.prefill_chunk_tokens)
 

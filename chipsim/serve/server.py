@@ -68,6 +68,7 @@ class Server:
         self._free_windows = deque(range(plan.windows))
         self.kv_free = plan.kv_capacity_bytes
         self.known = [moe_layers - 1] * trace_tokens  # per trace token: the last MoE layer its request has routed
+        self.read = np.zeros(trace_tokens, dtype=bool)  # trace tokens some request has read (policies' results)
         self.finished = 0
         # per request (ps; -1 until it happens)
         self.arrival_ps = np.full(n, -1, dtype=np.int64)
@@ -155,6 +156,7 @@ class Server:
             self.window[r] = window
             n = seq.prompt + seq.output - 1
             self.known[first:first + n] = [-1] * n  # nothing of the new request is routed yet
+            self.read[first:first + n] = True
             admitted += 1
         return admitted
 

@@ -145,6 +145,16 @@ class PolicyContext:
         return keep
 
     @property
+    def step_clock(self) -> int:
+        clock: int = self._sim._use_clock
+        return clock
+
+    @property
+    def read_tokens(self) -> Any:
+        served: Any = self._sim.served
+        return served.read if served is not None else None
+
+    @property
     def served(self) -> bool:
         return self._sim._known is not None
 
