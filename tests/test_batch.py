@@ -41,6 +41,7 @@ def test_identical_sequences_move_what_one_does_and_run_each_expert_over_all_of_
     assert batch.counts.expert_computes == single.counts.expert_computes
     assert prep.batch.expert(4).macs == 4 * prep.batch.expert(1).macs
     assert row["batch"] == 4 and row["tokens_per_s"] == pytest.approx(4e3 / row["latency_ms_per_token"])
+    assert row["union_experts_per_layer"] == tiny.shape.top_k  # four copies of one token: its own k experts
 
 
 def test_disjoint_routings_move_b_times_the_bytes(tiny):
@@ -56,6 +57,7 @@ def test_disjoint_routings_move_b_times_the_bytes(tiny):
     assert batch.per_token.bytes["pcie"].tolist() == [4 * L * k * expert] * 5
     assert single.per_token.bytes["pcie"].tolist() == [L * k * expert] * 5
     assert row["offchip_bytes_per_output_token"] == L * k * expert
+    assert row["union_experts_per_layer"] == 4 * k  # every layer of every step needs all four sequences' experts
 
 
 def test_a_step_whose_experts_are_all_in_place_ends_at_the_sum_of_its_operations():

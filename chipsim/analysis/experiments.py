@@ -40,7 +40,8 @@ import yaml
 
 from chipsim.analysis.report import CSV_COLUMNS
 from chipsim.serve.metrics import SERVED_COLUMNS
-from chipsim.sim.metrics import BATCH_COLUMNS, REQUEST_COLUMNS, SPECULATIVE_COLUMNS, fill_batch_columns
+from chipsim.sim.metrics import (BATCH_COLUMNS, REQUEST_COLUMNS, SPECULATIVE_COLUMNS, UNION_COLUMN,
+                                 fill_batch_columns)
 from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
 from chipsim.files import GIB, JSON_MAX_BYTES, YAML_MAX_BYTES, read_input_text, write_atomic
@@ -321,7 +322,7 @@ def _check_table(path: str, columns) -> list[dict]:
     for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
                            "{metric, label[, factor, format]}"):
         if col["metric"] not in CSV_COLUMNS and col["metric"] not in (REQUEST_COLUMNS + BATCH_COLUMNS + SPECULATIVE_COLUMNS
-                                                                      + SERVED_COLUMNS):
+                                                                      + SERVED_COLUMNS + (UNION_COLUMN,)):
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:

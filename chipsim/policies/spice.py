@@ -82,7 +82,7 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
-from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_from, measured_rows, param, quality_fields,
+from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_rows, param, quality_fields,
                                    quality_record, register)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
@@ -166,7 +166,6 @@ class Spice(Policy):
         self._in_place = ctx.in_place
         self._E = ctx.num_experts
         self._cells = L * ctx.num_experts  # (MoE layer, expert) pairs: a stamp's heap entry is stamp * cells + index
-        self._warm = measured_from(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
         self._rows = measured_rows(ctx, max(int(ctx.hw.workload.warmup_tokens), self.warmup_tokens()))
         slots, rank, form = self.params.slots, self.params.lore_rank, self.params.lore_form
         if slots == 0:

@@ -114,6 +114,7 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
         union, hits = result.union[sl], layers.hits[sl]
         row["recall"] = float(hits.sum() / union.sum())
         row["fallback_rate"] = float(((union - hits).sum(axis=1) / union.sum(axis=1)).mean())
+        row[UNION_COLUMN] = float(union.mean())  # experts a step's MoE layer needs (top-k for one token)
     else:
         routed = top_k * layers.hits.shape[1]
         row["fallback_rate"] = float((routed - layers.hits[sl].sum(axis=1)).mean() / routed)
@@ -147,6 +148,9 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     row.update(result.extra)
     return row
 
+
+# a step of several tokens: the mean number of experts one of its MoE layers routes to (the union of its tokens')
+UNION_COLUMN = "union_experts_per_layer"
 
 # a batch run's columns (workload.batch > 1): the table's other columns are per step of `batch` tokens
 BATCH_COLUMNS = ("batch", "tokens_per_s", "energy_mj_per_output_token", "offchip_bytes_per_output_token")
