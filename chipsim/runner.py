@@ -449,7 +449,7 @@ class _TokenBar(Observer):
         self.bar = None
 
     def attach(self, sim) -> None:
-        if sim.num_tokens >= TOKEN_BAR_MIN:
+        if sim.num_tokens >= TOKEN_BAR_MIN and sim.served is None:  # (a served run's steps are not known ahead)
             from tqdm import tqdm
 
             self.bar = tqdm(total=sim.num_tokens, desc=self.label, unit="token", file=sys.stderr, leave=False)
