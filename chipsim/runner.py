@@ -291,14 +291,7 @@ def _check_steps_policy(config: Config, workload: DecodeWorkload, policy: Policy
     """A policy runs steps of several tokens (`spans`: each step's first token and count) when it says how
     (Policy.batch_support) and its experts compute as stored (a GEMM over several tokens of another format, FloE's
     compressed experts, is not costed); and the `widest` step's union of experts must fit its buffer at once."""
-    if not policy.batch_support:
-        raise InputError(f"--policy {policy.label}: runs one token a step, not {what}: {policy.batch_refusal}")
-    stored = workload.expert_format()
-    fmt = policy.expert_format(workload, config.hw)
-    if (fmt.compute_ps, fmt.macs, fmt.hbm_bytes) != (stored.compute_ps, stored.macs, stored.hbm_bytes):
-        raise InputError(f"--policy {policy.label}: its experts compute in another format than stored; a GEMM of "
-                         f"that format over several tokens is not costed ({what})")
-    slots = workload.buffer_bytes // fmt.slot_bytes
+    slots = _several_tokens_slots(config, workload, policy, what)
     experts, step, layer = widest
     if slots < experts:
         raise InputError(
@@ -307,10 +300,9 @@ def _check_steps_policy(config: Config, workload: DecodeWorkload, policy: Policy
             "use fewer tokens a step or a larger buffer")
 
 
-def _check_served_policy(config: Config, workload: DecodeWorkload, policy: Policy) -> None:
-    """A served run's policy runs steps of several tokens (Policy.batch_support), its experts as stored, and its
-    buffer holds the most experts a step's MoE layer can route to (max_step_tokens x top-k, at most all)."""
-    what = "workload.requests (steps of several requests)"
+def _several_tokens_slots(config: Config, workload: DecodeWorkload, policy: Policy, what: str) -> int:
+    """The buffer slots of a policy that runs steps of several tokens (`what` makes them so), refused in one line
+    unless it says how (Policy.batch_support) and its experts compute as stored."""
     if not policy.batch_support:
         raise InputError(f"--policy {policy.label}: runs one token a step, not {what}: {policy.batch_refusal}")
     stored = workload.expert_format()
@@ -318,7 +310,13 @@ def _check_served_policy(config: Config, workload: DecodeWorkload, policy: Polic
     if (fmt.compute_ps, fmt.macs, fmt.hbm_bytes) != (stored.compute_ps, stored.macs, stored.hbm_bytes):
         raise InputError(f"--policy {policy.label}: its experts compute in another format than stored; a GEMM of "
                          f"that format over several tokens is not costed ({what})")
-    slots = workload.buffer_bytes // fmt.slot_bytes
+    return workload.buffer_bytes // fmt.slot_bytes
+
+
+def _check_served_policy(config: Config, workload: DecodeWorkload, policy: Policy) -> None:
+    """A served run's policy runs steps of several tokens (Policy.batch_support), its experts as stored, and its
+    buffer holds the most experts a step's MoE layer can route to (max_step_tokens x top-k, at most all)."""
+    slots = _several_tokens_slots(config, workload, policy, "workload.requests (steps of several requests)")
     widest = serve_prep.widest_step_union(config.hw, workload)
     if slots < widest:
         raise InputError(

@@ -123,3 +123,33 @@ def thor_keys() -> list[tuple[str, str]]:
         names = [name + key[len(generic):] for name in THOR_COMPONENTS[generic]] if generic else [key]
         out += [(name, tp) for name in names if "<" not in name]
     return out
+
+
+def routing_peek_policy():
+    """A policy that checks, at every step of several tokens, that no token's routing is readable before its step
+    routes it: none at the step's start, at each layer's routing exactly its tokens' up to that layer (their union is
+    what routed). Its checks raise inside the run."""
+    import pytest
+
+    from chipsim.policies.base import Policy, PolicyError
+
+    class Peek(Policy):
+        name = "peek"
+        batch_support = "reads the routing of its step's tokens"
+
+        def on_token_start(self, ctx, t):
+            for token in ctx.step_tokens:
+                with pytest.raises(PolicyError, match="has not routed yet"):
+                    ctx.trace_routed(token, 0)
+
+        def on_route(self, ctx, t, layer, routed):
+            union = set()
+            for token in ctx.step_tokens:
+                union.update(ctx.trace_routed(token, layer))
+                if layer + 1 < ctx.num_moe_layers:
+                    with pytest.raises(PolicyError, match="has not routed yet"):
+                        ctx.trace_routed(token, layer + 1)
+            assert union == set(routed)
+            return super().on_route(ctx, t, layer, routed)
+
+    return Peek("peek")

@@ -14,6 +14,7 @@ from chipsim.cli import main
 from chipsim.errors import InputError
 from chipsim.runner import prepare, simulate, summarize_result
 from conftest import ROOT, THOR
+from helpers import routing_peek_policy
 
 JETSON = os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml")  # every expert read in place: nothing is fetched
 BIG_BUFFER = "expert_buffer:\n  capacity_mib: 16\n"  # 85 tiny experts: every union of a step fits
@@ -245,32 +246,11 @@ def test_speculation_refuses_what_it_does_not_model():
 def test_a_step_sees_no_routing_of_its_own_tokens_before_it_routes_them():
     """After a verify step whose drafts were rejected, the next step re-routes them: at its start none of its tokens'
     routing is known, at each layer's routing exactly theirs up to that layer."""
-    from chipsim.policies.base import Policy, PolicyError
-
-    class Peek(Policy):
-        name = "peek"
-        batch_support = "reads the routing of its step's tokens"
-
-        def on_token_start(self, ctx, t):
-            for token in ctx.step_tokens:
-                with pytest.raises(PolicyError, match="has not routed yet"):
-                    ctx.trace_routed(token, 0)
-
-        def on_route(self, ctx, t, layer, routed):
-            union = set()
-            for token in ctx.step_tokens:
-                union.update(ctx.trace_routed(token, layer))
-                if layer + 1 < ctx.num_moe_layers:
-                    with pytest.raises(PolicyError, match="has not routed yet"):
-                        ctx.trace_routed(token, layer + 1)
-            assert union == set(routed)
-            return super().on_route(ctx, t, layer, routed)
-
     spec = prepare(THOR, ["workload.max_tokens=64", "workload.speculative.draft_tokens=4"], ["no-prefetch"])
     assert any(s.accepted < s.tokens - 1 for s in spec.speculative.steps[:-1])  # a step re-routes rejected drafts
-    assert simulate(spec, Peek("peek")).tokens == len(spec.speculative.steps)
+    assert simulate(spec, routing_peek_policy()).tokens == len(spec.speculative.steps)
     batch = prepare(THOR, ["workload.max_tokens=8", "workload.batch=3"], ["no-prefetch"])
-    assert simulate(batch, Peek("peek")).tokens == 8
+    assert simulate(batch, routing_peek_policy()).tokens == 8
 
 
 def test_a_batch_step_s_head_launches_once_where_each_op_group_launches():

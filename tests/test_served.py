@@ -15,6 +15,7 @@ from chipsim.errors import InputError
 from chipsim.runner import prepare, simulate, summarize_result
 from chipsim.units import PS_PER_S
 from conftest import THOR
+from helpers import routing_peek_policy
 
 SMALL = ["workload.prompt_tokens=32", "workload.output_tokens=8"]
 
@@ -175,32 +176,10 @@ def test_a_served_run_is_byte_identical_when_repeated():
 def test_no_served_step_sees_its_requests_routing_before_they_route_it():
     """A new request reuses a trace window: nothing of it is known when it starts, though the window's earlier
     request routed the same trace tokens."""
-    from chipsim.policies.base import Policy, PolicyError
-
-    class Peek(Policy):
-        name = "peek"
-        batch_support = "reads the routing of its step's tokens"
-
-        def on_token_start(self, ctx, t):
-            assert ctx.served
-            for token in ctx.step_tokens:
-                with pytest.raises(PolicyError, match="has not routed yet"):
-                    ctx.trace_routed(token, 0)
-
-        def on_route(self, ctx, t, layer, routed):
-            union = set()
-            for token in ctx.step_tokens:
-                union.update(ctx.trace_routed(token, layer))
-                if layer + 1 < ctx.num_moe_layers:
-                    with pytest.raises(PolicyError, match="has not routed yet"):
-                        ctx.trace_routed(token, layer + 1)
-            assert union == set(routed)
-            return super().on_route(ctx, t, layer, routed)
-
     prep = prepare(THOR, SMALL + ["workload.requests=70", "workload.arrivals.poisson_rps=100",
                                   "workload.scheduler.kind=chunked", "workload.scheduler.max_step_tokens=40"],
                    ["no-prefetch"])
-    result = simulate(prep, Peek("peek"))
+    result = simulate(prep, routing_peek_policy())
     assert result.served.window.max() == prep.served.windows - 1  # every window used, the first ones again
     assert np.bincount(result.served.window).max() > 1
 
