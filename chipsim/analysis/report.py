@@ -336,9 +336,19 @@ def quality_lines(rows: list[dict]) -> list[str]:
 
 
 def json_rows(rows: list[dict]) -> list[dict]:
-    """The rows as `--json` prints them: without the per-layer breakdowns, energy per component and the
-    warm-up summary (results.json keeps them)."""
-    return [{k: v for k, v in row.items() if k not in ("per_layer", "energy_by_component_mj", "warmup")} for row in rows]
+    """The rows as `--json` prints them: without the per-layer breakdowns, energy per component, the warm-up summary
+    and a served run's per-request lists (results.json keeps them)."""
+    out = []
+    for row in rows:
+        brief = {k: v for k, v in row.items() if k not in ("per_layer", "energy_by_component_mj", "warmup")}
+        if "served" in brief:  # (each request's times: results.json and requests-POLICY.csv)
+            brief["served"] = {k: v for k, v in brief["served"].items() if k not in SERVED_PER_REQUEST}
+        out.append(brief)
+    return out
+
+
+# a served row's per-request lists (row["served"]): in results.json, not in --json
+SERVED_PER_REQUEST = ("per_request", "arrival_ms", "window")
 
 
 def _json_safe(obj):
