@@ -41,3 +41,11 @@ def stop(pool: ProcessPoolExecutor) -> None:
     # the pool's manager thread sees the dead workers and fails every outstanding task itself (cancelling
     # them here as well races it: CPython then raises InvalidStateError in that thread)
     pool.shutdown(wait=False)
+    # and closes its wake-up pipe as it ends: let it, briefly, before the interpreter's exit hook writes to that
+    # pipe (CPython 3.11 checks and writes without a lock: "Exception ignored ... Bad file descriptor" on stderr)
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=MANAGER_JOIN_S)
+
+
+MANAGER_JOIN_S = 0.5  # the manager thread ends within milliseconds of its workers' death
