@@ -14,6 +14,11 @@ With --prompts, each case is a request's prefill instead (workload.prompt_tokens
 chipsim.hwreplay.prefill_harness once as a warm-up, then --repeats times measured, and the replay stops at the
 first output token. The JSON keeps each chunk's measured latency (their sum: TTFT) and the board's energy over each
 measured replay.
+
+    chipsim hwreplay hwconfigs/h200-pcie5.yaml --batch 4 --steps 16 --policy no-prefetch --graphs --out DIR
+
+With --batch, each case is a batch's decode steps instead (workload.batch = B sequences, --steps each, at the config's
+context or --contexts): chipsim.hwreplay.run_batch.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
     if base.request is not None:
         raise InputError(f"{config}: workload.prompt_tokens: --contexts replays decode steps at a fixed context; "
                          "replay a request's prefill with --prompts")
+    if base.batch is not None:
+        raise InputError(f"{config}: workload.batch {base.batch.batch}: --contexts replays one sequence's decode steps; "
+                         f"replay a batch with --batch {base.batch.batch}")
     specs = [p.label for p in base.policies]
     work = [(config, [*overrides, f"workload.context_length={c}"], s) for c in contexts for s in specs]
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
@@ -180,22 +188,40 @@ def prefill_plans(config: str, prompts: list[int], policies: list[str] | None, j
     return preps[0], {(p.prompt_tokens, p.policy): p for p in plans}
 
 
+def experts_in_host(shape: tuple[int, int, int], device):
+    """(MoE layers, experts, expert bytes) uint8 in pinned host memory, normal BF16 numbers (fill_normal_bf16); on a
+    CPU dry run one expert's zeros stand for every expert (a model larger than this machine's memory fits)."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.zeros(shape[2], dtype=torch.uint8).expand(shape)
+    host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+    fill_normal_bf16(host, device)
+    return host
+
+
 def _slots_used(plans) -> int:
     """GPU slots the plans' copies land in (the lowest free slot is always taken: the plan's slots are fewer)."""
     return 1 + max([a[6] for plan in plans for a in plan.actions if a[0] == "issue"] + [0])
 
 
-def _replay_prefill_case(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
-    """One prefill plan replayed once unmeasured (the first launch of every graph, cuBLAS's first call of each
-    shape), then `repeats` times with the board's energy read around each."""
+def replay_repeated(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
+    """One plan replayed once unmeasured (the first launch of every graph, cuBLAS's first call of each shape), then
+    `repeats` times with the board's energy read around each: the first's result, the others' steps and energy."""
     from chipsim.hwreplay.harness import replay
 
     replay(plan, step, host, gpu_slots, first_dense, **{**kw, "gpu": None})  # warm-up
     runs = [replay(plan, step, host, gpu_slots, first_dense, **kw) for _ in range(repeats)]
     res = runs[0]
-    res["ttft_ms"] = round(sum(res["latency_ms"]), 5)
     res["repeat_latency_ms"] = [r["latency_ms"] for r in runs[1:]]
     res["repeat_energy"] = [r["energy"] for r in runs[1:]]
+    return res
+
+
+def _replay_prefill_case(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
+    """One prefill plan replayed as replay_repeated does, with its TTFT (the sum of its chunks)."""
+    res = replay_repeated(plan, step, host, gpu_slots, first_dense, repeats, kw)
+    res["ttft_ms"] = round(sum(res["latency_ms"]), 5)
     return res
 
 
@@ -216,12 +242,7 @@ def replay_prefill_config(config: str, prompts: list[int], policies: list[str] |
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
     expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
-    shape = (m.num_moe_layers, m.num_experts, expert_bytes)
-    if device.type == "cuda":
-        host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        fill_normal_bf16(host, device)
-    else:  # a dry run: one expert's zeros stand for every expert (a model larger than this machine's memory fits)
-        host = torch.zeros(expert_bytes, dtype=torch.uint8).expand(shape)
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
     slots = _slots_used(plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)
     log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
@@ -285,6 +306,28 @@ def _check_prefill_options(a) -> None:
                                                      else "this option is the decode replay's") + ")")
 
 
+def _check_batch_options(a) -> None:
+    """--batch replays a batch's decode steps: --prompts, and the decode replay's options it does not carry, are
+    refused; --steps needs --batch."""
+    if a.batch is None:
+        if a.steps is not None:
+            raise InputError("--steps: goes with --batch (each sequence's decode steps)")
+        return
+    from chipsim.hwreplay.run_batch import check_batch_sets
+
+    if a.batch < 2:
+        raise InputError(f"--batch {a.batch}: expected a whole number >= 2 (one sequence: leave --batch out)")
+    if a.steps is not None and a.steps < 1:
+        raise InputError(f"--steps {a.steps}: expected a whole number >= 1")
+    for given, option in ((a.prompts is not None, "--prompts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
+        if given:
+            raise InputError(f"{option}: not with --batch (a batch's steps are replayed op group by op group; "
+                             + ("a request's prefill is another replay)" if option == "--prompts"
+                                else "this option is the one-sequence decode replay's)"))
+    check_batch_sets(a.set)
+
+
 def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
@@ -294,6 +337,12 @@ def _parser() -> OneLineParser:
                     help="replay a request's prefill instead, for each of these prompt lengths (workload.prompt_tokens; "
                          "--policy then names prefill policies, default run.prefill_policy); the replay stops at the "
                          "first output token: TTFT and the board's energy")
+    ap.add_argument("--batch", type=int, default=None, metavar="B",
+                    help="replay a batch's decode steps instead: B sequences decoded together (workload.batch), each "
+                         "step one token of every sequence, at the config's context (or --contexts); per-step latency "
+                         "and the board's energy")
+    ap.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="with --batch: each sequence's decode steps, all measured (workload.max_tokens; default 16)")
     ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -335,6 +384,7 @@ def _say(line: str) -> None:
 def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
     """(contexts, prompts or None, each config's output file name) from the parsed options; bad input refused in one
     line before any work."""
+    _check_batch_options(a)
     prompts = _contexts(a.prompts, "--prompts") if a.prompts is not None else None
     if prompts:
         _check_prefill_options(a)
@@ -370,13 +420,21 @@ def main(argv=None) -> int:
         raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
-    if not prompts:
+    if not prompts and a.batch is None:
         os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
         if prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
             res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
                                         overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
                                         energy_settle_s=a.energy_settle)
+            os.makedirs(a.out, exist_ok=True)
+        elif a.batch is not None:
+            from chipsim.hwreplay.run_batch import DEFAULT_STEPS, replay_batch_config
+
+            res = replay_batch_config(config, contexts if a.contexts else None, a.batch, a.steps or DEFAULT_STEPS,
+                                      a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                      overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
+                                      energy_settle_s=a.energy_settle)
             os.makedirs(a.out, exist_ok=True)
         else:
             res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
