@@ -258,7 +258,7 @@ def batch_shapes(configs: list[str], batch: int, steps: int, contexts: list[int]
     compute.op_times_ns already has."""
     from chipsim.hw.config import load_config
     from chipsim.hwreplay.ops import batch_step_ops, prefill_expert_ops
-    from chipsim.hwreplay.run_batch import batch_contexts, batch_overrides
+    from chipsim.hwreplay.run import batch_contexts, batch_overrides
     from chipsim.runner import prepare
 
     known = {k for path in missing_from for k in load_config(path, []).hw.compute.op_times_ns}
