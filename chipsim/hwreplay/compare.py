@@ -20,6 +20,7 @@ from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hw.machine import roles
 from chipsim.hwreplay import pcie_check
+from chipsim.hwreplay.compare_batch import batch_lines, batch_mape_line, batch_regimes
 from chipsim.hwreplay.compare_prefill import mape as prefill_mape, prefill_lines, prefill_regimes
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
@@ -576,12 +577,16 @@ def _method_lines(commands: list[str]) -> list[str]:
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     prefill = prefill_regimes(a.prefill_regime, a.jobs)
-    if not a.measurements:  # the prefill regimes alone, printed
-        if not a.prefill_regime:
-            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime NAME PATH alone")
+    batch = batch_regimes(a.batch_regime, a.jobs)
+    if not a.measurements:  # the prefill and batch regimes alone, printed
+        if not a.prefill_regime and not a.batch_regime:
+            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime or --batch-regime NAME "
+                             "PATH alone")
         for name, rows in prefill:
             print("\n".join(prefill_lines(name, rows)))
-        _print_mapes([], a.held_out, [], prefill)
+        for name, rows in batch:
+            print("\n".join(batch_lines(name, rows)))
+        _print_mapes([], a.held_out, [], prefill, batch)
         return 0
     results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
     regimes = _regime_rows(a.regime, a.jobs)
@@ -590,7 +595,7 @@ def main(argv=None) -> int:
     mb = read_json(a.microbench)
     notes, pcie = _notes_and_pcie(a)
     graphs = all(res["kernel_launch"] == ["graph"] for res in results)
-    commands = _commands(a, [res["config"] for res in results], graphs, [name for name, _ in prefill])
+    commands = _commands(a, [res["config"] for res in results], graphs, [name for name, _ in prefill + batch])
     config = _resolve(results[0]["config"], a.measurements[0])
     check = array_model_vs_profile(mb, config, graphs) if mb and mb.get("op_times") else None
     cycle = None
@@ -599,7 +604,8 @@ def main(argv=None) -> int:
         known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
     extra = (regime_lines(regimes, figure_dir if a.report else None, report_dir)
-             + [line for name, rows in prefill for line in prefill_lines(name, rows)] + _probe_lines(a, config, regimes))
+             + [line for name, rows in prefill for line in prefill_lines(name, rows)]
+             + [line for name, rows in batch for line in batch_lines(name, rows)] + _probe_lines(a, config, regimes))
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:
@@ -611,7 +617,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    _print_mapes(rows, a.held_out, regimes, prefill)
+    _print_mapes(rows, a.held_out, regimes, prefill, batch)
     return 0
 
 
@@ -642,6 +648,10 @@ def _parser() -> OneLineParser:
                     help="a request's prefill replayed (chipsim hwreplay --prompts): its name, then measurement files "
                          "or folders of them (validation/regimes/prefill); TTFT and energy against the simulator, a "
                          "section of its own, left out while its folders hold no file; repeatable")
+    ap.add_argument("--batch-regime", nargs="+", action="append", default=[], metavar="NAME PATH",
+                    help="a batch's decode steps replayed (chipsim hwreplay --batch B): its name, then measurement "
+                         "files or folders of them (validation/regimes/batch); per-step latency and energy against the "
+                         "simulator, a section of its own, left out while its folders hold no file; repeatable")
     ap.add_argument("--figures", default=None, metavar="DIR",
                     help="where the regimes' per-layer stall figures go (default: figures/ beside --report)")
     ap.add_argument("--op-energy", default=None, metavar="FILE",
@@ -695,9 +705,10 @@ def _notes_and_pcie(a) -> tuple[list[str], dict | None]:
 
 
 def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] = ()) -> list[str]:
-    """The commands that measured and compared, for the report: on the GPU machine, then this one. A prefill regime
-    is named only once its files exist (`prefill_measured`: those regimes' names), as its section is."""
+    """The commands that measured and compared, for the report: on the GPU machine, then this one. A prefill or
+    batch regime is named only once its files exist (`prefill_measured`: those regimes' names), as its section is."""
     prefill_specs = [spec for spec in a.prefill_regime if spec[0] in prefill_measured]
+    batch_specs = [spec for spec in a.batch_regime if spec[0] in prefill_measured]
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
                 "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
@@ -715,6 +726,9 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     if prefill_specs:
         commands += ["bash validation/regimes/measure-prefill.sh OUT  # the prefill kernel shapes alone, then the "
                      "prefill replays (validation/regimes/README.md)"]
+    if batch_specs:
+        commands += ["bash validation/regimes/measure-batch.sh OUT  # the batch step's kernel shapes alone, then the "
+                     "batch replays (validation/regimes/README.md)"]
     if a.regime:
         commands += ["bash validation/regimes/measure-settled.sh OUT  # the energy counter and probe, every regime's "
                      "replays (validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
@@ -727,6 +741,8 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
                  + "".join(f" --regime {' '.join(repr(x) if ' ' in x else x for x in spec)}" for spec in a.regime)
                  + "".join(f" --prefill-regime {' '.join(repr(x) if ' ' in x else x for x in spec)}"
                            for spec in prefill_specs)
+                 + "".join(f" --batch-regime {' '.join(repr(x) if ' ' in x else x for x in spec)}"
+                           for spec in batch_specs)
                  + (f" --op-energy {a.op_energy}" if a.op_energy else "")
                  + (f" --handoff {a.handoff}" if a.handoff else "")
                  + (f" --step-energy {' '.join(a.step_energy)}" if a.step_energy else "")
@@ -751,9 +767,9 @@ def _probe_lines(a, config: str, regimes: list[tuple[str, list]]) -> list[str]:
     return lines
 
 
-def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]], prefill=()) -> None:
+def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]], prefill=(), batch=()) -> None:
     """One line of latency MAPE over every case and the held-out shape, and one per regime with its energy MAPE
-    (a prefill regime: TTFT and prefill energy)."""
+    (a prefill regime: TTFT and prefill energy; a batch regime: step latency and energy per step)."""
     if rows:
         print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({held_out}) "
               f"{mape([r for r in rows if r['model'] == held_out]):.1f} %")
@@ -762,6 +778,8 @@ def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]
         print(f"{name}: TTFT MAPE {prefill_mape(r['error_pct'] for r in rs):.1f} % over {len(rs)} cases, worst "
               f"{max((r['error_pct'] for r in rs), key=abs):+.1f} %; "
               + (f"prefill energy MAPE {prefill_mape(energy):.1f} %" if energy else "no energy over experts like real ones"))
+    for name, rs in batch:
+        print(batch_mape_line(name, rs))
     for name, rs in regimes:
         e = energy_mape(rs)
         print(f"{name}: latency MAPE {mape(rs):.1f} % over {len(rs)} cases, worst "

@@ -48,6 +48,7 @@ def _op_table(mb: dict, kernel_launch: str, extra: tuple = ()) -> str:
             rows.sort(key=lambda r: r["key"])
             src = more.get("op_times_from", {})
             where = (f"in the prefill chunks of prompts {src['prompts']}" if "prompts" in src
+                     else f"in the decode steps of batches of {src['batch']}" if "batch" in src
                      else f"at contexts {src.get('contexts')}")
             partial = (f"; stopped after {len(more['op_times'])} of its {more.get('shapes')} shapes, the rest "
                        "left to the array model" if more.get("complete") is False else "")

@@ -18,6 +18,9 @@ Measures (CUDA events, medians):
   GEMM (a chunk's projections and router over its tokens, each routed expert over the tokens the config's trace
   routes to it), the chunk's attention kernel, its elementwise work, each timed alone in one CUDA graph as a
   chain of about 1 ms (`prefill_op_times`);
+- every kernel shape of a batch's decode steps (--batch B, with --gemv): the GEMMs of B rows (projections, router,
+  LM head), each sequence's attention matvecs over its own cache, each routed expert's GEMMs over the step's tokens
+  the config's trace routes to it, the elementwise work over B tokens, timed as the prefill shapes are;
 - machine facts: GPU name, SM count, clocks, host CPU and memory.
 Nothing here is fitted to an end-to-end run.
 """
@@ -247,6 +250,36 @@ def prefill_shapes(configs: list[str], prompts: list[int], overrides=(), missing
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
+def batch_shapes(configs: list[str], batch: int, steps: int, contexts: list[int] | None, overrides=(),
+                 missing_from=()) -> list[tuple[object, list[str]]]:
+    """Every distinct primitive (by op key) of each config's batch decode step (B sequences, each at its context:
+    `contexts`, else the config's workload.context_length), and of its routed experts over every count of a step's
+    tokens its trace routes to one expert in `steps` steps, with its users; none whose key a `missing_from` config's
+    compute.op_times_ns already has."""
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.ops import batch_step_ops, prefill_expert_ops
+    from chipsim.hwreplay.run import batch_contexts, batch_overrides
+    from chipsim.runner import prepare
+
+    known = {k for path in missing_from for k in load_config(path, []).hw.compute.op_times_ns}
+    found: dict[str, tuple[object, set]] = {}
+    sets = [*overrides, *batch_overrides(batch, steps)]
+    for path in configs:
+        for ctx in batch_contexts(path, sets, contexts):
+            prep = prepare(path, [*sets, f"workload.context_length={ctx}"], ())
+            hw, name = prep.config.hw, prep.workload.model.name
+            routed = prep.trace["routed_ids"][:steps * batch]  # step i's tokens: i*B .. i*B + B - 1
+            tokens = {int(n) for i in range(steps) for layer in range(routed.shape[1])
+                      for n in np.unique(routed[i * batch:(i + 1) * batch, layer], return_counts=True)[1]}
+            users = [(p, f"{p.name} ({name}, batch {batch} at {ctx})") for ps in batch_step_ops(hw).values() for p in ps]
+            users += [(p, f"{p.name} over {n} tokens ({name}, batch {batch})") for n in sorted(tokens)
+                      for p in prefill_expert_ops(hw, n)]
+            for p, user in users:
+                if p.key not in known:
+                    found.setdefault(p.key, (p, set()))[1].add(user)
+    return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
+
+
 def _in_attention(p) -> bool:
     """A prefill chunk's attention kernel or a primitive fused into it: its operands are the kernel's own."""
     from chipsim.hwreplay.ops import ATTENTION_FUSED
@@ -438,27 +471,49 @@ def run(device="cuda", shape_configs=(), contexts=(512, 1024, 2048)) -> dict:
     return result
 
 
-def _prefill_main(a) -> int:
-    """--prompts: the prefill chunks' kernel shapes alone (prefill_op_times) into --out."""
+def _whole_numbers(text: str, option: str, least: int = 1) -> list[int]:
+    """"256,4096" -> [256, 4096]; anything else refused in one line naming `option`."""
     try:
-        prompts = [int(c) for c in a.prompts.split(",")]
+        values = [int(c) for c in text.split(",")]
     except ValueError:
-        raise InputError(f"--prompts {a.prompts!r}: expected whole numbers separated by commas, e.g. 256,4096") from None
+        values = []
+    if not values or min(values) < least:
+        raise InputError(f"{option} {text!r}: expected whole numbers >= {least} separated by commas, e.g. 256,4096")
+    return values
+
+
+def _prefill_main(a) -> int:
+    """--prompts (or --batch): the prefill chunks' (a batch step's) kernel shapes alone (prefill_op_times) into
+    --out."""
+    if a.batch is not None:
+        if a.prompts:
+            raise InputError("--batch: not with --prompts (a batch's decode steps or a request's prefill, one a probe)")
+        if a.batch < 2 or a.steps < 1:
+            raise InputError(f"--batch {a.batch} --steps {a.steps}: expected whole numbers B >= 2 and N >= 1")
+        contexts = _whole_numbers(a.contexts, "--contexts") if a.contexts else None
+        found = batch_shapes(list(a.shapes_from), a.batch, a.steps, contexts, a.set, a.missing_from)
+        what, origin = "batch", {"batch": a.batch, "steps": a.steps, **({"contexts": contexts} if contexts else {})}
+    else:
+        try:
+            prompts = [int(c) for c in a.prompts.split(",")]
+        except ValueError:
+            raise InputError(f"--prompts {a.prompts!r}: expected whole numbers separated by commas, e.g. 256,4096") from None
+        found = prefill_shapes(list(a.shapes_from), prompts, a.set, a.missing_from)
+        what, origin = "prefill", {"prompts": prompts}
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
     t0 = time.perf_counter()
     device = torch.device(a.device)
     # the GEMMs and attention kernels first (the array model has no tensor cores), then the rest: a time limit
     # that stops the probe leaves the elementwise shapes to the array model, not the GEMMs
-    shapes = sorted(prefill_shapes(list(a.shapes_from), prompts, a.set, a.missing_from),
-                    key=lambda s: (s[0].kind != "matmul" and s[0].attention is None, s[0].key))
-    print(f"{len(shapes)} prefill kernel shapes to time", flush=True)
+    shapes = sorted(found, key=lambda s: (s[0].kind != "matmul" and s[0].attention is None, s[0].key))
+    print(f"{len(shapes)} {what} kernel shapes to time", flush=True)
     info = machine(device) if device.type == "cuda" else {"gpu": "cpu (dry run)"}
 
     def save(rows, complete=False):
         res = {"machine": info, "gemv_kernel": a.gemv, "op_times": rows, "graph_only": True, "complete": complete,
                "shapes": len(shapes),
-               "op_times_from": {"configs": list(a.shapes_from), "prompts": prompts, **({"set": a.set} if a.set else {}),
+               "op_times_from": {"configs": list(a.shapes_from), **origin, **({"set": a.set} if a.set else {}),
                                  **({"missing_from": a.missing_from} if a.missing_from else {})},
                "seconds": round(time.perf_counter() - t0, 1)}
         write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True), what="--out")
@@ -473,7 +528,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes-from", nargs="*", default=[], metavar="CONFIG",
                     help="time every kernel shape of these configs' decode steps (the op_times_ns table)")
-    ap.add_argument("--contexts", default="512,1024,2048", help="context lengths whose attention shapes to time")
+    ap.add_argument("--contexts", default=None,
+                    help="context lengths whose attention shapes to time (default 512,1024,2048; with --batch, the "
+                         "config's workload.context_length)")
     ap.add_argument("--gemv", default=None, choices=GEMV_KERNELS,
                     help="only the per-shape kernel times (no copy or launch sweeps), with this GEMV kernel")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -483,13 +540,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default=None, metavar="N,N",
                     help="with --gemv: the kernel shapes of the prefill chunks of requests of these prompt lengths "
                          "instead of decode steps (each in one CUDA graph only)")
-    ap.add_argument("--device", default="cuda", help="with --prompts: cuda, or cpu for a dry run (times meaningless)")
+    ap.add_argument("--batch", type=int, default=None, metavar="B",
+                    help="with --gemv: the kernel shapes of a batch's decode steps of B sequences (workload.batch) "
+                         "instead (each in one CUDA graph only)")
+    ap.add_argument("--steps", type=int, default=16, metavar="N",
+                    help="with --batch: the decode steps whose experts' token counts to time (default 16)")
+    ap.add_argument("--device", default="cuda",
+                    help="with --prompts or --batch: cuda, or cpu for a dry run (times meaningless)")
     a = ap.parse_args(argv)
-    contexts = [int(c) for c in a.contexts.split(",")]
-    if (a.set or a.missing_from or a.prompts) and not a.gemv:
-        ap.error("--set, --missing-from and --prompts go with --gemv (the per-shape kernel times alone)")
-    if a.prompts:
+    if (a.set or a.missing_from or a.prompts or a.batch is not None) and not a.gemv:
+        ap.error("--set, --missing-from, --prompts and --batch go with --gemv (the per-shape kernel times alone)")
+    if a.prompts or a.batch is not None:
         return _prefill_main(a)
+    contexts = [int(c) for c in (a.contexts or "512,1024,2048").split(",")]
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from chipsim.hw.compute_formula import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import MIXER_GROUP, op_group_builders, weight_bytes as weight_bytes_at
+from chipsim.workload.batch import batch_group_builders
+from chipsim.workload.decode import MIXER_GROUP, op_group_builders, sequence_contexts, weight_bytes as weight_bytes_at
 from chipsim.errors import InputError
 from chipsim.workload.models import model_of
 from chipsim.workload.prefill import prefill_group_builders
@@ -90,18 +91,30 @@ class RecordingArrayModel(ArrayModel):
     primitive the decode step names `<ffn>_dequant`) as fused: the replay's 4-bit kernel unpacks and scales the
     weights in registers as it streams them, which is the work the simulator charges to the vector lanes."""
 
-    def __init__(self, hw: HardwareConfig):
+    def __init__(self, hw: HardwareConfig, tagged: bool = False):
+        """tagged: each OpCost is named `name#i`, i its primitive's place in the log, so that a group whose builder
+        repeats an OpCost (a batch's equal contexts, costed once) names every primitive it charges (`charged`)."""
         super().__init__(hw)
         self.log: list[Primitive] = []
+        self.tagged = tagged
         w = hw.model
         self._quant = (w.expert_bits, w.quant_group_size, w.quant_scale_bits) if w.expert_bits < 16 else None
+
+    def _noted(self, p: Primitive) -> str:
+        """Log `p`; the name its OpCost carries."""
+        self.log.append(p)
+        return f"{p.name}#{len(self.log) - 1}" if self.tagged else p.name
+
+    def charged(self, op) -> list[Primitive]:
+        """The primitives a tagged model's OpCost `op` charges, in order, repeats included."""
+        return [self.log[int(part.rpartition("#")[2])] for part in op.name.split("+")]
 
     def matvec(self, name, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
         bits, group = 16, 0
         if self._quant and groups == 1 and weight_bytes == weight_bytes_at(reduction * outputs, *self._quant):
             bits, group = self._quant[0], self._quant[1]
-        self.log.append(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes, groups=groups,
-                                  bits=bits, quant_group=group))
+        name = self._noted(Primitive("matvec", name, reduction, outputs, weight_bytes, write_bytes=write_bytes,
+                                     groups=groups, bits=bits, quant_group=group))
         return super().matvec(name, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def matmul(self, name, tokens, reduction, outputs, weight_bytes, write_bytes=0, groups=1):
@@ -109,18 +122,17 @@ class RecordingArrayModel(ArrayModel):
             return super().matmul(name, tokens, reduction, outputs, weight_bytes, write_bytes, groups)
         if groups != 1:
             raise InputError(f"hwreplay: {name}: a GEMM whose operand rows several outputs share is not replayed")
-        self.log.append(Primitive("matmul", name, reduction, outputs, weight_bytes, write_bytes=write_bytes,
-                                  tokens=tokens))
+        name = self._noted(Primitive("matmul", name, reduction, outputs, weight_bytes, write_bytes=write_bytes,
+                                     tokens=tokens))
         return super().matmul(name, tokens, reduction, outputs, weight_bytes, write_bytes, groups)
 
     def sfu(self, name, ops):
-        self.log.append(Primitive("sfu", name, elements=ops))
-        return super().sfu(name, ops)
+        return super().sfu(self._noted(Primitive("sfu", name, elements=ops)), ops)
 
     def vector(self, name, lane_ops, read_bytes=0):
         fused = self._quant is not None and name.endswith("_dequant")
-        self.log.append(Primitive("vector", name, weight_bytes=read_bytes, elements=lane_ops, fused=fused))
-        return super().vector(name, lane_ops, read_bytes)
+        return super().vector(self._noted(Primitive("vector", name, weight_bytes=read_bytes, elements=lane_ops,
+                                                    fused=fused)), lane_ops, read_bytes)
 
 
 def profile_coverage(hw: HardwareConfig) -> tuple[int, int]:
@@ -169,14 +181,15 @@ def kernels_per_token(hw: HardwareConfig) -> dict[str, int]:
 ATTENTION_FUSED = ("softmax_exp", "softmax_norm", "value_mix")
 
 
-def replayable_prefill_model(hw: HardwareConfig):
-    """The model shape, if the prefill replay runs it: grouped-query attention in every layer (full or sliding)."""
+def replayable_prefill_model(hw: HardwareConfig, what: str = "prefill"):
+    """The model shape, if the prefill (or batch: `what`) replay runs it: grouped-query attention in every layer
+    (full or sliding), BF16 experts (its expert GEMMs have no 4-bit kernel)."""
     model = model_of(hw.model)
     if model.attention == "mla" or any(model.mixer(layer) == MAMBA for layer in range(model.num_layers)):
-        raise InputError(f"hwreplay: {model.name}: the prefill replay runs models whose every layer is grouped-query "
+        raise InputError(f"hwreplay: {model.name}: the {what} replay runs models whose every layer is grouped-query "
                          "attention (full or sliding); not MLA or Mamba layers")
     if hw.model.expert_bits != 16:
-        raise InputError(f"hwreplay: model.expert_bits {hw.model.expert_bits}: the prefill replay runs BF16 experts")
+        raise InputError(f"hwreplay: model.expert_bits {hw.model.expert_bits}: the {what} replay runs BF16 experts")
     return model
 
 
@@ -224,3 +237,17 @@ def prefill_expert_ops(hw: HardwareConfig, tokens: int) -> list[Primitive]:
     am = RecordingArrayModel(hw)
     prefill_group_builders(am, model, hw, 0, 1)["expert"](tokens)
     return list(am.log)
+
+
+def batch_step_ops(hw: HardwareConfig) -> dict[str, list[Primitive]]:
+    """A batch decode step's op groups as primitives (chipsim.workload.batch.batch_group_builders over
+    workload.batch sequences at their contexts, chipsim.workload.decode.sequence_contexts; groups the model lacks
+    are absent): "attention" and "attention_sliding" (the mixer: projections as GEMMs of B rows, each sequence's
+    scores, softmax and value mix as the decode step's matvecs over its own cache), "router", "dense", "shared",
+    "combine", "head" (every sequence's LM head). A routed expert over n of the step's tokens is
+    prefill_expert_ops(hw, n): the same builder."""
+    model = replayable_prefill_model(hw, "batch")
+    am = RecordingArrayModel(hw, tagged=True)  # sequences of one context share one costed attention core
+    contexts = sequence_contexts(hw, hw.workload.context_length)
+    return {name: am.charged(build()) for name, build in batch_group_builders(am, model, hw, contexts).items()
+            if build is not None and name not in ("expert", "mamba")}

@@ -24,6 +24,10 @@ output token: TTFT); within a chunk the actions above run as in a decode step, w
 
 What the run does after the prompt's last chunk (its decode steps) is not recorded.
 
+A batch's plan (workload.batch B > 1) holds its decode steps, each B tokens, one of every sequence (the trace laid out
+by chipsim.trace.interleave: step i's tokens are i·B .. i·B + B − 1); each step's actions are a decode token's, with t
+the step's last token, and each "compute" carries the step's tokens routed to each expert, as a prefill chunk's.
+
 Issue points are program points: the replay may start a copy no earlier than the compute stream reaches
 the action's place in the list. The buffer slot of every fetch is assigned here (lowest free slot; an
 evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
@@ -117,6 +121,7 @@ class PlanRecorder(Observer):
         self._routed = None  # a request's trace routing: (token, MoE layer, k) expert ids
         self._chunk: tuple[int, int] | None = None  # the prefill chunk running: (first, last) prompt token
         self._prompt = 0  # a request's prompt tokens (0: decode steps only)
+        self._batch = 0  # a batch's sequences (0: one sequence)
         self._plan_tokens: dict | None = None  # the running layer's plan's own token counts (LayerPlan.tokens)
         self.done = False  # a request's prompt is read: nothing more is recorded
 
@@ -128,6 +133,9 @@ class PlanRecorder(Observer):
                                  "no demand_first, demand_preempts_prefetch or cancel_in_flight)")
             self._routed = sim.trace["routed_ids"]
             self._prompt = sim.request.prompt_tokens
+        if sim.batch is not None:  # each step's experts run over the step's tokens routed to them
+            self._routed = sim.trace["routed_ids"]
+            self._batch = sim.batch.batch
         if not fifo_copy_stream(sim.hw.dma):
             self.spans = record_dma(sim, _SpanRecorder(sim.dma.engines))
 
@@ -135,6 +143,8 @@ class PlanRecorder(Observer):
         if self.done:
             return
         self.t = t
+        if self._batch:  # a batch step: t is its last token
+            self._chunk = (t - self._batch + 1, t)
         self.actions.append(["token", t])
 
     def prefill_start(self, chunk, first, last, now) -> None:
@@ -148,7 +158,7 @@ class PlanRecorder(Observer):
         self.done = last == self._prompt - 1
 
     def _routed_tokens(self, layer: int, experts: list[int]) -> list[int]:
-        """The running chunk's tokens each of `experts` of MoE layer `layer` runs for, as the engine counts them: the
+        """The running chunk's (or batch step's) tokens each of `experts` of MoE layer `layer` runs for, as the engine counts them: the
         policy's own count where its plan gives one (LayerPlan.tokens), else the tokens routed to it (at least 1)."""
         counts = self._plan_tokens
         if counts is None:
@@ -228,6 +238,7 @@ class Plan:
     sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
     prompt_tokens: int = 0  # a request's prompt: the plan is its prefill chunks (tokens: their number), else 0
     chunk_tokens: list | None = None  # a request's prefill chunks: [offset, tokens] each
+    batch: int = 0  # a batch's sequences: the plan is its decode steps (tokens: their number), else 0
 
     @property
     def sim_ttft_ms(self) -> float:
@@ -262,6 +273,8 @@ class Plan:
             extra["sim_segment_launches"] = self.sim_segment_launches
         if self.prompt_tokens:
             extra.update(prompt_tokens=self.prompt_tokens, chunk_tokens=self.chunk_tokens)
+        if self.batch:
+            extra["batch"] = self.batch
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
                 "sim_fetch_bytes": self.sim_fetch_bytes, **extra}
@@ -291,15 +304,15 @@ def assign_slots(actions: list, slots: int) -> list:
 
 def build_plan(prep: Prepared, policy) -> Plan:
     """Run `policy` on the prepared config and trace with the recorder watching; return its Plan. For a request
-    (prep.request) the run is the whole request under `policy`'s prefill policy, and the plan its prefill chunks."""
-    for many, key in ((getattr(prep, "batch", None), "workload.batch"), (getattr(prep, "speculative", None),
-                                                                         "workload.speculative")):
-        if many is not None:  # a step of several tokens per layer: its experts are GEMMs the decode replay lacks
-            raise InputError(f"hwreplay: {key}: the GPU replay runs one sequence's decode steps, or a request's prefill")
+    (prep.request) the run is the whole request under `policy`'s prefill policy, and the plan its prefill chunks; for
+    a batch (prep.batch) its decode steps of B tokens each."""
+    if getattr(prep, "speculative", None) is not None:  # verify steps: drafts the replay has no model of
+        raise InputError("hwreplay: workload.speculative: the GPU replay runs one sequence's decode steps, a batch's, "
+                         "or a request's prefill")
     recorder = PlanRecorder()
     prefill = prep.prefill_for.get(policy.label)
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
-                     observers=[recorder], request=prep.request, prefill_policy=prefill)
+                     observers=[recorder], request=prep.request, prefill_policy=prefill, batch=prep.batch)
     result = sim.run()
     energy = per_token_energy_pj(result, EnergyTable.from_config(prep.config.hw))
     fmt = sim.expert_format
@@ -308,7 +321,8 @@ def build_plan(prep: Prepared, policy) -> Plan:
     actions = assign_slots(recorder.actions, sim.slots)
     steps = len(prep.request.chunks) if prep.request is not None else result.tokens  # a request: its prefill chunks
     link = roles(prep.config.hw).expert_link
-    plan = Plan(policy=prefill.label if prefill is not None else policy.label, tokens=steps if prep.request else sim.num_tokens,
+    stepped = prep.request is not None or prep.batch is not None  # plan.tokens: the steps, not the trace tokens
+    plan = Plan(policy=prefill.label if prefill is not None else policy.label, tokens=steps if stepped else sim.num_tokens,
                 slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes], actions=actions,
                 sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps[:steps]],
                 sim_fetch_bytes=int(result.per_token.bytes[link][:steps].sum()),
@@ -319,4 +333,6 @@ def build_plan(prep: Prepared, policy) -> Plan:
     if prep.request is not None:
         plan.prompt_tokens = prep.request.prompt_tokens
         plan.chunk_tokens = [[c.offset, c.tokens] for c in prep.request.chunks]
+    if prep.batch is not None:
+        plan.batch = prep.batch.batch
     return plan

@@ -14,12 +14,23 @@ With --prompts, each case is a request's prefill instead (workload.prompt_tokens
 chipsim.hwreplay.prefill_harness once as a warm-up, then --repeats times measured, and the replay stops at the
 first output token. The JSON keeps each chunk's measured latency (their sum: TTFT) and the board's energy over each
 measured replay.
+
+    chipsim hwreplay hwconfigs/h200-pcie5.yaml --batch 4 --steps 16 --policy no-prefetch --graphs --out DIR
+
+With --batch, each case (context, policy) is a batch's decode steps instead: the config with workload.batch = B,
+workload.max_tokens = N (each sequence's decode steps, --steps; default 16) and workload.warmup_tokens = 0, at
+workload.context_length = the context (--contexts; default the config's own). Its plan (chipsim.hwreplay.plan: the
+simulator's decisions, each step's experts over the step's tokens routed to them) is built on the CPU, then replayed
+by chipsim.hwreplay.batch_harness once unmeasured and --repeats times measured, the board's energy read around each.
+The JSON keeps each step's measured latency and the plan's digest and bytes; `chipsim hwcompare --batch-regime NAME
+PATH` sets them beside the simulator's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -43,6 +54,9 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
     if base.request is not None:
         raise InputError(f"{config}: workload.prompt_tokens: --contexts replays decode steps at a fixed context; "
                          "replay a request's prefill with --prompts")
+    if base.batch is not None:
+        raise InputError(f"{config}: workload.batch {base.batch.batch}: --contexts replays one sequence's decode steps; "
+                         f"replay a batch with --batch {base.batch.batch}")
     specs = [p.label for p in base.policies]
     work = [(config, [*overrides, f"workload.context_length={c}"], s) for c in contexts for s in specs]
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
@@ -180,22 +194,40 @@ def prefill_plans(config: str, prompts: list[int], policies: list[str] | None, j
     return preps[0], {(p.prompt_tokens, p.policy): p for p in plans}
 
 
+def experts_in_host(shape: tuple[int, int, int], device):
+    """(MoE layers, experts, expert bytes) uint8 in pinned host memory, normal BF16 numbers (fill_normal_bf16); on a
+    CPU dry run one expert's zeros stand for every expert (a model larger than this machine's memory fits)."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.zeros(shape[2], dtype=torch.uint8).expand(shape)
+    host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+    fill_normal_bf16(host, device)
+    return host
+
+
 def _slots_used(plans) -> int:
     """GPU slots the plans' copies land in (the lowest free slot is always taken: the plan's slots are fewer)."""
     return 1 + max([a[6] for plan in plans for a in plan.actions if a[0] == "issue"] + [0])
 
 
-def _replay_prefill_case(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
-    """One prefill plan replayed once unmeasured (the first launch of every graph, cuBLAS's first call of each
-    shape), then `repeats` times with the board's energy read around each."""
+def replay_repeated(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
+    """One plan replayed once unmeasured (the first launch of every graph, cuBLAS's first call of each shape), then
+    `repeats` times with the board's energy read around each: the first's result, the others' steps and energy."""
     from chipsim.hwreplay.harness import replay
 
     replay(plan, step, host, gpu_slots, first_dense, **{**kw, "gpu": None})  # warm-up
     runs = [replay(plan, step, host, gpu_slots, first_dense, **kw) for _ in range(repeats)]
     res = runs[0]
-    res["ttft_ms"] = round(sum(res["latency_ms"]), 5)
     res["repeat_latency_ms"] = [r["latency_ms"] for r in runs[1:]]
     res["repeat_energy"] = [r["energy"] for r in runs[1:]]
+    return res
+
+
+def _replay_prefill_case(plan, step, host, gpu_slots, first_dense: int, repeats: int, kw: dict) -> dict:
+    """One prefill plan replayed as replay_repeated does, with its TTFT (the sum of its chunks)."""
+    res = replay_repeated(plan, step, host, gpu_slots, first_dense, repeats, kw)
+    res["ttft_ms"] = round(sum(res["latency_ms"]), 5)
     return res
 
 
@@ -216,12 +248,7 @@ def replay_prefill_config(config: str, prompts: list[int], policies: list[str] |
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
     expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
-    shape = (m.num_moe_layers, m.num_experts, expert_bytes)
-    if device.type == "cuda":
-        host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        fill_normal_bf16(host, device)
-    else:  # a dry run: one expert's zeros stand for every expert (a model larger than this machine's memory fits)
-        host = torch.zeros(expert_bytes, dtype=torch.uint8).expand(shape)
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
     slots = _slots_used(plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)
     log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
@@ -256,6 +283,102 @@ def replay_prefill_config(config: str, prompts: list[int], policies: list[str] |
             "torch": torch.__version__, "cases": cases, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+# ---------------------------------------------------------------------------------- a batch's decode steps (--batch)
+BATCH_STEPS = 16  # --steps default: each sequence's decode steps
+# the keys --batch and --steps set: a --set of them would be overridden, so it is refused
+BATCH_KEYS = ("workload.batch", "workload.max_tokens", "workload.warmup_tokens")
+
+
+def batch_overrides(batch: int, steps: int) -> list[str]:
+    """The config keys that make a config a batch of `batch` sequences decoding `steps` tokens each, every step
+    measured (no warm-up: the replay runs one unmeasured pass of the whole plan first)."""
+    return [f"workload.batch={batch}", f"workload.max_tokens={steps}", "workload.warmup_tokens=0"]
+
+
+def check_batch_sets(sets: list[str]) -> None:
+    for item in sets:
+        key = item.partition("=")[0].strip()
+        if key in BATCH_KEYS:
+            raise InputError(f"--set {key}: not with --batch (--batch B sets workload.batch, --steps N "
+                             "workload.max_tokens, and every step is measured: workload.warmup_tokens 0)")
+
+
+def batch_contexts(config: str, overrides: list[str], contexts: list[int] | None) -> list[int]:
+    """--contexts, else the config's own workload.context_length."""
+    return contexts or [load_config(config, overrides).hw.workload.context_length]
+
+
+def batch_plans(config: str, contexts: list[int], policies: list[str] | None, jobs: int, overrides: list[str]):
+    """(each context's Prepared, {(context, policy label): Plan}), built in parallel processes; every case is
+    prepared first, so a bad policy or a trace too short is refused before any plan runs."""
+    from chipsim.hwreplay.ops import replayable_prefill_model
+
+    replayable_prefill_model(load_config(config, overrides).hw, "batch")  # no kernels for MLA, Mamba, 4-bit
+    preps = {c: prepare(config, [*overrides, f"workload.context_length={c}"], policies or ()) for c in contexts}
+    work = [(config, [*overrides, f"workload.context_length={c}"], p.label) for c in contexts for p in preps[c].policies]
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
+        plans = list(pool.map(_plan_job, work))
+    return preps, {(int(w[1][-1].split("=")[1]), w[2]): p for w, p in zip(work, plans)}
+
+
+def _case_line(ctx: int, label: str, plan, res: dict) -> str:
+    """One replayed case in words: mean step latency measured (each replay) and simulated, copies, energy."""
+    runs = [res["latency_ms"], *res["repeat_latency_ms"]]
+    energies = [e for e in [res["energy"], *res["repeat_energy"]] if e]
+    steps = len(res["latency_ms"])
+    return (f"  ctx {ctx} {label:12} measured {statistics.fmean(runs[0]):9.3f} ms/step"
+            + "".join(f", again {statistics.fmean(r):.3f}" for r in runs[1:])
+            + f", simulated {statistics.fmean(plan.sim_latency_ms):9.3f}; copies {res['copies']} "
+            f"({res['copied_bytes'] / 1e9:.2f} GB, plan {plan.fetch_bytes / 1e9:.2f})"
+            + "".join(f", board {e['energy_j'] * 1e3 / steps:.1f} mJ/step at {e['power_w']:.0f} W" for e in energies)
+            + f", {res['launches_per_token']:.0f} launches/step")
+
+
+def replay_batch_config(config: str, contexts: list[int] | None, batch: int, steps: int, policies: list[str] | None,
+                        jobs: int, log=print, device: str = "cuda", graphs: bool = False, overrides=(),
+                        gemv: str = "cublas", repeats: int = 1, energy_settle_s: float = 0.5) -> dict:
+    """Every (context, policy) of a config's batch replayed (module docstring); the measurement file's content."""
+    import torch
+
+    from chipsim.hwreplay.batch_harness import GpuBatch, expert_tokens_of
+    from chipsim.hwreplay.nvml import open_gpu
+
+    t0 = time.perf_counter()
+    overrides = [*overrides, *batch_overrides(batch, steps)]
+    contexts = batch_contexts(config, overrides, contexts)
+    preps, plans = batch_plans(config, contexts, policies, jobs, overrides)
+    base = preps[contexts[0]]
+    m, expert_bytes = base.workload.model, base.workload.expert_bytes
+    log(f"{config}: {len(plans)} batch plans ({batch} sequences, {steps} steps) built in {time.perf_counter() - t0:.1f} s")
+    device = torch.device(device)
+    gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
+    t1 = time.perf_counter()
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
+    slots = _slots_used(plans.values())
+    gpu_slots = expert_slots(slots, expert_bytes, device)
+    log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    cases = []
+    kw = dict(graphs=graphs, gpu=gpu, energy_settle_s=energy_settle_s)
+    for ctx in contexts:
+        mine = {label: plan for (c, label), plan in plans.items() if c == ctx}
+        step = GpuBatch(preps[ctx].config.hw, expert_tokens_of(mine.values()), device, gemv=gemv)
+        if step.expert_bytes != expert_bytes:
+            raise RuntimeError(f"expert primitives read {step.expert_bytes} bytes, the expert has {expert_bytes}")
+        for label, plan in mine.items():
+            res = replay_repeated(plan, step, host, gpu_slots, m.first_dense_layers, repeats, kw)
+            log(_case_line(ctx, label, plan, res))
+            cases.append({"context_length": ctx, "policy": label, "plan": plan.to_json(),
+                          "kernels_per_group": step.kernels_per_group, **res})
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"config": config, "overrides": overrides, "model": m.name, "trace": os.path.basename(base.config.trace_path),
+            "host_experts": "normal-bf16" if device.type == "cuda" else "zeros (cpu dry run: one expert stands for all)",
+            "batch": batch, "steps": steps, "contexts": contexts, "warmup_replays": 1, "energy_settle_s": energy_settle_s,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+            "torch": torch.__version__, "cases": cases, "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def replay_overrides(sets: list[str], segments: bool) -> list[str]:
     """The config overrides a replay runs with: the user's, and with segment graphs one launch per segment, not
     per op group (compute.launch_per=segment; the user's own setting of that key wins)."""
@@ -285,6 +408,26 @@ def _check_prefill_options(a) -> None:
                                                      else "this option is the decode replay's") + ")")
 
 
+def _check_batch_options(a) -> None:
+    """--batch replays a batch's decode steps: --prompts, and the decode replay's options it does not carry, are
+    refused; --steps needs --batch."""
+    if a.batch is None:
+        if a.steps is not None:
+            raise InputError("--steps: goes with --batch (each sequence's decode steps)")
+        return
+    if a.batch < 2:
+        raise InputError(f"--batch {a.batch}: expected a whole number >= 2 (one sequence: leave --batch out)")
+    if a.steps is not None and a.steps < 1:
+        raise InputError(f"--steps {a.steps}: expected a whole number >= 1")
+    for given, option in ((a.prompts is not None, "--prompts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
+        if given:
+            raise InputError(f"{option}: not with --batch (a batch's steps are replayed op group by op group; "
+                             + ("a request's prefill is another replay)" if option == "--prompts"
+                                else "this option is the one-sequence decode replay's)"))
+    check_batch_sets(a.set)
+
+
 def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
@@ -294,6 +437,12 @@ def _parser() -> OneLineParser:
                     help="replay a request's prefill instead, for each of these prompt lengths (workload.prompt_tokens; "
                          "--policy then names prefill policies, default run.prefill_policy); the replay stops at the "
                          "first output token: TTFT and the board's energy")
+    ap.add_argument("--batch", type=int, default=None, metavar="B",
+                    help="replay a batch's decode steps instead: B sequences decoded together (workload.batch), each "
+                         "step one token of every sequence, at the config's context (or --contexts); per-step latency "
+                         "and the board's energy")
+    ap.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="with --batch: each sequence's decode steps, all measured (workload.max_tokens; default 16)")
     ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -335,6 +484,7 @@ def _say(line: str) -> None:
 def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
     """(contexts, prompts or None, each config's output file name) from the parsed options; bad input refused in one
     line before any work."""
+    _check_batch_options(a)
     prompts = _contexts(a.prompts, "--prompts") if a.prompts is not None else None
     if prompts:
         _check_prefill_options(a)
@@ -370,13 +520,19 @@ def main(argv=None) -> int:
         raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
-    if not prompts:
+    if not prompts and a.batch is None:
         os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
         if prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
             res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
                                         overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
                                         energy_settle_s=a.energy_settle)
+            os.makedirs(a.out, exist_ok=True)
+        elif a.batch is not None:
+            res = replay_batch_config(config, contexts if a.contexts else None, a.batch, a.steps or BATCH_STEPS,
+                                      a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                      overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
+                                      energy_settle_s=a.energy_settle)
             os.makedirs(a.out, exist_ok=True)
         else:
             res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,

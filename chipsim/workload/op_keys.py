@@ -21,6 +21,10 @@ tokens (`prefill_shape`): a GEMM `matmul mM rR oO bB` of some model's prefill at
 affine in the chunk's tokens (norms, RoPE, biases, the router's and each expert's elementwise work over the tokens
 routed to it) at some token count; and a grouped-query attention's scores, value mix and softmax at some chunk
 offset and length (full, or over a sliding window; the pairs each chunk query attends, solved for exactly).
+
+A batch's decode step (chipsim.workload.batch) adds its own (`batch_shape`): a GEMM of some model's batch step at any
+M >= 2 sequences (its projections, router, LM head over every sequence), and an operation affine in the sequences
+(norms, the LM head's argmax over each); each sequence's attention is the decode step's, at its own context.
 """
 
 from __future__ import annotations
@@ -235,6 +239,56 @@ def prefill_shape(quant: tuple, key: str, models: tuple) -> bool:
     return any(_attention_matches(model, kind, f, max_tokens) for model in models)
 
 
+# a batch step's operations per sequence at its own context: the decode step's (_templates) accept them
+_PER_SEQUENCE = (*_ATTENTION, "latent_mix")
+
+
+def _batch_keys(quant: tuple, model, bits: int, sequences: int) -> list[tuple[str, str]]:
+    """(operation name, key) of every operation of one batch step of `sequences` (each at context 1) but their own
+    attention cores, and of one routed expert over `sequences` tokens, in build order."""
+    from chipsim.workload.batch import batch_group_builders
+
+    group, scale_bits, dequant_ops = quant
+    hw = SimpleNamespace(model=SimpleNamespace(expert_bits=bits, quant_group_size=group, quant_scale_bits=scale_bits),
+                         compute=SimpleNamespace(dequant_ops_per_weight=dequant_ops))
+    recorder = _KeyRecorder()
+    for name, build in batch_group_builders(recorder, model, hw, [1] * sequences).items():
+        if build is not None:
+            build(sequences) if name == "expert" else build()
+    return [(n, k) for n, k in zip(recorder.names, recorder.keys) if n not in _PER_SEQUENCE]
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_templates(quant: tuple, models: tuple) -> tuple[set, dict]:
+    """({(r, o, b) of every batch-step GEMM}, kind -> {(field names, values at 2 sequences, change per sequence)})
+    over `models` and every expert precision."""
+    gemms: set = set()
+    affine: dict[str, set] = {kind: set() for kind in _FORMS}
+    for model in models:
+        for bits in field_bounds(ModelConfig, "expert_bits").choices:
+            at2, at3 = _batch_keys(quant, model, bits, 2), _batch_keys(quant, model, bits, 3)
+            for (_, k2), (_, k3) in zip(at2, at3, strict=True):
+                kind, f2 = parse_op_key(k2)
+                _, f3 = parse_op_key(k3)
+                if kind == "matmul":
+                    gemms.add((f2["reduction"], f2["outputs"], f2["read_bytes"]))
+                names = tuple(f2)
+                affine[kind].add((names, tuple(f2[n] for n in names), tuple(f3[n] - f2[n] for n in names)))
+    return gemms, affine
+
+
+def batch_shape(quant: tuple, key: str, models: tuple) -> bool:
+    """Whether `key` is an operation of some batch step of a model of `models` (the module's rule)."""
+    kind, f = parse_op_key(key)
+    most = field_bounds(WorkloadConfig, "batch").maximum
+    gemms, affine = _batch_templates(quant, models)
+    if kind == "matmul":
+        return 2 <= f["tokens"] <= most and (f["reduction"], f["outputs"], f["read_bytes"]) in gemms
+    names = tuple(f)
+    values = tuple(f[n] for n in names)  # (_matches counts from 1: here from 2 sequences)
+    return any(t == names and _matches(values, at2, step, most - 1) for t, at2, step in affine[kind])
+
+
 def known_models(hw: HardwareConfig) -> tuple:
     """Every bundled shape and the config's own (a config.json's model is as much a model chipsim knows)."""
     from chipsim.workload.models import MODELS  # every bundled shape: read here, on the runs that need them
@@ -254,7 +308,7 @@ def _is_operation(quant: tuple, models: tuple, key: str) -> bool:
     for t_names, at1, step in _templates(quant, models)[kind]:
         if t_names == names and _matches(values, at1, step, max_context):
             return True
-    return prefill_shape(quant, key, models)
+    return prefill_shape(quant, key, models) or batch_shape(quant, key, models)
 
 
 @functools.lru_cache(maxsize=16)
