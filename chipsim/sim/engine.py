@@ -103,6 +103,8 @@ class Simulation:
             self._gemm_source = served.costs
         self._host_timings: dict[int, HostTiming] = {}
         self._served_steps = 0
+        self._routers: list[Work] = []  # (made by _layer_costs)
+        self._mixer_kinds: list[str] = []
         # the recorded steps: one per decode token, or a request's prefill chunks and then its decode steps
         self.num_steps = self.num_tokens
         if request is not None:
@@ -532,6 +534,9 @@ class Simulation:
         return work + (launch if n == 1 else launch.times(n))
 
     def _layer_costs(self) -> list[LayerCost]:
+        # each layer's router and mixer kind, for the decode steps whose mixer depends on the context (_decode_costs)
+        self._routers = [cost_of(layer.router) for layer in self.workload.layers]
+        self._mixer_kinds = [self.model.mixer(li) for li in range(len(self.workload.layers))]
         costs = []
         fmt = self.expert_format
         for layer in self.workload.layers:
@@ -751,9 +756,8 @@ class Simulation:
     def _decode_costs(self, costs: list[LayerCost], mixer: Any, context: int) -> list[LayerCost]:
         """A request's decode step over `context` tokens: each layer's costs with `mixer(kind, context)` (and the
         router) in place of the decode workload's mixer."""
-        layers = self.workload.layers
-        return [cost._replace(pre=cost_of(mixer(self.model.mixer(li), context)) + cost_of(layers[li].router))
-                for li, cost in enumerate(costs)]
+        routers, kinds = self._routers, self._mixer_kinds
+        return [cost._replace(pre=cost_of(mixer(kinds[li], context)) + routers[li]) for li, cost in enumerate(costs)]
 
     def _decode_format(self, policy: Any) -> None:
         """Decode moves and stores experts in its policy's format: where that is not prefill's (FloE's compressed
