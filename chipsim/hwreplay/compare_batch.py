@@ -16,7 +16,7 @@ import statistics
 
 from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, read_input_text
-from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, prefill_files
+from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, replay_regimes
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.plan import build_plan
 from chipsim.pool import worker_pool
@@ -134,14 +134,7 @@ def batch_lines(name: str, rows: list[dict]) -> list[str]:
 
 def batch_regimes(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
     """Each --batch-regime NAME PATH...: its name and rows; a regime whose paths hold no file yet is left out."""
-    out = []
-    for spec in specs:
-        if len(spec) < 2:
-            raise InputError(f"--batch-regime {' '.join(spec)}: expected a name and at least one file or folder")
-        rows = [row for path in prefill_files(spec[1:]) for row in compare_batch_file(path, jobs)]
-        if rows:
-            out.append((spec[0], rows))
-    return out
+    return replay_regimes("--batch-regime", specs, compare_batch_file, jobs)
 
 
 def batch_mape_line(name: str, rows: list[dict]) -> str:

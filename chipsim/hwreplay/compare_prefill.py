@@ -184,12 +184,17 @@ def prefill_lines(name: str, rows: list[dict]) -> list[str]:
 
 def prefill_regimes(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
     """Each --prefill-regime NAME PATH...: its name and rows; a regime whose paths hold no file yet is left out."""
+    return replay_regimes("--prefill-regime", specs, compare_prefill_file, jobs)
+
+
+def replay_regimes(option: str, specs: list[list[str]], compare_file, jobs: int) -> list[tuple[str, list]]:
+    """Each `option` NAME PATH...: its name and the rows `compare_file(path, jobs)` gives for every replay file the
+    paths hold; a regime whose paths hold no file yet is left out."""
     out = []
     for spec in specs:
         if len(spec) < 2:
-            raise InputError(f"--prefill-regime {' '.join(spec)}: expected a name and at least one file or folder")
-        files = prefill_files(spec[1:])
-        rows = [row for path in files for row in compare_prefill_file(path, jobs)]
+            raise InputError(f"{option} {' '.join(spec)}: expected a name and at least one file or folder")
+        rows = [row for path in prefill_files(spec[1:]) for row in compare_file(path, jobs)]
         if rows:
             out.append((spec[0], rows))
     return out

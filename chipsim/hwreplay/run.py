@@ -206,6 +206,16 @@ def experts_in_host(shape: tuple[int, int, int], device):
     return host
 
 
+def _host_and_slots(m, expert_bytes: int, plans, device, log) -> tuple:
+    """Every expert in host memory (experts_in_host) and the GPU slots the plans' copies land in, timed in the log."""
+    t1 = time.perf_counter()
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
+    slots = _slots_used(plans)
+    gpu_slots = expert_slots(slots, expert_bytes, device)
+    log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    return host, gpu_slots
+
+
 def _slots_used(plans) -> int:
     """GPU slots the plans' copies land in (the lowest free slot is always taken: the plan's slots are fewer)."""
     return 1 + max([a[6] for plan in plans for a in plan.actions if a[0] == "issue"] + [0])
@@ -247,11 +257,7 @@ def replay_prefill_config(config: str, prompts: list[int], policies: list[str] |
     device = torch.device(device)
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
     expert_bytes = base.workload.expert_bytes
-    t1 = time.perf_counter()
-    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
-    slots = _slots_used(plans.values())
-    gpu_slots = expert_slots(slots, expert_bytes, device)
-    log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    host, gpu_slots = _host_and_slots(m, expert_bytes, plans.values(), device, log)
     cases = []
     for prompt in prompts:
         hw = load_config(config, [*overrides, *request_overrides(prompt)]).hw
@@ -352,11 +358,7 @@ def replay_batch_config(config: str, contexts: list[int] | None, batch: int, ste
     log(f"{config}: {len(plans)} batch plans ({batch} sequences, {steps} steps) built in {time.perf_counter() - t0:.1f} s")
     device = torch.device(device)
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None
-    t1 = time.perf_counter()
-    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)
-    slots = _slots_used(plans.values())
-    gpu_slots = expert_slots(slots, expert_bytes, device)
-    log(f"  {host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    host, gpu_slots = _host_and_slots(m, expert_bytes, plans.values(), device, log)
     cases = []
     kw = dict(graphs=graphs, gpu=gpu, energy_settle_s=energy_settle_s)
     for ctx in contexts:
