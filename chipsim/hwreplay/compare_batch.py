@@ -11,12 +11,10 @@ model only' column is the same batch without the config's measured operation tim
 
 from __future__ import annotations
 
-import json
 import statistics
 
 from chipsim.errors import InputError
-from chipsim.files import JSON_MAX_BYTES, read_input_text
-from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, replay_regimes
+from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, read_measurement, replay_regimes
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.plan import build_plan
 from chipsim.pool import worker_pool
@@ -68,22 +66,9 @@ def _case_row(job) -> dict:
             "simulated_mj": sim_mj, **energy}
 
 
-def _measurement(path: str) -> dict:
-    text = read_input_text(path, "measurement file", JSON_MAX_BYTES)
-    try:
-        meas = json.loads(text)
-        if not meas.get("batch"):
-            raise KeyError("batch")
-        _ = meas["config"], meas["model"], [(c["context_length"], c["policy"], c["latency_ms"]) for c in meas["cases"]]
-    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{path}: not a batch measurement of chipsim hwreplay --batch "
-                         f"({type(exc).__name__}: {exc})") from None
-    return meas
-
-
 def compare_batch_file(path: str, jobs: int = 1) -> list[dict]:
     """Every case of one batch measurement file re-simulated: one row each."""
-    meas = _measurement(path)
+    meas = read_measurement(path, "batch", "context_length", "--batch")
     config = _resolve(meas["config"], path)
     real = meas.get("host_experts") == "normal-bf16"  # energy only over experts like real ones (not a dry run's zeros)
     work = [(config, list(meas.get("overrides", [])), case, meas["model"], meas["batch"], real) for case in meas["cases"]]

@@ -102,22 +102,24 @@ def _case_row(job) -> dict:
             "simulated_mj": sim_mj, **energy}
 
 
-def _measurement(path: str) -> dict:
+def read_measurement(path: str, kind: str, case_key: str, option: str) -> dict:
+    """A replay measurement file of `kind` ("prefill", "batch": its flag in the file), each case with `case_key`,
+    a policy and latencies; refused in one line naming the hwreplay `option` that writes one."""
     text = read_input_text(path, "measurement file", JSON_MAX_BYTES)
     try:
         meas = json.loads(text)
-        if not meas.get("prefill"):
-            raise KeyError("prefill")
-        _ = meas["config"], meas["model"], [(c["prompt_tokens"], c["policy"], c["latency_ms"]) for c in meas["cases"]]
+        if not meas.get(kind):
+            raise KeyError(kind)
+        _ = meas["config"], meas["model"], [(c[case_key], c["policy"], c["latency_ms"]) for c in meas["cases"]]
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{path}: not a prefill measurement of chipsim hwreplay --prompts "
+        raise InputError(f"{path}: not a {kind} measurement of chipsim hwreplay {option} "
                          f"({type(exc).__name__}: {exc})") from None
     return meas
 
 
 def compare_prefill_file(path: str, jobs: int = 1) -> list[dict]:
     """Every case of one prefill measurement file re-simulated: one row each."""
-    meas = _measurement(path)
+    meas = read_measurement(path, "prefill", "prompt_tokens", "--prompts")
     config = _resolve(meas["config"], path)
     real = meas.get("host_experts") == "normal-bf16"  # energy only over experts like real ones (not a dry run's zeros)
     work = [(config, list(meas.get("overrides", [])), case, meas["model"], real) for case in meas["cases"]]
