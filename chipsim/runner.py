@@ -422,7 +422,7 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
                      record_events=record_events, record_tokens=record_tokens, core=core_for(prep.config.hw.run.engine),
                      observers=list(observers) + ([bar] if bar is not None else []),
                      request=prep.request, prefill_policy=prep.prefill_for.get(policy.label), batch=prep.batch,
-                     speculative=prep.speculative, served=_new_server(prep))
+                     speculative=prep.speculative, served=new_server(prep))
     try:
         return sim.run()
     finally:
@@ -430,7 +430,7 @@ def simulate(prep: Prepared, policy: Policy, record_events: bool = False, record
             bar.close()
 
 
-def _new_server(prep: Prepared):
+def new_server(prep: Prepared):
     """A fresh server of the prepared requests for one policy's run (None: not a served run)."""
     if prep.served is None:
         return None

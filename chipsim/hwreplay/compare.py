@@ -21,6 +21,7 @@ from chipsim.hw.config import load_config
 from chipsim.hw.machine import roles
 from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.compare_batch import batch_lines, batch_mape_line, batch_regimes
+from chipsim.hwreplay.compare_served import served_lines, served_mape_line, served_regimes
 from chipsim.hwreplay.compare_prefill import mape as prefill_mape, prefill_lines, prefill_regimes
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
@@ -578,15 +579,18 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     prefill = prefill_regimes(a.prefill_regime, a.jobs)
     batch = batch_regimes(a.batch_regime, a.jobs)
-    if not a.measurements:  # the prefill and batch regimes alone, printed
-        if not a.prefill_regime and not a.batch_regime:
-            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime or --batch-regime NAME "
-                             "PATH alone")
+    served = served_regimes(a.served_regime, a.jobs)
+    if not a.measurements:  # the prefill, batch and served regimes alone, printed
+        if not a.prefill_regime and not a.batch_regime and not a.served_regime:
+            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime, --batch-regime or "
+                             "--served-regime NAME PATH alone")
         for name, rows in prefill:
             print("\n".join(prefill_lines(name, rows)))
         for name, rows in batch:
             print("\n".join(batch_lines(name, rows)))
-        _print_mapes([], a.held_out, [], prefill, batch)
+        for name, rows in served:
+            print("\n".join(served_lines(name, rows)))
+        _print_mapes([], a.held_out, [], prefill, batch, served)
         return 0
     results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
     regimes = _regime_rows(a.regime, a.jobs)
@@ -595,7 +599,7 @@ def main(argv=None) -> int:
     mb = read_json(a.microbench)
     notes, pcie = _notes_and_pcie(a)
     graphs = all(res["kernel_launch"] == ["graph"] for res in results)
-    commands = _commands(a, [res["config"] for res in results], graphs, [name for name, _ in prefill + batch])
+    commands = _commands(a, [res["config"] for res in results], graphs, [name for name, _ in prefill + batch + served])
     config = _resolve(results[0]["config"], a.measurements[0])
     check = array_model_vs_profile(mb, config, graphs) if mb and mb.get("op_times") else None
     cycle = None
@@ -605,7 +609,8 @@ def main(argv=None) -> int:
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
     extra = (regime_lines(regimes, figure_dir if a.report else None, report_dir)
              + [line for name, rows in prefill for line in prefill_lines(name, rows)]
-             + [line for name, rows in batch for line in batch_lines(name, rows)] + _probe_lines(a, config, regimes))
+             + [line for name, rows in batch for line in batch_lines(name, rows)]
+             + [line for name, rows in served for line in served_lines(name, rows)] + _probe_lines(a, config, regimes))
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
     if a.report:
         with open(a.report, "w") as f:
@@ -617,7 +622,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    _print_mapes(rows, a.held_out, regimes, prefill, batch)
+    _print_mapes(rows, a.held_out, regimes, prefill, batch, served)
     return 0
 
 
@@ -652,6 +657,10 @@ def _parser() -> OneLineParser:
                     help="a batch's decode steps replayed (chipsim hwreplay --batch B): its name, then measurement "
                          "files or folders of them (validation/regimes/batch); per-step latency and energy against the "
                          "simulator, a section of its own, left out while its folders hold no file; repeatable")
+    ap.add_argument("--served-regime", nargs="+", action="append", default=[], metavar="NAME PATH",
+                    help="a served run replayed (chipsim hwreplay --served): its name, then measurement files or "
+                         "folders of them (validation/regimes/served); per-step latency and the run's energy against "
+                         "the simulator, a section of its own, left out while its folders hold no file; repeatable")
     ap.add_argument("--figures", default=None, metavar="DIR",
                     help="where the regimes' per-layer stall figures go (default: figures/ beside --report)")
     ap.add_argument("--op-energy", default=None, metavar="FILE",
@@ -709,6 +718,7 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     batch regime is named only once its files exist (`prefill_measured`: those regimes' names), as its section is."""
     prefill_specs = [spec for spec in a.prefill_regime if spec[0] in prefill_measured]
     batch_specs = [spec for spec in a.batch_regime if spec[0] in prefill_measured]
+    served_specs = [spec for spec in a.served_regime if spec[0] in prefill_measured]
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
                 "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
@@ -729,6 +739,9 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     if batch_specs:
         commands += ["bash validation/regimes/measure-batch.sh OUT  # the batch step's kernel shapes alone, then the "
                      "batch replays (validation/regimes/README.md)"]
+    if served_specs:
+        commands += ["bash validation/regimes/measure-served.sh OUT  # the served run's kernel shapes alone, then its "
+                     "replays (validation/regimes/README.md)"]
     if a.regime:
         commands += ["bash validation/regimes/measure-settled.sh OUT  # the energy counter and probe, every regime's "
                      "replays (validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
@@ -743,6 +756,8 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
                            for spec in prefill_specs)
                  + "".join(f" --batch-regime {' '.join(repr(x) if ' ' in x else x for x in spec)}"
                            for spec in batch_specs)
+                 + "".join(f" --served-regime {' '.join(repr(x) if ' ' in x else x for x in spec)}"
+                           for spec in served_specs)
                  + (f" --op-energy {a.op_energy}" if a.op_energy else "")
                  + (f" --handoff {a.handoff}" if a.handoff else "")
                  + (f" --step-energy {' '.join(a.step_energy)}" if a.step_energy else "")
@@ -767,7 +782,8 @@ def _probe_lines(a, config: str, regimes: list[tuple[str, list]]) -> list[str]:
     return lines
 
 
-def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]], prefill=(), batch=()) -> None:
+def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]], prefill=(), batch=(),
+                 served=()) -> None:
     """One line of latency MAPE over every case and the held-out shape, and one per regime with its energy MAPE
     (a prefill regime: TTFT and prefill energy; a batch regime: step latency and energy per step)."""
     if rows:
@@ -780,6 +796,8 @@ def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]
               + (f"prefill energy MAPE {prefill_mape(energy):.1f} %" if energy else "no energy over experts like real ones"))
     for name, rs in batch:
         print(batch_mape_line(name, rs))
+    for name, rs in served:
+        print(served_mape_line(name, rs))
     for name, rs in regimes:
         e = energy_mape(rs)
         print(f"{name}: latency MAPE {mape(rs):.1f} % over {len(rs)} cases, worst "

@@ -18,6 +18,8 @@ Measures (CUDA events, medians):
   GEMM (a chunk's projections and router over its tokens, each routed expert over the tokens the config's trace
   routes to it), the chunk's attention kernel, its elementwise work, each timed alone in one CUDA graph as a
   chain of about 1 ms (`prefill_op_times`);
+- every kernel shape of the steps of a served run (--served, with --gemv and the run's keys in --set): each policy's
+  steps as its run schedules them, timed as the prefill shapes are;
 - every kernel shape of a batch's decode steps (--batch B, with --gemv): the GEMMs of B rows (projections, router,
   LM head), each sequence's attention matvecs over its own cache, each routed expert's GEMMs over the step's tokens
   the config's trace routes to it, the elementwise work over B tokens, timed as the prefill shapes are;
@@ -280,6 +282,38 @@ def batch_shapes(configs: list[str], batch: int, steps: int, contexts: list[int]
     return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
 
 
+def served_shapes(configs: list[str], policies: list[str] | None, overrides=(), missing_from=()
+                  ) -> list[tuple[object, list[str]]]:
+    """Every distinct primitive (by op key) of the steps each policy's served run of each config takes (the config's
+    workload.requests with the overrides; each policy's steps are its own, as its timing schedules them), and of its
+    routed experts over every count of a step's tokens routed to one, with its users; none whose key a
+    `missing_from` config's compute.op_times_ns already has. The attention kernel stands for its key, as at prefill."""
+    from chipsim.hw.config import load_config
+    from chipsim.hwreplay.ops import prefill_expert_ops, served_step_ops
+    from chipsim.hwreplay.run_served import served_plans
+    from chipsim.hwreplay.served_harness import step_parts
+
+    known = {k for path in missing_from for k in load_config(path, []).hw.compute.op_times_ns}
+    found: dict[str, tuple[object, set]] = {}
+    for path in configs:
+        prep, plans = served_plans(path, policies, 1, list(overrides))
+        hw, name = prep.config.hw, prep.workload.model.name
+        for label, plan in plans.items():
+            users = [(p, f"{p.name} ({name}, served, {label})") for parts in {tuple(ps) for ps in step_parts(plan)}
+                     for ps in served_step_ops(hw, list(parts)).values() for p in ps]
+            tokens = {n for a in plan.actions if a[0] == "compute" for n in a[4]}
+            users += [(p, f"{p.name} over {n} tokens ({name}, served)") for n in sorted(tokens)
+                      for p in prefill_expert_ops(hw, n)]
+            for p, user in users:
+                if p.key in known:
+                    continue
+                held = found.get(p.key)
+                if held is None or (held[0].fused and p.attention is not None):  # the kernel stands for its key
+                    found[p.key] = (p, held[1] if held else set())
+                found[p.key][1].add(user)
+    return [(p, sorted(users)) for _, (p, users) in sorted(found.items())]
+
+
 def _in_attention(p) -> bool:
     """A prefill chunk's attention kernel or a primitive fused into it: its operands are the kernel's own."""
     from chipsim.hwreplay.ops import ATTENTION_FUSED
@@ -485,7 +519,12 @@ def _whole_numbers(text: str, option: str, least: int = 1) -> list[int]:
 def _prefill_main(a) -> int:
     """--prompts (or --batch): the prefill chunks' (a batch step's) kernel shapes alone (prefill_op_times) into
     --out."""
-    if a.batch is not None:
+    if a.served:
+        if a.prompts or a.batch is not None:
+            raise InputError("--served: not with --prompts or --batch (one probe: a served run's steps)")
+        found = served_shapes(list(a.shapes_from), a.policy, a.set, a.missing_from)
+        what, origin = "served", {"served": True, **({"policies": a.policy} if a.policy else {})}
+    elif a.batch is not None:
         if a.prompts:
             raise InputError("--batch: not with --prompts (a batch's decode steps or a request's prefill, one a probe)")
         if a.batch < 2 or a.steps < 1:
@@ -545,12 +584,20 @@ def main(argv=None) -> int:
                          "instead (each in one CUDA graph only)")
     ap.add_argument("--steps", type=int, default=16, metavar="N",
                     help="with --batch: the decode steps whose experts' token counts to time (default 16)")
+    ap.add_argument("--served", action="store_true",
+                    help="with --gemv: the kernel shapes of the steps of each policy's served run of the configs "
+                         "(workload.requests and the rest, --set) instead (each in one CUDA graph only)")
+    ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
+                    help="with --served: the policies whose runs' steps to time (default: each config's run.policies)")
     ap.add_argument("--device", default="cuda",
-                    help="with --prompts or --batch: cuda, or cpu for a dry run (times meaningless)")
+                    help="with --prompts, --batch or --served: cuda, or cpu for a dry run (times meaningless)")
     a = ap.parse_args(argv)
-    if (a.set or a.missing_from or a.prompts or a.batch is not None) and not a.gemv:
-        ap.error("--set, --missing-from, --prompts and --batch go with --gemv (the per-shape kernel times alone)")
-    if a.prompts or a.batch is not None:
+    if (a.set or a.missing_from or a.prompts or a.batch is not None or a.served) and not a.gemv:
+        ap.error("--set, --missing-from, --prompts, --batch and --served go with --gemv (the per-shape kernel times "
+                 "alone)")
+    if a.policy and not a.served:
+        ap.error("--policy goes with --served (whose runs' steps to time)")
+    if a.prompts or a.batch is not None or a.served:
         return _prefill_main(a)
     contexts = [int(c) for c in (a.contexts or "512,1024,2048").split(",")]
     if a.gemv:

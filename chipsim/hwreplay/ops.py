@@ -251,3 +251,42 @@ def batch_step_ops(hw: HardwareConfig) -> dict[str, list[Primitive]]:
     contexts = sequence_contexts(hw, hw.workload.context_length)
     return {name: am.charged(build()) for name, build in batch_group_builders(am, model, hw, contexts).items()
             if build is not None and name not in ("expert", "mamba")}
+
+
+def served_step_ops(hw: HardwareConfig, parts) -> dict[str, list[Primitive]]:
+    """A served run's step of `parts` (chipsim.workload.served.Part) as op groups of primitives, as
+    chipsim.workload.served.ServedCosts costs it: one prompt chunk as that prefill chunk (prefill_chunk_ops), one
+    decode token as a request's decode step over its cache (the decode builders at its context), several parts as a
+    mixed step (mixed_mixer's projections over all the step's tokens, each part's own attention core: a decode
+    token's matvecs over its cache, a chunk's one attention kernel; the router, dense FFN, shared experts and
+    weighted sums over the step's tokens; the head of the parts that yield a token). A routed expert over n of the
+    step's tokens is prefill_expert_ops(hw, n)."""
+    from chipsim.workload.prefill import prefill_group_builders
+    from chipsim.workload.served import mixed_mixer, part_core, served_head
+
+    model = replayable_prefill_model(hw, "served")
+    if len(parts) == 1 and not parts[0].decode:
+        p = parts[0]
+        return prefill_chunk_ops(hw, p.position, p.tokens, p.emits)
+    am = RecordingArrayModel(hw, tagged=True)
+    kinds = {model.mixer(layer) for layer in range(model.num_layers)}
+    if len(parts) == 1:  # a decode token: the decode step's groups over its cache (its mixer's as _decode_costs')
+        builders = op_group_builders(am, model, hw, context=parts[0].position + 1)
+        return {name: am.charged(build()) for name, build in builders.items()
+                if build is not None and name not in ("expert", "mamba")}
+    n = sum(p.tokens for p in parts)
+
+    def core(attention: str, p, window: int) -> list:
+        first = len(am.log)
+        ops = part_core(am, model, attention, p, window)
+        if not p.decode:  # the chunk's scores launch its attention kernel; its softmax and value mix run inside
+            am.log[first:] = _with_attention_kernel(am.log[first:], Attention(
+                model.num_heads, model.num_kv_heads, model.head_dim, p.position, p.tokens, window))
+        return ops
+
+    out = {MIXER_GROUP[kind]: am.charged(mixed_mixer(am, model, kind, list(parts), n, core)) for kind in kinds}
+    for name, build in prefill_group_builders(am, model, hw, 0, n).items():
+        if name in ("router", "dense", "shared", "combine") and build is not None:
+            out[name] = am.charged(build())
+    out["head"] = am.charged(served_head(am, model, n, sum(1 for p in parts if p.emits)))
+    return out

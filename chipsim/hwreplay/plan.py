@@ -28,6 +28,14 @@ A batch's plan (workload.batch B > 1) holds its decode steps, each B tokens, one
 by chipsim.trace.interleave: step i's tokens are i·B .. i·B + B − 1); each step's actions are a decode token's, with t
 the step's last token, and each "compute" carries the step's tokens routed to each expert, as a prefill chunk's.
 
+A served run's plan (workload.requests, chipsim.serve) holds its steps, each the parts its scheduler ran then (each
+part: trace token `first`, cache position, tokens, 1 for a decode token, 1 where it yields an output token):
+
+    ["step", k, gap_ps, [[first, position, tokens, decode, emits], ...]]   step k starts, gap_ps after the last one
+                                                                          ended (the chip idle, waiting for arrivals)
+    ... a prefill chunk's actions, t the step's last token, each "compute" with the step's tokens per expert ...
+    ["step_end", k]                                                       step k ends (after its head)
+
 Issue points are program points: the replay may start a copy no earlier than the compute stream reaches
 the action's place in the list. The buffer slot of every fetch is assigned here (lowest free slot; an
 evicted slot is free again at once, since a later copy into it queues behind the earlier one on the
@@ -58,7 +66,7 @@ from dataclasses import dataclass
 
 from chipsim.errors import InputError
 from chipsim.hw.machine import roles
-from chipsim.runner import Prepared
+from chipsim.runner import Prepared, new_server
 from chipsim.sim.dma import DmaRecorder
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.engine import Simulation
@@ -123,6 +131,10 @@ class PlanRecorder(Observer):
         self._prompt = 0  # a request's prompt tokens (0: decode steps only)
         self._batch = 0  # a batch's sequences (0: one sequence)
         self._plan_tokens: dict | None = None  # the running layer's plan's own token counts (LayerPlan.tokens)
+        self._served = False  # a served run: steps of parts (module docstring)
+        self._step_tokens: list[int] = []  # a served step's trace tokens, in the engine's order
+        self._step_end = -1  # when the last served step ended (ps; -1: none yet)
+        self._row = -1  # the served step running
         self.done = False  # a request's prompt is read: nothing more is recorded
 
     def attach(self, sim) -> None:
@@ -136,23 +148,49 @@ class PlanRecorder(Observer):
         if sim.batch is not None:  # each step's experts run over the step's tokens routed to them
             self._routed = sim.trace["routed_ids"]
             self._batch = sim.batch.batch
+        if sim.served is not None:
+            self._routed = sim.trace["routed_ids"]
+            self._served = True
         if not fifo_copy_stream(sim.hw.dma):
             self.spans = record_dma(sim, _SpanRecorder(sim.dma.engines))
+
+    def served_step(self, row, parts, now) -> None:
+        self._step_tokens = [t for p in parts for t in range(p.first, p.first + p.tokens)]
+        self._chunk = (0, 0)  # every "compute" carries its tokens
+        self.t, self._row = self._step_tokens[-1], row
+        gap = now - self._step_end if self._step_end >= 0 else 0
+        self.actions.append(["step", row, gap, [[p.first, p.position, p.tokens, int(p.decode), int(p.emits)]
+                                               for p in parts]])
+
+    def _served_end(self, end) -> None:
+        self.actions.append(["step_end", self._row])
+        self._step_end = end
+
+    def token_end(self, t, start, end) -> None:
+        if self._served:
+            self._served_end(end)
 
     def token_start(self, t, now) -> None:
         if self.done:
             return
         self.t = t
+        if self._served:
+            return
         if self._batch:  # a batch step: t is its last token
             self._chunk = (t - self._batch + 1, t)
         self.actions.append(["token", t])
 
     def prefill_start(self, chunk, first, last, now) -> None:
+        if self._served:
+            return
         self.t = last
         self._chunk = (first, last)
         self.actions.append(["prefill", chunk, first, last])
 
     def prefill_end(self, chunk, first, last, start, end) -> None:
+        if self._served:
+            self._served_end(end)
+            return
         self.actions.append(["prefill_end", chunk])
         self._chunk = None
         self.done = last == self._prompt - 1
@@ -161,7 +199,10 @@ class PlanRecorder(Observer):
         """The running chunk's (or batch step's) tokens each of `experts` of MoE layer `layer` runs for, as the engine counts them: the
         policy's own count where its plan gives one (LayerPlan.tokens), else the tokens routed to it (at least 1)."""
         counts = self._plan_tokens
-        if counts is None:
+        if counts is None and self._served:
+            ids = self._routed[self._step_tokens, layer].ravel().tolist()
+            counts = {e: ids.count(e) for e in set(ids)}
+        elif counts is None:
             first, last = self._chunk
             ids = self._routed[first:last + 1, layer].ravel().tolist()
             counts = {e: ids.count(e) for e in set(ids)}
@@ -239,6 +280,7 @@ class Plan:
     prompt_tokens: int = 0  # a request's prompt: the plan is its prefill chunks (tokens: their number), else 0
     chunk_tokens: list | None = None  # a request's prefill chunks: [offset, tokens] each
     batch: int = 0  # a batch's sequences: the plan is its decode steps (tokens: their number), else 0
+    requests: int = 0  # a served run's requests: the plan is its steps (tokens: their number), else 0
 
     @property
     def sim_ttft_ms(self) -> float:
@@ -275,6 +317,8 @@ class Plan:
             extra.update(prompt_tokens=self.prompt_tokens, chunk_tokens=self.chunk_tokens)
         if self.batch:
             extra["batch"] = self.batch
+        if self.requests:
+            extra["requests"] = self.requests
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
                 "sim_fetch_bytes": self.sim_fetch_bytes, **extra}
@@ -312,16 +356,20 @@ def build_plan(prep: Prepared, policy) -> Plan:
     recorder = PlanRecorder()
     prefill = prep.prefill_for.get(policy.label)
     sim = Simulation(prep.config.hw, prep.workload, prep.trace, policy, max_tokens=prep.config.hw.workload.max_tokens,
-                     observers=[recorder], request=prep.request, prefill_policy=prefill, batch=prep.batch)
+                     observers=[recorder], request=prep.request, prefill_policy=prefill, batch=prep.batch,
+                     served=new_server(prep))
     result = sim.run()
     energy = per_token_energy_pj(result, EnergyTable.from_config(prep.config.hw))
     fmt = sim.expert_format
     if fmt.slot_bytes != fmt.fetch_bytes:
         raise InputError(f"hwreplay: policy {policy.label} stores experts in another format than it moves them")
     actions = assign_slots(recorder.actions, sim.slots)
+    served = prep.served is not None
     steps = len(prep.request.chunks) if prep.request is not None else result.tokens  # a request: its prefill chunks
+    if served:
+        steps = int(result.served.step_tokens.size)
     link = roles(prep.config.hw).expert_link
-    stepped = prep.request is not None or prep.batch is not None  # plan.tokens: the steps, not the trace tokens
+    stepped = prep.request is not None or prep.batch is not None or served  # plan.tokens: steps, not trace tokens
     plan = Plan(policy=prefill.label if prefill is not None else policy.label, tokens=steps if stepped else sim.num_tokens,
                 slots=sim.slots, part_bytes=[int(b) for b in fmt.part_bytes], actions=actions,
                 sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps[:steps]],
@@ -335,4 +383,6 @@ def build_plan(prep: Prepared, policy) -> Plan:
         plan.chunk_tokens = [[c.offset, c.tokens] for c in prep.request.chunks]
     if prep.batch is not None:
         plan.batch = prep.batch.batch
+    if served:
+        plan.requests = prep.config.hw.workload.requests
     return plan

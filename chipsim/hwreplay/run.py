@@ -24,6 +24,10 @@ simulator's decisions, each step's experts over the step's tokens routed to them
 by chipsim.hwreplay.batch_harness once unmeasured and --repeats times measured, the board's energy read around each.
 The JSON keeps each step's measured latency and the plan's digest and bytes; `chipsim hwcompare --batch-regime NAME
 PATH` sets them beside the simulator's.
+
+    chipsim hwreplay hwconfigs/h200-pcie5.yaml --served --set workload.requests=10 ... --graphs --out DIR
+
+With --served, each policy's served run (chipsim.hwreplay.run_served) is replayed step by step instead.
 """
 
 from __future__ import annotations
@@ -430,6 +434,18 @@ def _check_batch_options(a) -> None:
     check_batch_sets(a.set)
 
 
+def _check_served_options(a) -> None:
+    """--served replays a served run's steps: the other replays' options are refused."""
+    if not a.served:
+        return
+    for given, option in ((a.prompts is not None, "--prompts"), (a.batch is not None, "--batch"),
+                          (a.contexts is not None, "--contexts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
+        if given:
+            raise InputError(f"{option}: not with --served (a served run's steps, their prompts, batches and "
+                             "contexts are the config's workload.requests and scheduler's)")
+
+
 def _parser() -> OneLineParser:
     ap = OneLineParser(prog="chipsim hwreplay", description="replay policies' decisions on the GPU and measure "
                        "per-token latency (needs torch with CUDA)")
@@ -445,6 +461,10 @@ def _parser() -> OneLineParser:
                          "and the board's energy")
     ap.add_argument("--steps", type=int, default=None, metavar="N",
                     help="with --batch: each sequence's decode steps, all measured (workload.max_tokens; default 16)")
+    ap.add_argument("--served", action="store_true",
+                    help="replay the config's served run instead (workload.requests, workload.arrivals, "
+                         "workload.scheduler; --set them): every step as the simulator ran it, the simulated gaps "
+                         "between steps slept on the GPU; per-step latency and the board's energy")
     ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -486,6 +506,7 @@ def _say(line: str) -> None:
 def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
     """(contexts, prompts or None, each config's output file name) from the parsed options; bad input refused in one
     line before any work."""
+    _check_served_options(a)
     _check_batch_options(a)
     prompts = _contexts(a.prompts, "--prompts") if a.prompts is not None else None
     if prompts:
@@ -522,10 +543,17 @@ def main(argv=None) -> int:
         raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
-    if not prompts and a.batch is None:
+    if not prompts and a.batch is None and not a.served:
         os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):
-        if prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
+        if a.served:
+            from chipsim.hwreplay.run_served import replay_served_config
+
+            res = replay_served_config(config, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
+                                       overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
+                                       energy_settle_s=a.energy_settle)
+            os.makedirs(a.out, exist_ok=True)
+        elif prompts:  # (--out is made once there is something to write: bad input leaves nothing behind)
             res = replay_prefill_config(config, prompts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
                                         overrides=list(a.set), gemv=a.gemv, repeats=a.repeats,
                                         energy_settle_s=a.energy_settle)

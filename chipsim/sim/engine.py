@@ -892,6 +892,8 @@ class Simulation:
                 continue
             if row == self.num_steps:
                 self._grow_steps()
+            if self._observer is not None:
+                self._observer.served_step(row, parts, now)
             self._use_clock = row
             yield from self._served_step(row, parts, costs, head, served.costs)
             served.step_done(parts, now, self._now())

@@ -34,6 +34,13 @@ from layer_start to layer_end run as in a decode step (t: the chunk's last token
     prefill_start(chunk, first, last, now)   prefill chunk `chunk` of prompt tokens first .. last begins
     prefill_end(chunk, first, last, start, end)  it ended (its LM head, on the prompt's last chunk, included)
 
+A served run's steps (workload.requests, chipsim.serve) each begin with
+
+    served_step(row, parts, now)             step `row` runs these parts (chipsim.workload.served.Part) from `now`
+
+then run as a decode step (one decode token), a prefill chunk (one prompt chunk) or a batch step (several parts:
+token_start .. token_end, t its last token).
+
 Fetches, landings, evictions and host jobs happen whenever the DMA queue and the policy make them, between the
 calls above. The DMA queue has its own, finer observer (chipsim.sim.dma.DmaRecorder: each transfer's phases on each
 engine), handed to it by an observer's attach with `record_dma(sim, recorder)` when it needs them; one per run.
@@ -98,6 +105,9 @@ class Observer:
         pass
 
     def prefill_end(self, chunk: int, first: int, last: int, start: int, end: int) -> None:
+        pass
+
+    def served_step(self, row: int, parts: list[Any], now: int) -> None:
         pass
 
 
@@ -174,6 +184,10 @@ class Observers(Observer):
     def prefill_end(self, chunk: int, first: int, last: int, start: int, end: int) -> None:
         for o in self.observers:
             o.prefill_end(chunk, first, last, start, end)
+
+    def served_step(self, row: int, parts: list[Any], now: int) -> None:
+        for o in self.observers:
+            o.served_step(row, parts, now)
 
 
 def record_dma(sim: Any, recorder: Any) -> Any:

@@ -16,7 +16,7 @@ decode token, a prompt's last chunk).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
@@ -93,7 +93,7 @@ class ServedCosts:
             built[MIXER_GROUP[kind]] = self.grouped(MIXER_GROUP[kind], self._mixer(kind, parts, n)) \
                 if kind in kinds else None
         emitting = sum(1 for p in parts if p.emits)
-        head = self.grouped("head", _head(self.am, m, n, emitting))
+        head = self.grouped("head", served_head(self.am, m, n, emitting))
         assert head is not None
         return MixedStep(step_layers(m, built), head)
 
@@ -107,40 +107,10 @@ class ServedCosts:
         return groups
 
     def _mixer(self, kind: str, parts: list[Part], n: int) -> OpCost:
-        am, m = self.am, self.model
-        if kind == MAMBA:
-            ops = _mamba2(am, m, tokens=n, states=len(parts))
-        elif m.attention == "mla":
-            ops = self._mla(parts, n)
-        else:
-            window = m.sliding_window if kind == SLIDING else 0
-            ops = gqa_projections(am, m, n)
-            for p in parts:
-                ops += self._core("gqa", p, window)
-            ops += gqa_output(am, m, n)
-        total = _norm(am, "attn_norm", n, m.hidden_size)
-        for op in ops:
-            total = total + op
-        return total + am.vector("attn_residual", n * m.hidden_size)
-
-    def _mla(self, parts: list[Part], n: int) -> list[OpCost]:
-        """MLA for a mixed step: the projections over all n tokens; the decode tokens absorbed (their queries into
-        the latent space, scores and mix against their caches, lifted to values), each chunk not absorbed."""
-        am, m = self.am, self.model
-        h, nope, lora, v = m.num_heads, m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim
-        ops = mla_projections(am, m, n)
-        decoding = sum(1 for p in parts if p.decode)
-        if decoding:
-            ops.append(am.matmul("q_absorb_uk", decoding, nope, h * lora, h * nope * lora * BF16_BYTES))
-        for p in parts:
-            ops += self._core("mla", p, 0)
-        if decoding:
-            ops.append(am.matmul("v_up_uv", decoding, lora, h * v, h * lora * v * BF16_BYTES))
-        ops.append(am.matmul("o_proj", n, h * v, m.hidden_size, h * v * m.hidden_size * BF16_BYTES))
-        return ops
+        return mixed_mixer(self.am, self.model, kind, parts, n, self._core)
 
     def _core(self, attention: str, p: Part, window: int) -> list[OpCost]:
-        """A part's own attention core: a decode token's over its cache, a chunk's causal one (made once)."""
+        """A part's own attention core (part_core), made once per shape."""
         if p.decode:
             context = p.position + 1
             key: tuple = (attention, "decode", min(context, window) if window else context)
@@ -148,18 +118,62 @@ class ServedCosts:
             key = (attention, "chunk", p.position, p.tokens, window)
         ops = self._cores.get(key)
         if ops is None:
-            am, m = self.am, self.model
-            if p.decode:
-                ops = gqa_decode_core(am, m, key[2]) if attention == "gqa" else mla_decode_core(am, m, key[2])
-            elif attention == "gqa":
-                ops = gqa_chunk_core(am, m, p.position, p.tokens, window)
-            else:
-                ops = mla_chunk_core(am, m, p.position, p.tokens)
-            self._cores[key] = ops
+            ops = self._cores[key] = part_core(self.am, self.model, attention, p, window)
         return ops
 
 
-def _head(am: ArrayModel, m: ModelShape, tokens: int, emitting: int) -> OpCost:
+Core = Callable[[str, Part, int], list[OpCost]]
+
+
+def mixed_mixer(am: ArrayModel, m: ModelShape, kind: str, parts: list[Part], n: int, core: Core) -> OpCost:
+    """A mixed step's token mixer of `kind` over its n tokens, with its input norm and residual; `core(attention,
+    part, window)` gives each part's own attention core (part_core: ServedCosts makes each shape once, the
+    hardware replay marks a chunk's as its attention kernel)."""
+    if kind == MAMBA:
+        ops = _mamba2(am, m, tokens=n, states=len(parts))
+    elif m.attention == "mla":
+        ops = _mla_mixed(am, m, parts, n, core)
+    else:
+        window = m.sliding_window if kind == SLIDING else 0
+        ops = gqa_projections(am, m, n)
+        for p in parts:
+            ops += core("gqa", p, window)
+        ops += gqa_output(am, m, n)
+    total = _norm(am, "attn_norm", n, m.hidden_size)
+    for op in ops:
+        total = total + op
+    return total + am.vector("attn_residual", n * m.hidden_size)
+
+
+def _mla_mixed(am: ArrayModel, m: ModelShape, parts: list[Part], n: int, core: Core) -> list[OpCost]:
+    """MLA for a mixed step: the projections over all n tokens; the decode tokens absorbed (their queries into
+    the latent space, scores and mix against their caches, lifted to values), each chunk not absorbed."""
+    h, nope, lora, v = m.num_heads, m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim
+    ops = mla_projections(am, m, n)
+    decoding = sum(1 for p in parts if p.decode)
+    if decoding:
+        ops.append(am.matmul("q_absorb_uk", decoding, nope, h * lora, h * nope * lora * BF16_BYTES))
+    for p in parts:
+        ops += core("mla", p, 0)
+    if decoding:
+        ops.append(am.matmul("v_up_uv", decoding, lora, h * v, h * lora * v * BF16_BYTES))
+    ops.append(am.matmul("o_proj", n, h * v, m.hidden_size, h * v * m.hidden_size * BF16_BYTES))
+    return ops
+
+
+def part_core(am: ArrayModel, m: ModelShape, attention: str, p: Part, window: int) -> list[OpCost]:
+    """A part's own attention core ("gqa" or "mla"): a decode token's over its cache (at most the window), a
+    chunk's causal one over its cache and itself."""
+    if p.decode:
+        context = p.position + 1
+        kv = min(context, window) if window else context
+        return gqa_decode_core(am, m, kv) if attention == "gqa" else mla_decode_core(am, m, kv)
+    if attention == "gqa":
+        return gqa_chunk_core(am, m, p.position, p.tokens, window)
+    return mla_chunk_core(am, m, p.position, p.tokens)
+
+
+def served_head(am: ArrayModel, m: ModelShape, tokens: int, emitting: int) -> OpCost:
     """The embedding lookups of a step's tokens and the LM head of the `emitting` parts (each samples a token)."""
     d = m.hidden_size
     op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES)
