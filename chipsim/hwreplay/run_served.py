@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from chipsim.errors import InputError
 from chipsim.hw.config import load_config
-from chipsim.hwreplay.run import _host_and_slots, _plan_job, replay_repeated
+from chipsim.hwreplay.replay_setup import _host_and_slots, _plan_job, replay_repeated
 from chipsim.runner import prepare
 
 
