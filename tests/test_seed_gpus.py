@@ -16,7 +16,7 @@ from chipsim.hw.pcie_link import link_params, usable_gbps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# config: (SMs, GPU memory GB/s from the datasheet (machine-facts §2), PCIe 4.0 lanes (the papers'))
+# config: (SMs, GPU memory GB/s from the datasheets (each config cites its source line by line), PCIe 4.0 lanes (the papers'))
 GPUS = {
     "rtx3090": (82, 936.0, 16),   # GA102 whitepaper: 936 GB/sec; FloE: PCIe 4.0 (the card's x16)
     "rtx4060": (24, 272.0, 8),    # 272.0 GB/s; SPICE: PCIe 4.0 x8
