@@ -42,6 +42,11 @@ def served_replay(plan, step, host, gpu_slots, first_dense: int, repeats: int, k
     res = replay_repeated(plan, step, host, gpu_slots, first_dense, repeats, kw)
     res["latency_ms"], res["gap_ms"] = split_gaps(plan, res["latency_ms"])
     res["repeat_latency_ms"] = [split_gaps(plan, r)[0] for r in res["repeat_latency_ms"]]
+    # replay() counts per timed interval; a gap is one of them, its sleep one launch
+    gaps = sum(1 for g in res["gap_ms"] if g)
+    steps = len(res["latency_ms"])
+    res["launches_per_token"] = (res["launches_per_token"] * (steps + gaps) - gaps) / steps
+    res["compute_steps_per_token"] = (res["compute_steps_per_token"] * (steps + gaps) - gaps) / steps
     return res
 
 

@@ -46,9 +46,10 @@ POLICIES=(--policy no-prefetch --policy promoe)
 DEVICE=cuda
 REPEATS=2
 LIMITS=(60 200)  # seconds: each probe, the replays
-if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 4 requests of 16 + 3 tokens, one measured replay, the config in OUT
+if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 4 requests of 16 + 3 tokens at 0.25/s (gaps between steps), one measured
+  # replay, the config in OUT
   RUN=(--set workload.requests=4 --set workload.prompt_tokens=16 --set workload.output_tokens=3
-       --set workload.arrivals.poisson_rps=2 --set workload.arrivals.seed=0 --set workload.scheduler.kind=chunked
+       --set workload.arrivals.poisson_rps=0.25 --set workload.arrivals.seed=0 --set workload.scheduler.kind=chunked
        --set workload.scheduler.max_step_tokens=12 --set workload.prefill_chunk_tokens=8
        --set expert_buffer.capacity_mib=2048)
   DEVICE=cpu
