@@ -317,12 +317,20 @@ def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
     return [dict(pt) for pt in points]
 
 
+def _policy_columns() -> set[str]:
+    """The scalar metrics policies declare (Policy.result_columns): results.csv carries them for their rows."""
+    from chipsim.policies import REGISTRY
+
+    return {c for cls in REGISTRY.values() for c in cls.result_columns}
+
+
 def _check_table(path: str, columns) -> list[dict]:
     out = []
     for i, col in _entries(path, "table", columns, TABLE_KEYS, ("metric", "label"),
                            "{metric, label[, factor, format]}"):
         if col["metric"] not in CSV_COLUMNS and col["metric"] not in (REQUEST_COLUMNS + BATCH_COLUMNS + SPECULATIVE_COLUMNS
-                                                                      + SERVED_COLUMNS + (UNION_COLUMN,)):
+                                                                      + SERVED_COLUMNS + (UNION_COLUMN,)) \
+                and col["metric"] not in _policy_columns():
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:

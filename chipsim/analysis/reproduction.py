@@ -43,7 +43,8 @@ def compare_rows(exp: dict, df: pd.DataFrame) -> list[dict]:
             for _, r in sel.iterrows():
                 b = base
                 for k in keys:
-                    b = b[b[k] == r[k]]
+                    if k not in row["vs"]:  # (a baseline on another config or grid point names it in `vs`)
+                        b = b[b[k] == r[k]]
                 if b.empty:
                     raise InputError(f"{exp['name']}: compare '{row['what']}': no baseline row for {row['vs']}")
                 changes.append((float(r[row["metric"]]) / float(b[row["metric"]].iloc[0]) - 1.0) * 100.0)

@@ -340,6 +340,8 @@ class Policy:
     adopts_buffer: ClassVar[bool] = True
     # how it decides for a step of several sequences' tokens (workload.batch > 1), in words; "" where it runs one
     # sequence only (`chipsim policies` prints it; a batch run refuses such a policy in one line)
+    # scalar metrics of extra_metrics() that experiments may tabulate (results.csv carries every scalar one)
+    result_columns: ClassVar[tuple[str, ...]] = ()
     batch_support: ClassVar[str] = ""
     # why it runs one sequence only (where batch_support is ""), for the refusal
     batch_refusal: ClassVar[str] = "it does not say how it handles several sequences"

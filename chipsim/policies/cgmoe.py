@@ -30,6 +30,7 @@ class CgMoE(LRU):
     name = "cg-moe"
     summary = ("LRU expert cache; each miss to the cheaper of a demand fetch and the host CPU (SPICE's per-miss cost "
                "model, no prefetch): SPICE's CG-MoE baseline, an ASSUMPTION")
+    result_columns = ("cgmoe_host_share",)
     batch_support = ""  # one sequence only
     batch_refusal = "its per-miss host estimate is one token's"
     Params = CacheParams

@@ -39,7 +39,7 @@ from chipsim.hw.machine import roles
 from chipsim.policies.base import Policy, SimContext, param, quality_fields, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
-from chipsim.workload.decode import BF16_BYTES, ExpertFormat
+from chipsim.workload.decode import BF16_BYTES, ExpertFormat, _ffn
 
 UP_HALF_BITS_PER_WEIGHT = 5  # 2.5 bits: INT2 + FP16 scale and zero per 64 weights (HQQ-style); byte split only
 
@@ -71,6 +71,22 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
                         occupied_ps=op.occupied_ps, profiled_pj=op.profiled_pj, unpriced_bytes=op.unpriced_bytes)
 
 
+def sparse_expert_speedup(model, hw, sparsity: float) -> float:
+    """FloE's single-expert kernel comparison on the arrays: one expert's time dense (gate, up and down, BF16) over
+    its time with the gate and down projections over only the (1 - sparsity) share of channels kept (the up
+    projection dense, from which the mask comes; everything BF16: the kernel, not the compression). The sparse
+    matvecs are costed at the bytes of the kept channels, as a kernel that loads only those columns."""
+    d, inter = model.hidden_size, model.expert_ffn
+    keep = max(1, ceil_div(int(round((1.0 - sparsity) * 10**6)) * inter, 10**6))
+    am = ArrayModel(hw)
+    dense = _ffn(am, "dense_expert", d, inter, 16, 1, 0, 0, model.expert_activation, model.expert_bias)
+    sparse = am.matvec("up", d, inter, d * inter * BF16_BYTES) + am.vector("channel_mask", inter)
+    sparse = sparse + am.matvec("gate_sparse", d, keep, d * keep * BF16_BYTES)
+    sparse = sparse + am.sfu("silu", keep) + am.vector("mul", keep)
+    sparse = sparse + am.matvec("down_sparse", keep, d, keep * d * BF16_BYTES)
+    return dense.duration_ps / sparse.duration_ps
+
+
 @dataclass(frozen=True)
 class FloEParams:
     compression: float = param(9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0, maximum=1e4)
@@ -84,6 +100,7 @@ class FloE(Policy):
     summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
                "prefetch, per-layer staging")
     trace_arrays = (pa.FLOE_RANK,)
+    result_columns = ("floe_expert_bytes", "floe_compression", "floe_sparse_expert_speedup")
     batch_refusal = ("it moves only the gate and down channels one token's intra-expert predictor keeps; several "
                      "tokens need the union of their channels, which the paper does not measure nor chipsim cost")
     Params = FloEParams
@@ -110,6 +127,7 @@ class FloE(Policy):
         out = {
             "floe_expert_bytes": int(fmt.fetch_bytes),
             "floe_compression": float(self.params.compression),
+            "floe_sparse_expert_speedup": sparse_expert_speedup(ctx.workload.model, ctx.hw, self.params.sparsity),
             **self._quality,
         }
         if ctx.workload.expert_bits != 16:
