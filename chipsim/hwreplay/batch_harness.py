@@ -18,7 +18,7 @@ import torch
 
 from chipsim.hwreplay.harness import GpuDecodeStep, _ProgramCompiler, weight_shape
 from chipsim.hwreplay.ops import batch_step_ops, prefill_expert_ops, replayable_prefill_model
-from chipsim.hwreplay.prefill_harness import BF16, GpuPrefill, _weighted, launches, operand_sizes
+from chipsim.hwreplay.prefill_harness import BF16, GpuPrefill, _weighted, launches
 from chipsim.workload.decode import MIXER_GROUP
 
 
@@ -34,11 +34,7 @@ class GpuBatch(GpuPrefill):
         self.groups = batch_step_ops(hw)
         self.expert_ops = {n: prefill_expert_ops(hw, n) for n in sorted(set(expert_tokens) | {1})}
         every = [p for ps in [*self.groups.values(), *self.expert_ops.values()] for p in ps]
-        inputs, results = operand_sizes(every)
-        self.x = torch.randn(inputs, device=device, dtype=BF16)
-        self.scratch_a = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_b = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_out = torch.empty(results + inputs, device=device, dtype=BF16)
+        self._scratch(every, device)
         self.weights: dict[tuple[str, int], list[torch.Tensor]] = {}
         for layer in range(m.num_layers):
             names = [self.mixer_of[layer]] + (["dense"] if layer < m.first_dense_layers else ["router", "shared"])

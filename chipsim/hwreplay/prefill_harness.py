@@ -96,11 +96,7 @@ class GpuPrefill:
         self.expert_ops = {n: prefill_expert_ops(hw, n) for n in sorted(set(expert_tokens))}
         every = [p for g in self.chunk_groups for ps in g.values() for p in ps]
         every += [p for ps in self.expert_ops.values() for p in ps]
-        inputs, results = operand_sizes(every)
-        self.x = torch.randn(inputs, device=device, dtype=BF16)
-        self.scratch_a = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_b = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_out = torch.empty(results + inputs, device=device, dtype=BF16)
+        self._scratch(every, device)
         self.weights: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         for layer in range(m.num_layers):
             names = [self.mixer_of[layer]] + (["dense"] if layer < m.first_dense_layers else ["router", "shared"])
@@ -114,6 +110,15 @@ class GpuPrefill:
         self.groups = self.chunk_groups[0]
         self.kernels_per_group = {g: sum(map(launches, ps)) for g, ps in self.chunk_groups[-1].items()}
         self.kernels_per_group["expert"] = sum(map(launches, any_expert))
+
+    def _scratch(self, prims, device) -> None:
+        """The activations, the two scratch operands and the output every kernel of `prims` reads and writes
+        (operand_sizes)."""
+        inputs, results = operand_sizes(prims)
+        self.x = torch.randn(inputs, device=device, dtype=BF16)
+        self.scratch_a = torch.randn(results, device=device, dtype=BF16)
+        self.scratch_b = torch.randn(results, device=device, dtype=BF16)
+        self.scratch_out = torch.empty(results + inputs, device=device, dtype=BF16)
 
     def _attention_of(self, chunk: int, layer: int) -> Attention:
         return next(p.attention for p in self.chunk_groups[chunk][self.mixer_of[layer]] if p.attention is not None)

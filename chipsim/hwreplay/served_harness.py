@@ -26,7 +26,7 @@ from chipsim.hwreplay.harness import (GpuDecodeStep, _nothing, _ProgramCompiler,
                                       weight_views)
 from chipsim.hwreplay.ops import prefill_expert_ops, replayable_prefill_model, served_step_ops
 from chipsim.hwreplay.prefill_harness import (BF16, GpuPrefill, _PrefillCompiler, _weighted, attention_call,
-                                              attention_tensors, launches, operand_sizes)
+                                              attention_tensors, launches)
 from chipsim.workload.decode import MIXER_GROUP
 from chipsim.workload.served import Part
 
@@ -91,11 +91,7 @@ class GpuServed(GpuPrefill):
         self.expert_ops = {n: prefill_expert_ops(hw, n) for n in sorted(set(expert_tokens) | {1})}
         every = [p for g in shapes.values() for ps in g.values() for p in ps]
         every += [p for ps in self.expert_ops.values() for p in ps]
-        inputs, results = operand_sizes(every)
-        self.x = torch.randn(inputs, device=device, dtype=BF16)
-        self.scratch_a = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_b = torch.randn(results, device=device, dtype=BF16)
-        self.scratch_out = torch.empty(results + inputs, device=device, dtype=BF16)
+        self._scratch(every, device)
         self._alloc_weights(m, list(shapes.values()))
         self.attention = [{layer: [attention_tensors(p.attention, device) for p in groups[self.mixer_of[layer]]
                                    if p.attention is not None] for layer in range(m.num_layers)}

@@ -65,7 +65,12 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     op = op + am.matvec("floe_gate_sparse", d, keep, gate_b)
     op = op + am.sfu("floe_silu", keep) + am.vector("floe_mul", keep)
     op = op + am.matvec("floe_down_sparse", keep, d, down_b)
-    return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
+    return one_transfer_format(total, op, in_sram)
+
+
+def one_transfer_format(nbytes: int, op, in_sram: bool) -> ExpertFormat:
+    """An expert of `nbytes` moved as one transfer and stored as such, computed as OpCost `op`."""
+    return ExpertFormat(part_bytes=(nbytes,), slot_bytes=nbytes, compute_ps=op.duration_ps,
                         hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps,
                         macs=op.macs, sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram,
                         occupied_ps=op.occupied_ps, profiled_pj=op.profiled_pj, unpriced_bytes=op.unpriced_bytes)

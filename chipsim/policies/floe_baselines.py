@@ -27,6 +27,7 @@ from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.machine import roles
 from chipsim.policies.base import NoParams, Policy, SimContext, param, register
 from chipsim.policies.caching import CacheParams, ExpertCache
+from chipsim.policies.floe import one_transfer_format
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import ExpertFormat, _ffn, weight_bytes
@@ -71,10 +72,7 @@ def quantised_expert_format(model, hw, bits: int, group: int, scale_bits: int) -
     op = _ffn(am, "expert", d, inter, bits, group, scale_bits, hw.compute.dequant_ops_per_weight,
               model.expert_activation, model.expert_bias)
     total = weight_bytes(2 * d * inter, bits, group, scale_bits) + weight_bytes(inter * d, bits, group, scale_bits)
-    return ExpertFormat(part_bytes=(total,), slot_bytes=total, compute_ps=op.duration_ps,
-                        hbm_bytes=op.hbm_read_bytes + op.hbm_write_bytes, fixed_ps=op.fixed_ps, macs=op.macs,
-                        sfu_ops=op.sfu_ops, vector_ops=op.vector_ops, operands_in_sram=in_sram,
-                        occupied_ps=op.occupied_ps, profiled_pj=op.profiled_pj, unpriced_bytes=op.unpriced_bytes)
+    return one_transfer_format(total, op, in_sram)
 
 
 @register
