@@ -57,8 +57,7 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     gate_b = total * gate_w // share
     up_b = total * up_w // share
     down_b = total - gate_b - up_b
-    in_sram = roles(hw).stage_in_sram
-    am = ArrayModel(hw, operands_from="sram") if in_sram else ArrayModel(hw)
+    am, in_sram = expert_arrays(hw)
     op = am.matvec("floe_up", d, inter, up_b)
     op = op + am.vector("floe_dequant_up", d * inter * hw.compute.dequant_ops_per_weight)
     op = op + am.vector("floe_channel_mask", inter)
@@ -66,6 +65,13 @@ def floe_expert_format(model, hw, compression: float, sparsity: float) -> Expert
     op = op + am.sfu("floe_silu", keep) + am.vector("floe_mul", keep)
     op = op + am.matvec("floe_down_sparse", keep, d, down_b)
     return one_transfer_format(total, op, in_sram)
+
+
+def expert_arrays(hw) -> tuple[ArrayModel, bool]:
+    """The arrays a fetched expert is computed on (reading its operands from SRAM where experts are staged there), and
+    whether they are."""
+    in_sram = roles(hw).stage_in_sram
+    return (ArrayModel(hw, operands_from="sram") if in_sram else ArrayModel(hw)), in_sram
 
 
 def one_transfer_format(nbytes: int, op, in_sram: bool) -> ExpertFormat:

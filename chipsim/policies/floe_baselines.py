@@ -23,11 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chipsim.hw.compute_formula import ArrayModel
-from chipsim.hw.machine import roles
 from chipsim.policies.base import NoParams, Policy, SimContext, param, register
 from chipsim.policies.caching import CacheParams, ExpertCache
-from chipsim.policies.floe import one_transfer_format
+from chipsim.policies.floe import expert_arrays, one_transfer_format
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import ExpertFormat, _ffn, weight_bytes
@@ -67,8 +65,7 @@ class MixtralOffloadingParams(CacheParams):
 def quantised_expert_format(model, hw, bits: int, group: int, scale_bits: int) -> ExpertFormat:
     """One routed expert at `bits` per weight with `scale_bits` per `group` weights, dequantised on the arrays."""
     d, inter = model.hidden_size, model.expert_ffn
-    in_sram = roles(hw).stage_in_sram
-    am = ArrayModel(hw, operands_from="sram") if in_sram else ArrayModel(hw)
+    am, in_sram = expert_arrays(hw)
     op = _ffn(am, "expert", d, inter, bits, group, scale_bits, hw.compute.dequant_ops_per_weight,
               model.expert_activation, model.expert_bias)
     total = weight_bytes(2 * d * inter, bits, group, scale_bits) + weight_bytes(inter * d, bits, group, scale_bits)

@@ -25,12 +25,7 @@ WHAT=" ${*:-optimes config replay} "
 mkdir -p "$OUT/batch"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
-if ! python -c "import simpy" 2>/dev/null; then  # the device has no simpy: the carried wheel
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-python -c "import pynvml" 2>/dev/null || echo "no pynvml (nvidia-ml-py): the replays read no energy" | tee -a "$LOG"
+source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
 CFG=hwconfigs            # the configs the steps read and the config step writes
 PROBES=validation/compute
 BATCH=4
