@@ -496,7 +496,7 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     import yaml
 
     from chipsim.hwreplay.energy_table import derive
-    from chipsim.hwreplay.h200config import render
+    from chipsim.hwreplay.gpuconfig import render
 
     def load(*parts):
         with open(os.path.join(ROOT, *parts)) as f:
@@ -566,12 +566,12 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
 
 
 def test_the_handoff_and_launch_gap_probes_give_their_keys_medians():
-    """h200config --handoff / --launch-gaps: compute.copy_wait_ns is the median over copy sizes of the committed
+    """gpuconfig --handoff / --launch-gaps: compute.copy_wait_ns is the median over copy sizes of the committed
     probe's copy-then-graph hand-off, compute.op_group_launch_ns the median over graph sizes of what a graph adds
     after another (by hand from the files: 2.368 and 1.712 us -> 2040 ns; 1.19, 2.807, 2.035 us -> 2035 ns)."""
     import yaml
 
-    from chipsim.hwreplay.h200config import render
+    from chipsim.hwreplay.gpuconfig import render
 
     def load(*parts):
         with open(os.path.join(ROOT, *parts)) as f:

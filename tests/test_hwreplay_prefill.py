@@ -211,13 +211,13 @@ def test_the_boards_energy_over_a_replay_is_set_beside_the_simulated_prefill(tmp
 
 def test_the_probes_rows_become_the_configs_measured_table_and_its_keys_are_accepted(tmp_path):
     """microbench --prompts on the CPU (a dry run of the same code) for the tiny request's shapes: the attention
-    key's time is half its kernel's (scores and value mix share it), the fused softmax's 0; h200config carries the
+    key's time is half its kernel's (scores and value mix share it), the fused softmax's 0; gpuconfig carries the
     rows into compute.op_times_ns, and the config that results loads (every key names a prefill operation)."""
     torch = pytest.importorskip("torch")
     import yaml
 
     from chipsim.hw.config import load_config
-    from chipsim.hwreplay.h200config import render
+    from chipsim.hwreplay.gpuconfig import render
     from chipsim.hwreplay.microbench import prefill_op_times, prefill_shapes
     from chipsim.workload.op_keys import check_op_keys, known_shape
 

@@ -1,5 +1,5 @@
 """Library functions raise errors, never SystemExit; each command's main() turns them into one line (issue #38):
-h200config.render on a microbenchmark without a usable per-kernel or graph launch time, and trace.train on a
+gpuconfig.render on a microbenchmark without a usable per-kernel or graph launch time, and trace.train on a
 built model whose counts are not its shape's."""
 
 import json
@@ -22,7 +22,7 @@ def _microbench() -> dict:
 
 
 def test_render_names_the_file_and_key_of_a_missing_per_kernel_time():
-    from chipsim.hwreplay.h200config import render
+    from chipsim.hwreplay.gpuconfig import render
 
     mb = _microbench()
     mb["tiny_kernels"]["graph_us_per_kernel"] = "n/a"
@@ -33,7 +33,7 @@ def test_render_names_the_file_and_key_of_a_missing_per_kernel_time():
 
 
 def test_render_names_the_file_and_key_of_a_missing_graph_launch_time():
-    from chipsim.hwreplay.h200config import render
+    from chipsim.hwreplay.gpuconfig import render
 
     mb = _microbench()
     del mb["graph_launch"]
@@ -42,13 +42,13 @@ def test_render_names_the_file_and_key_of_a_missing_graph_launch_time():
         render(mb, "graph", source="mb.json")
 
 
-def test_h200config_reports_a_bad_microbenchmark_in_one_line(tmp_path):
+def test_gpuconfig_reports_a_bad_microbenchmark_in_one_line(tmp_path):
     mb = _microbench()
     mb["tiny_kernels"]["gpu_us_per_kernel"] = None
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(mb))
     out = tmp_path / "out.yaml"
-    run = subprocess.run([sys.executable, "-m", "chipsim.hwreplay.h200config", str(bad), "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "chipsim.hwreplay.gpuconfig", str(bad), "--out", str(out)],
                          capture_output=True, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=ROOT, CHIPSIM_CACHE_DIR=str(tmp_path / "cache")))
     assert run.returncode == 2 and run.stdout == ""

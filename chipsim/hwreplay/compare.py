@@ -721,7 +721,7 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     served_specs = [spec for spec in a.served_regime if spec[0] in prefill_measured]
     commands = ["# on the GPU machine (microbenchmarks and the config first, then one command per shape)",
                 "python -m chipsim.hwreplay.microbench --out validation/h200-microbench.json --shapes-from " + " ".join(configs),
-                "python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
+                "python -m chipsim.hwreplay.gpuconfig validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml"
                 + (" --kernel-launch graph" if graphs else "")]
     if a.pcie_probes:
         commands += [f"python validation/pcie/probe_pcie.py > {a.pcie_probes[0]}",

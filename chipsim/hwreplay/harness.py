@@ -215,7 +215,7 @@ class GpuDecodeStep:
         """`calls` captured once into a CUDA graph (cached under `key`): one launch instead of one per kernel.
 
         With graphs the host's dispatch cost per kernel drops out of the replay; the microbenchmark's
-        `graph_us_per_kernel` is then the per-operation cost to configure (h200config --kernel-launch graph).
+        `graph_us_per_kernel` is then the per-operation cost to configure (gpuconfig --kernel-launch graph).
         """
         cache = self.__dict__.setdefault("_graphs", {})
         if key not in cache:

@@ -13,7 +13,7 @@ Measures (CUDA events, medians):
 - every kernel shape of the decode steps of the given configs (--shapes-from, at --contexts): each one
   timed alone, as a chain of the same kernel over weights that rotate through more than the L2 cache,
   launched eagerly behind a sleep (GPU time only) and captured in one CUDA graph; the rows are the
-  compute.op_times_ns table of h200config (the simulator's profiled-operator mode);
+  compute.op_times_ns table of gpuconfig (the simulator's profiled-operator mode);
 - every kernel shape of the prefill chunks of requests of the given prompt lengths (--prompts, with --gemv): each
   GEMM (a chunk's projections and router over its tokens, each routed expert over the tokens the config's trace
   routes to it), the chunk's attention kernel, its elementwise work, each timed alone in one CUDA graph as a

@@ -422,7 +422,7 @@ def _parser() -> OneLineParser:
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the same code (timings meaningless)")
     ap.add_argument("--graphs", action="store_true",
                     help="launch each compute segment as a captured CUDA graph (host dispatch out of the measurement); "
-                         "pair with a config written by h200config --kernel-launch graph")
+                         "pair with a config written by gpuconfig --kernel-launch graph")
     ap.add_argument("--segments", action="store_true",
                     help="with --graphs: one CUDA graph per run of compute between synchronisations with the copy "
                          "stream, not one per op group (where nearly every expert is cached, the host's launches "

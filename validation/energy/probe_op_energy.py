@@ -8,7 +8,7 @@ back to back for `--seconds`, read by chipsim.hwreplay.nvml.Meter (`--settle` s 
         hwconfigs/h200-pcie5-deepseek-v2-lite.yaml --contexts 1024,8192,32768 > validation/energy/h200-op-energy.json
 
 chipsim.hwreplay.energy_table.op_energy_rows turns the windows into each kernel's energy above idle, to set beside
-what the H200 config's energy table charges that operation (hwcompare --op-energy), and h200config --op-energy
+what the H200 config's energy table charges that operation (hwcompare --op-energy), and gpuconfig --op-energy
 writes them into the config (compute.op_energy_pj). The 4-bit experts' shapes, those not in an earlier file:
 
     python validation/energy/probe_op_energy.py --shapes-from hwconfigs/h200-pcie5.yaml \

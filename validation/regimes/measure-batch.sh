@@ -26,8 +26,9 @@ mkdir -p "$OUT/batch"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
 source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
+GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
-PROBES=validation/compute
+PROBES=${PROBES:-validation/compute}  # where the probe files go (GPU=h100: PROBES=validation/h100)
 BATCH=4
 STEPS=16
 DEVICE=cuda
@@ -42,24 +43,24 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 2 steps, one measured replay, the c
   PROBES=$OUT
   export OMP_NUM_THREADS=1
   mkdir -p "$CFG"
-  cp hwconfigs/h200-pcie5.yaml "$CFG/"
+  cp hwconfigs/$GPU-pcie5.yaml "$CFG/"
   ln -sfn "$PWD/traces" "$OUT/traces"  # the config's ../traces/
 fi
-GRANITE=$CFG/h200-pcie5.yaml
+GRANITE=$CFG/$GPU-pcie5.yaml
 step() { [[ "$WHAT" == *" $1 "* ]]; }
 echo "measure-batch: B $BATCH, $STEPS steps on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 if step optimes; then
   timeout -k 5 "${LIMITS[0]}" python -m chipsim.hwreplay.microbench --gemv cublas --batch $BATCH --steps $STEPS \
-      --device $DEVICE --shapes-from "$GRANITE" --missing-from "$GRANITE" --out "$PROBES/h200-op-times-batch.json" \
+      --device $DEVICE --shapes-from "$GRANITE" --missing-from "$GRANITE" --out "$PROBES/$GPU-op-times-batch.json" \
       >> "$LOG" 2>&1
   echo "optimes: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if step config; then
   COMMAND=$(sed -n 3p "$GRANITE" | sed 's/^#   //')  # the config's own command (its header's third line)
-  if [[ "$COMMAND" == *h200-op-times-batch* ]]; then
+  if [[ "$COMMAND" == *$GPU-op-times-batch* ]]; then
     echo "config: its command has the batch shapes already; left as it is" | tee -a "$LOG"
-  elif [[ -f $PROBES/h200-op-times-batch.json ]]; then
-    $COMMAND --op-times-extra "$PROBES/h200-op-times-batch.json" --out "$GRANITE" >> "$LOG" 2>&1
+  elif [[ -f $PROBES/$GPU-op-times-batch.json ]]; then
+    $COMMAND --op-times-extra "$PROBES/$GPU-op-times-batch.json" --out "$GRANITE" >> "$LOG" 2>&1
     echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
   else
     echo "config: the probe file is missing; the replays plan with the config as it is" | tee -a "$LOG"
@@ -73,5 +74,5 @@ if step replay; then
   echo "replay granite-3b: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
-  cp -f $PROBES/h200-op-times-batch.json "$CFG/h200-pcie5.yaml" "$OUT/" 2>/dev/null
+  cp -f $PROBES/$GPU-op-times-batch.json "$CFG/$GPU-pcie5.yaml" "$OUT/" 2>/dev/null
 fi

@@ -29,8 +29,9 @@ mkdir -p "$OUT/prefill"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
 source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
+GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
-PROBES=validation/compute
+PROBES=${PROBES:-validation/compute}  # where the probe files go (GPU=h100: PROBES=validation/h100)
 PROMPTS=256,1024,4096
 DEVICE=cuda
 LIMITS=(100 100 120 150)  # seconds: each probe, the phi-mini-moe replays, the gpt-oss-20b replays (7.8 min at most)
@@ -43,29 +44,29 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: the smallest prompts, a buffer this
   CFG=$OUT/hwconfigs
   PROBES=$OUT
   mkdir -p "$CFG"
-  cp hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-phi-mini-moe.yaml hwconfigs/h200-pcie5-gpt-oss-20b.yaml "$CFG/"
+  cp hwconfigs/$GPU-pcie5.yaml hwconfigs/$GPU-pcie5-phi-mini-moe.yaml hwconfigs/$GPU-pcie5-gpt-oss-20b.yaml "$CFG/"
   ln -sfn "$PWD/traces" "$OUT/traces"  # the configs' ../traces/
 fi
-PHI=$CFG/h200-pcie5-phi-mini-moe.yaml
-OSS=$CFG/h200-pcie5-gpt-oss-20b.yaml
+PHI=$CFG/$GPU-pcie5-phi-mini-moe.yaml
+OSS=$CFG/$GPU-pcie5-gpt-oss-20b.yaml
 step() { [[ "$WHAT" == *" $1 "* ]]; }
 echo "measure-prefill: prompts $PROMPTS on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 if step optimes; then
   for pair in "phi:$PHI" "gpt-oss:$OSS"; do
     name=${pair%%:*}
     timeout -k 5 "${LIMITS[0]}" python -m chipsim.hwreplay.microbench --gemv cublas --prompts $PROMPTS --device $DEVICE \
-        --shapes-from "${pair#*:}" --missing-from "$CFG/h200-pcie5.yaml" --out "$PROBES/h200-op-times-prefill-$name.json" \
+        --shapes-from "${pair#*:}" --missing-from "$CFG/$GPU-pcie5.yaml" --out "$PROBES/$GPU-op-times-prefill-$name.json" \
         >> "$LOG" 2>&1
     echo "optimes $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
   done
 fi
 if step config; then
-  EXTRA="--op-times-extra $PROBES/h200-op-times-prefill-phi.json --op-times-extra $PROBES/h200-op-times-prefill-gpt-oss.json"
-  COMMAND=$(sed -n 3p "$CFG/h200-pcie5.yaml" | sed 's/^#   //')  # the config's own command (its header's third line)
-  if [[ "$COMMAND" == *h200-op-times-prefill* ]]; then
+  EXTRA="--op-times-extra $PROBES/$GPU-op-times-prefill-phi.json --op-times-extra $PROBES/$GPU-op-times-prefill-gpt-oss.json"
+  COMMAND=$(sed -n 3p "$CFG/$GPU-pcie5.yaml" | sed 's/^#   //')  # the config's own command (its header's third line)
+  if [[ "$COMMAND" == *$GPU-op-times-prefill* ]]; then
     echo "config: its command has the prefill shapes already; left as it is" | tee -a "$LOG"
-  elif [[ -f $PROBES/h200-op-times-prefill-phi.json && -f $PROBES/h200-op-times-prefill-gpt-oss.json ]]; then
-    $COMMAND $EXTRA --out "$CFG/h200-pcie5.yaml" >> "$LOG" 2>&1
+  elif [[ -f $PROBES/$GPU-op-times-prefill-phi.json && -f $PROBES/$GPU-op-times-prefill-gpt-oss.json ]]; then
+    $COMMAND $EXTRA --out "$CFG/$GPU-pcie5.yaml" >> "$LOG" 2>&1
     echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
   else
     echo "config: a probe file is missing; the replays plan with the config as it is" | tee -a "$LOG"
@@ -80,5 +81,5 @@ if step replay; then
   echo "replay gpt-oss-20b: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
-  cp -f $PROBES/h200-op-times-prefill-*.json "$CFG/h200-pcie5.yaml" "$OUT/" 2>/dev/null
+  cp -f $PROBES/$GPU-op-times-prefill-*.json "$CFG/$GPU-pcie5.yaml" "$OUT/" 2>/dev/null
 fi

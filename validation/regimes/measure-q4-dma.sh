@@ -8,7 +8,7 @@
 #      1. the 4-bit kernel against its reference                                           -> OUT/q4-check.json
 #      2. every new kernel shape of the 4-bit experts timed alone, as the other shapes were
 #         (microbench --gemv cublas; the 4-bit matvecs run triton_kernels.gemv_q4)       -> validation/compute/h200-op-times-q4.json
-#      3. hwconfigs/h200-pcie5.yaml written again with those shapes added (h200config; the command is in its header)
+#      3. hwconfigs/h200-pcie5.yaml written again with those shapes added (gpuconfig; the command is in its header)
 # q4:  4. 4-bit experts, Granite-3B and DeepSeek-V2-Lite at context 1,024: a GPU buffer of a quarter of the experts
 #         (as the PCIe-bound cases) and of nearly all of them (cached), LRU and ProMoE, one CUDA graph per run of
 #         compute between copy synchronisations, per-layer stalls                         -> OUT/q4/, OUT/q4-ds/
@@ -33,9 +33,9 @@ if [[ "$WHAT" == *" q4-kernel "* ]]; then
       --shapes-from $G $D --set model.expert_bits=4 --contexts 1024 --missing-from $G > "$OUT/op-times-q4.log" 2>&1
   echo "q4 op times: exit $?"
   cp validation/compute/h200-op-times-q4.json "$OUT/"
-  python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out $G --kernel-launch graph \
+  python -m chipsim.hwreplay.gpuconfig validation/h200-microbench.json --out $G --kernel-launch graph \
       --op-times-extra validation/compute/h200-op-times-long.json --op-times-extra validation/compute/h200-op-times-q4.json \
-      --energy-probe validation/energy/h200-energy-probe.json > "$OUT/h200config.log" 2>&1
+      --energy-probe validation/energy/h200-energy-probe.json > "$OUT/gpuconfig.log" 2>&1
   echo "config: exit $?"
   cp $G "$OUT/"
 fi

@@ -32,8 +32,9 @@ mkdir -p "$OUT/served"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
 source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
+GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
-PROBES=validation/compute
+PROBES=${PROBES:-validation/compute}  # where the probe files go (GPU=h100: PROBES=validation/h100)
 RUN=(--set workload.requests=12 --set workload.prompt_tokens=64 --set workload.output_tokens=8
      --set workload.arrivals.poisson_rps=4 --set workload.arrivals.seed=0 --set workload.scheduler.kind=chunked
      --set workload.scheduler.max_step_tokens=48 --set workload.prefill_chunk_tokens=32)
@@ -54,10 +55,10 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 4 requests of 16 + 3 tokens at 0.25
   PROBES=$OUT
   export OMP_NUM_THREADS=1
   mkdir -p "$CFG"
-  cp hwconfigs/h200-pcie5.yaml "$CFG/"
+  cp hwconfigs/$GPU-pcie5.yaml "$CFG/"
   ln -sfn "$PWD/traces" "$OUT/traces"  # the config's ../traces/
 fi
-GRANITE=$CFG/h200-pcie5.yaml
+GRANITE=$CFG/$GPU-pcie5.yaml
 step() { [[ "$WHAT" == *" $1 "* ]]; }
 echo "measure-served: ${RUN[*]} on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 probe() {  # probe FILE: the runs' shapes the config lacks, timed alone
@@ -80,13 +81,13 @@ add_to_config() {  # add_to_config FILE: the config's own command (its header's 
   fi
 }
 if step optimes; then
-  probe "$PROBES/h200-op-times-served.json"
+  probe "$PROBES/$GPU-op-times-served.json"
 fi
 if step config; then
-  add_to_config "$PROBES/h200-op-times-served.json"
+  add_to_config "$PROBES/$GPU-op-times-served.json"
   if step optimes; then  # the shapes the new times' steps take that are still untimed
-    probe "$PROBES/h200-op-times-served-2.json"
-    add_to_config "$PROBES/h200-op-times-served-2.json"
+    probe "$PROBES/$GPU-op-times-served-2.json"
+    add_to_config "$PROBES/$GPU-op-times-served-2.json"
   fi
 fi
 if step replay; then
@@ -96,5 +97,5 @@ if step replay; then
   echo "replay granite-3b served: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
-  cp -f $PROBES/h200-op-times-served*.json "$CFG/h200-pcie5.yaml" "$OUT/" 2>/dev/null
+  cp -f $PROBES/$GPU-op-times-served*.json "$CFG/$GPU-pcie5.yaml" "$OUT/" 2>/dev/null
 fi

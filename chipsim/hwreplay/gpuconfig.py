@@ -1,6 +1,9 @@
-"""Write hwconfigs/h200-pcie5.yaml from the microbenchmark JSON (chipsim.hwreplay.microbench).
+"""Write a lent Hopper GPU's config (hwconfigs/h200-pcie5.yaml, hwconfigs/h100-pcie5.yaml) from the microbenchmark
+JSON (chipsim.hwreplay.microbench) measured on it.
 
-    python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch graph
+    python -m chipsim.hwreplay.gpuconfig validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch graph
+
+The GPU named in the file picks its datasheet facts (GPUS: HBM width and rate); everything else is measured there.
 
 Every timing number comes from a single-copy or single-op measurement (named in its comment) or a
 datasheet; the mapping onto chipsim's chiplet terms is stated per key. Energy numbers are not validated
@@ -17,10 +20,57 @@ from chipsim.files import read_json
 from chipsim.hw.config import DramConfig
 from chipsim.hw.dram_formula import dram_timing
 
-# H200 HBM3e (NVIDIA H200 datasheet: 141 GB, 4.8 TB/s) in JEDEC HBM3 channel terms; core timings as thor.yaml
-HBM = dict(channels=96, channel_width_bits=64, data_rate_mtps=6250, banks_per_channel=16, page_bytes=1024, burst_length=8,
-           tcl_ns=12.5, trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900,
-           trtw_ns=12.5, twtr_ns=11.875, write_drain_bursts=19, background_power_w=0.7)
+# The HBM's core timings in JEDEC HBM3 channel terms, as thor.yaml (channels and rate: GPUS)
+HBM_CORE = dict(channel_width_bits=64, banks_per_channel=16, page_bytes=1024, burst_length=8, tcl_ns=12.5,
+                trcd_ns=19.375, trp_ns=16.25, tras_ns=28.125, tfaw_ns=15.0, trfc_ns=350, trefi_ns=3900, trtw_ns=12.5,
+                twtr_ns=11.875, write_drain_bursts=19, background_power_w=0.7)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What a GPU's config takes from its datasheet rather than a measurement: its name in the config and its HBM."""
+
+    slug: str  # the config's name begins with it (h200 -> h200-pcie5)
+    title: str  # in the header and description
+    hbm_channels: int
+    hbm_data_rate_mtps: int
+    channels_note: str  # the channel count's source
+    rate_note: str  # the data rate's source
+
+
+# Hopper GPUs only: the compute keys' SM structure (4 sub-partitions of 32 lanes, 16 SFUs) is Hopper's
+GPUS = {
+    "NVIDIA H200": GpuFacts(
+        "h200", "NVIDIA H200", 96, 6250,
+        "H200 datasheet 4.8 TB/s = 6 HBM3e stacks x 16 channels x 64 bit x 6.25 GT/s",
+        "H200 datasheet: 4.8 TB/s over a 6144-bit interface"),
+    "NVIDIA H100 80GB HBM3": GpuFacts(
+        "h100", "NVIDIA H100 SXM5 80GB", 80, 5234,
+        "H100 SXM5 datasheet 3.35 TB/s; H100 whitepaper: 5 HBM3 stacks, 5120 bits = 80 channels x 64 bit",
+        "H100 SXM5 datasheet: 3.35 TB/s over a 5120-bit interface = 5.234 GT/s"),
+}
+
+
+def gpu_facts(machine: dict, source: str) -> GpuFacts:
+    """The datasheet facts of the microbenchmark file's GPU; a GPU not in GPUS is one error naming it."""
+    name = str(machine.get("gpu"))
+    if name not in GPUS:
+        raise InputError(f"{source}: machine.gpu {name!r} has no datasheet facts in chipsim.hwreplay.gpuconfig.GPUS "
+                         f"(known: {', '.join(sorted(GPUS))}); add its HBM channels and rate with their source")
+    return GPUS[name]
+
+
+def host_link(machine: dict) -> tuple[str, str]:
+    """("5", "16"): the PCIe generation and width nvidia-smi reported (its third and fourth fields)."""
+    fields = [f.strip() for f in str(machine.get("nvidia_smi", "")).split(",")]
+    if len(fields) < 4 or not (fields[2].isdigit() and fields[3].isdigit()):
+        return "5", "16"  # files written before the fields were read: the H200's
+    return fields[2], fields[3]
+
+
+def config_name(machine: dict, source: str) -> str:
+    """The config's name: the GPU's slug and its host link, e.g. h200-pcie5."""
+    return f"{gpu_facts(machine, source).slug}-pcie{host_link(machine)[0]}"
 
 
 def _users(names: list[str]) -> str:
@@ -135,7 +185,7 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
     pcie = fit.pcie_pj_per_bit - fit.hbm_pj_per_bit
     return {
         "mac": f"{fit.mac_pj:.4f}              # {src}: per BF16 MAC, solved with the busy power and the HBM energy "
-               "(the GEMM ran at the 700 W limit, its SM clock down to 1485 MHz)",
+               "(the GEMM window's power and clocks are in the probe file)",
         "sram_read": "0.0      # in memory.hbm.energy_pj_per_bit: the GEMV fit charges a weight byte's whole way to the SMs",
         "sram_write": "0.0     # as sram_read_pj_per_bit",
         "clock": f"{fit.busy_w / arrays:.4f}    # {src}: every SM busy, {fit.busy_w:.1f} W above idle, / {arrays} SMs "
@@ -208,7 +258,7 @@ class _Derived:
 
 
 def _clock_mhz(smi: str) -> int:
-    """The SM clock from nvidia-smi's first field; 1980 MHz (H200's maximum) where it cannot be read."""
+    """The SM clock from nvidia-smi's first field; 1980 MHz (the H100's and H200's maximum) where it cannot be read."""
     try:
         return int(float(smi.split(",")[0].split()[0]))
     except (ValueError, IndexError):
@@ -251,7 +301,9 @@ def _derive(mb: dict, kernel_launch: str, launch_gaps: dict | None, launch_gaps_
     clock_mhz = _clock_mhz(str(m.get("nvidia_smi", "")))
     per_op_us, per_op_source = _per_op_us(mb, kernel_launch, source)
     launch_ns, launch_source = _op_group_launch(mb, kernel_launch, per_op_us, launch_gaps, launch_gaps_source, source)
-    hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, **HBM)
+    facts = gpu_facts(m, source)
+    hbm_cfg = DramConfig(capacity_gib=m["gpu_memory_gib"], energy_pj_per_bit=7.0, channels=facts.hbm_channels,
+                         data_rate_mtps=facts.hbm_data_rate_mtps, **HBM_CORE)
     hbm_access_ns = dram_timing(hbm_cfg).access_latency_ns
     # a GEMV's fixed time = per-kernel time + first operand (HBM access + SRAM); the SRAM term takes the rest
     first_operand_ns = g["intercept_us"] * 1e3 - tiny["gpu_us_per_kernel"] * 1e3  # the GEMV sweep launches eagerly
@@ -275,18 +327,19 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
     table = _op_table(mb, kernel_launch, extra_op_times)
     e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"])
-    header = _header_text(mb["machine"], kernel_launch, command, energy is not None)
+    header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
     tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
-    return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e) + _links_text(mb, d, e) + \
+    return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e, gpu_facts(mb["machine"], source)) + _links_text(mb, d, e) + \
         _tail_text(mb["machine"], d)
 
 
-def _header_text(m: dict, kernel_launch: str, command: str, measured_energy: bool) -> str:
+def _header_text(m: dict, kernel_launch: str, command: str, measured_energy: bool, source: str) -> str:
     """The comment saying how the file was written and from what, the config's name and description."""
     smi = str(m.get("nvidia_smi", ""))
-    return f"""# chipsim hardware config: the lent NVIDIA H200 (PCIe 5.0 x16 host link) as chipsim sees it, for
+    facts, (gen, width), name = gpu_facts(m, source), host_link(m), config_name(m, source)
+    return f"""# chipsim hardware config: the lent {facts.title} (PCIe {gen}.0 x{width} host link) as chipsim sees it, for
 # validation against real replays (chipsim hwreplay; VALIDATION.md). WRITTEN BY
-#   {command or f"python -m chipsim.hwreplay.h200config validation/h200-microbench.json --out hwconfigs/h200-pcie5.yaml --kernel-launch {kernel_launch}"}
+#   {command or f"python -m chipsim.hwreplay.gpuconfig {source} --out hwconfigs/{name}.yaml --kernel-launch {kernel_launch}"}
 # (--kernel-launch {kernel_launch}: the replay launches {"each kernel on its own" if kernel_launch == "eager" else "each op group as one CUDA graph (chipsim hwreplay --graphs)"})
 # from single-copy and single-op microbenchmarks (python -m chipsim.hwreplay.microbench) run on that machine:
 # {m["gpu"]}, {m["sm_count"]} SMs, {m["gpu_memory_gib"]} GiB; host {m.get("host_cpu")}, {m.get("host_cpus")} CPUs,
@@ -295,8 +348,8 @@ def _header_text(m: dict, kernel_launch: str, command: str, measured_energy: boo
 # achieved HBM read path in a GEMV; "LPDDR5X" is the host's DRAM holding the pinned experts; the DMA engine
 # is one CUDA copy stream (FIFO, no preemption, an enqueued copy cannot be abandoned). No number below was
 # fitted to an end-to-end replay.{"" if not measured_energy else chr(10) + "# Energy: the board's NVML counter (the GPU board only; host DRAM and CPU are outside it) around single-op" + chr(10) + "# microbenchmarks (validation/energy/probe_energy.py): idle, copies at four rates, tiny kernels, small and" + chr(10) + "# large GEMVs, a GEMM."}
-name: h200-pcie5
-description: NVIDIA H200 with experts in pinned host memory over PCIe 5.0 x16 (validation target)
+name: {name}
+description: {facts.title} with experts in pinned host memory over PCIe {gen}.0 x{width} (validation target)
 
 """
 
@@ -329,14 +382,14 @@ def _compute_text(mb: dict, d: _Derived, e: dict, tables: str) -> str:
 """
 
 
-def _memory_text(m: dict, e: dict) -> str:
-    """memory: the GPU's HBM3e and the host DRAM that holds the pinned experts."""
+def _memory_text(m: dict, e: dict, facts: GpuFacts) -> str:
+    """memory: the GPU's HBM and the host DRAM that holds the pinned experts."""
     return f"""memory:
   hbm:
     capacity_gib: {m["gpu_memory_gib"]}           # measured: torch.cuda device properties total memory
-    channels: 96                  # H200 datasheet 4.8 TB/s = 6 HBM3e stacks x 16 channels x 64 bit x 6.25 GT/s
+    channels: {facts.hbm_channels}                  # {facts.channels_note}
     channel_width_bits: 64        # JESD238 HBM3 channel (HBM3e keeps it)
-    data_rate_mtps: 6250          # H200 datasheet: 4.8 TB/s over a 6144-bit interface
+    data_rate_mtps: {facts.hbm_data_rate_mtps}          # {facts.rate_note}
     banks_per_channel: 16         # JESD238 HBM3
     page_bytes: 1024              # JESD238 HBM3
     burst_length: 8               # JESD238 HBM3
@@ -447,8 +500,8 @@ policies:
 
 
 def main(argv=None) -> int:
-    ap = OneLineParser(prog="python -m chipsim.hwreplay.h200config",
-                       description="write hwconfigs/h200-pcie5.yaml from microbenchmark results")
+    ap = OneLineParser(prog="python -m chipsim.hwreplay.gpuconfig",
+                       description="write a lent Hopper GPU's config (hwconfigs/h200-pcie5.yaml) from microbenchmark results")
     ap.add_argument("microbench")
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernel-launch", default="eager", choices=("eager", "graph"),
@@ -476,7 +529,7 @@ def main(argv=None) -> int:
         from chipsim.hwreplay.energy_table import derive
 
         fit = derive(read_json(a.energy_probe))
-    command = (f"python -m chipsim.hwreplay.h200config {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
+    command = (f"python -m chipsim.hwreplay.gpuconfig {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")
                + (f" --handoff {a.handoff}" if a.handoff else "")
