@@ -2,15 +2,18 @@
 # A lent Hopper GPU's config from single-op probes alone, in one device command from the repository root with the
 # device's own torch (CUDA) and nvidia-ml-py; simpy comes from .whl/ when the device lacks it:
 #
-#     GPU=h100 PROBES=validation/h100 bash validation/calibrate-gpu.sh OUT
+#     GPU=h100 PROBES=validation/h100 bash validation/calibrate-gpu.sh OUT [STEPS]   (default: all five, in order)
 #
 # GPU is the slug chipsim.hwreplay.gpuconfig.GPUS gives the card nvidia-smi names (h200, h100): the script stops
 # (exit 3) on any other card, so a config is never written under another GPU's name. In this order, each with its
 # own time limit and its output in OUT/calibrate.log:
 #   energy   the board's energy table (validation/energy/probe_energy.py: idle, copies, tiny kernels, GEMVs, a
 #            GEMM), first, while the board is at its resting temperature          -> PROBES/$GPU-energy-probe.json
+#            and the GEMM paced below the power cap, at the full SM clock, whose MAC the table takes
+#            (validation/energy/probe_gemm_clock.py)                              -> PROBES/$GPU-gemm-clock.json
 #   micro    copies, the GEMV fit, tiny kernels, graph launches and every decode-step kernel shape of the models
-#            the regimes replay, Granite-3B, Phi-mini-MoE and gpt-oss-20b, at contexts 512-2,048
+#            the regimes replay whose decode the harness can run, Granite-3B and Phi-mini-MoE (gpt-oss-20b has
+#            sliding-window layers: its prefill shapes are timed by measure-prefill.sh), at contexts 512-2,048
 #            (chipsim.hwreplay.microbench; the shapes are the models', the H200 configs only name them)
 #                                                                                  -> PROBES/$GPU-microbench.json
 #   handoff  the copy/compute hand-off (validation/compute/probe_handoff.py)      -> PROBES/$GPU-handoff.json
@@ -21,12 +24,15 @@
 # from the per-action table the energy probe gives. Afterwards the regimes' scripts run with the same GPU and
 # PROBES (validation/regimes/measure-{prefill,batch,served}.sh).
 set -uo pipefail
-OUT=${1:?usage: GPU=h100 PROBES=DIR calibrate-gpu.sh OUT}
+OUT=${1:?usage: GPU=h100 PROBES=DIR calibrate-gpu.sh OUT [energy] [micro] [handoff] [gaps] [config]}
+shift
+WHAT=" ${*:-energy micro handoff gaps config} "
+step() { [[ "$WHAT" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/calibrate.log"
 source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:?GPU: the card's slug, e.g. h100}
+GPU=${GPU:?set GPU to the card slug, e.g. h100}
 PROBES=${PROBES:-validation/$GPU}
 mkdir -p "$PROBES"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -36,20 +42,34 @@ if [[ "$SLUG" != "$GPU" ]]; then
   exit 3
 fi
 echo "calibrate: $CARD, $(date -u +%FT%TZ)" | tee -a "$LOG"
-DECODE="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-phi-mini-moe.yaml hwconfigs/h200-pcie5-gpt-oss-20b.yaml"
-timeout -k 5 200 python validation/energy/probe_energy.py > "$PROBES/$GPU-energy-probe.json" 2>> "$LOG"
-echo "energy: exit $? ($(date -u +%T))" | tee -a "$LOG"
-timeout -k 5 150 python -m chipsim.hwreplay.microbench --out "$PROBES/$GPU-microbench.json" --shapes-from $DECODE >> "$LOG" 2>&1
-echo "micro: exit $? ($(date -u +%T))" | tee -a "$LOG"
-timeout -k 5 60 python validation/compute/probe_handoff.py > "$PROBES/$GPU-handoff.json" 2>> "$LOG"
-echo "handoff: exit $? ($(date -u +%T))" | tee -a "$LOG"
-timeout -k 5 90 python validation/compute/probe_launch_gaps.py > "$PROBES/$GPU-launch-gaps.json" 2>> "$LOG"
-echo "gaps: exit $? ($(date -u +%T))" | tee -a "$LOG"
+DECODE="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-phi-mini-moe.yaml"
+if step energy; then
+  timeout -k 5 200 python validation/energy/probe_energy.py > "$PROBES/$GPU-energy-probe.json" 2>> "$LOG"
+  echo "energy: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  timeout -k 5 60 python validation/energy/probe_gemm_clock.py > "$PROBES/$GPU-gemm-clock.json" 2>> "$LOG"
+  echo "gemm clock: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step micro; then
+  timeout -k 5 150 python -m chipsim.hwreplay.microbench --out "$PROBES/$GPU-microbench.json" --shapes-from $DECODE >> "$LOG" 2>&1
+  echo "micro: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step handoff; then
+  timeout -k 5 60 python validation/compute/probe_handoff.py > "$PROBES/$GPU-handoff.json" 2>> "$LOG"
+  echo "handoff: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step gaps; then
+  timeout -k 5 90 python validation/compute/probe_launch_gaps.py > "$PROBES/$GPU-launch-gaps.json" 2>> "$LOG"
+  echo "gaps: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+step config || exit 0
 ARGS=(--out "hwconfigs/$GPU-pcie5.yaml" --kernel-launch graph)
-for pair in "energy-probe:energy-probe" "handoff:handoff" "launch-gaps:launch-gaps"; do  # only files that came out whole
-  f="$PROBES/$GPU-${pair%%:*}.json"
-  python -c "import json, sys; json.load(open(sys.argv[1]))" "$f" 2>/dev/null && ARGS+=("--${pair#*:}" "$f")
+whole() { python -c "import json, sys; json.load(open(sys.argv[1]))" "$1" 2>/dev/null; }  # a file that came out whole
+for name in energy-probe handoff launch-gaps; do
+  whole "$PROBES/$GPU-$name.json" && ARGS+=("--$name" "$PROBES/$GPU-$name.json")
 done
+if whole "$PROBES/$GPU-energy-probe.json" && whole "$PROBES/$GPU-gemm-clock.json"; then  # the MAC at the full clock
+  ARGS+=(--gemm-clock "$PROBES/$GPU-gemm-clock.json")
+fi
 python -m chipsim.hwreplay.gpuconfig "$PROBES/$GPU-microbench.json" "${ARGS[@]}" >> "$LOG" 2>&1
 echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
 cp -f "$PROBES/$GPU"-*.json "hwconfigs/$GPU-pcie5.yaml" "$OUT/" 2>/dev/null

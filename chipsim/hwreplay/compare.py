@@ -22,7 +22,8 @@ from chipsim.hw.machine import roles
 from chipsim.hwreplay import pcie_check
 from chipsim.hwreplay.compare_batch import batch_lines, batch_mape_line, batch_regimes
 from chipsim.hwreplay.compare_served import served_lines, served_mape_line, served_regimes
-from chipsim.hwreplay.compare_prefill import mape as prefill_mape, prefill_lines, prefill_regimes
+from chipsim.hwreplay.compare_prefill import (machine_config, mape as prefill_mape, prefill_lines, prefill_regimes,
+                                              table_source)
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
@@ -298,7 +299,7 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
              "file records an idle power; read right before and right after the replay in the earlier leases' "
              "files) against the simulator's "
              "board part (every ledger entry but the host DRAM's and the host CPU's) with the energy table of "
-             "hwconfigs/h200-pcie5.yaml, derived from single-op microbenchmarks only. Until the replay filled its "
+             f"{table_source([r for _, rows in regimes for r in rows])}, derived from single-op microbenchmarks only. Until the replay filled its "
              "experts in host memory with normal BF16 numbers, every copied expert was zeros (freshly pinned "
              "memory), and GEMVs over zero weights draw less power: those files' energies are shown, marked, and "
              "left out of the energy MAPE.", ""]
@@ -457,7 +458,8 @@ def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
 
 def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
            profile_check: list[dict] | None = None, pcie: dict | None = None,
-           cycle_level: list[str] | None = None, regimes: list[str] | None = None) -> str:
+           cycle_level: list[str] | None = None, regimes: list[str] | None = None,
+           machines: list[str] | None = None) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
@@ -478,6 +480,7 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
             lines += cycle_level
         if pcie:
             lines += pcie_check.report_lines(pcie)
+    lines += machines or []
     lines += ["## Findings", ""] + notes + [""]
     lines += [f"## Development shapes ({', '.join(dict.fromkeys(r['model'] for r in dev))})", ""] + _table(dev) + [""]
     lines += [f"## Held-out shape: {held_out}", "",
@@ -487,9 +490,10 @@ def report(results: list[dict], microbench: dict | None, held_out: str, commands
     return "\n".join(lines)
 
 
-def _microbench_lines(mb: dict) -> list[str]:
+def _microbench_lines(mb: dict, heading: str = "## Machine and microbenchmarks (the only source of "
+                                                 "hwconfigs/h200-pcie5.yaml's timing)") -> list[str]:
     """The machine and the microbenchmark fits the config's timing comes from, with the keys each sets."""
-    lines = ["## Machine and microbenchmarks (the only source of hwconfigs/h200-pcie5.yaml's timing)", "",
+    lines = [heading, "",
              f"{mb['machine']['gpu']}, {mb['machine']['sm_count']} SMs, host {mb['machine'].get('host_cpu')} "
              f"({mb['machine'].get('host_cpus')} CPUs, {mb['machine'].get('host_memory_gib')} GiB); "
              f"torch {mb['machine']['torch']}, CUDA {mb['machine']['cuda']}; nvidia-smi (max SM clock, max memory "
@@ -514,11 +518,51 @@ def _microbench_lines(mb: dict) -> list[str]:
                     "compute.op_group_launch_ns (minus the kernel's own time) |")
     if mb.get("op_times"):
         src = mb.get("op_times_from", {})
-        lines.append(f"| every kernel shape of the decode steps ({len(mb['op_times'])} shapes: the four validation "
-                    f"shapes at contexts {', '.join(map(str, src.get('contexts', [])))}), each alone, in a CUDA graph | "
+        lines.append(f"| every kernel shape of the decode steps ({len(mb['op_times'])} shapes: those of "
+                    f"{', '.join(src.get('configs', []))} at contexts {', '.join(map(str, src.get('contexts', [])))}), "
+                    "each alone, in a CUDA graph | "
                     "per shape | compute.op_times_ns (profiled operators) |")
     lines.append("")
     return lines
+
+
+def _written_by(config: str) -> tuple[str, str, dict]:
+    """A gpuconfig-written config's command (its header's third line), its microbenchmark file and its options."""
+    import shlex
+
+    try:
+        with open(config) as f:
+            command = f.read().splitlines()[2].lstrip("# ").strip()
+        words = shlex.split(command)
+        assert words[:3] == ["python", "-m", "chipsim.hwreplay.gpuconfig"]
+    except (OSError, IndexError, ValueError, AssertionError):
+        raise InputError(f"--machine {config}: not a config written by chipsim.hwreplay.gpuconfig (its command "
+                         "belongs on its third line)") from None
+    options = {k: v for k, v in zip(words[4:], words[5:]) if k.startswith("--")}
+    return command, words[3], options
+
+
+def machine_lines(config: str) -> list[str]:
+    """--machine: another GPU calibrated from its own probes: how its config was written (its header's command),
+    the microbenchmark's fits and the energy table its probes give."""
+    from chipsim.hwreplay.energy_table import derive
+
+    command, microbench, options = _written_by(config)
+    energy_probe = options.get("--energy-probe")
+    mb = read_json(microbench)
+    gpu = mb["machine"]["gpu"]
+    lines = [f"## Another GPU calibrated from its own probes: {gpu}", "",
+             f"{config} was written from single-op probes on that machine alone (`validation/calibrate-gpu.sh`, then "
+             "each regime's script added the kernel shapes its replays needed), by", "", f"    {command}", ""]
+    if energy_probe:
+        fit = derive(read_json(energy_probe), read_json(options.get("--gemm-clock")))
+        lines += [f"Its energy table ({energy_probe}"
+                  + (f", the MAC from {options['--gemm-clock']}" if "--gemm-clock" in options else "")
+                  + f"; chipsim.hwreplay.energy_table): idle {fit.idle_w:.1f} W; every SM busy {fit.busy_w:.1f} W "
+                  f"above idle (one-block kernels {fit.tiny_above_idle_w:.1f} W); {fit.hbm_pj_per_bit:.2f} pJ per bit "
+                  f"read from HBM; {fit.mac_pj:.2f} pJ per BF16 MAC; host-to-device copies {fit.pcie_pj_per_bit:.2f} "
+                  "pJ per bit.", ""]
+    return lines + _microbench_lines(mb, f"### {gpu}: machine and microbenchmarks")
 
 
 def _profile_check_lines(profile_check: list[dict]) -> list[str]:
@@ -577,6 +621,7 @@ def _method_lines(commands: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
+    machines = [line for config in a.machine for line in machine_lines(config)]  # read first: a bad file stops all
     prefill = prefill_regimes(a.prefill_regime, a.jobs)
     batch = batch_regimes(a.batch_regime, a.jobs)
     served = served_regimes(a.served_regime, a.jobs)
@@ -610,8 +655,9 @@ def main(argv=None) -> int:
     extra = (regime_lines(regimes, figure_dir if a.report else None, report_dir)
              + [line for name, rows in prefill for line in prefill_lines(name, rows)]
              + [line for name, rows in batch for line in batch_lines(name, rows)]
-             + [line for name, rows in served for line in served_lines(name, rows)] + _probe_lines(a, config, regimes))
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra)
+             + [line for name, rows in served for line in served_lines(name, rows)]
+             + _probe_lines(a, config, regimes, machine_config(results[0]["config"], a.measurements[0])))
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra, machines)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)
@@ -661,6 +707,9 @@ def _parser() -> OneLineParser:
                     help="a served run replayed (chipsim hwreplay --served): its name, then measurement files or "
                          "folders of them (validation/regimes/served); per-step latency and the run's energy against "
                          "the simulator, a section of its own, left out while its folders hold no file; repeatable")
+    ap.add_argument("--machine", action="append", default=[], metavar="CONFIG",
+                    help="another GPU's config written from its own probes (hwconfigs/h100-pcie5.yaml): a section with "
+                         "the command in its header, its microbenchmark's fits and its energy table; repeatable")
     ap.add_argument("--figures", default=None, metavar="DIR",
                     help="where the regimes' per-layer stall figures go (default: figures/ beside --report)")
     ap.add_argument("--op-energy", default=None, metavar="FILE",
@@ -692,7 +741,8 @@ def _regime_rows(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
                 contexts = {int(c) for c in ctx.split(",")} if ctx else None
             except ValueError:
                 raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
-            rows += compare_file(path, jobs=jobs, contexts=contexts)["rows"]
+            res = compare_file(path, jobs=jobs, contexts=contexts)
+            rows += [{**r, "machine_config": machine_config(res["config"], path)} for r in res["rows"]]
         if not rows:
             raise InputError(f"--regime {spec[0]}: no case in {' '.join(spec[1:])} (check the @contexts)")
         regimes.append((spec[0], rows))
@@ -742,6 +792,11 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     if served_specs:
         commands += ["bash validation/regimes/measure-served.sh OUT  # the served run's kernel shapes alone, then its "
                      "replays (validation/regimes/README.md)"]
+    for config in a.machine:
+        microbench = _written_by(config)[1]
+        gpu, probes = os.path.basename(microbench).split("-")[0], os.path.dirname(microbench)
+        commands += [f"GPU={gpu} PROBES={probes} bash validation/calibrate-gpu.sh OUT  # {config} from that GPU's "
+                     "probes alone, then the regimes' scripts above with the same GPU and PROBES"]
     if a.regime:
         commands += ["bash validation/regimes/measure-settled.sh OUT  # the energy counter and probe, every regime's "
                      "replays (validation/regimes/README.md: where each output went, and the earlier leases' commands)"]
@@ -758,6 +813,7 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
                            for spec in batch_specs)
                  + "".join(f" --served-regime {' '.join(repr(x) if ' ' in x else x for x in spec)}"
                            for spec in served_specs)
+                 + "".join(f" --machine {config}" for config in a.machine)
                  + (f" --op-energy {a.op_energy}" if a.op_energy else "")
                  + (f" --handoff {a.handoff}" if a.handoff else "")
                  + (f" --step-energy {' '.join(a.step_energy)}" if a.step_energy else "")
@@ -767,14 +823,16 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
     return commands
 
 
-def _probe_lines(a, config: str, regimes: list[tuple[str, list]]) -> list[str]:
-    """The single-op probes' sections: each kernel's energy alone (and a step's against its kernels'), a token's
-    kernels together against alone, and the copy/compute hand-off."""
+def _probe_lines(a, config: str, regimes: list[tuple[str, list]], machine: str) -> list[str]:
+    """The single-op probes' sections: each kernel's energy alone (and a step's against its kernels', for the regimes
+    replayed on `machine`, the config the probes ran under), a token's kernels together against alone, and the
+    copy/compute hand-off."""
     lines: list[str] = []
     if a.op_energy:
         op_probe = read_json(a.op_energy)
         lines += op_energy_lines(op_probe, config)
-        lines += step_against_kernels_lines(op_probe, regimes)
+        own = [(name, rows) for name, rows in regimes if all(r["machine_config"] == machine for r in rows)]
+        lines += step_against_kernels_lines(op_probe, own)  # the probe's board's regimes only
     if a.step_energy:
         lines += step_energy_lines([(path, read_json(path)) for path in a.step_energy])
     if a.handoff:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import statistics
 
 from chipsim.errors import InputError
-from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, read_measurement, replay_regimes
+from chipsim.hwreplay.compare_prefill import (ARRAY_MODEL_ONLY, _resolve, mape, read_measurement, replay_regimes,
+                                              rows_of, table_source)
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
 from chipsim.hwreplay.plan import build_plan
-from chipsim.pool import worker_pool
 from chipsim.runner import prepare
 
 
@@ -72,10 +72,7 @@ def compare_batch_file(path: str, jobs: int = 1) -> list[dict]:
     config = _resolve(meas["config"], path)
     real = meas.get("host_experts") == "normal-bf16"  # energy only over experts like real ones (not a dry run's zeros)
     work = [(config, list(meas.get("overrides", [])), case, meas["model"], meas["batch"], real) for case in meas["cases"]]
-    if jobs > 1 and len(work) > 1:
-        with worker_pool(min(jobs, len(work))) as pool:
-            return list(pool.map(_case_row, work))
-    return [_case_row(job) for job in work]
+    return rows_of(meas, path, _case_row, work, jobs)
 
 
 def batch_lines(name: str, rows: list[dict]) -> list[str]:
@@ -92,7 +89,7 @@ def batch_lines(name: str, rows: list[dict]) -> list[str]:
              "between the events after two steps' LM heads (CUDA events; each step's mean over the measured replays, "
              "after one unmeasured); energy the board's NVML counter over each measured replay (nvml.Meter) per step, "
              "against the simulator's board part. The operation times come from single-op probes only "
-             "(hwconfigs/h200-pcie5.yaml's measured table, the batch shapes timed alone by `microbench --batch`); no "
+             f"(the measured table of {table_source(rows)}, the batch shapes timed alone by `microbench --batch`); no "
              "number is fitted to a step.", "",
              f"Mean step latency MAPE {mape(r['error_pct'] for r in rows):.1f} % over {len(rows)} cases (worst "
              f"{worst['error_pct']:+.1f} %, {worst['model']} B={worst['batch']} at {worst['context_length']} "

@@ -16,6 +16,8 @@ import json
 import os
 import statistics
 
+import yaml
+
 from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, read_input_text
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
@@ -36,6 +38,19 @@ def _resolve(config: str, measurement_path: str) -> str:
         if os.path.isfile(candidate):
             return candidate
     raise InputError(f"{measurement_path}: config {config} not found")
+
+
+def machine_config(config: str, measurement_path: str) -> str:
+    """The config at the root of a measurement's config's `base:` chain (the GPU's measured config under a per-model
+    one), named as the measurement names its config (hwconfigs/h100-pcie5-phi-mini-moe.yaml -> hwconfigs/h100-pcie5.yaml)."""
+    path, named = _resolve(config, measurement_path), config
+    for _ in range(16):  # the loader refuses longer chains
+        with open(path) as f:
+            base = (yaml.safe_load(f) or {}).get("base")
+        if not isinstance(base, str):
+            return named
+        path, named = os.path.join(os.path.dirname(path), base), os.path.join(os.path.dirname(named), base)
+    return named
 
 
 def _plan(config: str, overrides: list, prompt: int, policy: str):
@@ -123,10 +138,24 @@ def compare_prefill_file(path: str, jobs: int = 1) -> list[dict]:
     config = _resolve(meas["config"], path)
     real = meas.get("host_experts") == "normal-bf16"  # energy only over experts like real ones (not a dry run's zeros)
     work = [(config, list(meas.get("overrides", [])), case, meas["model"], real) for case in meas["cases"]]
+    return rows_of(meas, path, _case_row, work, jobs)
+
+
+def rows_of(meas: dict, path: str, case_row, work: list, jobs: int) -> list[dict]:
+    """case_row over `work` (in worker processes where jobs > 1), each row naming the measurement's machine config
+    (the file at `path`'s config's base)."""
     if jobs > 1 and len(work) > 1:
         with worker_pool(min(jobs, len(work))) as pool:
-            return list(pool.map(_case_row, work))
-    return [_case_row(job) for job in work]
+            rows = list(pool.map(case_row, work))
+    else:
+        rows = [case_row(job) for job in work]
+    machine = machine_config(meas["config"], path)
+    return [{**row, "machine_config": machine} for row in rows]
+
+
+def table_source(rows: list[dict]) -> str:
+    """The configs whose measured operation tables the rows' simulations used, for a section's text."""
+    return ", ".join(sorted({r["machine_config"] for r in rows}))
 
 
 def prefill_files(paths: list[str]) -> list[str]:
@@ -160,7 +189,7 @@ def prefill_lines(name: str, rows: list[dict]) -> list[str]:
              "event after the last chunk's LM head (CUDA events; the mean of the measured replays, after one "
              "unmeasured); energy the board's NVML counter over each measured replay (nvml.Meter), against the "
              "simulator's board part of the prefill. The simulated operation times come from single-op probes only "
-             "(hwconfigs/h200-pcie5.yaml's measured table, the prefill shapes timed alone by `microbench --prompts`); "
+             f"(the measured table of {table_source(rows)}, the prefill shapes timed alone by `microbench --prompts`); "
              "no number is fitted to a TTFT. The replay stops at the first output token.", "",
              f"TTFT MAPE {mape(r['error_pct'] for r in rows):.1f} % over {len(rows)} cases (worst "
              f"{worst['error_pct']:+.1f} %, {worst['model']} at {worst['prompt_tokens']} {worst['policy']}); "

@@ -16,10 +16,10 @@ from __future__ import annotations
 import statistics
 
 from chipsim.errors import InputError
-from chipsim.hwreplay.compare_prefill import ARRAY_MODEL_ONLY, _resolve, mape, read_measurement, replay_regimes
+from chipsim.hwreplay.compare_prefill import (ARRAY_MODEL_ONLY, _resolve, mape, read_measurement, replay_regimes,
+                                              rows_of, table_source)
 from chipsim.hwreplay.energy_table import BOARD_EXCLUDES, board_mj
 from chipsim.hwreplay.plan import build_plan
-from chipsim.pool import worker_pool
 from chipsim.runner import prepare
 from chipsim.sim.energy import EnergyTable
 
@@ -106,10 +106,7 @@ def compare_served_file(path: str, jobs: int = 1) -> list[dict]:
     real = meas.get("host_experts") == "normal-bf16"  # energy only over experts like real ones (not a dry run's zeros)
     work = [(config, list(meas.get("overrides", [])), case, meas["model"], meas["requests"], real)
             for case in meas["cases"]]
-    if jobs > 1 and len(work) > 1:
-        with worker_pool(min(jobs, len(work))) as pool:
-            return list(pool.map(_case_row, work))
-    return [_case_row(job) for job in work]
+    return rows_of(meas, path, _case_row, work, jobs)
 
 
 def served_lines(name: str, rows: list[dict]) -> list[str]:
@@ -132,7 +129,7 @@ def served_lines(name: str, rows: list[dict]) -> list[str]:
              "the steps' alone (the slept gaps at the meter's idle power taken out; the gaps agree by construction). "
              "A softmax fused into a prompt chunk's attention kernel whose shape a decode token's own softmax kernel "
              "has is charged that kernel's time (the table is keyed by shape). The "
-             "operation times come from single-op probes only (hwconfigs/h200-pcie5.yaml's measured table, the "
+             f"operation times come from single-op probes only (the measured table of {table_source(rows)}, the "
              "run's shapes timed alone by `microbench --served`); no number is fitted to a step.", "",
              f"Mean step latency MAPE {mape(r['error_pct'] for r in rows):.1f} % over {len(rows)} cases (worst "
              f"{worst['error_pct']:+.1f} %, {worst['model']} {worst['requests']} requests {worst['policy']}); per-step "

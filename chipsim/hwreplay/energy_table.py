@@ -69,8 +69,26 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def derive(probe: dict) -> EnergyFit:
-    """The energy table from a probe's windows (see the module doc)."""
+def _paced_gemm_row(gemm_clock: dict) -> tuple[list[float], float]:
+    """validation/energy/probe_gemm_clock.py's paced windows (the host idle between calls, so the power cap never
+    pulls the SM clock down) as one row of the solve, per second of GEMM time (calls x a call's GEMM time): what the
+    SMs draw at the clock a GEMM between other work runs at."""
+    try:
+        n = gemm_clock["shape"][0]
+        per_call, call_s = gemm_clock["gemms_per_call"], gemm_clock["call_seconds"]
+        ws = [w for w in gemm_clock["windows"] if w["gap_calls"] > 0]
+        rows = [(w["calls"] * call_s, above_idle_j(w), w["calls"] * per_call * 3 * n * n * 2, w["macs"]) for w in ws]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise InputError(f"GEMM clock probe: not probe_gemm_clock.py's output ({exc!r})") from None
+    if not rows:
+        raise InputError("GEMM clock probe: no paced window (gap_calls > 0)")
+    busy_s = sum(r[0] for r in rows)
+    return [1.0, sum(r[2] for r in rows) / busy_s, sum(r[3] for r in rows) / busy_s], sum(r[1] for r in rows) / busy_s
+
+
+def derive(probe: dict, gemm_clock: dict | None = None) -> EnergyFit:
+    """The energy table from a probe's windows (see the module doc); with `gemm_clock` (probe_gemm_clock.py), the
+    GEMM's equation from its paced windows at the full SM clock instead of the back-to-back window at the cap's."""
     idle = _mean([_power(w) for w in _windows(probe, "idle_cold") + _windows(probe, "idle_settled")])
     warm = _mean([_power(w) for w in _windows(probe, "idle_warm")])
     copies = _windows(probe, "h2d_copy")
@@ -83,10 +101,14 @@ def derive(probe: dict) -> EnergyFit:
     intercept = my - slope * mx
     # small GEMVs, a large GEMV, a GEMM: power above idle = busy + bytes/s * J/byte + MACs/s * J/MAC
     a, b = [], []
-    for kind in ("gemv_small", "gemv", "gemm"):
+    for kind in ("gemv_small", "gemv") + (() if gemm_clock else ("gemm",)):
         ws = _windows(probe, kind)
         a.append([1.0, _mean([_rate(w, "bytes_per_call") for w in ws]), _mean([_rate(w, "macs_per_call") for w in ws])])
         b.append(_mean([_power(w) for w in ws]) - idle)
+    if gemm_clock:
+        row, above_w = _paced_gemm_row(gemm_clock)
+        a.append(row)
+        b.append(above_w)
     scaled = np.array(a) / np.array(a).max(axis=0)  # columns of ~1: the condition number says what the data can
     if np.linalg.cond(scaled) > 1e6:                # tell apart, not the units
         raise InputError("energy probe: the three kernels' bytes and MACs per second are too alike to tell busy "

@@ -164,7 +164,7 @@ def _op_energy_table(probes: tuple = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _energy_lines(fit, source: str | None, arrays: int) -> dict:
+def _energy_lines(fit, source: str | None, arrays: int, gemm_clock_source: str | None = None) -> dict:
     """The energy keys' values and comments: measured (chipsim.hwreplay.energy_table, from the board's NVML counter
     around single-op microbenchmarks) when a probe is given, else the ASSUMPTIONs as before."""
     if fit is None:
@@ -185,7 +185,8 @@ def _energy_lines(fit, source: str | None, arrays: int) -> dict:
     pcie = fit.pcie_pj_per_bit - fit.hbm_pj_per_bit
     return {
         "mac": f"{fit.mac_pj:.4f}              # {src}: per BF16 MAC, solved with the busy power and the HBM energy "
-               "(the GEMM window's power and clocks are in the probe file)",
+               + (f"(the GEMMs at the full SM clock, paced below the power cap: {gemm_clock_source})" if gemm_clock_source
+                  else "(the GEMM window's power and clocks are in the probe file)"),
         "sram_read": "0.0      # in memory.hbm.energy_pj_per_bit: the GEMV fit charges a weight byte's whole way to the SMs",
         "sram_write": "0.0     # as sram_read_pj_per_bit",
         "clock": f"{fit.busy_w / arrays:.4f}    # {src}: every SM busy, {fit.busy_w:.1f} W above idle, / {arrays} SMs "
@@ -318,7 +319,8 @@ def _derive(mb: dict, kernel_launch: str, launch_gaps: dict | None, launch_gaps_
 def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), energy=None,
            energy_source: str | None = None, command: str = "", handoff: dict | None = None,
            handoff_source: str | None = None, launch_gaps: dict | None = None,
-           launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark") -> str:
+           launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark",
+           gemm_clock_source: str | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -326,7 +328,7 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     the microbenchmark file's name, for errors."""
     d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
     table = _op_table(mb, kernel_launch, extra_op_times)
-    e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"])
+    e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"], gemm_clock_source)
     header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
     tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
     return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e, gpu_facts(mb["machine"], source)) + _links_text(mb, d, e) + \
@@ -512,6 +514,9 @@ def main(argv=None) -> int:
     ap.add_argument("--energy-probe", default=None, metavar="FILE",
                     help="validation/energy/h200-energy-probe-settled.json: the energy table from the board's counter "
                          "(otherwise the energy figures stay ASSUMPTIONs)")
+    ap.add_argument("--gemm-clock", default=None, metavar="FILE",
+                    help="validation/h100/h100-gemm-clock.json (validation/energy/probe_gemm_clock.py): the MAC's energy "
+                         "from GEMMs paced below the power cap, at the full SM clock (with --energy-probe)")
     ap.add_argument("--launch-gaps", default=None, metavar="FILE",
                     help="validation/compute/h200-launch-gaps.json (probe_launch_gaps.py): compute.op_group_launch_ns "
                          "with --kernel-launch graph, instead of the microbenchmark's one-kernel graph launch")
@@ -525,20 +530,24 @@ def main(argv=None) -> int:
     mb = read_json(a.microbench)
     extra = [(path, read_json(path)) for path in a.op_times_extra]
     fit = None
+    if a.gemm_clock and not a.energy_probe:
+        raise InputError("--gemm-clock goes with --energy-probe (it replaces one of that probe's windows)")
     if a.energy_probe:
         from chipsim.hwreplay.energy_table import derive
 
-        fit = derive(read_json(a.energy_probe))
+        fit = derive(read_json(a.energy_probe), read_json(a.gemm_clock) if a.gemm_clock else None)
     command = (f"python -m chipsim.hwreplay.gpuconfig {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")
+               + (f" --gemm-clock {a.gemm_clock}" if a.gemm_clock else "")
                + (f" --handoff {a.handoff}" if a.handoff else "")
                + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
                + "".join(f" --op-energy {p}" for p in a.op_energy))
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
-                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench)
+                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench,
+                  gemm_clock_source=a.gemm_clock)
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

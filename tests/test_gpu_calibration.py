@@ -1,0 +1,153 @@
+"""A second GPU's config from its own probes (chipsim.hwreplay.gpuconfig, validation/calibrate-gpu.sh): the committed
+H100 config comes back from its committed probe files alone, a GPU without datasheet facts is refused in one line, the
+calibration script measures nothing on a machine without the card, and hwcompare names each regime's machine."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from chipsim.errors import InputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+H100 = os.path.join(ROOT, "hwconfigs", "h100-pcie5.yaml")
+
+
+def _load_json(*parts) -> dict:
+    with open(os.path.join(ROOT, *parts)) as f:
+        return json.load(f)
+
+
+def _header_command(path: str) -> list[str]:
+    with open(path) as f:
+        line = f.read().splitlines()[2]
+    assert line.startswith("#   python -m chipsim.hwreplay.gpuconfig ")
+    return shlex.split(line[len("#   python -m chipsim.hwreplay.gpuconfig "):])
+
+
+def test_the_h100_config_is_written_from_its_committed_probes_alone(tmp_path):
+    """Its header's command, run again on the committed files, gives every value of hwconfigs/h100-pcie5.yaml; the
+    datasheet facts are the H100 SXM5's (3.35 TB/s = 80 channels x 64 bit x 5,234 MT/s / 8 = 3,349.8 GB/s), the link
+    and the per-copy cost are the microbenchmark's own fit."""
+    from chipsim.hwreplay.gpuconfig import main
+
+    args = _header_command(H100)
+    assert args[args.index("--out") + 1] == "hwconfigs/h100-pcie5.yaml"
+    args[args.index("--out") + 1] = str(tmp_path / "again.yaml")
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the command names the probe files from the repository root
+    try:
+        assert main(args) == 0
+    finally:
+        os.chdir(cwd)
+    with open(H100) as f:
+        committed = yaml.safe_load(f)
+    with open(tmp_path / "again.yaml") as f:
+        assert yaml.safe_load(f) == committed  # every value, nothing edited by hand
+    hbm = committed["memory"]["hbm"]
+    assert committed["name"] == "h100-pcie5"
+    assert (hbm["channels"], hbm["channel_width_bits"], hbm["data_rate_mtps"]) == (80, 64, 5234)
+    assert hbm["channels"] * hbm["channel_width_bits"] * hbm["data_rate_mtps"] / 8 / 1e3 == pytest.approx(3349.76)
+    mb = _load_json("validation", "h100", "h100-microbench.json")
+    assert mb["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    fit = mb["h2d_pinned_queued16_fit"]
+    assert committed["links"]["pcie"]["bandwidth_gbps"] == fit["bandwidth_gbps"]
+    assert committed["dma"]["setup_ns"] == round(fit["intercept_us"] * 1e3, 1)
+    for extra in ("prefill-phi", "prefill-gpt-oss", "batch", "served"):  # each regime's shapes are in its table
+        key = _load_json("validation", "h100", f"h100-op-times-{extra}.json")["op_times"][0]["key"]
+        assert key in committed["compute"]["op_times_ns"], extra
+
+
+def test_a_gpu_without_datasheet_facts_is_refused_in_one_line(tmp_path):
+    mb = _load_json("validation", "h100", "h100-microbench.json")
+    mb["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB"
+    bad = tmp_path / "a100.json"
+    bad.write_text(json.dumps(mb))
+    out = tmp_path / "out.yaml"
+    run = subprocess.run([sys.executable, "-m", "chipsim.hwreplay.gpuconfig", str(bad), "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 2 and run.stdout == "" and not out.exists()
+    assert run.stderr.count("\n") == 1
+    assert run.stderr.startswith(f"chipsim: error: {bad}: machine.gpu 'NVIDIA A100-SXM4-80GB' has no datasheet facts")
+
+
+def test_the_h200_and_h100_are_named_after_their_cards_and_links():
+    from chipsim.hwreplay.gpuconfig import config_name, host_link
+
+    assert config_name(_load_json("validation", "h200-microbench.json")["machine"], "x") == "h200-pcie5"
+    h100 = _load_json("validation", "h100", "h100-microbench.json")["machine"]
+    assert host_link(h100) == ("5", "16") and config_name(h100, "x") == "h100-pcie5"
+    assert host_link({"nvidia_smi": "1980 MHz, 2619 MHz, 4, 8, 580"}) == ("4", "8")
+    with pytest.raises(InputError, match="machine.gpu 'None' has no datasheet facts"):
+        config_name({}, "x")
+
+
+def test_calibration_measures_nothing_without_the_card(tmp_path):
+    """On a machine whose nvidia-smi names no H100 (or has none), the script stops with exit 3 before any probe and
+    writes no config."""
+    probes = tmp_path / "probes"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")  # another card than GPU names
+    fake.chmod(0o755)
+    path = f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    env = dict(os.environ, GPU="h100", PROBES=str(probes), PATH=path)
+    with open(H100, "rb") as f:
+        before = f.read()
+    run = subprocess.run(["bash", "validation/calibrate-gpu.sh", str(tmp_path / "out")], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 3, run.stderr
+    assert "the card is 'NVIDIA H200' (slug 'h200'), not GPU=h100: nothing measured" in run.stdout
+    assert not any(probes.iterdir())
+    with open(H100, "rb") as f:
+        assert f.read() == before
+
+
+def test_a_regime_names_the_machine_config_its_replays_ran_under(tmp_path):
+    """hwcompare's machine of a measurement: its config's base chain's root, as the file names its config."""
+    from chipsim.hwreplay.compare_prefill import machine_config
+
+    meas = os.path.join(ROOT, "validation", "h100", "regimes", "prefill", "h100-pcie5-phi-mini-moe.json")
+    assert machine_config("hwconfigs/h100-pcie5-phi-mini-moe.yaml", meas) == "hwconfigs/h100-pcie5.yaml"
+    assert machine_config("hwconfigs/h200-pcie5.yaml", meas) == "hwconfigs/h200-pcie5.yaml"
+    with pytest.raises(InputError, match="config hwconfigs/none.yaml not found"):
+        machine_config("hwconfigs/none.yaml", meas)
+
+
+def test_hwcompare_refuses_a_machine_config_gpuconfig_did_not_write_before_any_work(tmp_path, capsys):
+    from chipsim.errors import run_module_main
+    from chipsim.hwreplay.compare import main
+
+    for config in (os.path.join(ROOT, "hwconfigs", "thor.yaml"), str(tmp_path / "none.yaml")):
+        with pytest.raises(SystemExit) as exc:
+            run_module_main(lambda: main([os.path.join(ROOT, "validation", "h200-pcie5.json"), "--machine", config]))
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err == (f"chipsim: error: --machine {config}: not a config written by chipsim.hwreplay.gpuconfig "
+                       "(its command belongs on its third line)\n")
+
+
+def test_the_mac_costs_more_at_the_full_clock_than_at_the_power_caps():
+    """probe_gemm_clock.py's windows: back to back the cap pulls the SM clock down and a MAC (everything above idle)
+    costs 1.74-1.76 pJ; paced below the cap, at 1,980 MHz, 2.16-2.17 pJ. The table's MAC solved from the paced
+    windows lies between the back-to-back solve and the paced windows' all-in figure (busy power and HBM take the
+    rest), and the config carries it."""
+    from chipsim.hwreplay.energy_table import derive
+
+    probe = _load_json("validation", "h100", "h100-energy-probe.json")
+    clock = _load_json("validation", "h100", "h100-gemm-clock.json")
+    back_to_back = [w for w in clock["windows"] if w["gap_calls"] == 0]
+    paced = [w for w in clock["windows"] if w["gap_calls"] > 0]
+    assert all(w["sm_clock_mhz"][1] < 1500 for w in back_to_back) and all(w["sm_clock_mhz"][1] == 1980 for w in paced)
+    assert max(w["pj_per_mac_above_idle"] for w in back_to_back) < min(w["pj_per_mac_above_idle"] for w in paced)
+    capped, full = derive(probe).mac_pj, derive(probe, clock).mac_pj
+    assert capped < full < min(w["pj_per_mac_above_idle"] for w in paced)
+    with open(H100) as f:
+        assert yaml.safe_load(f)["compute"]["mac_energy_pj"] == round(full, 4)
+    with pytest.raises(InputError, match="no paced window"):
+        derive(probe, {**clock, "windows": back_to_back})
