@@ -27,21 +27,19 @@ set -uo pipefail
 OUT=${1:?usage: GPU=h100 PROBES=DIR calibrate-gpu.sh OUT [energy] [micro] [handoff] [gaps] [config]}
 shift
 WHAT=" ${*:-energy micro handoff gaps config} "
+for s in $WHAT; do
+  [[ " energy micro handoff gaps config " == *" $s "* ]] || { echo "calibrate: unknown step '$s'"; exit 2; }
+done
 step() { [[ "$WHAT" == *" $1 "* ]]; }
+GPU=${GPU:?set GPU to the card slug, e.g. h100}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/calibrate.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:?set GPU to the card slug, e.g. h100}
+source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml, require_card
+require_card || exit 3
 PROBES=${PROBES:-validation/$GPU}
 mkdir -p "$PROBES"
-CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-SLUG=$(python -c "import sys; from chipsim.hwreplay.gpuconfig import GPUS; f = GPUS.get(sys.argv[1]); print(f.slug if f else '')" "$CARD")
-if [[ "$SLUG" != "$GPU" ]]; then
-  echo "calibrate: the card is '$CARD' (slug '${SLUG:-none}'), not GPU=$GPU: nothing measured" | tee -a "$LOG"
-  exit 3
-fi
-echo "calibrate: $CARD, $(date -u +%FT%TZ)" | tee -a "$LOG"
+echo "calibrate: $GPU, $(date -u +%FT%TZ)" | tee -a "$LOG"
 DECODE="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-phi-mini-moe.yaml"
 if step energy; then
   timeout -k 5 200 python validation/energy/probe_energy.py > "$PROBES/$GPU-energy-probe.json" 2>> "$LOG"
@@ -71,6 +69,7 @@ if whole "$PROBES/$GPU-energy-probe.json" && whole "$PROBES/$GPU-gemm-clock.json
   ARGS+=(--gemm-clock "$PROBES/$GPU-gemm-clock.json")
 fi
 python -m chipsim.hwreplay.gpuconfig "$PROBES/$GPU-microbench.json" "${ARGS[@]}" >> "$LOG" 2>&1
-echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
+status=$?
+echo "config: exit $status ($(date -u +%T))" | tee -a "$LOG"
 cp -f "$PROBES/$GPU"-*.json "hwconfigs/$GPU-pcie5.yaml" "$OUT/" 2>/dev/null
-exit 0
+exit $status

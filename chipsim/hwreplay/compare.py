@@ -25,6 +25,7 @@ from chipsim.hwreplay.compare_served import served_lines, served_mape_line, serv
 from chipsim.hwreplay.compare_prefill import (machine_config, mape as prefill_mape, prefill_lines, prefill_regimes,
                                               table_source)
 from chipsim.hwreplay.energy_table import above_idle_j, board_mj
+from chipsim.hwreplay.gpuconfig import gpu_facts
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
 from chipsim.hwreplay.plan import build_plan
@@ -459,11 +460,13 @@ def cycle_level_lines(config: str, check: list[dict], gemv_probe: dict | None,
 def report(results: list[dict], microbench: dict | None, held_out: str, commands: list[str], notes: list[str],
            profile_check: list[dict] | None = None, pcie: dict | None = None,
            cycle_level: list[str] | None = None, regimes: list[str] | None = None,
-           machines: list[str] | None = None) -> str:
+           machines: list[str] | None = None, other_gpus: list[str] = ()) -> str:
     rows = [r for res in results for r in res["rows"]]
     dev = [r for r in rows if r["model"] != held_out]
     held = [r for r in rows if r["model"] == held_out]
-    lines = ["# Validation against a real machine: the lent NVIDIA H200", "",
+    title = ("# Validation against a real machine: the lent NVIDIA H200" if not other_gpus else
+             "# Validation against real machines: the lent NVIDIA H200 and " + " and ".join(other_gpus))
+    lines = [title, "",
              "Written by `chipsim hwcompare` from the measurement files in `validation/` (numbers are read from them "
              "and from the simulator, none typed by hand).", ""]
     lines += ["## Summary", ""]
@@ -534,12 +537,19 @@ def _written_by(config: str) -> tuple[str, str, dict]:
         with open(config) as f:
             command = f.read().splitlines()[2].lstrip("# ").strip()
         words = shlex.split(command)
-        assert words[:3] == ["python", "-m", "chipsim.hwreplay.gpuconfig"]
+        assert words[:3] == ["python", "-m", "chipsim.hwreplay.gpuconfig"] and len(words) > 3
     except (OSError, IndexError, ValueError, AssertionError):
         raise InputError(f"--machine {config}: not a config written by chipsim.hwreplay.gpuconfig (its command "
                          "belongs on its third line)") from None
     options = {k: v for k, v in zip(words[4:], words[5:]) if k.startswith("--")}
     return command, words[3], options
+
+
+def machine_gpu(config: str) -> str:
+    """The GPU a gpuconfig-written config describes, by its datasheet title (chipsim.hwreplay.gpuconfig.GPUS)."""
+    microbench = _written_by(config)[1]
+    mb = read_json(microbench)
+    return gpu_facts(mb.get("machine", {}) if isinstance(mb, dict) else {}, microbench).title
 
 
 def machine_lines(config: str) -> list[str]:
@@ -549,8 +559,7 @@ def machine_lines(config: str) -> list[str]:
 
     command, microbench, options = _written_by(config)
     energy_probe = options.get("--energy-probe")
-    mb = read_json(microbench)
-    gpu = mb["machine"]["gpu"]
+    mb, gpu = read_json(microbench), machine_gpu(config)
     lines = [f"## Another GPU calibrated from its own probes: {gpu}", "",
              f"{config} was written from single-op probes on that machine alone (`validation/calibrate-gpu.sh`, then "
              "each regime's script added the kernel shapes its replays needed), by", "", f"    {command}", ""]
@@ -657,7 +666,8 @@ def main(argv=None) -> int:
              + [line for name, rows in batch for line in batch_lines(name, rows)]
              + [line for name, rows in served for line in served_lines(name, rows)]
              + _probe_lines(a, config, regimes, machine_config(results[0]["config"], a.measurements[0])))
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra, machines)
+    others = [machine_gpu(config) for config in a.machine]
+    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra, machines, others)
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)
@@ -794,9 +804,10 @@ def _commands(a, configs: list[str], graphs: bool, prefill_measured: list[str] =
                      "replays (validation/regimes/README.md)"]
     for config in a.machine:
         microbench = _written_by(config)[1]
-        gpu, probes = os.path.basename(microbench).split("-")[0], os.path.dirname(microbench)
+        gpu, probes = gpu_facts(read_json(microbench)["machine"], microbench).slug, os.path.dirname(microbench)
         commands += [f"GPU={gpu} PROBES={probes} bash validation/calibrate-gpu.sh OUT  # {config} from that GPU's "
-                     "probes alone, then the regimes' scripts above with the same GPU and PROBES"]
+                     f"probes alone, then the regimes' scripts above with the same GPU and PROBES, and the decode "
+                     f"replays {probes}/README.md lists"]
     if a.regime:
         commands += ["bash validation/regimes/measure-settled.sh OUT  # the energy counter and probe, every regime's "
                      "replays (validation/regimes/README.md: where each output went, and the earlier leases' commands)"]

@@ -44,13 +44,13 @@ def machine_config(config: str, measurement_path: str) -> str:
     """The config at the root of a measurement's config's `base:` chain (the GPU's measured config under a per-model
     one), named as the measurement names its config (hwconfigs/h100-pcie5-phi-mini-moe.yaml -> hwconfigs/h100-pcie5.yaml)."""
     path, named = _resolve(config, measurement_path), config
-    for _ in range(16):  # the loader refuses longer chains
+    for _ in range(16):  # a loop's guard: the loader refuses a chain that comes back on itself before this runs
         with open(path) as f:
             base = (yaml.safe_load(f) or {}).get("base")
         if not isinstance(base, str):
-            return named
+            break
         path, named = os.path.join(os.path.dirname(path), base), os.path.join(os.path.dirname(named), base)
-    return named
+    return os.path.normpath(named)
 
 
 def _plan(config: str, overrides: list, prompt: int, policy: str):

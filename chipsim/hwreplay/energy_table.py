@@ -1,4 +1,4 @@
-"""The H200's energy table from single-op microbenchmarks alone (validation/energy/probe_energy.py's windows; no
+"""A GPU's energy table from single-op microbenchmarks alone (validation/energy/probe_energy.py's windows; no
 decode step is fitted):
 
 - idle (W): the board with a CUDA context and nothing to run, its clocks up (the `idle_cold` and `idle_settled`
@@ -6,7 +6,9 @@ decode step is fitted):
   and is kept for the record);
 - the SMs busy (W), a byte read from HBM (pJ per bit) and a multiply-accumulate (pJ): three kernels that keep every
   SM busy, a chain of small GEMVs (3 MiB each, as a decode step's), a large GEMV and a GEMM, each give one
-  equation: power above idle = busy + bytes per second × energy per byte + MACs per second × energy per MAC;
+  equation: power above idle = busy + bytes per second × energy per byte + MACs per second × energy per MAC
+  (with a GEMM clock probe, probe_gemm_clock.py, the GEMM's equation comes from its GEMMs paced below the power cap,
+  per second of GEMM time, each window less its own idle power: the SM clock the cap would pull down stays up);
 - PCIe (pJ per bit): the slope of the board's power over the rate of the host-to-device copies (back to back and
   paced by the host: four rates, least squares); the intercept is the board's power with the copy engine idle;
 - a check, not fitted: tiny kernels (1,000 adds of 1,024 elements, one block each) keep one SM at a time busy;
@@ -83,6 +85,8 @@ def _paced_gemm_row(gemm_clock: dict) -> tuple[list[float], float]:
     if not rows:
         raise InputError("GEMM clock probe: no paced window (gap_calls > 0)")
     busy_s = sum(r[0] for r in rows)
+    if busy_s <= 0:
+        raise InputError("GEMM clock probe: its paced windows ran no GEMM time (calls x call_seconds is 0)")
     return [1.0, sum(r[2] for r in rows) / busy_s, sum(r[3] for r in rows) / busy_s], sum(r[1] for r in rows) / busy_s
 
 

@@ -190,11 +190,10 @@ def _energy_lines(fit, source: str | None, arrays: int, gemm_clock_source: str |
         "sram_read": "0.0      # in memory.hbm.energy_pj_per_bit: the GEMV fit charges a weight byte's whole way to the SMs",
         "sram_write": "0.0     # as sram_read_pj_per_bit",
         "clock": f"{fit.busy_w / arrays:.4f}    # {src}: every SM busy, {fit.busy_w:.1f} W above idle, / {arrays} SMs "
-                 "(the small GEMVs', the large GEMV's and the GEMM's power solved together; one-block kernels back "
-                 f"to back drew {fit.tiny_above_idle_w:.1f} W above idle)",
+                 "(the small GEMVs', the large GEMV's and the " + ("paced GEMMs'" if gemm_clock_source else "GEMM's")
+                 + f" power solved together; one-block kernels back to back drew {fit.tiny_above_idle_w:.1f} W above idle)",
         "gated": "true   # measured: the board's power while it waits is its idle power (leakage_power_w_per_array)",
-        "occupancy": "  clock_power_by_occupancy: true  # measured: one-block kernels back to back drew "
-                     f"{fit.tiny_above_idle_w:.1f} W above idle, kernels over every SM {fit.busy_w:.1f} W\n",
+        "occupancy": _occupancy_line(fit),
         "leakage": f"{fit.idle_w / arrays:.4f}  # {src}: the whole board idle with its clocks up at its resting "
                    f"temperature, {fit.idle_w:.1f} W, "
                    f"/ {arrays} SMs (HBM background, PCIe PHY and the rest of the board included)",
@@ -205,6 +204,15 @@ def _energy_lines(fit, source: str | None, arrays: int, gemm_clock_source: str |
                 f"less the HBM write charged on memory.hbm ({fit.hbm_pj_per_bit:.2f})",
         "pcie_static": "0.0           # in compute.leakage_power_w_per_array (the board's idle power)",
     }
+
+
+def _occupancy_line(fit) -> str:
+    """compute.clock_power_by_occupancy from the probe: true where one-block kernels back to back draw well under
+    half the power of kernels over every SM (a kernel's clock power then scales with the SMs it occupies), false where
+    they draw about as much (the board's busy power follows any kernel, whatever its size)."""
+    by_occupancy = fit.tiny_above_idle_w < 0.5 * fit.busy_w
+    return (f"  clock_power_by_occupancy: {'true' if by_occupancy else 'false'}  # measured: one-block kernels back to "
+            f"back drew {fit.tiny_above_idle_w:.1f} W above idle, kernels over every SM {fit.busy_w:.1f} W\n")
 
 
 def _probe_median_ns(probe: dict, source: str, what: str, values) -> tuple[float, list[float]]:
@@ -535,7 +543,10 @@ def main(argv=None) -> int:
     if a.energy_probe:
         from chipsim.hwreplay.energy_table import derive
 
-        fit = derive(read_json(a.energy_probe), read_json(a.gemm_clock) if a.gemm_clock else None)
+        try:
+            fit = derive(read_json(a.energy_probe), read_json(a.gemm_clock) if a.gemm_clock else None)
+        except InputError as exc:  # the table's errors name the probe kind; the line names the files too
+            raise InputError(f"{a.energy_probe}{' / ' + a.gemm_clock if a.gemm_clock else ''}: {exc}") from None
     command = (f"python -m chipsim.hwreplay.gpuconfig {a.microbench} --out {a.out} --kernel-launch {a.kernel_launch}"
                + "".join(f" --op-times-extra {p}" for p in a.op_times_extra)
                + (f" --energy-probe {a.energy_probe}" if a.energy_probe else "")

@@ -7,3 +7,14 @@ if ! python -c "import simpy" 2>/dev/null; then  # the device has no simpy: the 
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python -c "import pynvml" 2>/dev/null || echo "no pynvml (nvidia-ml-py): the replays read no energy" | tee -a "$LOG"
+# require_card: the card nvidia-smi names is the one GPU names (chipsim.hwreplay.gpuconfig.GPUS), or a line and false,
+# so no script writes one GPU's timings under another's name
+require_card() {
+  local card slug
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  slug=$(python -c "import sys; from chipsim.hwreplay.gpuconfig import GPUS; f = GPUS.get(sys.argv[1]); print(f.slug if f else '')" "$card")
+  if [[ "$slug" != "$GPU" ]]; then
+    echo "the card is '${card:-none}' (slug '${slug:-none}'), not GPU=$GPU: nothing measured" | tee -a "$LOG"
+    return 1
+  fi
+}
