@@ -561,8 +561,10 @@ def machine_lines(config: str) -> list[str]:
     energy_probe = options.get("--energy-probe")
     mb, gpu = read_json(microbench), machine_gpu(config)
     lines = [f"## Another GPU calibrated from its own probes: {gpu}", "",
-             f"{config} was written from single-op probes on that machine alone (`validation/calibrate-gpu.sh`, then "
-             "each regime's script added the kernel shapes its replays needed), by", "", f"    {command}", ""]
+             f"{config} was written from single-op probes on lent machines of that GPU alone "
+             "(`validation/calibrate-gpu.sh`, then each regime's script added the kernel shapes its replays needed; "
+             f"{os.path.dirname(microbench)}/README.md says which probe ran on which machine), by", "",
+             f"    {command}", ""]
     if energy_probe:
         fit = derive(read_json(energy_probe), read_json(options.get("--gemm-clock")))
         lines += [f"Its energy table ({energy_probe}"
