@@ -815,6 +815,18 @@ def test_the_energy_table_comes_back_from_windows_made_with_it():
     assert fit.hbm_pj_per_bit == pytest.approx(12.0) and fit.mac_pj == pytest.approx(0.5)
     assert fit.copy_rates_gbps == pytest.approx((50.0, 25.0, 12.5, 6.25))
     assert max(abs(r) for r in fit.copy_residuals_w) < 1e-9
+    assert [k for k, _ in fit.kernel_residuals_w] == ["gemv_small", "gemv", "gemm"]
+    assert max(abs(r) for _, r in fit.kernel_residuals_w) < 1e-6
+    # a middle-rate GEMV on the same line (1.6e12 B/s, 8e11 MAC/s: 80 + 60 + 153.6 + 0.4 = 294 W) changes nothing
+    mid = _probe_window("gemv_mid", 80.0 + busy + 1.6e12 * per_byte_hbm + 8e11 * per_mac, 2.0, calls=200,
+                        bytes_per_call=1.6e10, macs_per_call=8e9)
+    assert mid["energy_j"] == pytest.approx(294.0 * 2.0)
+    fit4 = derive({"windows": windows + [mid]})
+    assert (fit4.busy_w, fit4.hbm_pj_per_bit, fit4.mac_pj) == pytest.approx((60.0, 12.0, 0.5))
+    assert [k for k, _ in fit4.kernel_residuals_w] == ["gemv_small", "gemv", "gemv_mid", "gemm"]
+    # 20 W more there than the line allows: least squares spreads it, and the residuals show it
+    off = derive({"windows": windows + [{**mid, "energy_j": (294.0 + 20.0) * 2.0}]})
+    assert dict(off.kernel_residuals_w)["gemv_mid"] > 5.0 and off.busy_w > 60.0
 
 
 def test_an_energy_probe_missing_a_window_or_a_spread_of_rates_is_refused_naming_it():

@@ -11,6 +11,9 @@ decode step is fitted):
   per second of GEMM time, each window less its own idle power: the SM clock the cap would pull down stays up);
 - PCIe (pJ per bit): the slope of the board's power over the rate of the host-to-device copies (back to back and
   paced by the host: four rates, least squares); the intercept is the board's power with the copy engine idle;
+- with a `gemv_mid` window (GEMVs of 16 MiB, between the small and the large GEMV's rates), four equations for the
+  three unknowns, solved by least squares: its residuals (`kernel_residuals_w`) say whether one line of busy power
+  and HBM energy holds across rates;
 - a check, not fitted: tiny kernels (1,000 adds of 1,024 elements, one block each) keep one SM at a time busy;
   their power above idle should be near zero.
 
@@ -49,6 +52,7 @@ class EnergyFit:
     copy_rates_gbps: tuple[float, ...]  # each copy window's rate, for the record
     copy_residuals_w: tuple[float, ...]  # measured less fitted power, per copy window
     tiny_above_idle_w: float  # the check: one-block kernels back to back
+    kernel_residuals_w: tuple[tuple[str, float], ...] = ()  # each kernel window's measured less solved power, W
 
 
 def _rate(window: dict, per_call: str) -> float:
@@ -105,7 +109,9 @@ def derive(probe: dict, gemm_clock: dict | None = None) -> EnergyFit:
     intercept = my - slope * mx
     # small GEMVs, a large GEMV, a GEMM: power above idle = busy + bytes/s * J/byte + MACs/s * J/MAC
     a, b = [], []
-    for kind in ("gemv_small", "gemv") + (() if gemm_clock else ("gemm",)):
+    kinds = ("gemv_small", "gemv") + (("gemv_mid",) if any(w.get("kind") == "gemv_mid" for w in probe.get("windows", []))
+                                      else ()) + (() if gemm_clock else ("gemm",))
+    for kind in kinds:
         ws = _windows(probe, kind)
         a.append([1.0, _mean([_rate(w, "bytes_per_call") for w in ws]), _mean([_rate(w, "macs_per_call") for w in ws])])
         b.append(_mean([_power(w) for w in ws]) - idle)
@@ -117,13 +123,18 @@ def derive(probe: dict, gemm_clock: dict | None = None) -> EnergyFit:
     if np.linalg.cond(scaled) > 1e6:                # tell apart, not the units
         raise InputError("energy probe: the three kernels' bytes and MACs per second are too alike to tell busy "
                          "power, HBM and MAC energy apart")
-    busy, per_byte, per_mac = np.linalg.solve(np.array(a), np.array(b))
+    if len(b) == 3:
+        busy, per_byte, per_mac = np.linalg.solve(np.array(a), np.array(b))
+    else:  # a middle-rate GEMV as well: least squares, and the residuals say whether one line holds them all
+        busy, per_byte, per_mac = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)[0]
+    residuals = tuple((kind, float(y - (busy * r[0] + per_byte * r[1] + per_mac * r[2])))
+                      for kind, r, y in zip(kinds + (("gemm_paced",) if gemm_clock else ()), a, b))
     tiny = _mean([_power(w) for w in _windows(probe, "tiny_kernels")]) - idle
     return EnergyFit(idle_w=idle, idle_warm_w=warm, busy_w=float(busy), hbm_pj_per_bit=float(per_byte) / 8 * 1e12,
                      mac_pj=float(per_mac) * 1e12, pcie_pj_per_bit=slope / 8 * 1e12, copy_idle_w=intercept,
                      copy_rates_gbps=tuple(x / 1e9 for x in xs),
                      copy_residuals_w=tuple(y - (intercept + slope * x) for x, y in zip(xs, ys)),
-                     tiny_above_idle_w=tiny)
+                     tiny_above_idle_w=tiny, kernel_residuals_w=residuals)
 
 
 def above_idle_j(window: dict) -> float:

@@ -8,6 +8,9 @@ torch with CUDA, nvidia-ml-py; nothing here runs a model or a decode step). Each
   byte (the slope) over the board's power with the copy engine idle (the intercept);
 - tiny kernels (1,000 adds of 1,024 elements in one CUDA graph): the SMs busy with kernels that move almost nothing;
 - small GEMVs as in a decode step (3 MiB each, 400 in one CUDA graph, each on its own weights): a check of the fit;
+- middle-rate GEMVs (16 MiB each, 100 in one CUDA graph): a fourth equation, so the table is a least-squares fit
+  whose residuals show whether one line of busy power and HBM energy holds across rates (files before 2026-12-05
+  have no such window);
 - a GEMV (torch.mv, BF16, a 1 GiB weight matrix: HBM-bound, ~1 FLOP per byte): power over bytes read per second;
 - a GEMM (torch.mm, BF16, 8192^3: compute-bound, ~2,700 FLOPs per byte of operands): power over MACs per second.
 
@@ -133,6 +136,24 @@ def main() -> None:
     gemv_small()
     record("gemv_small", gemv_small, kernels_per_call=400, bytes_per_call=400 * n_s * 2, macs_per_call=400 * n_s,
            shape=[rows_s, cols_s])
+    del chain
+
+    # middle-rate GEMVs (4,096 x 2,048 BF16, 16 MiB each, on their own weights through the same 2 GiB, 100 in one
+    # graph): a fourth equation between the small and the large GEMV's rates; the table is then a least-squares fit
+    # whose residuals say whether one line of busy power and HBM energy holds across rates
+    rows_m, cols_m = 4096, 2048
+    n_m = rows_m * cols_m
+    xm_ = torch.randn(cols_m, dtype=torch.bfloat16, device=dev)
+    ym_ = torch.empty(rows_m, dtype=torch.bfloat16, device=dev)
+    chain = capture_graph([(torch.mv, (pool[i * n_m:(i + 1) * n_m].view(rows_m, cols_m), xm_), {"out": ym_})
+                           for i in range(100)])
+
+    def gemv_mid():
+        chain.replay()
+        torch.cuda.synchronize()
+    gemv_mid()
+    record("gemv_mid", gemv_mid, kernels_per_call=100, bytes_per_call=100 * n_m * 2, macs_per_call=100 * n_m,
+           shape=[rows_m, cols_m])
     del chain, pool
 
     # GEMV: HBM-bound. 20 per call keeps the queue full between the host's synchronisations
