@@ -37,7 +37,7 @@ OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/calibrate.log"
 source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml, require_card
 require_card || exit 3
-PROBES=${PROBES:-validation/$GPU}
+PROBES=${PROBES:-$(probes_dir)}
 mkdir -p "$PROBES"
 echo "calibrate: $GPU, $(date -u +%FT%TZ)" | tee -a "$LOG"
 DECODE="hwconfigs/h200-pcie5.yaml hwconfigs/h200-pcie5-phi-mini-moe.yaml"

@@ -451,8 +451,8 @@ def _links_text(mb: dict, d: _Derived, e: dict) -> str:
     energy_pj_per_bit: {e['pcie']}
     static_power_w: {e['pcie_static']}
   ucie:                           # not present: the SMs' HBM read path in a GEMV
-    modules: 1
-    lanes_per_module: 64
+    modules: 1                    # a stand-in: one module, so gtps carries the measured GEMV bandwidth alone
+    lanes_per_module: 64          # a stand-in lane count that gtps is scaled by (below)
     gtps: {round(d.gemv_gbps * 8 / 64, 3)}                 # measured: GEMV bandwidth {d.gemv_gbps} GB/s (gemv_fit over 8-256 MiB) = 64 lanes x this / 8
     latency_ns: 0.0               # folded into sram_access_ns (the measured GEMV fixed time)
     energy_pj_per_bit: 0.0        # not present
@@ -485,12 +485,12 @@ expert_buffer:
 model:
   name: granite-3.1-3b-a800m
   expert_bits: 16                 # BF16 experts (the 4-bit replays set model.expert_bits=4)
-  quant_group_size: 128
-  quant_scale_bits: 16
+  quant_group_size: 128           # the 4-bit replays' kernel: one scale per 128 weights (triton_kernels.gemv_q4)
+  quant_scale_bits: 16            # its scales are BF16 (triton_kernels.gemv_q4)
 
 workload:
   trace: ../traces/real-granite-3b.npz
-  context_length: 1024
+  context_length: 1024            # a harness choice: the replays' default context (--contexts sets others)
   max_tokens: 144                 # 16 warm-up + 128 measured tokens per case
   warmup_tokens: 16
 

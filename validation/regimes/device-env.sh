@@ -18,3 +18,5 @@ require_card() {
     return 1
   fi
 }
+# probes_dir: where GPU's probe files go unless PROBES says (the H200's came first, into validation/compute)
+probes_dir() { if [[ $GPU == h200 ]]; then echo validation/compute; else echo "validation/$GPU"; fi; }

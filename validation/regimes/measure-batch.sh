@@ -29,8 +29,7 @@ source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
 GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
 [[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-DEFAULT_PROBES=validation/$GPU; [[ $GPU == h200 ]] && DEFAULT_PROBES=validation/compute  # the H200's came first
-PROBES=${PROBES:-$DEFAULT_PROBES}  # where the probe files go
+PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 BATCH=4
 STEPS=16
 DEVICE=cuda

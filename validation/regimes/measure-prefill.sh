@@ -32,8 +32,7 @@ source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
 GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
 [[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-DEFAULT_PROBES=validation/$GPU; [[ $GPU == h200 ]] && DEFAULT_PROBES=validation/compute  # the H200's came first
-PROBES=${PROBES:-$DEFAULT_PROBES}  # where the probe files go
+PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 PROMPTS=256,1024,4096
 DEVICE=cuda
 LIMITS=(100 100 120 150)  # seconds: each probe, the phi-mini-moe replays, the gpt-oss-20b replays (7.8 min at most)

@@ -35,8 +35,7 @@ source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
 GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
 CFG=hwconfigs            # the configs the steps read and the config step writes
 [[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-DEFAULT_PROBES=validation/$GPU; [[ $GPU == h200 ]] && DEFAULT_PROBES=validation/compute  # the H200's came first
-PROBES=${PROBES:-$DEFAULT_PROBES}  # where the probe files go
+PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 RUN=(--set workload.requests=12 --set workload.prompt_tokens=64 --set workload.output_tokens=8
      --set workload.arrivals.poisson_rps=4 --set workload.arrivals.seed=0 --set workload.scheduler.kind=chunked
      --set workload.scheduler.max_step_tokens=48 --set workload.prefill_chunk_tokens=32)
