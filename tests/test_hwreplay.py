@@ -320,12 +320,12 @@ def test_the_4bit_shapes_timed_are_those_the_bf16_profile_lacked():
     assert decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g]) == []
 
 
-def test_a_replay_of_8bit_experts_is_refused_in_one_line(tmp_path):
+def test_a_replay_of_fp32_experts_is_refused_in_one_line(tmp_path):
     pytest.importorskip("torch")
     from chipsim.hwreplay.run import main
 
-    with pytest.raises(InputError, match="BF16 experts or 4-bit ones"):
-        main([_config(tmp_path), "--device", "cpu", "--set", "model.expert_bits=8", "--policy", "lru",
+    with pytest.raises(InputError, match="BF16 experts or 4- or 8-bit ones"):
+        main([_config(tmp_path), "--device", "cpu", "--set", "model.expert_bits=32", "--policy", "lru",
               "--contexts", "512", "--jobs", "1", "--out", str(tmp_path / "out")])
 
 

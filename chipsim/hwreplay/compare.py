@@ -116,7 +116,29 @@ def _case_row(job) -> dict:
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
         **energy, **_stall_fields(case, plan, warm),
         **(_kernel_fields(prep.config.hw, case) if "measured_above_idle_mj" in energy else {}),
+        **(_host_fields(prep, case) if case.get("host_experts") else {}),
     }
+
+
+def _host_fields(prep, case: dict) -> dict:
+    """A replay with host-CPU experts: how many per token, and one expert's CPU time measured in the replay against
+    the config's (chipsim.workload.host.host_timing)."""
+    from chipsim.workload.host import host_timing
+
+    timing = host_timing(prep.config.hw, prep.workload)
+    return {"host_experts_per_token": case["host_experts"] / len(case["latency_ms"]),
+            "host_compute_us": case["host_compute_us_median"], "host_roundtrip_us": case["host_roundtrip_us_median"],
+            "config_host_compute_us": timing.compute_ps / 1e6, "config_host_total_us": timing.total_ps / 1e6}
+
+
+def host_lines(rows: list[dict]) -> list[str]:
+    """Under a regime's table: each case that ran experts on the host CPU, its count and per-expert times."""
+    out = [f"- {r['policy']} @{r['context_length']}: {r['host_experts_per_token']:.1f} experts per token on the host "
+           f"CPU; one computed in {r['host_compute_us']:.1f} µs in the replay (median) against the config's "
+           f"{r['config_host_compute_us']:.1f} µs; each on the host {r['host_roundtrip_us']:.1f} µs from its "
+           f"activation's copy to its result's (median; the config charges {r['config_host_total_us']:.1f} µs "
+           "from dispatch to the result's landing)" for r in rows if "host_experts_per_token" in r]
+    return out + [""] if out else []
 
 
 def _kernel_fields(hw, case: dict) -> dict:
@@ -313,7 +335,7 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
             if line not in settings:
                 settings.append(line)
         lines += [f"### {name}", "", "Replayed with these config overrides:", ""] + settings + [""]
-        lines += regime_case_lines(rows) + [""]
+        lines += regime_case_lines(rows) + [""] + host_lines(rows)
         if figure_dir:
             slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
             path = os.path.join(figure_dir, f"stalls-{slug}.png")

@@ -13,6 +13,7 @@ Nothing here is new CUDA code: the library is the one PyTorch ships with (no dep
 from __future__ import annotations
 
 import ctypes
+import functools
 
 _H2D = 1  # cudaMemcpyHostToDevice
 
@@ -56,6 +57,8 @@ def lower(prog: list, compute_stream, handle, is_graph_launch) -> list:
             low.append(("cudaEventRecord", (handle(op[1]), handle(op[2]))))
         elif kind == "tok":
             low.append(("token", (handle(op[1]), cs)))
+        elif kind == "host":  # the host computes experts (chipsim.hwreplay.host_cpu), then enqueues on
+            low.append(("call", (functools.partial(op[1].run, op[2], op[3], compute_stream),)))
         else:
             raise ValueError(f"unknown program step {kind!r}")
     return low

@@ -328,7 +328,8 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
            energy_source: str | None = None, command: str = "", handoff: dict | None = None,
            handoff_source: str | None = None, launch_gaps: dict | None = None,
            launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark",
-           gemm_clock_source: str | None = None) -> str:
+           gemm_clock_source: str | None = None, host_probe: dict | None = None,
+           host_probe_source: str | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -339,8 +340,10 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"], gemm_clock_source)
     header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
     tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
+    host = _host_cpu_text(mb["machine"], d, mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], host_probe,
+                          host_probe_source)
     return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e, gpu_facts(mb["machine"], source)) + _links_text(mb, d, e) + \
-        _tail_text(mb["machine"], d)
+        _tail_text(mb["machine"], d, host)
 
 
 def _header_text(m: dict, kernel_launch: str, command: str, measured_energy: bool, source: str) -> str:
@@ -461,7 +464,41 @@ def _links_text(mb: dict, d: _Derived, e: dict) -> str:
 """
 
 
-def _tail_text(m: dict, d: _Derived) -> str:
+MODEL = "granite-3.1-3b-a800m"  # the model the config describes (its per-shape configs set others)
+
+
+def _host_cpu_text(m: dict, d: _Derived, bandwidth_gbps: float, probe: dict | None, source: str | None) -> str:
+    """host_cpu: from chipsim.hwreplay.host_cpu's probe where given (each key measured alone), else ASSUMPTIONs. The
+    dispatch overhead is the empty job's round trip less what the simulator charges apart: the activation's two
+    trips over PCIe (chipsim.workload.host.host_timing), at the link's latency and bandwidth above."""
+    if probe is None:
+        return f"""host_cpu:                         # not used by the validated policies
+  cores: {m.get("host_cpus", 16)}                      # measured: os.cpu_count()
+  clock_ghz: 2.0                  # ASSUMPTION (not used here)
+  flops_per_cycle_per_core: 32    # ASSUMPTION: AVX-512 FMA x2 (not used here)
+  memory_bandwidth_gbps: 100      # ASSUMPTION (not used here)
+  dispatch_overhead_ns: 10000     # ASSUMPTION (not used here)
+  active_power_w: 100             # ASSUMPTION (not used here)
+"""
+    if probe.get("model") != MODEL:
+        raise InputError(f"{source}: model {probe.get('model')!r}: the host probe must time this config's expert "
+                         f"({MODEL})")
+    us, trip_us = probe["expert_us"]["median"], probe["roundtrip_us"]["median"]
+    act = probe["activation_bytes"]
+    transit_ns = 2 * (d.pcie_latency_ns + act / bandwidth_gbps)
+    dispatch = max(0.0, round(trip_us * 1e3 - transit_ns, 1))
+    gbps = round(probe["expert_bytes"] / us / 1e3, 2)
+    return f"""host_cpu:                         # measured alone by python -m chipsim.hwreplay.host_cpu ({source})
+  cores: {probe["threads"]}                      # measured: the threads the probe (and the replay: torch.set_num_threads) computes on
+  clock_ghz: 2.0                  # ASSUMPTION: with the FMA width below {probe["threads"] * 64} GFLOP/s, far from binding one token's expert
+  flops_per_cycle_per_core: 32    # ASSUMPTION: AVX-512 FMA x2
+  memory_bandwidth_gbps: {gbps}      # measured: one expert's {probe["expert_bytes"]} BF16 bytes / its median {us} us on the CPU (cold weights in pinned memory)
+  dispatch_overhead_ns: {dispatch}      # measured: an empty host job's median round trip {trip_us} us - 2 x (PCIe latency + {act} activation bytes / bandwidth)
+  active_power_w: 100             # ASSUMPTION (outside the board's counter: no validation reads it)
+"""
+
+
+def _tail_text(m: dict, d: _Derived, host: str) -> str:
     """dma, host CPU, expert buffer, model, workload, run and policies."""
     return f"""dma:
   engines: 1                      # one CUDA copy stream: one copy at a time
@@ -471,19 +508,12 @@ def _tail_text(m: dict, d: _Derived) -> str:
   demand_first: false             # a CUDA stream runs copies in issue order
   cancel_in_flight: false         # an enqueued CUDA copy always completes
 
-host_cpu:                         # not used by the validated policies
-  cores: {m.get("host_cpus", 16)}                      # measured: os.cpu_count()
-  clock_ghz: 2.0                  # ASSUMPTION (not used here)
-  flops_per_cycle_per_core: 32    # ASSUMPTION: AVX-512 FMA x2 (not used here)
-  memory_bandwidth_gbps: 100      # ASSUMPTION (not used here)
-  dispatch_overhead_ns: 10000     # ASSUMPTION (not used here)
-  active_power_w: 100             # ASSUMPTION (not used here)
-
+{host}
 expert_buffer:
   capacity_mib: 1536              # the replay's bounded GPU expert buffer (a harness choice; per-shape configs set theirs)
 
 model:
-  name: granite-3.1-3b-a800m
+  name: {MODEL}
   expert_bits: 16                 # BF16 experts (the 4-bit replays set model.expert_bits=4)
   quant_group_size: 128           # the 4-bit replays' kernel: one scale per 128 weights (triton_kernels.gemv_q4)
   quant_scale_bits: 16            # its scales are BF16 (triton_kernels.gemv_q4)
@@ -534,6 +564,9 @@ def main(argv=None) -> int:
                          "(repeatable: an earlier file's shapes win)")
     ap.add_argument("--handoff", default=None, metavar="FILE",
                     help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
+    ap.add_argument("--host-cpu", default=None, metavar="FILE",
+                    help="validation/h100/h100-host-cpu-expert.json (python -m chipsim.hwreplay.host_cpu): the host_cpu "
+                         "keys, each measured alone (otherwise ASSUMPTIONs, unused by the GPU-side policies)")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)
     extra = [(path, read_json(path)) for path in a.op_times_extra]
@@ -553,12 +586,14 @@ def main(argv=None) -> int:
                + (f" --gemm-clock {a.gemm_clock}" if a.gemm_clock else "")
                + (f" --handoff {a.handoff}" if a.handoff else "")
                + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
-               + "".join(f" --op-energy {p}" for p in a.op_energy))
+               + "".join(f" --op-energy {p}" for p in a.op_energy)
+               + (f" --host-cpu {a.host_cpu}" if a.host_cpu else ""))
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
                   a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench,
-                  gemm_clock_source=a.gemm_clock)
+                  gemm_clock_source=a.gemm_clock, host_probe=read_json(a.host_cpu) if a.host_cpu else None,
+                  host_probe_source=a.host_cpu)
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

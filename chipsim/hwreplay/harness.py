@@ -37,25 +37,33 @@ def _nothing() -> None:
     """A fused primitive's launch: its work runs inside another primitive's kernel."""
 
 
-def q4_views(buf: torch.Tensor, p: Primitive) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 4-bit matvec primitive's operand in `buf` (uint8, at least p.weight_bytes): (packed (rows, reduction/2)
-    bytes, scales (rows, reduction/quant_group) BF16), the layout chipsim.hwreplay.triton_kernels.gemv_q4 reads."""
-    if p.bits != 4 or p.reduction % p.quant_group or p.quant_group % 2:
-        raise ValueError(f"{p.name}: the replay runs 4-bit weights whose groups divide the reduction "
+QUANT_BITS = (4, 8)  # the sub-16-bit expert formats the replay has kernels for (triton_kernels.gemv_q4, gemv_q8)
+
+
+def quant_views(buf: torch.Tensor, p: Primitive) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4- or 8-bit matvec primitive's operand in `buf` (uint8, at least p.weight_bytes): (packed (rows,
+    reduction x bits / 8) bytes, scales (rows, reduction/quant_group) BF16), the layout chipsim.hwreplay.
+    triton_kernels.gemv_q4 and gemv_q8 read."""
+    if p.bits not in QUANT_BITS or p.reduction % p.quant_group or p.quant_group % 2:
+        raise ValueError(f"{p.name}: the replay runs 4- or 8-bit weights whose groups divide the reduction "
                          f"({p.bits} bit, group {p.quant_group}, reduction {p.reduction})")
     rows = weight_shape(p)[0]
-    n = rows * p.reduction // 2
+    width = p.reduction * p.bits // 8
+    n = rows * width
     scales = buf[n:p.weight_bytes].view(torch.bfloat16)
     if scales.numel() != rows * (p.reduction // p.quant_group):
-        raise ValueError(f"{p.name}: {p.weight_bytes} bytes are not a packed 4-bit weight with BF16 scales")
-    return buf[:n].view(rows, p.reduction // 2), scales.view(rows, p.reduction // p.quant_group)
+        raise ValueError(f"{p.name}: {p.weight_bytes} bytes are not a packed {p.bits}-bit weight with BF16 scales")
+    return buf[:n].view(rows, width), scales.view(rows, p.reduction // p.quant_group)
+
+
+q4_views = quant_views  # (the 4-bit replays' name)
 
 
 def weight_views(buf: torch.Tensor, p: Primitive):
     """A matvec primitive's weight operand laid out in `buf` (uint8, from its first byte): a (rows, reduction) BF16
-    matrix, or for 4-bit weights q4_views' (packed, scales) pair; what kernel_call takes as its weight."""
+    matrix, or for 4- and 8-bit weights quant_views' (packed, scales) pair; what kernel_call takes as its weight."""
     if p.bits < 16:
-        return q4_views(buf, p)
+        return quant_views(buf, p)
     rows, reduction = weight_shape(p)
     return buf[:2 * rows * reduction].view(torch.bfloat16).view(rows, reduction)
 
@@ -75,8 +83,21 @@ def dequantise_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (w * scales.to(torch.float32)[:, :, None]).reshape(rows, 2 * half).to(torch.bfloat16)
 
 
+def dequantise_q8(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The BF16 matrix an 8-bit operand stands for: each byte less 128, times its group's scale (the reference
+    gemv_q8 is checked against; the CPU dry run's kernel)."""
+    rows, cols = packed.shape
+    group = cols // scales.shape[1]
+    w = packed.view(rows, cols // group, group).to(torch.float32) - 128.0
+    return (w * scales.to(torch.float32)[:, :, None]).reshape(rows, cols).to(torch.bfloat16)
+
+
 def _mv_q4_reference(packed, scales, x, out):
     return torch.mv(dequantise_q4(packed, scales), x, out=out)
+
+
+def _mv_q8_reference(packed, scales, x, out):
+    return torch.mv(dequantise_q8(packed, scales), x, out=out)
 
 
 def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = "cublas") -> tuple:
@@ -85,16 +106,17 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
     for a matmul primitive (a prefill chunk's), an exp for SFU work, an add for vector work, nothing for a fused
     primitive (a prefill chunk's attention kernel is chipsim.hwreplay.prefill_harness.attention_call's). The replay
     and the per-shape microbenchmark launch exactly these. gemv: "cublas" (torch.mv / torch.mm) or "triton" (chipsim.hwreplay.triton_kernels: the structure the
-    cycle-level H200 description assumes). A 4-bit matvec's weight is q4_views' pair, and its kernel is always
-    triton_kernels.gemv_q4 (cuBLAS has no 4-bit GEMV; on a CPU dry run, the dequantised reference)."""
+    cycle-level H200 description assumes). A 4- or 8-bit matvec's weight is quant_views' pair, and its kernel is
+    always triton_kernels.gemv_q4 or gemv_q8 (cuBLAS has no such GEMV; on a CPU dry run, the dequantised reference)."""
     if p.kind == "matvec" and p.bits < 16:
         packed, scales = weight
         res = out[:weight_shape(p)[0]]
         if packed.device.type != "cuda":
-            return _mv_q4_reference, (packed, scales, x[:p.reduction], res), {}
+            return (_mv_q4_reference if p.bits == 4 else _mv_q8_reference), (packed, scales, x[:p.reduction], res), {}
         from chipsim.hwreplay import triton_kernels
 
-        return triton_kernels.gemv_q4, (packed, scales, x[:p.reduction], res, p.quant_group), {}
+        kernel = triton_kernels.gemv_q4 if p.bits == 4 else triton_kernels.gemv_q8
+        return kernel, (packed, scales, x[:p.reduction], res, p.quant_group), {}
     if p.kind == "matmul":  # tokens x reduction activations times the (rows x reduction) weight: one GEMM
         xin = x[:p.tokens * p.reduction].view(p.tokens, p.reduction)
         res = out[:p.tokens * weight.shape[0]].view(p.tokens, weight.shape[0])
@@ -203,7 +225,7 @@ class GpuDecodeStep:
 
     def expert_calls(self, slot: torch.Tensor) -> list:
         """The expert's kernels over the weights in `slot` (one expert's bytes, uint8): BF16 matrices, or 4-bit
-        ones as q4_views lays them out, one after another in the order of its matvecs."""
+        4- and 8-bit ones as quant_views lays them out, one after another in the order of its matvecs."""
         views, off = [], 0
         for p in self.expert_prims:
             if p.kind == "matvec":
@@ -268,6 +290,9 @@ class _CpuEvent:
 
     def elapsed_time(self, other) -> float:
         return (other.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        pass
 
 
 class _CpuStream:
@@ -341,6 +366,10 @@ class _ProgramCompiler:
         self.token_events: list = []
         self.stall_marks: list = []  # (token, MoE layer, [(event before a wait for a copy, event after it), ...])
         self.copies = self.copied_bytes = 0
+        self.host = None  # chipsim.hwreplay.host_cpu.HostExperts, where the plan runs experts on the host CPU
+        self.host_layers = {(a[1], a[2]) for a in plan.actions if a[0] == "host"}
+        self.routed_event = None  # where the running layer's activation is ready, when host experts take it
+        self.host_keys: list = []  # the running layer's host experts: (MoE layer, expert)
 
     def enqueue_spans(self) -> None:
         """Each engine's next spans, as far as their transfers have been issued (program order)."""
@@ -395,11 +424,20 @@ class _ProgramCompiler:
         elif kind == "dense":
             self.prog.append(("c", [self.group(self.mixer(a[2]), a[2]), self.group("dense", a[2])]))
         elif kind == "route":
+            if (a[1], a[2]) in self.host_layers:  # the host experts' activation is ready here, before the shared experts
+                self.routed_event = self.Event()
+                self.prog.append(("rec", self.routed_event, self.cs))
             if self.has_shared():
                 self.prog.append(("c", [self.group("shared", self.first_dense + a[2])]))
+        elif kind == "host":
+            self.host_keys = [(a[2], e) for e in a[3]]
+            self.host.bind(self.host_keys)
         elif kind == "compute":
             self.add_compute(a)
         elif kind == "layer_end":
+            if self.host_keys:  # after the layer's GPU experts are enqueued: they run while the host computes
+                self.prog.append(("host", self.host, self.routed_event, self.host_keys))
+                self.host_keys = []
             self.prog.append(("c", [self.group("combine", self.first_dense + a[2])]))
         elif kind == "head":
             self.prog.append(("c", [self.group("head", -1)]))
@@ -476,6 +514,8 @@ def _torch_enqueue(cs, use, make_current):
                     make_current(cs)
                 elif kind == "wait":
                     op[1].wait_event(op[2])
+                elif kind == "host":  # the host computes experts (chipsim.hwreplay.host_cpu), then enqueues on
+                    op[1].run(op[2], op[3], cs)
                 elif kind == "rec":
                     op[1].record(op[2])
                 else:  # "tok"
@@ -544,6 +584,10 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs = graphs and gpu_slots.device.type == "cuda"
     compiler = getattr(step, "program_compiler", None) or _ProgramCompiler  # a prefill's steps compile their own
     compiled = compiler(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
+    if plan.host_experts:
+        from chipsim.hwreplay.host_cpu import HostExperts
+
+        compiled.host = HostExperts(step.groups["expert"], host_experts, gpu_slots.device, _sync_api(gpu_slots.device))
     for a in plan.actions:
         compiled.add(a)
     prog = _bind_compute(compiled.prog, step, gpu_slots, graphs, segments)
@@ -573,6 +617,11 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         latency = [marks[i].elapsed_time(marks[i + 1]) for i in range(len(token_events))]
         stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)]
                     for t, layer, waits in compiled.stall_marks]
+        host_cpu = {}
+        if compiled.host is not None:  # before the dispatch timing runs the host experts again
+            from chipsim.hwreplay.host_cpu import summary
+
+            host_cpu = summary(compiled.host)
         dispatch_ms = _dispatch_ms(steps, enqueue, is_token, dispatch_tokens, synchronize)
         synchronize()
     finally:
@@ -586,4 +635,4 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             # runs of compute the program enqueues in one step: with graphs, each one graph (per op group or segment)
             "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
             "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy,
-            "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {})}
+            "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu}

@@ -364,7 +364,7 @@ def op_times(device, shapes, pool_mib: int = 2048, max_chain: int = 400, reps: i
     for p, users in shapes:
         if p.fused:  # no kernel of its own: its time is inside the kernels it is fused into
             rows_out.append({"key": p.key, "users": users, "chain": 0, "eager_us": 0.0, "graph_us": 0.0,
-                             "fused": "runs inside the 4-bit matvec kernels (triton_kernels.gemv_q4)"})
+                             "fused": "runs inside the 4- or 8-bit matvec kernels (triton_kernels.gemv_q4, gemv_q8)"})
             continue
         calls = shape_chain(p, pool, x, sa, sb, out, max_chain, gemv)
         count = len(calls)

@@ -8,6 +8,9 @@ takes:
     ["dense", t, i]                       dense first layer i runs
     ["attention", t, l]                   MoE layer l's attention + router run
     ["route", t, l]                       routing is known: the shared experts run now, beside the fetches
+    ["host", t, l, [e, ...]]              these routed experts run on the host CPU, one after another, each its own
+                                          round trip (activation down, the CPU's expert, result up); the layer's
+                                          weighted sum waits for the last (decode steps of one sequence only)
     ["issue", t, l, key_layer, e, kind]   a fetch of expert e of layer key_layer is issued ("demand"/"prefetch")
     ["evict", t, l, key_layer, e]         an expert leaves the buffer
     ["compute", t, l, [e, ...]]           these routed experts run (in this order)
@@ -55,7 +58,9 @@ prefetch at a chunk boundary runs between the prefetch's two spans, a prefetch a
 after its last span, and its bytes are those the simulator moved (chipsim.hwreplay.harness). The order of
 the spans is the simulator's decision, as slots and ProMoE's prefetches are; the replay measures its time.
 
-A policy that computes on the host CPU or with surrogates is rejected.
+A policy that computes with surrogates is rejected, and so is one that computes on the host CPU in a request's
+prefill, a batch or a served run (its experts there would run over several tokens: the replay's host jobs are one
+token's).
 """
 
 from __future__ import annotations
@@ -236,9 +241,14 @@ class PlanRecorder(Observer):
         if self.done:
             return
         self._plan_tokens = getattr(plan, "tokens", None)
-        if plan.on_host or plan.surrogate:
-            raise InputError(f"hwreplay: policy {self._label} computes experts on the host CPU or with "
-                             "surrogates; the hardware replay runs only GPU-side policies")
+        if plan.surrogate:
+            raise InputError(f"hwreplay: policy {self._label} computes experts with surrogates; the hardware replay "
+                             "runs experts on the GPU or the host CPU")
+        if plan.on_host and self._routed is not None:
+            raise InputError(f"hwreplay: policy {self._label} computes experts on the host CPU in a prefill, batch or "
+                             "served step; the replay runs host-CPU experts in one sequence's decode steps")
+        if plan.on_host:
+            self.actions.append(["host", t, layer, [int(e) for e in plan.on_host]])
 
     def issued(self, layer, expert, demand, transfer) -> None:
         if self.done:
@@ -302,6 +312,11 @@ class Plan:
         return sum(self.part_bytes)
 
     @property
+    def host_experts(self) -> int:
+        """Experts the plan runs on the host CPU (each one round trip)."""
+        return sum(len(a[3]) for a in self.actions if a[0] == "host")
+
+    @property
     def fetch_bytes(self) -> int:
         """Bytes the replay copies: every issue's, or, with a copy schedule, the spans' (a prefetch abandoned
         half-way moved only some)."""
@@ -319,6 +334,8 @@ class Plan:
             extra["batch"] = self.batch
         if self.requests:
             extra["requests"] = self.requests
+        if self.host_experts:
+            extra["host_experts"] = self.host_experts
         return {"policy": self.policy, "tokens": self.tokens, "slots": self.slots, "part_bytes": self.part_bytes,
                 "digest": self.digest(), "fetches": self.fetches, "fetch_bytes": self.fetch_bytes,
                 "sim_fetch_bytes": self.sim_fetch_bytes, **extra}

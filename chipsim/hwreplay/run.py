@@ -70,6 +70,28 @@ def plans_for(config: str, contexts: list[int], policies: list[str] | None, jobs
 
 
 
+def plan_host_us(prep) -> float:
+    """One host-CPU expert's compute time as the config prices it (µs)."""
+    from chipsim.workload.host import host_timing
+
+    return host_timing(prep.config.hw, prep.workload).compute_ps / 1e6
+
+
+def _host_threads(hw, plans, config: str) -> int:
+    """Where a plan runs experts on the host CPU: the threads PyTorch computes them on, the config's host_cpu.cores
+    (no more than this machine has: a dry run on a smaller one), set now; else 0, nothing set."""
+    import torch
+
+    if not any(p.host_experts for p in plans):
+        return 0
+    if hw.model.expert_bits != 16:
+        raise InputError(f"{config}: model.expert_bits {hw.model.expert_bits}: the replay's host-CPU experts are BF16 "
+                         "(no CPU kernel of another format is measured)")
+    threads = min(hw.host_cpu.cores, os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
@@ -83,18 +105,18 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     base, plans = plans_for(config, contexts, policies, jobs, overrides)
     hw = base.config.hw
     w = hw.model
-    if w.expert_bits != 16 and (w.expert_bits, w.quant_scale_bits, w.quant_group_size % 2) != (4, 16, 0):
-        raise InputError(f"{config}: the replay runs BF16 experts or 4-bit ones with BF16 scales over an even group "
+    if w.expert_bits != 16 and (w.expert_bits in (4, 8), w.quant_scale_bits, w.quant_group_size % 2) != (True, 16, 0):
+        raise InputError(f"{config}: the replay runs BF16 experts or 4- or 8-bit ones with BF16 scales over an even group "
                          f"(model.expert_bits {w.expert_bits}, quant_scale_bits {w.quant_scale_bits}, "
                          f"quant_group_size {w.quant_group_size})")
     m = base.workload.model
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
+    host_threads = _host_threads(hw, plans.values(), config)
     device = torch.device(device)
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None  # the board's energy counter, where NVML is
     expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
-    host = torch.empty((m.num_moe_layers, m.num_experts, expert_bytes), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    fill_normal_bf16(host, device)
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)  # (a CPU dry run: one expert's zeros)
     slots = max(p.slots for p in plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)
     log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
@@ -128,6 +150,9 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                 + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
                           for e in [res["energy"], *res["repeat_energy"]] if e)
                 + f", {res['launches_per_token']:.0f} launches/token"
+                + (f", host CPU {res['host_experts'] / len(res['latency_ms']):.1f} experts/token at "
+                   f"{res['host_compute_us_median']:.1f} us (simulated {plan_host_us(prep):.1f})"
+                   if res.get("host_experts") else "")
                 + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
                    f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if stalls else ""))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
@@ -138,6 +163,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     return {"config": config, "overrides": list(overrides), "model": m.name, "trace": os.path.basename(base.config.trace_path),
             "host_experts": "normal-bf16",  # fill_normal_bf16: energy is measured over weights like real ones
             "warmup_tokens": hw.workload.warmup_tokens, "energy_settle_s": energy_settle_s, "tokens": hw.workload.max_tokens, "contexts": contexts,
+            **({"host_threads": host_threads} if host_threads else {}),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "cases": cases,
             "seconds": round(time.perf_counter() - t0, 1)}
 

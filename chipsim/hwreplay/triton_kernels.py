@@ -15,8 +15,9 @@ that hwconfigs/h200-cycle-level.yaml describes instead:
   g input vectors, x laid out (reduction, g) as the replay's torch.mm stand-in has it.
 
 `gemv_q4` is the 4-bit experts' kernel (there is no cuBLAS one): it streams the packed weights and their scales
-(chipsim.hwreplay.harness.q4_views gives the layout) and dequantises in registers, an offset and a scale per
-weight, as the simulator's `compute.dequant_ops_per_weight: 2` lane operations.
+(chipsim.hwreplay.harness.quant_views gives the layout) and dequantises in registers, an offset and a scale per
+weight, as the simulator's `compute.dequant_ops_per_weight: 2` lane operations. `gemv_q8` is the same for 8-bit
+experts: a byte per weight, less 128, times its group's BF16 scale.
 """
 
 from __future__ import annotations
@@ -104,6 +105,33 @@ def gemv_q4(packed: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, out: to
     rows, half = packed.shape
     block = min(BLOCK // 2, triton.next_power_of_2(half))
     _gemv_q4[(triton.cdiv(rows, ROWS),)](packed, scales, x, out, 2 * half, rows, group, ROWS, block, num_warps=WARPS)
+    return out
+
+
+@triton.jit
+def _gemv_q8(q, s, x, y, R: tl.constexpr, O: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """y = W x for W of O rows x R 8-bit weights: q (O, R) bytes, s (O, R/GROUP) BF16 scales; a weight is
+    (byte - 128) x its group's scale. Each program ROWS rows, BLOCK columns at a time."""
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+    for off in range(0, R, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        m = (rows[:, None] < O) & (cols[None, :] < R)
+        qb = tl.load(q + rows[:, None].to(tl.int64) * R + cols[None, :], mask=m, other=128)
+        sc = tl.load(s + rows[:, None].to(tl.int64) * (R // GROUP) + cols[None, :] // GROUP, mask=m,
+                     other=0.0).to(tl.float32)
+        xv = tl.load(x + cols, mask=cols < R, other=0.0).to(tl.float32)
+        acc += (qb.to(tl.float32) - 128.0) * sc * xv[None, :]
+    tl.store(y + rows, tl.sum(acc, axis=1).to(tl.bfloat16), mask=rows < O)
+
+
+def gemv_q8(packed: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, out: torch.Tensor, group: int) -> torch.Tensor:
+    """out = W x for an 8-bit weight given as (packed (rows, reduction) uint8, scales (rows, reduction/group) BF16)."""
+    rows, cols = packed.shape
+    block = min(BLOCK, triton.next_power_of_2(cols))
+    _gemv_q8[(triton.cdiv(rows, ROWS),)](packed, scales, x, out, cols, rows, group, ROWS, block, num_warps=WARPS)
     return out
 
 

@@ -1,0 +1,117 @@
+#!/bin/bash
+# Issue #44 item 2: experts computed on the host CPU, replayed for real beside the GPU's work, and 8-bit experts, in
+# device commands from the repository root with the device's own torch; simpy comes from .whl/ when the device lacks
+# it:
+#
+#     bash validation/regimes/measure-host.sh OUT [STEPS]      (STEPS: any of probe config host qkernel qtimes quant;
+#                                                              default all; GPU=h100 or h200, default h100)
+#     DRY_RUN=1 bash validation/regimes/measure-host.sh OUT    (the same steps on this machine's CPU, 3 tokens)
+#
+# probe:   one Granite-3B expert on the host CPU (every CPU's thread) and an empty host job's round trip, each alone
+#          (python -m chipsim.hwreplay.host_cpu)                          -> $PROBES/$GPU-host-cpu-expert.json
+# config:  hwconfigs/$GPU-pcie5.yaml written again by the command in its header with --host-cpu that file: the
+#          host_cpu keys measured (cores, memory_bandwidth_gbps, dispatch_overhead_ns)
+# host:    Fiddler (a static half of the buffer's experts placed, the rest on the CPU) and CG-MoE (an LRU cache whose
+#          misses go to the cheaper of a fetch and the CPU) at context 1,024, each plan replayed once unmeasured and
+#          twice measured (--graphs), Granite-3B and, a shape the probe never timed, Phi-mini-MoE
+#                                                                          -> OUT/host/, OUT/host-phi/
+# qkernel: the 8-bit kernel (and the 4-bit one) against its reference     -> OUT/q8-check.json, OUT/q4-check.json
+# qtimes:  the 4- and 8-bit expert matvec shapes the config lacks, timed alone, then the config written again with
+#          them (--op-times-extra)                                        -> $PROBES/$GPU-op-times-q{4,8}.json
+# quant:   4- and 8-bit experts, a quarter of them in the GPU buffer, LRU and ProMoE, one graph per run of compute,
+#          stalls timed                                                   -> OUT/q8/, OUT/q4/
+# Afterwards, on any machine: commit the probe files, the config and the replays (validation/$GPU/README.md) and
+# regenerate VALIDATION.md with README's hwcompare command. All output also goes to OUT/measure.log.
+set -uo pipefail
+OUT=${1:?usage: measure-host.sh OUT [probe] [config] [host] [qkernel] [qtimes] [quant]}
+shift
+WHAT=" ${*:-probe config host qkernel qtimes quant} "
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+LOG="$OUT/measure.log"
+source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
+GPU=${GPU:-h100}
+CFG=hwconfigs
+[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
+PROBES=${PROBES:-$(probes_dir)}
+DEVICE=cuda
+REPEATS=2
+TOKENS=()
+POOL=2
+if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 3 tokens, one measured replay, the configs and probes in OUT
+  DEVICE=cpu
+  REPEATS=1
+  TOKENS=(--set workload.max_tokens=3 --set workload.warmup_tokens=1)
+  POOL=0.1
+  CFG=$OUT/hwconfigs
+  PROBES=$OUT
+  mkdir -p "$CFG"
+  cp hwconfigs/$GPU-pcie5.yaml hwconfigs/$GPU-pcie5-phi-mini-moe.yaml "$CFG/"
+  ln -sfn "$PWD/traces" "$OUT/traces"  # the configs' ../traces/
+fi
+GRANITE=$CFG/$GPU-pcie5.yaml
+PHI=$CFG/$GPU-pcie5-phi-mini-moe.yaml
+R="python -m chipsim.hwreplay.run --contexts 1024 --repeats $REPEATS --device $DEVICE"
+[[ $DEVICE == cuda ]] && R="$R --graphs"
+step() { [[ "$WHAT" == *" $1 "* ]]; }
+# rewrite the config by its header's command with `$1 $2` added (or run again as it is where it has them)
+rewrite() {
+  local command
+  command=$(sed -n 3p "$GRANITE" | sed 's/^#   //')
+  [[ "$command" == *"$1 $2"* ]] || command="$command $1 $2"
+  $command --out "$GRANITE" >> "$LOG" 2>&1
+}
+echo "measure-host: $GPU on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
+if step probe; then
+  timeout -k 5 120 python -m chipsim.hwreplay.host_cpu "$GRANITE" --device $DEVICE --pool-gib $POOL \
+      --out "$PROBES/$GPU-host-cpu-expert.json" >> "$LOG" 2>&1
+  echo "probe: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step config; then
+  if [[ -f $PROBES/$GPU-host-cpu-expert.json ]]; then
+    rewrite --host-cpu "$PROBES/$GPU-host-cpu-expert.json"
+    echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  else
+    echo "config: the probe file is missing; the replays plan with the config as it is" | tee -a "$LOG"
+  fi
+fi
+if step host; then
+  H="--policy fiddler:slots=170 --policy cg-moe"  # 170 of the buffer's 341 Granite slots; Phi: 68 of 136
+  timeout -k 5 200 $R "$GRANITE" $H "${TOKENS[@]}" --out "$OUT/host" >> "$LOG" 2>&1
+  echo "host granite-3b: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  timeout -k 5 240 $R "$PHI" --policy fiddler:slots=68 --policy cg-moe "${TOKENS[@]}" --out "$OUT/host-phi" >> "$LOG" 2>&1
+  echo "host phi-mini-moe: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step qkernel; then
+  for b in 8 4; do
+    timeout -k 5 60 python validation/compute/check_q4.py --bits $b "$GRANITE" > "$OUT/q$b-check.json" 2>> "$LOG"
+    echo "q$b kernel check: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  done
+fi
+if step qtimes && [[ $DEVICE == cpu ]]; then
+  echo "qtimes: skipped (the decode microbenchmark times CUDA graphs; on a CPU the replays plan with the array model)" \
+      | tee -a "$LOG"
+elif step qtimes; then
+  for b in 8 4; do
+    timeout -k 5 120 python -m chipsim.hwreplay.microbench --gemv cublas --device $DEVICE --shapes-from "$GRANITE" \
+        --set model.expert_bits=$b --contexts 1024 --missing-from "$GRANITE" --out "$PROBES/$GPU-op-times-q$b.json" \
+        >> "$LOG" 2>&1
+    echo "q$b op times: exit $? ($(date -u +%T))" | tee -a "$LOG"
+    [[ -f $PROBES/$GPU-op-times-q$b.json ]] && rewrite --op-times-extra "$PROBES/$GPU-op-times-q$b.json" \
+        && echo "config: q$b shapes added ($(date -u +%T))" | tee -a "$LOG"
+  done
+fi
+if step quant; then
+  Q="--segments --stalls --policy lru --policy promoe"
+  [[ $DEVICE == cuda ]] || Q="--policy lru --policy promoe"  # segments need graphs
+  timeout -k 5 150 $R "$GRANITE" $Q --set model.expert_bits=8 --set expert_buffer.capacity_mib=768 "${TOKENS[@]}" \
+      --out "$OUT/q8" >> "$LOG" 2>&1
+  echo "q8 granite quarter: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  timeout -k 5 150 $R "$GRANITE" $Q --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 "${TOKENS[@]}" \
+      --out "$OUT/q4" >> "$LOG" 2>&1
+  echo "q4 granite quarter: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
+  cp -f $PROBES/$GPU-host-cpu-expert.json $PROBES/$GPU-op-times-q8.json $PROBES/$GPU-op-times-q4.json "$GRANITE" \
+      "$OUT/" 2>/dev/null
+fi
