@@ -196,6 +196,26 @@ def probe(config: str, threads: int, reps: int, pool_gib: float, device, log=pri
             "roundtrip_us": roundtrip}
 
 
+def set_shape_rate(config_path: str, probe_path: str, probe_res: dict) -> None:
+    """A per-shape config (a `base:` config's model swapped) gets its own expert's measured rate: its host_cpu block
+    becomes memory_bandwidth_gbps from `probe_res` (the rest of host_cpu stays the base config's)."""
+    with open(config_path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    if "host_cpu:" in lines:  # the block runs to the next blank line
+        start = lines.index("host_cpu:")
+        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+        del lines[start:end + 1]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    us = probe_res["expert_us"]["median"]
+    gbps = round(probe_res["expert_bytes"] / us / 1e3, 2)
+    lines += ["", "host_cpu:", f"  memory_bandwidth_gbps: {gbps}      # measured: this shape's expert, {probe_res['expert_bytes']}"
+              f" BF16 bytes / its median {us} us on {probe_res['threads']} threads ({probe_path}, python -m "
+              "chipsim.hwreplay.host_cpu); the rest of host_cpu is the base config's", ""]
+    with open(config_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
 def main(argv=None) -> int:
     from chipsim.errors import InputError, OneLineParser
     from chipsim.files import write_atomic
@@ -209,13 +229,26 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300, help="timed experts and round trips (default 300)")
     ap.add_argument("--pool-gib", type=float, default=2.0, help="experts in pinned host memory, GiB (default 2)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run (timings meaningless)")
+    ap.add_argument("--shape-config", default=None, metavar="CONFIG",
+                    help="also write the expert's measured rate into this per-shape config's host_cpu block (CONFIG "
+                         "itself: its model is the one timed)")
     a = ap.parse_args(argv)
     if a.threads < 1 or a.reps < 1 or not 0 < a.pool_gib <= 64:
         raise InputError(f"--threads {a.threads}, --reps {a.reps}, --pool-gib {a.pool_gib}: expected whole numbers "
                          ">= 1 and a pool in (0, 64] GiB")
+    if a.shape_config is not None:
+        if a.shape_config != a.config:
+            raise InputError(f"--shape-config {a.shape_config}: the config whose rate is written is the one timed "
+                             f"({a.config})")
+        with open(a.shape_config, encoding="utf-8") as f:
+            if not any(line.startswith("base:") for line in f):
+                raise InputError(f"--shape-config {a.shape_config}: not a per-shape config (no base:)")
     res = probe(a.config, a.threads, a.reps, a.pool_gib, torch.device(a.device))
     write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True) + "\n")
     print(f"wrote {a.out}")
+    if a.shape_config:
+        set_shape_rate(a.shape_config, a.out, res)
+        print(f"wrote {a.shape_config}'s host_cpu.memory_bandwidth_gbps")
     return 0
 
 

@@ -7,8 +7,10 @@
 #                                                              default all; GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-host.sh OUT    (the same steps on this machine's CPU, 3 tokens)
 #
-# probe:   one Granite-3B expert on the host CPU (every CPU's thread) and an empty host job's round trip, each alone
-#          (python -m chipsim.hwreplay.host_cpu)                          -> $PROBES/$GPU-host-cpu-expert.json
+# probe:   one Granite-3B expert on the host CPU (every CPU but one: THREADS below) and an empty host job's round
+#          trip, each alone (python -m chipsim.hwreplay.host_cpu)        -> $PROBES/$GPU-host-cpu-expert.json;
+#          one Phi-mini-MoE expert the same way, its rate written into hwconfigs/$GPU-pcie5-phi-mini-moe.yaml
+#                                                                          -> $PROBES/$GPU-host-cpu-expert-phi.json
 # config:  hwconfigs/$GPU-pcie5.yaml written again by the command in its header with --host-cpu that file: the
 #          host_cpu keys measured (cores, memory_bandwidth_gbps, dispatch_overhead_ns)
 # host:    Fiddler (a static half of the buffer's experts placed, the rest on the CPU) and CG-MoE (an LRU cache whose
@@ -38,6 +40,10 @@ DEVICE=cuda
 REPEATS=2
 TOKENS=()
 POOL=2
+# every CPU but one computes (the config's host_cpu.cores): the thread that feeds the GPU and the board's energy
+# meter keep one. With all 16 of the H100 host's CPUs computing, a first run's tokens ranged 35-98 ms as the
+# CPUs' threads waited for one descheduled (validation/h100/README.md)
+THREADS=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))
 if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 3 tokens, one measured replay, the configs and probes in OUT
   DEVICE=cpu
   REPEATS=1
@@ -63,9 +69,11 @@ rewrite() {
 }
 echo "measure-host: $GPU on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 if step probe; then
-  timeout -k 5 120 python -m chipsim.hwreplay.host_cpu "$GRANITE" --device $DEVICE --pool-gib $POOL \
-      --out "$PROBES/$GPU-host-cpu-expert.json" >> "$LOG" 2>&1
-  echo "probe: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  P="python -m chipsim.hwreplay.host_cpu --device $DEVICE --pool-gib $POOL --threads $THREADS"
+  timeout -k 5 120 $P "$GRANITE" --out "$PROBES/$GPU-host-cpu-expert.json" >> "$LOG" 2>&1
+  echo "probe granite-3b: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  timeout -k 5 120 $P "$PHI" --shape-config "$PHI" --out "$PROBES/$GPU-host-cpu-expert-phi.json" >> "$LOG" 2>&1
+  echo "probe phi-mini-moe (its config's rate written): exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if step config; then
   if [[ -f $PROBES/$GPU-host-cpu-expert.json ]]; then
@@ -112,6 +120,6 @@ if step quant; then
   echo "q4 granite quarter: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
-  cp -f $PROBES/$GPU-host-cpu-expert.json $PROBES/$GPU-op-times-q8.json $PROBES/$GPU-op-times-q4.json "$GRANITE" \
-      "$OUT/" 2>/dev/null
+  cp -f $PROBES/$GPU-host-cpu-expert*.json $PROBES/$GPU-op-times-q8.json $PROBES/$GPU-op-times-q4.json "$GRANITE" \
+      "$PHI" "$OUT/" 2>/dev/null
 fi
