@@ -95,7 +95,7 @@ def _host_threads(hw, plans, config: str) -> int:
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
-                  energy_settle_s: float = 0.5, enqueue_with: str = "torch") -> dict:
+                  energy_settle_s: float = 0.5, enqueue_with: str = "torch", warm_replay: bool = False) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -131,6 +131,8 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             plan = plans[(str(ctx), policy.label)]
             kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls, energy_settle_s=energy_settle_s,
                       enqueue_with=enqueue_with)
+            if warm_replay:  # once unmeasured first, as the prefill, batch and served replays are
+                replay(plan, step, host, gpu_slots, m.first_dense_layers, **{**kw, "gpu": None})
             res = replay(plan, step, host, gpu_slots, m.first_dense_layers, dispatch_tokens=dispatch_tokens, **kw)
             # further replays of the same plan: the run-to-run spread on one machine
             again = [replay(plan, step, host, gpu_slots, m.first_dense_layers, **kw) for _ in range(repeats - 1)]
@@ -156,6 +158,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                 + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
                    f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if stalls else ""))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
+                          **({"warm_replays": 1} if warm_replay else {}),
                           "kernels_per_group": step.kernels_per_group, **res})
         del step
         if device.type == "cuda":
@@ -460,6 +463,10 @@ def _parser() -> OneLineParser:
                     help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_kernels.py, "
                          "the structure hwconfigs/h200-cycle-level.yaml describes; needs Triton)")
     ap.add_argument("--repeats", type=int, default=1, metavar="N", help="replays of each plan (default 1)")
+    ap.add_argument("--warm-replay", action="store_true",
+                    help="decode steps: replay each plan once unmeasured before the measured replays (the prefill, "
+                         "batch and served replays always do): a first pass over freshly pinned experts by a host "
+                         "CPU computing them ran slower")
     ap.add_argument("--dispatch-tokens", type=int, default=0, metavar="N",
                     help="after each replay, time the host enqueueing N tokens one at a time on an idle GPU")
     ap.add_argument("--energy-settle", type=float, default=0.5, metavar="S",
@@ -489,6 +496,9 @@ def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
         raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
     if a.repeats < 1:
         raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
+    if a.warm_replay and (a.prompts is not None or a.batch is not None or a.served):
+        raise InputError("--warm-replay: for decode steps (the prefill, batch and served replays always replay once "
+                         "unmeasured first)")
     if a.segments and not a.graphs:
         raise InputError("--segments: needs --graphs (it captures runs of op groups as CUDA graphs)")
     if not 0 < a.energy_settle <= 10:
@@ -541,7 +551,7 @@ def main(argv=None) -> int:
             res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
                                 overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
                                 dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
-                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue)
+                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue, warm_replay=a.warm_replay)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)
