@@ -24,7 +24,7 @@ from chipsim.hwreplay.compare_batch import batch_lines, batch_mape_line, batch_r
 from chipsim.hwreplay.compare_served import served_lines, served_mape_line, served_regimes
 from chipsim.hwreplay.compare_prefill import (machine_config, mape as prefill_mape, prefill_lines, prefill_regimes,
                                               table_source)
-from chipsim.hwreplay.energy_table import above_idle_j, board_mj
+from chipsim.hwreplay.energy_table import BOARD_EXCLUDES, above_idle_j, board_mj
 from chipsim.hwreplay.gpuconfig import gpu_facts
 from chipsim.hwreplay.ops import kernels_per_token, key_groups, profile_coverage
 from chipsim.pool import worker_pool
@@ -63,6 +63,11 @@ def _energy_fields(case: dict, plan) -> dict:
     if all("idle_w" in e for e in windows):  # read by nvml.Meter: the board's own idle power beside each window
         out["measured_above_idle_mj"] = statistics.fmean(
             1e3 * above_idle_j(e) / len(case["latency_ms"]) for e in windows)
+        out["measured_idle_w"] = statistics.fmean(e["idle_w"] for e in windows)
+        # the board's idle power as the config charges it: its static entries over the simulated time
+        static_mj = sum(v for t in plan.sim_energy_mj for k, v in t.items() if k.startswith("static_")
+                        and k not in BOARD_EXCLUDES)
+        out["config_idle_w"] = static_mj / sum(plan.sim_latency_ms)
     return out
 
 
@@ -131,13 +136,23 @@ def _host_fields(prep, case: dict) -> dict:
             "config_host_compute_us": timing.compute_ps / 1e6, "config_host_total_us": timing.total_ps / 1e6}
 
 
+def _idle_note(r: dict) -> str:
+    """Where the replay's board idled at another power than the config's: that difference over the measured time,
+    as a share of the measured energy (what it alone adds to the energy error)."""
+    if "measured_idle_w" not in r or abs(r["config_idle_w"] - r["measured_idle_w"]) < 1.0:
+        return ""
+    share = 100.0 * (r["config_idle_w"] - r["measured_idle_w"]) * r["measured_ms"] / r["measured_mj"]
+    return (f"; the board idled at {r['measured_idle_w']:.1f} W, the config charges {r['config_idle_w']:.1f} W: "
+            f"{share:+.1f} % of the measured energy")
+
+
 def host_lines(rows: list[dict]) -> list[str]:
     """Under a regime's table: each case that ran experts on the host CPU, its count and per-expert times."""
     out = [f"- {r['policy']} @{r['context_length']}: {r['host_experts_per_token']:.1f} experts per token on the host "
            f"CPU; one computed in {r['host_compute_us']:.1f} µs in the replay (median) against the config's "
-           f"{r['config_host_compute_us']:.1f} µs; each on the host {r['host_roundtrip_us']:.1f} µs from its "
-           f"activation's copy to its result's (median; the config charges {r['config_host_total_us']:.1f} µs "
-           "from dispatch to the result's landing)" for r in rows if "host_experts_per_token" in r]
+           f"{r['config_host_compute_us']:.1f} µs; each on the host {r['host_roundtrip_us']:.1f} µs from "
+           f"enqueueing its activation's copy to its computation's end (median; the config charges {r['config_host_total_us']:.1f} µs "
+           "from dispatch to the result's landing)" + _idle_note(r) for r in rows if "host_experts_per_token" in r]
     return out + [""] if out else []
 
 

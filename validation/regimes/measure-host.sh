@@ -21,7 +21,7 @@
 # qtimes:  the 4- and 8-bit expert matvec shapes the config lacks, timed alone, then the config written again with
 #          them (--op-times-extra)                                        -> $PROBES/$GPU-op-times-q{4,8}.json
 # quant:   4- and 8-bit experts, a quarter of them in the GPU buffer, LRU and ProMoE, one graph per run of compute,
-#          stalls timed                                                   -> OUT/q8/, OUT/q4/
+#          stalls timed, the host issuing raw CUDA calls (--enqueue cudart) -> OUT/q8/, OUT/q4/
 # Afterwards, on any machine: commit the probe files, the config and the replays (validation/$GPU/README.md) and
 # regenerate VALIDATION.md with README's hwcompare command. All output also goes to OUT/measure.log.
 set -uo pipefail
@@ -110,8 +110,10 @@ elif step qtimes; then
   done
 fi
 if step quant; then
-  Q="--segments --stalls --policy lru --policy promoe"
-  [[ $DEVICE == cuda ]] || Q="--policy lru --policy promoe"  # segments need graphs
+  # the host issuing raw CUDA runtime calls (165-567 copies a token through PyTorch would pace it), its pace alone
+  # timed over 16 tokens on an idle GPU, as the H200's 4-bit regimes
+  Q="--segments --stalls --enqueue cudart --dispatch-tokens 16 --policy lru --policy promoe"
+  [[ $DEVICE == cuda ]] || Q="--policy lru --policy promoe"  # segments and cudart need graphs
   timeout -k 5 150 $R "$GRANITE" $Q --set model.expert_bits=8 --set expert_buffer.capacity_mib=768 "${TOKENS[@]}" \
       --out "$OUT/q8" >> "$LOG" 2>&1
   echo "q8 granite quarter: exit $? ($(date -u +%T))" | tee -a "$LOG"
