@@ -503,14 +503,16 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
             return json.load(f)
 
     mb = load("validation", "h200-microbench.json")
-    long_ops = load("validation", "compute", "h200-op-times-long.json")
-    q4_ops = load("validation", "compute", "h200-op-times-q4.json")
+    extra_names = ("long", "q4", "q8", "prefill-phi", "prefill-gpt-oss")
+    extra = tuple((f"validation/compute/h200-op-times-{n}.json", load("validation", "compute", f"h200-op-times-{n}.json"))
+                  for n in extra_names)
+    long_ops, q4_ops, q8_ops = (e[1] for e in extra[:3])
     fit = derive(load("validation", "energy", "h200-energy-probe-bf16.json"))
     with open(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml")) as f:
         text = f.read()
     committed = yaml.safe_load(text)
-    assert ("--op-times-extra validation/compute/h200-op-times-long.json --op-times-extra "
-            "validation/compute/h200-op-times-q4.json") in text.splitlines()[2]
+    assert " ".join(f"--op-times-extra {path}" for path, _ in extra) in text.splitlines()[2]
+    assert "--host-cpu validation/compute/h200-host-cpu-expert.json" in text.splitlines()[2]
     assert "--energy-probe validation/energy/h200-energy-probe-bf16.json" in text.splitlines()[2]
     assert ("--handoff validation/compute/h200-handoff.json --launch-gaps validation/compute/h200-launch-gaps.json"
             " --op-energy validation/energy/h200-op-energy-settled.json --op-energy "
@@ -520,24 +522,25 @@ def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     launches = {c["kernel_launch"] for name in MEASUREMENTS for c in _measurement(name)["cases"]}
     assert len(launches) == 1  # every committed replay ran the same way, and the config says which
     mode = launches.pop()
-    rendered = render(mb, mode, (("validation/compute/h200-op-times-long.json", long_ops),
-                                 ("validation/compute/h200-op-times-q4.json", q4_ops)), fit,
-                      "validation/energy/h200-energy-probe-bf16.json",
+    rendered = render(mb, mode, extra, fit, "validation/energy/h200-energy-probe-bf16.json",
                       handoff=load("validation", "compute", "h200-handoff.json"),
                       handoff_source="validation/compute/h200-handoff.json",
                       launch_gaps=load("validation", "compute", "h200-launch-gaps.json"),
-                      launch_gaps_source="validation/compute/h200-launch-gaps.json", op_energy=op_energy)
+                      launch_gaps_source="validation/compute/h200-launch-gaps.json", op_energy=op_energy,
+                      host_probe=load("validation", "compute", "h200-host-cpu-expert.json"),
+                      host_probe_source="validation/compute/h200-host-cpu-expert.json")
     assert yaml.safe_load(rendered) == committed  # every value, nothing edited by hand
     tiny = mb["tiny_kernels"]
     per_kernel = tiny["gpu_us_per_kernel"] if mode == "eager" else tiny["graph_us_per_kernel"]
     assert committed["compute"]["op_overhead_cycles"] == round(per_kernel * committed["compute"]["clock_mhz"])
     field = "eager_us" if mode == "eager" else "graph_us"
     profiled = {r["key"]: round(r[field] * 1e3, 1) for r in mb["op_times"]}  # the main file's shapes keep its times
-    for r in long_ops["op_times"] + q4_ops["op_times"]:
+    for r in long_ops["op_times"] + q4_ops["op_times"] + q8_ops["op_times"]:
         profiled.setdefault(r["key"], round(r[field] * 1e3, 1))
     fused = [k for k, r in ((r["key"], r) for r in q4_ops["op_times"]) if r.get("fused")]
     assert len(fused) == 2 and all(profiled[k] == 0.0 for k in fused)  # the 4-bit experts' dequantisation
-    assert committed["compute"]["op_times_ns"] == profiled
+    # the decode files' shapes by hand (the prefill files' rows: chipsim.hwreplay.gpuconfig's table, rendered above)
+    assert {k: committed["compute"]["op_times_ns"][k] for k in profiled} == profiled
     assert committed["links"]["pcie"]["bandwidth_gbps"] == mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"]
     assert committed["dma"]["setup_ns"] == round(mb["h2d_pinned_queued16_fit"]["intercept_us"] * 1e3, 1)
     # energy: the board's idle power over the SMs, the busy SMs' power while they run, a copied bit's energy

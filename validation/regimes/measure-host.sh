@@ -100,13 +100,19 @@ if step qtimes && [[ $DEVICE == cpu ]]; then
   echo "qtimes: skipped (the decode microbenchmark times CUDA graphs; on a CPU the replays plan with the array model)" \
       | tee -a "$LOG"
 elif step qtimes; then
-  for b in 8 4; do
+  for b in 8 4; do  # a format whose shapes the config has timed already keeps its file: nothing is written
     timeout -k 5 120 python -m chipsim.hwreplay.microbench --gemv cublas --device $DEVICE --shapes-from "$GRANITE" \
-        --set model.expert_bits=$b --contexts 1024 --missing-from "$GRANITE" --out "$PROBES/$GPU-op-times-q$b.json" \
+        --set model.expert_bits=$b --contexts 1024 --missing-from "$GRANITE" --out "$OUT/new-op-times-q$b.json" \
         >> "$LOG" 2>&1
     echo "q$b op times: exit $? ($(date -u +%T))" | tee -a "$LOG"
-    [[ -f $PROBES/$GPU-op-times-q$b.json ]] && rewrite --op-times-extra "$PROBES/$GPU-op-times-q$b.json" \
-        && echo "config: q$b shapes added ($(date -u +%T))" | tee -a "$LOG"
+    if python -c "import json, sys; sys.exit(not json.load(open(sys.argv[1]))['op_times'])" "$OUT/new-op-times-q$b.json" \
+        2>/dev/null; then
+      mv "$OUT/new-op-times-q$b.json" "$PROBES/$GPU-op-times-q$b.json"
+      rewrite --op-times-extra "$PROBES/$GPU-op-times-q$b.json" && echo "config: q$b shapes added ($(date -u +%T))" \
+          | tee -a "$LOG"
+    else
+      echo "config: no q$b shape missing (or none timed); $PROBES/$GPU-op-times-q$b.json left as it was" | tee -a "$LOG"
+    fi
   done
 fi
 if step quant; then
