@@ -15,7 +15,7 @@
 #          host_cpu keys measured (cores, memory_bandwidth_gbps, dispatch_overhead_ns)
 # host:    Fiddler (a static half of the buffer's experts placed, the rest on the CPU) and CG-MoE (an LRU cache whose
 #          misses go to the cheaper of a fetch and the CPU) at context 1,024, each plan replayed once unmeasured and
-#          twice measured (--graphs), Granite-3B and, a shape the probe never timed, Phi-mini-MoE
+#          twice measured (--graphs --warm-replay), Granite-3B and Phi-mini-MoE
 #                                                                          -> OUT/host/, OUT/host-phi/
 # qkernel: the 8-bit kernel (and the 4-bit one) against its reference     -> OUT/q8-check.json, OUT/q4-check.json
 # qtimes:  the 4- and 8-bit expert matvec shapes the config lacks, timed alone, then the config written again with
@@ -57,7 +57,7 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 3 tokens, one measured replay, the 
 fi
 GRANITE=$CFG/$GPU-pcie5.yaml
 PHI=$CFG/$GPU-pcie5-phi-mini-moe.yaml
-R="python -m chipsim.hwreplay.run --contexts 1024 --repeats $REPEATS --device $DEVICE"
+R="python -m chipsim.hwreplay.run --contexts 1024 --repeats $REPEATS --device $DEVICE --warm-replay"
 [[ $DEVICE == cuda ]] && R="$R --graphs"
 step() { [[ "$WHAT" == *" $1 "* ]]; }
 # rewrite the config by its header's command with `$1 $2` added (or run again as it is where it has them)
