@@ -777,6 +777,7 @@ def test_a_replay_against_its_kernels_alone_is_their_sum_plus_its_copies():
 
     class Plan:
         sim_energy_mj = [{"hbm": 1.0}]
+        sim_latency_ms = [1.0]
     fields = _energy_fields(case, Plan())
     assert fields["measured_above_idle_mj"] == pytest.approx(300.0)
     probe = {"windows": [_probe_window("idle", 100.0, 1.0),

@@ -74,7 +74,7 @@ def test_a_host_experts_result_is_its_weights_times_the_activation_landed_on_the
     weight 0.5 and the activation all ones, the result the host copies up is 512 x 0.5 = 256 in each of the 1,024
     rows (each matvec reads the activation, as the GPU's expert kernels do)."""
     from chipsim.hwreplay.harness import _sync_api
-    from chipsim.hwreplay.host_cpu import HostExperts, expert_width
+    from chipsim.hwreplay.host_experts import HostExperts, expert_width
 
     prep = prepare(_config(tmp_path), [], ["lru"])
     prims = primitive_ops(prep.config.hw)["expert"]
@@ -162,6 +162,7 @@ def test_the_host_probe_times_the_configs_own_expert_on_this_cpu(tmp_path):
     assert res["expert_bytes"] == prep.workload.expert_bytes
     assert res["activation_bytes"] == res["result_bytes"] == 2 * prep.workload.model.hidden_size
     assert res["threads"] == 1 and res["expert_us"]["n"] == 5 and res["roundtrip_us"]["n"] == 5
+    assert res["beside_copies"] is None  # copies beside the CPU's expert: a GPU's copy engine only
     with pytest.raises(InputError, match="--threads 0"):
         main([_config(tmp_path), "--device", "cpu", "--threads", "0", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
@@ -201,3 +202,74 @@ def test_an_8bit_plan_replays_on_cpu_moving_exactly_its_packed_bytes(tmp_path):
     slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
     res = replay(plan, step, host, slots, m.first_dense_layers)
     assert res["copied_bytes"] == plan.fetch_bytes == plan.sim_fetch_bytes > 0
+
+
+def test_a_per_shape_config_gets_its_own_rate_and_keeps_every_other_key(tmp_path):
+    """A host_cpu block followed at once by another key: the block is replaced, the key after it kept; the rate is
+    the probe's bytes / median µs (23,592,960 B / 331.9 µs = 71.08 GB/s)."""
+    from chipsim.hwreplay.host_cpu import set_shape_rate
+
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("base: b.yaml\nhost_cpu:\n  memory_bandwidth_gbps: 1.0   # old\nworkload:\n  trace: t.npz\n")
+    set_shape_rate(str(cfg), "p.json", {"expert_us": {"median": 331.9}, "expert_bytes": 23592960, "threads": 15})
+    got = yaml.safe_load(cfg.read_text())
+    assert got == {"base": "b.yaml", "workload": {"trace": "t.npz"}, "host_cpu": {"memory_bandwidth_gbps": 71.08}}
+    set_shape_rate(str(cfg), "p.json", {"expert_us": {"median": 100.0}, "expert_bytes": 1000000, "threads": 15})
+    assert yaml.safe_load(cfg.read_text())["host_cpu"] == {"memory_bandwidth_gbps": 10.0}  # replaced, not added twice
+
+
+def test_bad_probe_input_is_one_line_before_any_work(tmp_path):
+    from chipsim.hwreplay.gpuconfig import _host_cpu_text
+    from chipsim.hwreplay.host_cpu import main
+
+    with pytest.raises(InputError, match="--device foo"):
+        main([_config(tmp_path), "--device", "foo", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(InputError, match="no such config"):
+        main([str(tmp_path / "none.yaml"), "--device", "cpu", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(InputError, match="the one timed"):  # --shape-config is the timed config itself
+        main([_config(tmp_path), "--device", "cpu", "--shape-config", str(tmp_path / "other.yaml"),
+              "--out", str(tmp_path / "x.json")])
+    base = os.path.join(ROOT, "hwconfigs", "h100-pcie5.yaml")  # a config with no base: is not a per-shape one
+    with pytest.raises(InputError, match="not a per-shape config"):
+        main([base, "--device", "cpu", "--shape-config", base, "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+    with pytest.raises(InputError, match="not a host probe"):
+        _host_cpu_text({}, None, 50.0, {"model": "granite-3.1-3b-a800m", "expert_us": {}}, "p.json")
+
+
+def test_warm_replay_is_for_decode_steps_only(tmp_path):
+    from chipsim.hwreplay.run import main
+
+    with pytest.raises(InputError, match="--warm-replay: for decode steps"):
+        main([_config(tmp_path), "--device", "cpu", "--batch", "2", "--warm-replay", "--out", str(tmp_path / "o")])
+
+
+def test_the_board_idle_note_is_the_idle_difference_over_each_window():
+    """A window of 2.0 s and 250 J on a board idling at 116.5 W, the config charging 122.5 W: 6 W x 2 s = 12 J, 4.8 %
+    of the window's energy."""
+    from chipsim.hwreplay.compare import _energy_fields, _idle_note
+
+    case = {"latency_ms": [1.0] * 4, "energy": {"energy_j": 250.0, "seconds": 2.0, "power_w": 125.0, "idle_w": 116.5}}
+
+    class Plan:
+        sim_energy_mj = [{"static_arrays": 122.5, "hbm": 1.0}]  # 122.5 mJ over 1 ms: 122.5 W
+        sim_latency_ms = [1.0]
+    fields = _energy_fields(case, Plan())
+    assert fields["config_idle_w"] == pytest.approx(122.5) and fields["idle_share_pct"] == pytest.approx(4.8)
+    assert _idle_note(fields).endswith("the config charges 122.5 W: +4.8 % of the measured energy")
+    assert _idle_note({**fields, "measured_idle_w": 122.0}) == ""  # within a watt: nothing said
+
+
+def test_the_cudart_front_end_hands_a_host_step_to_its_runner():
+    from chipsim.hwreplay.cudart import lower
+
+    seen = []
+
+    class Runner:
+        def run(self, event, keys, stream):
+            seen.append((event, keys, stream))
+
+    low = lower([("host", Runner(), "ev", [(0, 3)])], "cs", lambda obj: 7, lambda fn: False)
+    assert [name for name, _ in low] == ["call"]
+    low[0][1][0]()
+    assert seen == [("ev", [(0, 3)], "cs")]

@@ -67,7 +67,10 @@ def _energy_fields(case: dict, plan) -> dict:
         # the board's idle power as the config charges it: its static entries over the simulated time
         static_mj = sum(v for t in plan.sim_energy_mj for k, v in t.items() if k.startswith("static_")
                         and k not in BOARD_EXCLUDES)
-        out["config_idle_w"] = static_mj / sum(plan.sim_latency_ms)
+        out["config_idle_w"] = idle_w = static_mj / sum(plan.sim_latency_ms)
+        # what the config's idle power against the board's own adds to each window's energy, as a share of it
+        out["idle_share_pct"] = statistics.fmean(100.0 * (idle_w - e["idle_w"]) * e["seconds"] / e["energy_j"]
+                                                 for e in windows)
     return out
 
 
@@ -141,9 +144,8 @@ def _idle_note(r: dict) -> str:
     as a share of the measured energy (what it alone adds to the energy error)."""
     if "measured_idle_w" not in r or abs(r["config_idle_w"] - r["measured_idle_w"]) < 1.0:
         return ""
-    share = 100.0 * (r["config_idle_w"] - r["measured_idle_w"]) * r["measured_ms"] / r["measured_mj"]
     return (f"; the board idled at {r['measured_idle_w']:.1f} W, the config charges {r['config_idle_w']:.1f} W: "
-            f"{share:+.1f} % of the measured energy")
+            f"{r['idle_share_pct']:+.1f} % of the measured energy")
 
 
 def host_lines(rows: list[dict]) -> list[str]:
@@ -395,6 +397,8 @@ def step_against_kernels_lines(probe: dict, regimes: list) -> list[str]:
     for name, rows in regimes:
         for r in rows:
             if "measured_above_idle_mj" not in r or not set(r["kernels_per_token"]) <= set(alone):
+                continue
+            if "host_experts_per_token" in r:  # its token's experts ran on the host CPU, not as the counted kernels
                 continue
             counts = r["kernels_per_token"]
             kernels = sum(alone[k] * n for k, n in counts.items()) / 1e6

@@ -480,20 +480,25 @@ def _host_cpu_text(m: dict, d: _Derived, bandwidth_gbps: float, probe: dict | No
   dispatch_overhead_ns: 10000     # ASSUMPTION (not used here)
   active_power_w: 100             # ASSUMPTION (not used here)
 """
-    if probe.get("model") != MODEL:
-        raise InputError(f"{source}: model {probe.get('model')!r}: the host probe must time this config's expert "
-                         f"({MODEL})")
-    us, trip_us = probe["expert_us"]["median"], probe["roundtrip_us"]["median"]
-    act = probe["activation_bytes"]
+    if not isinstance(probe, dict) or probe.get("model") != MODEL:
+        raise InputError(f"{source}: model {probe.get('model') if isinstance(probe, dict) else None!r}: the host probe "
+                         f"must time this config's expert ({MODEL})")
+    try:
+        us, trip_us = float(probe["expert_us"]["median"]), float(probe["roundtrip_us"]["median"])
+        act, nbytes, threads = int(probe["activation_bytes"]), int(probe["expert_bytes"]), int(probe["threads"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{source}: not a host probe (python -m chipsim.hwreplay.host_cpu): {exc!r}") from None
+    if us <= 0 or trip_us <= 0 or act <= 0 or nbytes <= 0 or threads < 1:
+        raise InputError(f"{source}: the probe's times, bytes and threads must be positive")
     transit_ns = 2 * (d.pcie_latency_ns + act / bandwidth_gbps)
     dispatch = max(0.0, round(trip_us * 1e3 - transit_ns, 1))
-    gbps = round(probe["expert_bytes"] / us / 1e3, 2)
+    gbps = round(nbytes / us / 1e3, 2)
     return f"""host_cpu:                         # measured alone by python -m chipsim.hwreplay.host_cpu ({source})
-  cores: {probe["threads"]}                      # measured: the threads the probe (and the replay: torch.set_num_threads) computes on
-  clock_ghz: 2.0                  # ASSUMPTION: with the FMA width below {probe["threads"] * 64} GFLOP/s, far from binding one token's expert
+  cores: {threads}                      # measured: the threads the probe (and the replay: torch.set_num_threads) computes on
+  clock_ghz: 2.0                  # ASSUMPTION: with the FMA width below {threads * 64} GFLOP/s, far from binding one token's expert
   flops_per_cycle_per_core: 32    # ASSUMPTION: AVX-512 FMA x2
-  memory_bandwidth_gbps: {gbps}      # measured: one expert's {probe["expert_bytes"]} BF16 bytes / its median {us} us on the CPU (cold weights in pinned memory)
-  dispatch_overhead_ns: {dispatch}      # measured: an empty host job's median round trip {trip_us} us - 2 x (PCIe latency + {act} activation bytes / bandwidth)
+  memory_bandwidth_gbps: {gbps}      # measured: one expert's {nbytes} BF16 bytes / its median {us:g} us on the CPU (cold weights in pinned memory)
+  dispatch_overhead_ns: {dispatch}      # measured: an empty host job's median round trip {trip_us:g} us - 2 x (PCIe latency + {act} activation bytes / bandwidth)
   active_power_w: 100             # ASSUMPTION (outside the board's counter: no validation reads it)
 """
 

@@ -1,23 +1,14 @@
-"""Experts computed on the host CPU during a replay, for real: the host's round trip the simulator charges per expert.
+"""The two measurements behind a GPU config's host_cpu keys, each alone on the machine it runs on (issue #44 item 1):
+one routed expert computed on the host CPU as the replay computes it (chipsim.hwreplay.host_experts), and an empty
+host job's round trip on the GPU's timeline. `gpuconfig --host-cpu FILE` writes host_cpu.memory_bandwidth_gbps (the
+expert's bytes / its median time), dispatch_overhead_ns (the round trip less the activation's two PCIe trips, which
+the simulator charges apart: chipsim.workload.host.host_timing) and cores (the threads). On a GPU the probe also
+times the expert while host-to-device copies stream from the same host memory (`beside_copies`): what the host
+DRAM's keys (`lpddr5x` in the GPU configs, ASSUMPTIONs) would need to say for the simulator's shared host-memory
+flows to slow it as the host does; no key takes it yet.
 
-A plan's ["host", t, l, [e, ...]] action (chipsim.hwreplay.plan) becomes one program step at the layer's end, after
-every GPU expert of the layer has been enqueued, so that the GPU computes those while the host computes these. For
-each host expert, one after another, as the simulator's host resource runs them (chipsim.sim.engine._host_job):
-
-1. the token's activation (hidden_size BF16 values) is copied down to pinned host memory on the host stream, behind
-   an event recorded on the compute stream where routing became known (the first expert's) or behind the previous
-   expert's result (the others'), and the host waits for that copy (Event.synchronize);
-2. the host CPU computes the expert with PyTorch on `torch.get_num_threads()` threads (the replay sets the config's
-   host_cpu.cores): the expert's primitives (chipsim.hwreplay.ops), each matvec a torch.mv over the expert's BF16
-   weights where they are, in the pinned host memory the GPU's copies read too, SFU and vector work as the GPU's;
-3. the result (hidden_size BF16 values) is copied up on the host stream and the compute stream waits for it before
-   the layer's weighted sum.
-
-While the host waits and computes it enqueues nothing: the GPU runs what was enqueued before and then idles, and
-the layers after wait for the host to launch them, as they do in the software that runs experts on the CPU
-(Fiddler, SPICE's fallback). `probe()` measures the two config keys this needs, each alone: one expert's CPU time
-(host_cpu.memory_bandwidth_gbps = its bytes / that time) and a round trip with nothing computed
-(host_cpu.dispatch_overhead_ns = that less the activation's two trips over the link: chipsim.hwreplay.gpuconfig).
+    python -m chipsim.hwreplay.host_cpu hwconfigs/h100-pcie5.yaml --out validation/h100/h100-host-cpu-expert.json
+    python -m chipsim.hwreplay.host_cpu CONFIG --shape-config CONFIG --out F    (a per-shape config: its own rate)
 """
 
 from __future__ import annotations
@@ -29,112 +20,8 @@ import time
 
 import torch
 
-from chipsim.hwreplay.harness import kernel_call, weight_bytes, weight_views
-from chipsim.hwreplay.ops import Primitive
-
-
-def expert_width(prims: list[Primitive]) -> tuple[int, int]:
-    """(activation elements in, result elements out) of one expert: its first matvec's reduction, its last's rows."""
-    mv = [p for p in prims if p.kind == "matvec"]
-    return mv[0].reduction, mv[-1].outputs
-
-
-def host_expert_prims(prims: list[Primitive]) -> list[Primitive]:
-    """The expert's primitives, if the host CPU can run them as the replay does: BF16 matvecs (a 4-bit or 8-bit
-    operand would need a CPU kernel for its format: none is measured)."""
-    bits = sorted({p.bits for p in prims if p.kind == "matvec"})
-    if bits != [16]:
-        raise ValueError(f"hwreplay: host-CPU experts run BF16 weights; this expert's matvecs are {bits}-bit")
-    return prims
-
-
-class HostExperts:
-    """The host CPU's side of a replay: pinned buffers, the host stream, each host expert's calls bound once.
-    api: chipsim.hwreplay.harness._sync_api's (Stream, Event, use, make_current, synchronize) for the device."""
-
-    def __init__(self, prims: list[Primitive], host_experts: torch.Tensor, device, api) -> None:
-        self.prims = host_expert_prims(prims)
-        self.host_experts = host_experts
-        Stream, Event, _, self.make_current, _ = api
-        pin = device.type == "cuda"
-        n_in, n_out = expert_width(prims)
-        n_scratch = max([p.elements for p in prims] + [p.outputs for p in prims] + [1])
-        n_x = max([p.reduction * p.groups for p in prims] + [1])
-        bf16 = torch.bfloat16
-        self.x = torch.zeros(n_x, dtype=bf16, pin_memory=pin)  # the activation, copied down
-        self.scratch_a = torch.randn(n_scratch, dtype=bf16)
-        self.scratch_b = torch.randn(n_scratch, dtype=bf16)
-        self.out = torch.zeros(n_scratch + n_x, dtype=bf16, pin_memory=pin)  # the result: its first n_out values
-        self.activation = torch.randn(n_in, dtype=bf16, device=device)  # the token's activation on the GPU
-        self.result = torch.zeros(n_out, dtype=bf16, device=device)  # where the result lands on the GPU
-        self.n_in, self.n_out = n_in, n_out
-        self.stream = Stream()
-        self.down, self.up = Event(), Event()  # recorded again for every expert (made once: not in the timing)
-        self._calls: dict[tuple[int, int], list] = {}
-        self.compute_us: list[float] = []  # each host expert's CPU time since the last reset
-        self.roundtrip_us: list[float] = []  # each host expert's time on the host, its wait for the activation included
-
-    def calls(self, key: tuple[int, int] | None) -> list:
-        """Expert `key`'s (MoE layer, expert) calls over its weights in host memory (None: nothing, an empty job)."""
-        if key is None:
-            return []
-        if key not in self._calls:
-            row, views, off = self.host_experts[key[0], key[1]], [], 0
-            for p in self.prims:
-                if p.kind == "matvec":
-                    views.append(weight_views(row[off:], p))
-                    off += weight_bytes(p)
-            calls, wi = [], 0
-            for p in self.prims:
-                w = None
-                if p.kind == "matvec":
-                    w, wi = views[wi], wi + 1
-                calls.append(kernel_call(p, w, self.x, self.scratch_a, self.scratch_b, self.out))
-            self._calls[key] = calls
-        return self._calls[key]
-
-    def bind(self, keys: list) -> None:
-        """Every view of these experts made now, before any timing."""
-        for key in keys:
-            self.calls(key)
-
-    def run(self, routed_event, keys: list, compute_stream) -> None:
-        """The host experts `keys` one after another, each a round trip (module docstring); then the compute stream
-        waits for the last result. routed_event: recorded on the compute stream where the activation is ready."""
-        s, down, up = self.stream, self.down, self.up
-        s.wait_event(routed_event)
-        for key in keys:
-            t0 = time.perf_counter()
-            self.make_current(s)
-            self.x[:self.n_in].copy_(self.activation, non_blocking=True)  # behind the previous result, in stream order
-            down.record(s)
-            self.make_current(compute_stream)
-            down.synchronize()
-            t1 = time.perf_counter()
-            for fn, args, kwargs in self.calls(key):
-                fn(*args, **kwargs)
-            t2 = time.perf_counter()
-            self.make_current(s)
-            self.result.copy_(self.out[:self.n_out], non_blocking=True)
-            up.record(s)
-            self.make_current(compute_stream)
-            self.compute_us.append((t2 - t1) * 1e6)
-            self.roundtrip_us.append((t2 - t0) * 1e6)
-        if keys:
-            compute_stream.wait_event(up)
-
-    def reset(self) -> None:
-        self.compute_us, self.roundtrip_us = [], []
-
-
-def summary(runner: HostExperts | None) -> dict:
-    """The last run's host experts: how many, and their CPU and round-trip times (µs, median and mean)."""
-    if runner is None or not runner.compute_us:
-        return {}
-    c, r = runner.compute_us, runner.roundtrip_us
-    return {"host_experts": len(c), "host_compute_us_median": round(statistics.median(c), 2),
-            "host_compute_us_mean": round(sum(c) / len(c), 2), "host_roundtrip_us_median": round(statistics.median(r), 2),
-            "host_roundtrip_us_mean": round(sum(r) / len(r), 2)}
+from chipsim.hwreplay.host_experts import HostExperts
+from chipsim.hwreplay.kernels import weight_bytes
 
 
 def _quantiles(xs: list[float]) -> dict:
@@ -166,15 +53,10 @@ def probe(config: str, threads: int, reps: int, pool_gib: float, device, log=pri
     runner = HostExperts(prims, host, device, api)
     keys = [(0, i) for i in range(n)]
     runner.bind(keys)
-    times = []
-    for i in range(n + reps):
-        t0 = time.perf_counter()
-        for fn, args, kwargs in runner.calls(keys[i % n]):
-            fn(*args, **kwargs)
-        times.append((time.perf_counter() - t0) * 1e6)
-    compute = _quantiles(times[n:])
+    compute = _quantiles(_expert_times(runner, keys, reps)[n:])
     log(f"  one expert ({expert_bytes} bytes) on {threads} threads: {compute['median']} us, "
         f"{expert_bytes / compute['median'] / 1e3:.2f} GB/s")
+    beside = _beside_copies(runner, keys, reps, device, log) if device.type == "cuda" else None
     Stream, Event, use, _, synchronize = api
     cs, trips = Stream(), []
     for i in range(20 + reps):
@@ -193,18 +75,63 @@ def probe(config: str, threads: int, reps: int, pool_gib: float, device, log=pri
             if device.type == "cuda" else "cpu (dry run)", "torch": torch.__version__, "threads": threads,
             "cpus": os.cpu_count(), "expert_bytes": expert_bytes, "activation_bytes": 2 * runner.n_in,
             "result_bytes": 2 * runner.n_out, "pool_experts": n, "reps": reps, "expert_us": compute,
-            "roundtrip_us": roundtrip}
+            "roundtrip_us": roundtrip, "beside_copies": beside}
+
+
+def _expert_times(runner: HostExperts, keys: list, reps: int) -> list[float]:
+    """µs of each of one pass over `keys` then `reps` more experts, back to back (the pass's first: a cold pool)."""
+    times = []
+    for i in range(len(keys) + reps):
+        t0 = time.perf_counter()
+        for fn, args, kwargs in runner.calls(keys[i % len(keys)]):
+            fn(*args, **kwargs)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def _beside_copies(runner: HostExperts, keys: list, reps: int, device, log) -> dict:
+    """The same experts while pinned host-to-device copies stream out of the same host memory (as a policy that fetches
+    and computes on the host at once, CG-MoE, makes them), and the copies' rate while they do: whether the CPU and
+    the copy engine share the host DRAM's bandwidth (the simulator's host-memory flows, `lpddr5x`) on this host.
+    16 MiB copies from a 1 GiB pinned pool, enqueued ahead to outlast the timed experts; their rate is their mean
+    over their whole span."""
+    chunk = 16 << 20
+    src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(chunk, dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream()
+    t_alone = sum(_expert_times(runner, keys[:1], min(reps, 20))[1:]) / max(1, min(reps, 20))  # a rough expert time
+    # the timed span's worth at 60 GB/s and a fifth more: the copies outlast the experts (checked), not by much, so
+    # their mean rate is mostly the rate beside the CPU's reads
+    copies = max(64, int(1.2 * (len(keys) + reps) * t_alone * 1e-6 * 60e9 / chunk))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record(stream)
+        for i in range(copies):
+            off = (i * chunk) % (src.numel() - chunk)
+            dst.copy_(src[off:off + chunk], non_blocking=True)
+        end.record(stream)
+    times = _expert_times(runner, keys, reps)
+    busy = not end.query()  # the copies outlasted the experts: every timed expert ran beside them
+    torch.cuda.synchronize()
+    copy_gbps = copies * chunk / (start.elapsed_time(end) * 1e-3) / 1e9
+    out = {"expert_us": _quantiles(times[len(keys):]), "copies_gbps": round(copy_gbps, 2),
+           "copies_outlasted_experts": busy}
+    log(f"  one expert beside copies at {copy_gbps:.1f} GB/s: {out['expert_us']['median']} us"
+        + ("" if busy else " (the copies ended first: some experts ran alone)"))
+    return out
 
 
 def set_shape_rate(config_path: str, probe_path: str, probe_res: dict) -> None:
     """A per-shape config (a `base:` config's model swapped) gets its own expert's measured rate: its host_cpu block
     becomes memory_bandwidth_gbps from `probe_res` (the rest of host_cpu stays the base config's)."""
+    from chipsim.files import write_atomic
+
     with open(config_path, encoding="utf-8") as f:
         lines = f.read().split("\n")
-    if "host_cpu:" in lines:  # the block runs to the next blank line
+    if "host_cpu:" in lines:  # the block: its indented and blank lines, up to the next top-level key
         start = lines.index("host_cpu:")
-        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
-        del lines[start:end + 1]
+        end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ", "#")), len(lines))
+        del lines[start:end]
     while lines and not lines[-1].strip():
         lines.pop()
     us = probe_res["expert_us"]["median"]
@@ -212,8 +139,7 @@ def set_shape_rate(config_path: str, probe_path: str, probe_res: dict) -> None:
     lines += ["", "host_cpu:", f"  memory_bandwidth_gbps: {gbps}      # measured: this shape's expert, {probe_res['expert_bytes']}"
               f" BF16 bytes / its median {us} us on {probe_res['threads']} threads ({probe_path}, python -m "
               "chipsim.hwreplay.host_cpu); the rest of host_cpu is the base config's", ""]
-    with open(config_path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    write_atomic(config_path, "\n".join(lines))
 
 
 def main(argv=None) -> int:
@@ -236,6 +162,10 @@ def main(argv=None) -> int:
     if a.threads < 1 or a.reps < 1 or not 0 < a.pool_gib <= 64:
         raise InputError(f"--threads {a.threads}, --reps {a.reps}, --pool-gib {a.pool_gib}: expected whole numbers "
                          ">= 1 and a pool in (0, 64] GiB")
+    if a.device != "cpu" and not a.device.startswith("cuda"):
+        raise InputError(f"--device {a.device}: expected cuda (or cuda:N) or cpu")
+    if not os.path.isfile(a.config):
+        raise InputError(f"{a.config}: no such config file")
     if a.shape_config is not None:
         if a.shape_config != a.config:
             raise InputError(f"--shape-config {a.shape_config}: the config whose rate is written is the one timed "

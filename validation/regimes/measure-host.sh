@@ -71,12 +71,15 @@ echo "measure-host: $GPU on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 if step probe; then
   P="python -m chipsim.hwreplay.host_cpu --device $DEVICE --pool-gib $POOL --threads $THREADS"
   timeout -k 5 120 $P "$GRANITE" --out "$PROBES/$GPU-host-cpu-expert.json" >> "$LOG" 2>&1
-  echo "probe granite-3b: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  PROBED=$?
+  echo "probe granite-3b: exit $PROBED ($(date -u +%T))" | tee -a "$LOG"
   timeout -k 5 120 $P "$PHI" --shape-config "$PHI" --out "$PROBES/$GPU-host-cpu-expert-phi.json" >> "$LOG" 2>&1
   echo "probe phi-mini-moe (its config's rate written): exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if step config; then
-  if [[ -f $PROBES/$GPU-host-cpu-expert.json ]]; then
+  if [[ ${PROBED:-0} != 0 ]]; then
+    echo "config: this run's probe failed; the config is left as it is" | tee -a "$LOG"
+  elif [[ -f $PROBES/$GPU-host-cpu-expert.json ]]; then
     rewrite --host-cpu "$PROBES/$GPU-host-cpu-expert.json"
     echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
   else
@@ -107,7 +110,16 @@ elif step qtimes; then
     echo "q$b op times: exit $? ($(date -u +%T))" | tee -a "$LOG"
     if python -c "import json, sys; sys.exit(not json.load(open(sys.argv[1]))['op_times'])" "$OUT/new-op-times-q$b.json" \
         2>/dev/null; then
-      mv "$OUT/new-op-times-q$b.json" "$PROBES/$GPU-op-times-q$b.json"
+      # new shapes join the file's earlier ones (a config rewritten from the new alone would lose those)
+      python -c "import json, os, sys
+new, old = sys.argv[1:]
+d = json.load(open(new))
+if os.path.exists(old):
+    keep = json.load(open(old))
+    keys = {r['key'] for r in keep['op_times']}
+    keep['op_times'] += [r for r in d['op_times'] if r['key'] not in keys]
+    d = keep
+json.dump(d, open(old, 'w'), indent=1)" "$OUT/new-op-times-q$b.json" "$PROBES/$GPU-op-times-q$b.json"
       rewrite --op-times-extra "$PROBES/$GPU-op-times-q$b.json" && echo "config: q$b shapes added ($(date -u +%T))" \
           | tee -a "$LOG"
     else
