@@ -527,20 +527,20 @@ workload:
   trace: ../traces/real-granite-3b.npz
   context_length: 1024            # a harness choice: the replays' default context (--contexts sets others)
   max_tokens: 144                 # 16 warm-up + 128 measured tokens per case
-  warmup_tokens: 16
+  warmup_tokens: 16               # a harness choice: the first tokens, while buffers fill and graphs are first launched, are reported apart
 
 run:
   policies: [no-prefetch, oracle, static-4, promoe, apex, apex-sf, lru]
 
 policies:
   apex:
-    tau: 0.90
+    tau: 0.90                     # APEX default confidence, as thor.yaml
   static:
-    extra: 4
+    extra: 4                      # APEX Fig. 8 baselines: k+4, as thor.yaml
   promoe:
-    slots: 0
+    slots: 0                      # 0 = the whole expert buffer as ProMoE's LRU cache, as thor.yaml
   oracle:
-    lookahead: 1
+    lookahead: 1                  # prefetch as early as any policy can, as thor.yaml
 """
 
 

@@ -30,7 +30,8 @@ import torch
 
 from chipsim.hwreplay.host_experts import HostExperts, summary as host_summary
 from chipsim.hwreplay.kernels import (QUANT_BITS, _mv_q4_reference, _mv_q8_reference, _nothing,  # noqa: F401
-                                      dequantise_q4, dequantise_q8, kernel_call, q4_views, quant_views, weight_bytes,
+                                      dequantise_q4, dequantise_q8, kernel_call, operand_sizes, q4_views, quant_views,
+                                      weight_bytes,
                                       weight_shape, weight_views)
 from chipsim.hwreplay.nvml import Gpu, Meter
 from chipsim.hwreplay.ops import Primitive
@@ -65,8 +66,7 @@ class GpuDecodeStep:
         self.first_dense = first_dense
         bf16 = torch.bfloat16
         all_prims = [p for ps in groups.values() for p in ps]
-        n_scratch = max([p.elements for p in all_prims] + [p.outputs for p in all_prims] + [1])
-        n_in = max([p.reduction * p.groups for p in all_prims] + [1])
+        n_scratch, n_in = operand_sizes(all_prims)
         self.scratch_a = torch.randn(n_scratch, device=device, dtype=bf16)
         self.scratch_b = torch.randn(n_scratch, device=device, dtype=bf16)
         self.scratch_out = torch.empty(n_scratch + n_in, device=device, dtype=bf16)

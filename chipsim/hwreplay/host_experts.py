@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from chipsim.hwreplay.kernels import kernel_call, weight_bytes, weight_views
+from chipsim.hwreplay.kernels import kernel_call, operand_sizes, weight_bytes, weight_views
 from chipsim.hwreplay.ops import Primitive
 
 
@@ -44,8 +44,7 @@ class HostExperts:
         Stream, Event, _, self.make_current, _ = api
         pin = device.type == "cuda"
         n_in, n_out = expert_width(prims)
-        n_scratch = max([p.elements for p in prims] + [p.outputs for p in prims] + [1])
-        n_x = max([p.reduction * p.groups for p in prims] + [1])
+        n_scratch, n_x = operand_sizes(prims)
         bf16 = torch.bfloat16
         self.x = torch.zeros(n_x, dtype=bf16, pin_memory=pin)  # the activation, copied down
         self.scratch_a = torch.randn(n_scratch, dtype=bf16)

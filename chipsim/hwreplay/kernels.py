@@ -116,6 +116,13 @@ def kernel_call(p: Primitive, weight, x, scratch_a, scratch_b, out, gemv: str = 
     return torch.add, (scratch_a[:n], scratch_b[:n]), {"out": out[:n]}
 
 
+def operand_sizes(prims: list[Primitive]) -> tuple[int, int]:
+    """(scratch elements, input elements) every kernel_call of `prims` reads or writes at most: its elementwise
+    operands and outputs, and its input vector (g of them for a grouped operand)."""
+    return (max([p.elements for p in prims] + [p.outputs for p in prims] + [1]),
+            max([p.reduction * p.groups for p in prims] + [1]))
+
+
 def weight_shape(p: Primitive) -> tuple[int, int]:
     """(rows, reduction) of a matvec primitive's weight operand."""
     return -(-p.outputs // p.groups), p.reduction
