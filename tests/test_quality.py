@@ -270,6 +270,7 @@ def test_measure_quality_record_of_a_tiny_model(tiny, arch):
         assert all(variants[v]["surrogate_rate"] > 0 for v in variants)
     else:
         assert "spice_lore" not in q
+    assert "floe" not in q  # hidden size 32: not a multiple of FloE's INT2 group (test_quality_floe.py measures it)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -378,7 +379,8 @@ def test_run_names_other_computation_changes_and_a_binding_delta_cap(capsys):
     assert main(["run", THOR, "--policy", "floe", "--policy", "adapmoe", "--policy", "apex-sf:max_extra=1",
                  "--policy", "apex-sf:max_extra=32", *SHORT]) == 0
     lines = _quality_lines(capsys.readouterr().out)
-    assert lines[0] == "quality: floe (compression 9.3): not measured: the trace has no meta['quality']['floe'] record"
+    assert lines[0] == ("quality: floe (sparsity 0.9, INT2 up, compression 9.3): not measured: the trace has no "
+                        "meta['quality']['floe'] record")
     assert lines[1] == ("quality: adapmoe (gate threshold 0.9): not measured: the trace has no "
                         "meta['quality']['adapmoe'] record")
     assert lines[2] == ("quality: apex-sf:max_extra=1 (tau 0.9): not measured: max_extra = 1 caps δ̂ on this run, and "

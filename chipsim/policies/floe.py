@@ -26,8 +26,10 @@ fetched on demand. Per-layer staging: a layer's unrouted prefetches still in fli
 routes, and only layer l is evicted at its end (layer l+1's prefetches stay).
 
 Quality: compressed experts change the model's numerics. The simulator does not model that cost; it is
-reported from the trace (`meta["quality"]["floe"]`) when the trace carries it, else `quality_source` says
-"not measured".
+reported from the trace at the run's sparsity (`meta["quality"]["floe"][str(sparsity)]`: held-out perplexity of the
+trained model with every routed expert computed as FloE's, INT2 up and gate/down sparse at s,
+chipsim.tracegen.quality_floe) when the trace carries it, else `quality_source` says why not. The record is
+of the format, not of `compression` (a byte count the run may set apart from it).
 """
 
 from __future__ import annotations
@@ -123,7 +125,9 @@ class FloE(Policy):
     def on_run_start(self, ctx: SimContext) -> None:
         self._rank = ctx.trace_array("floe_rank")
         self._ctx = ctx
-        self._quality = quality_fields(f"compression {self.params.compression:g}", ctx.trace_meta, ("floe",))
+        p = self.params
+        self._quality = quality_fields(f"sparsity {p.sparsity:g}, INT2 up, compression {p.compression:g}", ctx.trace_meta,
+                                       ("floe", float(p.sparsity)))
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         if layer + 1 >= ctx.num_moe_layers:

@@ -13,13 +13,16 @@ unmodified model on the same tokens:
 - `pregated` (Pre-gated MoE): layer l runs the experts and gate weights that layer l's router gives on
   layer l−1's FFN input (computed live, so a deviation at l−1 carries into l's pre-gate); the first MoE
   layer without an earlier layer runs its own router, as the policy does.
-- `spice_lore` (SPICE surrogates, models with shared experts): when the depth-1 draft's confidence of a
+- `spice_lore` (SPICE surrogates, models with shared experts: DeepSeek's, Qwen2-MoE's gated one): when the depth-1 draft's confidence of a
   token-layer is below `confidence`, each routed expert the draft did not predict is replaced by
   shared(x) + B_e·A_e·x with the expert's gate weight. B_e·A_e (rank r) is a reduced-rank least-squares
   fit of expert_e(x) − shared(x) on the FFN inputs the training split routed to e (ridge 1e-3 of the
   mean eigenvalue). Variants: `drop` (the missed experts' outputs left out), `shared` (rank 0) and each
   rank. The rule ignores the SPICE cache (an expert cached from an earlier token is not a miss), so it
   surrogates more experts than the simulator's runs do: an upper bound on SPICE's quality cost.
+
+- `floe` (FloE's compressed experts, chipsim.tracegen.quality_floe): every routed expert computed with its up
+  projection INT2 and its gate and down projections contextually sparse at each sparsity, and each compression alone.
 
 Decisions come from the trace's predictor outputs, recorded on the unmodified model (predictors see
 the clean hidden states); routing itself is live, so a substitution upstream can change a later router's
@@ -203,11 +206,22 @@ class PreGated:
                 "first_layer_own_router_share": self.own_router_rows / max(1, self.rows)}
 
 
+def shared_path(block):
+    """The block's shared-expert output as a function of its FFN input, or None where it has none: DeepSeek's
+    `shared_experts` (added as is), Qwen2-MoE's `shared_expert` scaled by sigmoid(`shared_expert_gate`(x))."""
+    if getattr(block, "shared_experts", None) is not None:
+        return block.shared_experts
+    expert, gate = getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None)
+    if expert is not None and gate is not None:
+        return lambda x: torch.sigmoid(gate(x)) * expert(x)
+    return None
+
+
 def _expert_residual(block, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert e's output, its residual against the shared expert) for FFN inputs x, both float32."""
     y_e = block.experts(x, torch.full((x.shape[0], 1), e, device=x.device, dtype=torch.long),
                         torch.ones(x.shape[0], 1, device=x.device)).float()
-    return y_e, y_e - block.shared_experts(x).float()
+    return y_e, y_e - shared_path(block)(x).float()
 
 
 def fit_lore(model, train_rec, ranks=LORE_RANKS, ridge: float = 1e-3, min_tokens: int = 8, log=print) -> dict:
@@ -286,7 +300,7 @@ class SpiceLore:
         routers = find_routers(model)
         self.moe = sorted(routers)
         layers = decoder_layers(model)
-        self.shared = [find_ffn(layers[a]).shared_experts for a in self.moe]
+        self.shared = [shared_path(find_ffn(layers[a])) for a in self.moe]
         draft = torch.from_numpy(arrays["draft_ids"][:, :, 0].astype(np.int64)).to(device)  # (T, L, k)
         conf = torch.from_numpy(arrays["draft_conf"][:, :, 0].astype(np.float32)).to(device)
         self.draft = draft
@@ -399,7 +413,7 @@ def measure_quality(model, heldout_seqs: torch.Tensor, arrays: dict, *, train_re
         f"deviation rate {out['pregated']['deviation_rate']:.4f}")
 
     layers = decoder_layers(model)
-    has_shared = all(getattr(find_ffn(layers[a]), "shared_experts", None) is not None for a in sorted(find_routers(model)))
+    has_shared = all(shared_path(find_ffn(layers[a])) is not None for a in sorted(find_routers(model)))
     if has_shared and train_rec is not None:
         lore = fit_lore(model, train_rec, ranks, log=log)
         fit_err = lore_fit_error(model, heldout_rec, lore, ranks) if heldout_rec is not None else {}
@@ -418,5 +432,13 @@ def measure_quality(model, heldout_seqs: torch.Tensor, arrays: dict, *, train_re
             log(f"  quality: spice surrogate '{variant}': ppl {e['ppl']:.3f} ({e['delta_ppl_pct']:+.2f} %), "
                 f"surrogate rate {e['surrogate_rate']:.4f}")
         out["spice_lore"] = spice
+    if train_rec is not None:
+        from chipsim.tracegen.quality_floe import UP_GROUP, measure_floe  # it imports this module's hooks
+
+        d = int(train_rec.ffn_inputs.shape[-1])
+        if d % UP_GROUP == 0:
+            out["floe"] = measure_floe(model, heldout_seqs, base, train_rec, batch=batch, amp=amp, log=log)
+        else:
+            log(f"  quality: floe not measured: hidden size {d} is not a multiple of the INT2 group {UP_GROUP}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
