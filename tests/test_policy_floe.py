@@ -1,6 +1,7 @@
 """FloE: experts moved and stored at 1/9.3 of their BF16 bytes, computed from the compressed bytes, the
 inter-expert predictor prefetching one layer ahead, per-layer staging; beats no-prefetch on latency."""
 
+import math
 import os
 
 import numpy as np
@@ -103,9 +104,17 @@ def test_quality_is_reported_from_the_trace_or_said_to_be_unmeasured(tiny):
     prep = prepare(tiny.config(routed, name="a"), [], ["floe"])
     extra = simulate(prep, prep.policies[0]).extra
     assert extra["quality_cost"] is None and extra["quality_source"].startswith("not measured")
-    quality = {"floe": {"ppl_base": 6.0, "ppl": 6.4}}
+    assert math.isnan(extra["floe_quality_delta_ppl_pct"]) and math.isnan(extra["floe_sparse_only_delta_ppl_pct"])
+    at_09 = {"ppl": 6.4, "delta_ppl_pct": 6.667}
+    quality = {"floe": {"0.5": {"ppl": 6.1, "delta_ppl_pct": 1.667}, "0.9": at_09,
+                        "sparse_bf16_up": {"0.9": {"ppl": 6.2, "delta_ppl_pct": 3.333}}}}
     prep = prepare(tiny.config(routed, meta={"quality": quality}, name="b"), [], ["floe"])
-    assert simulate(prep, prep.policies[0]).extra["quality_cost"] == quality["floe"]
+    extra = simulate(prep, prep.policies[0]).extra
+    assert extra["quality_cost"] == at_09 and extra["quality_source"] == "meta['quality']['floe']['0.9']"
+    assert extra["floe_quality_delta_ppl_pct"] == 6.667 and extra["floe_sparse_only_delta_ppl_pct"] == 3.333
+    prep = prepare(tiny.config(routed, meta={"quality": quality}, name="c"), [], ["floe:sparsity=0.7"])
+    extra = simulate(prep, prep.policies[0]).extra  # no record at 0.7: said so, naming what there is
+    assert extra["quality_cost"] is None and "['floe']['0.7'] record (it holds 0.5, 0.9, sparse_bf16_up)" in extra["quality_source"]
 
 
 def test_floe_completes_and_beats_no_prefetch_on_the_bundled_traces(tmp_path):

@@ -304,6 +304,8 @@ QUALITY_RATES = (
     ("deviation_rate", "of routed experts replaced by the pre-gate's choice"),
     ("surrogate_rate", "of routed experts replaced by surrogates (every low-confidence draft miss, SPICE cache "
                        "ignored: an upper bound)"),
+    ("kept_channel_share", "of the gate/down channels kept"),
+    ("intra_predictor_recall", "of the kept channels foreseen by the intra-expert predictor"),
 )
 def _quality_measured(label: str, mode: str | None, entry: dict, source: str) -> str:
     head = f"quality: {label}" + (f" ({mode})" if mode else "")

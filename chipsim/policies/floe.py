@@ -29,7 +29,9 @@ Quality: compressed experts change the model's numerics. The simulator does not 
 reported from the trace at the run's sparsity (`meta["quality"]["floe"][str(sparsity)]`: held-out perplexity of the
 trained model with every routed expert computed as FloE's, INT2 up and gate/down sparse at s,
 chipsim.tracegen.quality_floe) when the trace carries it, else `quality_source` says why not. The record is
-of the format, not of `compression` (a byte count the run may set apart from it).
+of the format, not of `compression` (a byte count the run may set apart from it). Two results.csv columns carry
+it as numbers: floe_quality_delta_ppl_pct (FloE's format) and floe_sparse_only_delta_ppl_pct (the same sparsity
+with the up projection left BF16), NaN where the trace has no record.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 from chipsim.hw.compute_formula import ArrayModel, ceil_div
 from chipsim.hw.machine import roles
-from chipsim.policies.base import Policy, SimContext, param, quality_fields, register
+from chipsim.policies.base import Policy, SimContext, param, quality_fields, quality_record, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import NO_EXPERT
 from chipsim.workload.decode import BF16_BYTES, ExpertFormat, _ffn
@@ -100,6 +102,11 @@ def sparse_expert_speedup(model, hw, sparsity: float) -> float:
     return dense.duration_ps / sparse.duration_ps
 
 
+def _delta_pct(entry) -> float:
+    """A quality record's held-out perplexity change (%), NaN where none was measured (a results.csv column)."""
+    return float(entry["delta_ppl_pct"]) if isinstance(entry, dict) and "delta_ppl_pct" in entry else float("nan")
+
+
 @dataclass(frozen=True)
 class FloEParams:
     compression: float = param(9.3, "per-expert compression factor vs BF16 (FloE: 9.3)", minimum=1.0, maximum=1e4)
@@ -113,7 +120,8 @@ class FloE(Policy):
     summary = ("experts compressed ~9.3× (sparse gate/down + INT2 up), next-layer inter-expert predictor "
                "prefetch, per-layer staging")
     trace_arrays = (pa.FLOE_RANK,)
-    result_columns = ("floe_expert_bytes", "floe_compression", "floe_sparse_expert_speedup")
+    result_columns = ("floe_expert_bytes", "floe_compression", "floe_sparse_expert_speedup", "floe_quality_delta_ppl_pct",
+                      "floe_sparse_only_delta_ppl_pct")
     batch_refusal = ("it moves only the gate and down channels one token's intra-expert predictor keeps; several "
                      "tokens need the union of their channels, which the paper does not measure nor chipsim cost")
     Params = FloEParams
@@ -128,6 +136,9 @@ class FloE(Policy):
         p = self.params
         self._quality = quality_fields(f"sparsity {p.sparsity:g}, INT2 up, compression {p.compression:g}", ctx.trace_meta,
                                        ("floe", float(p.sparsity)))
+        sparse_only, _ = quality_record(ctx.trace_meta or {}, ("floe", "sparse_bf16_up", float(p.sparsity)))
+        self._delta_ppl_pct = {"floe_quality_delta_ppl_pct": _delta_pct(self._quality["quality_cost"]),
+                               "floe_sparse_only_delta_ppl_pct": _delta_pct(sparse_only)}
 
     def on_layer_start(self, ctx: SimContext, t: int, layer: int) -> None:
         if layer + 1 >= ctx.num_moe_layers:
@@ -143,6 +154,7 @@ class FloE(Policy):
             "floe_expert_bytes": int(fmt.fetch_bytes),
             "floe_compression": float(self.params.compression),
             "floe_sparse_expert_speedup": sparse_expert_speedup(ctx.workload.model, ctx.hw, self.params.sparsity),
+            **self._delta_ppl_pct,
             **self._quality,
         }
         if ctx.workload.expert_bits != 16:
