@@ -107,7 +107,7 @@ def test_thresholds_keep_one_minus_the_sparsity_of_the_calibration_channels(tiny
 
 
 def test_compression_raises_the_held_out_nll_and_sparsity_drops_channels(tiny):
-    from chipsim.tracegen.quality_floe import measure_floe
+    from chipsim.tracegen.quality import measure_floe
 
     model, held, rec = tiny["Qwen2MoeForCausalLM"]
     base, _ = heldout_nll(model, held, batch=2, amp=False)

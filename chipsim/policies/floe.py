@@ -31,7 +31,7 @@ trained model with every routed expert computed as FloE's, INT2 up and gate/down
 chipsim.tracegen.quality_floe) when the trace carries it, else `quality_source` says why not. The record is
 of the format, not of `compression` (a byte count the run may set apart from it). Two results.csv columns carry
 it as numbers: floe_quality_delta_ppl_pct (FloE's format) and floe_sparse_only_delta_ppl_pct (the same sparsity
-with the up projection left BF16), NaN where the trace has no record.
+with the up projection left BF16), empty (null) where the trace has no record.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def sparse_expert_speedup(model, hw, sparsity: float) -> float:
     return dense.duration_ps / sparse.duration_ps
 
 
-def _delta_pct(entry) -> float:
-    """A quality record's held-out perplexity change (%), NaN where none was measured (a results.csv column)."""
-    return float(entry["delta_ppl_pct"]) if isinstance(entry, dict) and "delta_ppl_pct" in entry else float("nan")
+def _delta_pct(entry) -> float | None:
+    """A quality record's held-out perplexity change (%), None where none was measured (a results.csv column)."""
+    return float(entry["delta_ppl_pct"]) if isinstance(entry, dict) and "delta_ppl_pct" in entry else None
 
 
 @dataclass(frozen=True)

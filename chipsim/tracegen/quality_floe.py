@@ -226,33 +226,3 @@ def moe_ffn_inputs(model, train_rec) -> list[torch.Tensor]:
     device = next(model.parameters()).device
     return [train_rec.ffn_inputs[:, a].to(device).float() for a in sorted(find_routers(model))]
 
-
-def measure_floe(model, heldout_seqs: torch.Tensor, base_nll: float, train_rec, *, batch: int, amp: bool,
-                 sparsities=FLOE_SPARSITIES, log=print) -> dict:
-    """meta['quality']['floe']: FloE (INT2 up + sparsity s) at each s, and each compression alone."""
-    from chipsim.tracegen.quality import RoutingOverride, _entry, heldout_nll  # quality.py calls this one
-
-    x_train = moe_ffn_inputs(model, train_rec)
-    out = {"rule": ("every routed expert computed as FloE's: the up projection's output channels below the (layer, expert) "
-                    "threshold zeroed, so the gate and down projections need only the kept channels; the up projection "
-                    f"INT{UP_BITS} (HQQ, groups of {UP_GROUP}) where said"),
-           "calibration": "threshold = the s-quantile of |up factor| over the training split's FFN inputs routed to the expert",
-           "up_bits": UP_BITS, "up_group": UP_GROUP, "sparse_bf16_up": {}}
-
-    def run(layers, sparsity):
-        thr = fit_thresholds(layers, x_train, train_rec.routed_ids, sparsity) if sparsity > 0 else \
-            torch.full((len(layers), layers[0].w.num_experts), -1.0)
-        mode = FloeCompressed(model, layers, thr)
-        with RoutingOverride(model, mode) as ov:
-            nll, _ = heldout_nll(model, heldout_seqs, batch, amp, ov)
-        return _entry(nll, base_nll, mode.stats())
-
-    int2, bf16 = floe_layers(model, int2_up=True), floe_layers(model, int2_up=False)
-    out["int2_up_dense"] = run(int2, 0.0)
-    log(f"  quality: floe INT2 up alone: ppl {out['int2_up_dense']['ppl']:.3f} ({out['int2_up_dense']['delta_ppl_pct']:+.2f} %)")
-    for s in sparsities:
-        out[str(s)] = e = run(int2, s)
-        out["sparse_bf16_up"][str(s)] = b = run(bf16, s)
-        log(f"  quality: floe sparsity {s}: ppl {e['ppl']:.3f} ({e['delta_ppl_pct']:+.2f} %), kept {e['kept_channel_share']:.3f}, "
-            f"intra-predictor recall {e.get('intra_predictor_recall', float('nan')):.3f}; BF16 up {b['delta_ppl_pct']:+.2f} %")
-    return out
