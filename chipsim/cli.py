@@ -186,6 +186,13 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    from chipsim.analysis.html_report import write_report
+
+    print(f"wrote {write_report(args.dir, args.out)}")
+    return 0
+
+
 def _cmd_models(args) -> int:
     from chipsim.workload import model_report
     from chipsim.workload.models import MODELS, resolve
@@ -602,6 +609,16 @@ def _add_plot_parser(sub) -> None:
     plot.set_defaults(func=_cmd_plot)
 
 
+def _add_report_parser(sub) -> None:
+    """`chipsim report DIR`: one self-contained HTML page of a run or sweep directory."""
+    report = sub.add_parser("report", help="write one self-contained HTML page (table, interactive figures) of a "
+                                           "run or sweep directory; opens from disk, no server or network")
+    report.add_argument("dir", metavar="DIR", help="a `chipsim run --out` folder (results.json) or a `chipsim sweep "
+                                                   "--out` folder (sweep.json)")
+    report.add_argument("--out", metavar="FILE", help="write the page here (default DIR/report.html)")
+    report.set_defaults(func=_cmd_report)
+
+
 def _add_calibrate_parser(sub) -> None:
     """`chipsim calibrate CONFIG`: the analytic array model against the cycle-level tile loop."""
     calibrate = sub.add_parser("calibrate", help="cost every operation of the config's decode step by the analytic "
@@ -695,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parser(sub)
     _add_reproduce_parser(sub)
     _add_plot_parser(sub)
+    _add_report_parser(sub)
     _add_models_parser(sub)
     sub.add_parser("keys", help="list every config key with its unit and meaning").set_defaults(func=_cmd_keys)
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)

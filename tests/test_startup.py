@@ -23,9 +23,10 @@ from chipsim.trace import spec, unpacked
 from conftest import ROOT, THOR, tiny_shape
 from helpers import hand_trace_arrays, random_routing
 
-# what a run of one policy never needs: plotting and tables (analysis), GPU replay and trace recording (torch),
-# the worker pool (one policy runs in the process) and the progress bar (not on a terminal)
-NOT_IMPORTED = ("pandas", "matplotlib", "scipy", "torch", "chipsim.hwreplay", "chipsim.tracegen",
+# what a run of one policy never needs: plotting and tables (analysis; plotly draws `chipsim report`'s page), GPU
+# replay and trace recording (torch), the worker pool (one policy runs in the process) and the progress bar (not on
+# a terminal)
+NOT_IMPORTED = ("pandas", "matplotlib", "plotly", "scipy", "torch", "chipsim.hwreplay", "chipsim.tracegen",
                 "chipsim.analysis.sweep", "chipsim.analysis.plots", "multiprocessing",
                 "concurrent.futures", "chipsim.pool", "tqdm")
 

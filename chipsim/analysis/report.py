@@ -204,7 +204,8 @@ def table_preface(prep, rows: list[dict]) -> list[str]:
     return []
 
 
-def format_table(rows: list[dict]) -> str:
+def table_columns(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """(header, key, format) of the printed results table for these rows (`chipsim report` shows the same)."""
     link = rows[0].get("expert_link", "") if rows else ""
     columns = [(_DISPLAY.get(link, link) or "link", key, fmt) if key == "energy_expert_link_mj" else (head, key, fmt)
                for head, key, fmt in TABLE_COLUMNS]
@@ -215,15 +216,20 @@ def format_table(rows: list[dict]) -> str:
     if rows and "tokens_per_step" in rows[0]:  # per verify step, then per output token
         columns += [("tok/step", "tokens_per_step", "{:.2f}"), ("ms/tok", "latency_ms_per_output_token", "{:.3f}"),
                     ("tok/s", "tokens_per_s", "{:.1f}"), ("mJ/tok", "energy_mj_per_output_token", "{:.2f}")]
+    return columns
+
+
+def table_value(row: dict, key: str):
+    """A row's value as the table shows it (the link's bytes in MB)."""
+    value = row[key]
+    return value / 1e6 if key == "expert_link_bytes_per_token" and value is not None else value
+
+
+def format_table(rows: list[dict]) -> str:
+    columns = table_columns(rows)
     cells = [[h for h, _, _ in columns]]
     for row in rows:
-        line = []
-        for _, key, fmt in columns:
-            value = row[key]
-            if key == "expert_link_bytes_per_token":
-                value = value / 1e6
-            line.append(fmt.format(value))
-        cells.append(line)
+        cells.append([fmt.format(table_value(row, key)) for _, key, fmt in columns])
     return _aligned(cells)
 
 
