@@ -89,7 +89,7 @@ def test_unknown_key_from_set():
 
 
 def test_expert_bits_must_be_a_supported_precision():
-    assert_rejected(["run", THOR, "--set", "model.expert_bits=6"], "model.expert_bits", "one of 4, 8, 16, 32")
+    assert_rejected(["run", THOR, "--set", "model.expert_bits=6"], "model.expert_bits", "one of 4, 5, 8, 16, 32")
 
 
 def test_buffer_smaller_than_one_expert():

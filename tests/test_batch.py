@@ -256,10 +256,11 @@ def test_a_step_sees_no_routing_of_its_own_tokens_before_it_routes_them():
 def test_a_batch_step_s_head_launches_once_where_each_op_group_launches():
     from chipsim.hw.compute_formula import ArrayModel
     from chipsim.workload.batch import every_token_head
+    from chipsim.workload.decode import dense_weights
 
     prep = prepare(os.path.join(ROOT, "hwconfigs", "h200-pcie5.yaml"),
                    ["workload.batch=2", "workload.max_tokens=16", "workload.warmup_tokens=0"], ["no-prefetch"])
     am = ArrayModel(prep.config.hw)
     assert am.launch_per_group
-    bare = every_token_head(am, prep.workload.model, 2)
+    bare = every_token_head(am, prep.workload.model, dense_weights(prep.config.hw), 2)
     assert prep.batch.head.duration_ps == bare.duration_ps + am.group_launch("head").duration_ps

@@ -8,7 +8,7 @@ from conftest import THOR
 from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hw.dram_formula import dram_timing
-from chipsim.workload.decode import _mixer
+from chipsim.workload.decode import _mixer, dense_weights
 from chipsim.workload.shape import FULL
 from chipsim.workload.models import MODELS
 
@@ -130,7 +130,7 @@ def test_one_attention_step_of_granite_3b_at_1024_context_by_hand():
         + matvec(nq * hd, d, nq * hd * d * 2)  # output projection
         + cyc(1) + overhead  # residual
     )
-    assert _mixer(am, m, FULL, ctx).duration_ps == expected
+    assert _mixer(am, m, dense_weights(hw()), FULL, ctx).duration_ps == expected
 
 
 def test_expert_bytes_scale_with_precision_plus_group_scales():

@@ -329,6 +329,25 @@ def test_a_replay_of_fp32_experts_is_refused_in_one_line(tmp_path):
               "--contexts", "512", "--jobs", "1", "--out", str(tmp_path / "out")])
 
 
+@pytest.mark.parametrize("setting, message", [("model.expert_bits=5", "BF16 experts or 4- or 8-bit ones"),
+                                              ("model.dense_bits=8", "model.dense_bits 8: the replay runs BF16 "
+                                                                     "non-expert weights")])
+def test_a_replay_of_5_bit_experts_or_quantised_dense_weights_is_refused_in_one_line(tmp_path, setting, message):
+    pytest.importorskip("torch")
+    from chipsim.hwreplay.run import main
+
+    with pytest.raises(InputError, match=message):
+        main([_config(tmp_path), "--device", "cpu", "--set", setting, "--policy", "lru",
+              "--contexts", "512", "--jobs", "1", "--out", str(tmp_path / "out")])
+
+
+def test_the_replay_s_primitives_refuse_quantised_dense_weights(tmp_path):
+    from chipsim.hw.config import load_config
+
+    with pytest.raises(InputError, match="model.dense_bits 4"):
+        primitive_ops(load_config(_config(tmp_path), ["model.dense_bits=4"]).hw)
+
+
 def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     """Byte 0x3A of group 0 holds column 0 (low nibble 0xA: 10 - 8 = 2) and column 64 (high 0x3: 3 - 8 = -5);
     with scales 0.5 and 2 for the two groups of a 256-column row, x = 1 at columns 0, 64 and 128:

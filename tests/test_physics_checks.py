@@ -154,10 +154,10 @@ def test_every_operation_of_every_model_is_accepted_at_any_context_and_precision
     hw = load_config(H200).hw
     quant = (hw.model.quant_group_size, hw.model.quant_scale_bits, hw.compute.dequant_ops_per_weight)
     for model in MODELS.values():
-        for bits in (4, 8, 16, 32):
+        for bits, dense_bits in [(b, 16) for b in (4, 5, 8, 16, 32)] + [(16, b) for b in (4, 5, 8)]:
             for context in (1, 3, 8192, 32768, 1 << 24):
-                for key in _step_keys(quant, model, context, bits):
-                    assert known_shape(hw, key) is None, (model.name, bits, context, key)
+                for key in _step_keys(quant, model, context, bits, dense_bits):
+                    assert known_shape(hw, key) is None, (model.name, bits, dense_bits, context, key)
 
 
 def test_a_typo_a_foreign_width_or_a_malformed_key_is_refused():

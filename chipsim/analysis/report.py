@@ -133,6 +133,8 @@ def header_lines(prep, fetch_path) -> list[str]:
         f"trace:  {prep.trace.provenance_line()}",
         f"model:  {wl.model.name} ({wl.model.num_layers} layers, {wl.model.num_experts} experts top-{wl.model.top_k}), "
         f"experts at {hw.model.expert_format or f'{wl.expert_bits} bit'} = {wl.expert_bytes / 1e6:.2f} MB each, "
+        + (f"non-expert weights at {hw.model.dense_bits} bit = {wl.hbm_non_expert_bytes / 1e9:.2f} GB, "
+           if hw.model.dense_bits != 16 else "")
         + (_served_text(prep) if prep.served is not None else
            f"speculative ({_speculative_text(prep)}), context {wl.context_length}, " if prep.speculative is not None
            else f"{prep.batch.batch} sequences of {prep.batch.steps} tokens at context {wl.context_length}"

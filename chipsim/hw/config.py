@@ -390,7 +390,7 @@ class RolesConfig:
 # ---------------------------------------------------------------------------------------------- workload
 @dataclass(frozen=True)
 class ModelConfig:
-    expert_bits: int = _f("expert weight precision, bits", choices=(4, 8, 16, 32))
+    expert_bits: int = _f("expert weight precision, bits", choices=(4, 5, 8, 16, 32))
     quant_group_size: int = _f("weights sharing one scale below 16 bit", positive=True, maximum=1 << 30)
     quant_scale_bits: int = _f("bits per quantisation scale (and zero point) below 16 bit", positive=True, maximum=64)
     name: str = _optional("bundled model shape used for timing (see `chipsim models`); model.config or model.shape, "
@@ -404,6 +404,10 @@ class ModelConfig:
                                    "decides model.expert_bits and, where the format fixes them, model.quant_group_size "
                                    "and model.quant_scale_bits (whatever the config says of them); left out: those "
                                    "keys as given", "", choices=tuple(FORMATS))
+    dense_bits: int = _optional("every non-expert weight matrix's precision, bits (attention and Mamba2 projections, "
+                                "dense FFNs, shared experts and their gate, router, embedding, LM head), with "
+                                "model.quant_group_size and model.quant_scale_bits below 16 bit as the experts; "
+                                "biases, norms, the KV cache and activations stay BF16", 16, choices=(4, 5, 8, 16))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,14 @@ FORMATS = {
                                     "gpt-oss ships its experts so"),
     "nvfp4": ExpertFormat(4, 16, 8, "NVIDIA NVFP4: E2M1 elements, one FP8 E4M3 scale per 16 (the per-tensor FP32 "
                                     "scale is not counted)"),
+    # 5 + 16/32 = 5.5 bits a weight = 176 bytes per 256, as block_q5_K is
+    "q5_k": ExpertFormat(5, 32, 16, "llama.cpp Q5_K (ggml-common.h block_q5_K): per 256 weights an FP16 d and dmin, "
+                                    "12 bytes of 6-bit sub-block scales and mins for 8 sub-blocks of 32, 32 bytes "
+                                    "of high bits (qh) and 128 of low nibbles (qs) = 176 bytes = 5.5 bits a weight, "
+                                    "here 5-bit elements and 16 scale bits per 32 weights; llama.cpp's Q5_K_M *mix* "
+                                    "raises some tensors (attn_v, and ffn_down in about half the layers: "
+                                    "llama_tensor_get_type's use_more_bits) to Q6_K (block_q6_K: 210 bytes per 256 "
+                                    "= 6.5625 bits a weight), which this format does not model"),
 }
 
 

@@ -23,7 +23,8 @@ from dataclasses import replace
 from chipsim.hw.compute_formula import ArrayModel, op_key, parse_op_key
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.batch import batch_group_builders
-from chipsim.workload.decode import MIXER_GROUP, op_group_builders, sequence_contexts, weight_bytes as weight_bytes_at
+from chipsim.workload.decode import (MIXER_GROUP, dense_weights, op_group_builders, sequence_contexts,
+                                     weight_bytes as weight_bytes_at)
 from chipsim.errors import InputError
 from chipsim.workload.models import model_of
 from chipsim.workload.prefill import prefill_group_builders
@@ -98,6 +99,9 @@ class RecordingArrayModel(ArrayModel):
         self.log: list[Primitive] = []
         self.tagged = tagged
         w = hw.model
+        if w.dense_bits != 16:  # every replay kernel but the experts' is a BF16 one
+            raise InputError(f"hwreplay: model.dense_bits {w.dense_bits}: the replay runs BF16 non-expert weights "
+                             "(no quantised attention, router, shared-expert or LM-head kernel)")
         self._quant = (w.expert_bits, w.quant_group_size, w.quant_scale_bits) if w.expert_bits < 16 else None
 
     def _noted(self, p: Primitive) -> str:
@@ -275,18 +279,19 @@ def served_step_ops(hw: HardwareConfig, parts) -> dict[str, list[Primitive]]:
         return {name: am.charged(build()) for name, build in builders.items()
                 if build is not None and name not in ("expert", "mamba")}
     n = sum(p.tokens for p in parts)
+    dense = dense_weights(hw)
 
     def core(attention: str, p, window: int) -> list:
         first = len(am.log)
-        ops = part_core(am, model, attention, p, window)
+        ops = part_core(am, model, dense, attention, p, window)
         if not p.decode:  # the chunk's scores launch its attention kernel; its softmax and value mix run inside
             am.log[first:] = _with_attention_kernel(am.log[first:], Attention(
                 model.num_heads, model.num_kv_heads, model.head_dim, p.position, p.tokens, window))
         return ops
 
-    out = {MIXER_GROUP[kind]: am.charged(mixed_mixer(am, model, kind, list(parts), n, core)) for kind in kinds}
+    out = {MIXER_GROUP[kind]: am.charged(mixed_mixer(am, model, dense, kind, list(parts), n, core)) for kind in kinds}
     for name, build in prefill_group_builders(am, model, hw, 0, n).items():
         if name in ("router", "dense", "shared", "combine") and build is not None:
             out[name] = am.charged(build())
-    out["head"] = am.charged(served_head(am, model, n, sum(1 for p in parts if p.emits)))
+    out["head"] = am.charged(served_head(am, model, dense, n, sum(1 for p in parts if p.emits)))
     return out

@@ -109,6 +109,9 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         raise InputError(f"{config}: the replay runs BF16 experts or 4- or 8-bit ones with BF16 scales over an even group "
                          f"(model.expert_bits {w.expert_bits}, quant_scale_bits {w.quant_scale_bits}, "
                          f"quant_group_size {w.quant_group_size})")
+    if w.dense_bits != 16:
+        raise InputError(f"{config}: model.dense_bits {w.dense_bits}: the replay runs BF16 non-expert weights (no "
+                         "quantised attention, router, shared-expert or LM-head kernel)")
     m = base.workload.model
     log(f"{config}: {len(plans)} plans built in {time.perf_counter() - t0:.1f} s")
     host_threads = _host_threads(hw, plans.values(), config)

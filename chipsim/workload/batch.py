@@ -26,7 +26,8 @@ from typing import Callable
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, sequence_contexts
+from chipsim.workload.decode import (BF16_BYTES, MIXER_GROUP, DecodeWorkload, DenseWeights, _mamba2, dense_weights,
+                                     embedding_op, sequence_contexts, weight_op)
 from chipsim.workload.prefill import (ExpertGemms, _norm, gqa_projections, launch_grouped, mla_projections,
                                       prefill_group_builders)
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
@@ -82,13 +83,13 @@ def _attention_cores(am: ArrayModel, m: ModelShape, contexts: list[int], core: C
     return ops
 
 
-def _gqa_batch(am: ArrayModel, m: ModelShape, kv_lens: list[int]) -> list[OpCost]:
+def _gqa_batch(am: ArrayModel, m: ModelShape, dense: DenseWeights, kv_lens: list[int]) -> list[OpCost]:
     """Grouped-query attention for B tokens, each over its own sequence's `kv_len` cached tokens: the projections as
     GEMMs of B rows (each token's K and V appended), per sequence the scores, softmax and value mix of
     chipsim.workload.decode._gqa over its cache."""
     b = len(kv_lens)
-    return gqa_projections(am, m, b) + _attention_cores(am, m, kv_lens, lambda c: gqa_decode_core(am, m, c)) + \
-        gqa_output(am, m, b)
+    return gqa_projections(am, m, dense, b) + _attention_cores(am, m, kv_lens, lambda c: gqa_decode_core(am, m, c)) \
+        + gqa_output(am, m, dense, b)
 
 
 def gqa_decode_core(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
@@ -102,26 +103,25 @@ def gqa_decode_core(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
             am.matvec("value_mix", kv_len, nq * hd, kv_bytes, groups=nq // nkv)]
 
 
-def gqa_output(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+def gqa_output(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int) -> list[OpCost]:
     """The output projection of `tokens` tokens' attention (and its bias), weights streamed once."""
     d, nq, hd = m.hidden_size, m.num_heads, m.head_dim
-    ops = [am.matmul("o_proj", tokens, nq * hd, d, nq * hd * d * BF16_BYTES)]
+    ops = [weight_op(am, dense, "o_proj", tokens, nq * hd, d)]
     if m.attention_bias:
         ops.append(am.vector("o_bias", tokens * d, read_bytes=d * BF16_BYTES))
     return ops
 
 
-def _mla_batch(am: ArrayModel, m: ModelShape, contexts: list[int]) -> list[OpCost]:
+def _mla_batch(am: ArrayModel, m: ModelShape, dense: DenseWeights, contexts: list[int]) -> list[OpCost]:
     """DeepSeek's MLA, absorbed as at decode (chipsim.workload.decode._mla), for B tokens: every weight (q, kv_a,
     the absorbed uk and uv, o) a GEMM of B rows; per sequence the scores against its cached latents and their mix."""
     d = m.hidden_size
     h, nope, lora, v = m.num_heads, m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim
     b = len(contexts)
-    ops = mla_projections(am, m, b)
-    ops.append(am.matmul("q_absorb_uk", b, nope, h * lora, h * nope * lora * BF16_BYTES))
+    ops = mla_projections(am, m, dense, b)
+    ops.append(weight_op(am, dense, "q_absorb_uk", b, nope, h * lora))
     ops += _attention_cores(am, m, contexts, lambda c: mla_decode_core(am, m, c))
-    ops += [am.matmul("v_up_uv", b, lora, h * v, h * lora * v * BF16_BYTES),
-            am.matmul("o_proj", b, h * v, d, h * v * d * BF16_BYTES)]
+    ops += [weight_op(am, dense, "v_up_uv", b, lora, h * v), weight_op(am, dense, "o_proj", b, h * v, d)]
     return ops
 
 
@@ -133,17 +133,17 @@ def mla_decode_core(am: ArrayModel, m: ModelShape, ctx: int) -> list[OpCost]:
             am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)]
 
 
-def _mixer_batch(am: ArrayModel, m: ModelShape, kind: str, contexts: list[int]) -> OpCost:
+def _mixer_batch(am: ArrayModel, m: ModelShape, dense: DenseWeights, kind: str, contexts: list[int]) -> OpCost:
     """A layer's token mixer for the step's B tokens, with their input norms and residuals; a sliding layer's
     sequences each attend over at most its window; a Mamba2 layer steps each sequence's own state."""
     b = len(contexts)
     if kind == MAMBA:
-        ops = _mamba2(am, m, tokens=b, states=b)
+        ops = _mamba2(am, m, dense, tokens=b, states=b)
     elif m.attention == "mla":
-        ops = _mla_batch(am, m, contexts)
+        ops = _mla_batch(am, m, dense, contexts)
     else:
         window = m.sliding_window if kind == SLIDING else 0
-        ops = _gqa_batch(am, m, [min(c, window) if window else c for c in contexts])
+        ops = _gqa_batch(am, m, dense, [min(c, window) if window else c for c in contexts])
     total = _norm(am, "attn_norm", b, m.hidden_size)
     for op in ops:
         total = total + op
@@ -158,20 +158,21 @@ def batch_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, cont
     b = len(contexts)
     groups = prefill_group_builders(am, m, hw, 0, b)
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}
+    dense = dense_weights(hw)
 
     def mixer(kind):
-        return (lambda: _mixer_batch(am, m, kind, contexts)) if kind in kinds else None
+        return (lambda: _mixer_batch(am, m, dense, kind, contexts)) if kind in kinds else None
 
     return dict(groups, attention=mixer(FULL), attention_sliding=mixer(SLIDING), mamba=mixer(MAMBA),
-                head=lambda: every_token_head(am, m, b))
+                head=lambda: every_token_head(am, m, dense, b))
 
 
-def every_token_head(am: ArrayModel, m: ModelShape, tokens: int) -> OpCost:
+def every_token_head(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int) -> OpCost:
     """The embedding lookup and the LM head of each of `tokens` tokens: every sequence of a batch samples its next
     token, every position of a verify step checks its prediction."""
     d = m.hidden_size
-    op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES) + _norm(am, "final_norm", tokens, d)
-    op = op + am.matmul("lm_head", tokens, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+    op = embedding_op(am, dense, tokens, d) + _norm(am, "final_norm", tokens, d)
+    op = op + weight_op(am, dense, "lm_head", tokens, d, m.vocab_size)
     if m.lm_head_bias:
         op = op + am.vector("lm_head_bias", tokens * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
     return op + am.vector("argmax", tokens * m.vocab_size)

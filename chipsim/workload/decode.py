@@ -4,7 +4,9 @@ Per layer: input norm → attention (projections, scores over the KV cache of `c
 tokens, softmax on the SFUs, value mix, output projection, KV append) → post-attention norm → router →
 shared experts (or the dense FFN in dense first layers) → routed experts → weighted sum. Per token:
 embedding lookup, final norm and LM head. Non-expert weights, the KV cache and activations live in HBM;
-routed expert weights are staged into HBM by DMA and read from there by the arrays.
+routed expert weights are staged into HBM by DMA and read from there by the arrays. Non-expert weight matrices are
+at model.dense_bits (DenseWeights; BF16 by default), routed experts at model.expert_bits; the KV cache,
+activations, norms and biases are BF16.
 """
 
 from __future__ import annotations
@@ -28,6 +30,49 @@ def weight_bytes(params: int, bits: int, group_size: int, scale_bits: int) -> in
     if bits < 16:
         data += ceil_div(ceil_div(params, group_size) * scale_bits, 8)
     return data
+
+
+@dataclass(frozen=True)
+class DenseWeights:
+    """The precision of every non-expert weight matrix (model.dense_bits): attention and Mamba2 projections, dense
+    FFNs, shared experts and their gate, router, embedding, LM head. Below 16 bit they share the experts' scales
+    (model.quant_group_size, model.quant_scale_bits) and are widened on the lanes as the experts are; biases,
+    norms, the Mamba2 convolution and state, the KV cache and activations stay BF16."""
+
+    bits: int
+    group_size: int
+    scale_bits: int
+    dequant_ops_per_weight: int
+
+    def bytes(self, params: int) -> int:
+        return weight_bytes(params, self.bits, self.group_size, self.scale_bits)
+
+
+def dense_weights(hw) -> DenseWeights:
+    """The config's non-expert weight precision (a HardwareConfig, or anything with its model and compute keys)."""
+    w = hw.model
+    return DenseWeights(w.dense_bits, w.quant_group_size, w.quant_scale_bits, hw.compute.dequant_ops_per_weight)
+
+
+def weight_op(am: ArrayModel, dense: DenseWeights, name: str, tokens: int, reduction: int, outputs: int,
+              write_bytes: int = 0, bias_bytes: int = 0) -> OpCost:
+    """`tokens` rows times a non-expert weight matrix (reduction x outputs, at `dense`'s precision, its BF16 bias
+    of `bias_bytes` read with it); one token is the GEMV. Below 16 bit its widening to BF16 is charged once per
+    weight on the lanes, as _ffn charges an expert's, so that a lower precision is not free."""
+    params = reduction * outputs
+    op = am.matmul(name, tokens, reduction, outputs, dense.bytes(params) + bias_bytes, write_bytes=write_bytes)
+    if dense.bits < 16:
+        op = op + am.vector(f"{name}_dequant", params * dense.dequant_ops_per_weight)
+    return op
+
+
+def embedding_op(am: ArrayModel, dense: DenseWeights, tokens: int, d: int) -> OpCost:
+    """The embedding rows of `tokens` tokens looked up (each row d weights at `dense`'s precision, widened below
+    16 bit)."""
+    op = am.vector("embedding", tokens * d, read_bytes=tokens * dense.bytes(d))
+    if dense.bits < 16:
+        op = op + am.vector("embedding_dequant", tokens * d * dense.dequant_ops_per_weight)
+    return op
 
 
 @dataclass(frozen=True)
@@ -92,24 +137,24 @@ class DecodeWorkload:
                             op.profiled_pj, op.unpriced_bytes)
 
 
-def _mixer(am: ArrayModel, m: ModelShape, kind: str, ctx: int) -> OpCost:
+def _mixer(am: ArrayModel, m: ModelShape, dense: DenseWeights, kind: str, ctx: int) -> OpCost:
     """One layer's token mixer with its input norm and residual: attention over `ctx` cached tokens (a sliding
     layer over at most its window), or a Mamba2 step."""
     d = m.hidden_size
     norm = am.sfu("attn_norm_rsqrt", 1) + am.vector("attn_norm_scale", 2 * d)
     if kind == MAMBA:
-        ops = _mamba2(am, m)
+        ops = _mamba2(am, m, dense)
     elif m.attention == "mla":
-        ops = _mla(am, m, ctx)
+        ops = _mla(am, m, dense, ctx)
     else:
-        ops = _gqa(am, m, min(ctx, m.sliding_window) if kind == SLIDING else ctx)
+        ops = _gqa(am, m, dense, min(ctx, m.sliding_window) if kind == SLIDING else ctx)
     total = norm
     for op in ops:
         total = total + op
     return total + am.vector("attn_residual", d)
 
 
-def _mla(am: ArrayModel, m: ModelShape, ctx: int) -> list[OpCost]:
+def _mla(am: ArrayModel, m: ModelShape, dense: DenseWeights, ctx: int) -> list[OpCost]:
     """DeepSeek's multi-head latent attention at decode, projections absorbed: per head, the query's no-position
     part is taken into the latent space (q_absorb_uk) and scored against the cached latents directly; the mix of
     latents is lifted to values once (v_up_uv). Cache read: ctx x (kv_lora_rank + qk_rope_head_dim) x 2 bytes."""
@@ -117,31 +162,31 @@ def _mla(am: ArrayModel, m: ModelShape, ctx: int) -> list[OpCost]:
     h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
     if m.q_lora_rank:  # DeepSeek-V3 with a query LoRA: d -> q_lora_rank (normed) -> heads
         r = m.q_lora_rank
-        q = (am.matvec("q_a_proj", d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", 1) + am.vector("q_norm_scale", 2 * r)
-             + am.matvec("q_b_proj", r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
+        q = (weight_op(am, dense, "q_a_proj", 1, d, r) + am.sfu("q_norm_rsqrt", 1) + am.vector("q_norm_scale", 2 * r)
+             + weight_op(am, dense, "q_b_proj", 1, r, h * (nope + rope)))
     else:
-        q = am.matvec("q_proj", d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
-    kv_a = am.matvec("kv_a_proj", d, lora + rope, d * (lora + rope) * BF16_BYTES,
+        q = weight_op(am, dense, "q_proj", 1, d, h * (nope + rope))
+    kv_a = weight_op(am, dense, "kv_a_proj", 1, d, lora + rope,
                      write_bytes=(lora + rope) * BF16_BYTES)  # append the compressed latent to the cache
     kv_norm = am.sfu("kv_norm_rsqrt", 1) + am.vector("kv_norm_scale", 2 * lora)
     rope_op = am.vector("rope", 2 * h * rope + 2 * rope)
-    absorb = am.matvec("q_absorb_uk", nope, h * lora, h * nope * lora * BF16_BYTES)
+    absorb = weight_op(am, dense, "q_absorb_uk", 1, nope, h * lora)
     scores = am.matvec("scores", lora + rope, h * ctx, ctx * (lora + rope) * BF16_BYTES, groups=h)
     softmax = am.sfu("softmax_exp", h * ctx) + am.vector("softmax_norm", 3 * h * ctx)
     mix = am.matvec("latent_mix", ctx, h * lora, ctx * lora * BF16_BYTES, groups=h)
-    up = am.matvec("v_up_uv", lora, h * v, h * lora * v * BF16_BYTES)
-    o = am.matvec("o_proj", h * v, d, h * v * d * BF16_BYTES)
+    up = weight_op(am, dense, "v_up_uv", 1, lora, h * v)
+    o = weight_op(am, dense, "o_proj", 1, h * v, d)
     return [q, kv_a, kv_norm, rope_op, absorb, scores, softmax, mix, up, o]
 
 
-def _gqa(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
+def _gqa(am: ArrayModel, m: ModelShape, dense: DenseWeights, kv_len: int) -> list[OpCost]:
     """Grouped-query attention (MHA and MQA are its ends) over `kv_len` cached tokens: q, k, v projections (K and V
     of this token appended: 2 x kv_heads x head_dim x 2 bytes written), RoPE, scores and value mix reading the
     cache (kv_len x kv_heads x head_dim x 2 bytes each), softmax on the SFUs, output projection. With q/k norms
     (Qwen3): an RMSNorm per query and key head; with biases: q, k, v and o add theirs (read at 2 bytes); with
     sinks (gpt-oss): each head's softmax has one more logit, its learned sink."""
     d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
-    qkv = am.matvec("qkv_proj", d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+    qkv = weight_op(am, dense, "qkv_proj", 1, d, (nq + 2 * nkv) * hd,
                     write_bytes=2 * nkv * hd * BF16_BYTES)  # append this token's K and V
     ops = [qkv]
     if m.attention_bias:
@@ -154,14 +199,14 @@ def _gqa(am: ArrayModel, m: ModelShape, kv_len: int) -> list[OpCost]:
     scores = am.matvec("scores", hd, nq * kv_len, nkv * kv_len * hd * BF16_BYTES, groups=nq // nkv)
     softmax = am.sfu("softmax_exp", nq * logits) + am.vector("softmax_norm", 3 * nq * logits)
     mix = am.matvec("value_mix", kv_len, nq * hd, nkv * kv_len * hd * BF16_BYTES, groups=nq // nkv)
-    o = am.matvec("o_proj", nq * hd, d, nq * hd * d * BF16_BYTES)
+    o = weight_op(am, dense, "o_proj", 1, nq * hd, d)
     ops += [scores, softmax, mix, o]
     if m.attention_bias:
         ops.append(am.vector("o_bias", d, read_bytes=d * BF16_BYTES))
     return ops
 
 
-def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1, states: int = 1) -> list[OpCost]:
+def _mamba2(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int = 1, states: int = 1) -> list[OpCost]:
     """One Mamba2 step (a token at decode), as transformers' torch path computes it. With d the hidden size, H heads
     of P dims (inner width E = H x P), state N, G groups, kernel K, C = E + 2GN convolved channels:
       in_proj   d -> 2E + 2GN + H (z, x, B, C, dt): d(2E + 2GN + H) MACs and weights; x, B, C enter the
@@ -183,7 +228,7 @@ def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1, states: int = 1) -> 
     inner, ch, proj = m.mamba_inner(), m.mamba_conv_channels(), m.mamba_in_proj_outputs()
     proj_bias = m.mamba_proj_bias
     t = tokens
-    in_proj = am.matmul("in_proj", t, d, proj, (d * proj + (proj if proj_bias else 0)) * BF16_BYTES,
+    in_proj = weight_op(am, dense, "in_proj", t, d, proj, bias_bytes=(proj if proj_bias else 0) * BF16_BYTES,
                         write_bytes=states * min(t // states, k - 1) * ch * BF16_BYTES)  # the convolution's state
     conv_bias = ch if m.mamba_conv_bias else 0
     conv = am.vector("conv1d", t * (2 * ch * k + conv_bias),
@@ -196,7 +241,7 @@ def _mamba2(am: ArrayModel, m: ModelShape, tokens: int = 1, states: int = 1) -> 
     skip = am.vector("ssm_skip", t * 2 * inner)
     gate = am.sfu("gate_silu", t * inner) + am.vector("gate_mul", t * inner)
     norm = am.sfu("ssm_norm_rsqrt", t * g) + am.vector("ssm_norm_scale", t * 2 * inner)
-    out_proj = am.matmul("out_proj", t, inner, d, (inner * d + (d if proj_bias else 0)) * BF16_BYTES)
+    out_proj = weight_op(am, dense, "out_proj", t, inner, d, bias_bytes=(d if proj_bias else 0) * BF16_BYTES)
     return [in_proj, conv, conv_act, dt, update, readout, skip, gate, norm, out_proj]
 
 
@@ -223,6 +268,12 @@ def _ffn(am: ArrayModel, name: str, d: int, inter: int, bits: int, group: int, s
     return op
 
 
+def dense_ffn(am: ArrayModel, dense: DenseWeights, name: str, d: int, inter: int, tokens: int = 1) -> OpCost:
+    """A dense first layer's FFN or the shared experts: a SiLU-gated FFN at the non-expert precision."""
+    return _ffn(am, name, d, inter, dense.bits, dense.group_size, dense.scale_bits, dense.dequant_ops_per_weight,
+                tokens=tokens)
+
+
 OP_GROUPS = ("attention", "attention_sliding", "mamba", "dense", "router", "shared", "expert", "combine", "head")
 MIXER_GROUP = {FULL: "attention", SLIDING: "attention_sliding", MAMBA: "mamba"}
 
@@ -241,6 +292,7 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
     """
     ctx = hw.workload.context_length if context is None else context
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
+    dense_w = dense_weights(hw)
     d = m.hidden_size
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}
 
@@ -248,30 +300,30 @@ def op_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, expert_
         return am.sfu("ffn_norm_rsqrt", 1) + am.vector("ffn_norm_scale", 2 * d)
 
     def dense():
-        return post_norm() + _ffn(am, "dense", d, m.dense_ffn, 16, group, sbits, 1) + am.vector("ffn_residual", d)
+        return post_norm() + dense_ffn(am, dense_w, "dense", d, m.dense_ffn) + am.vector("ffn_residual", d)
 
     def router():
-        op = post_norm() + am.matvec("router", d, m.num_experts, d * m.num_experts * BF16_BYTES)
+        op = post_norm() + weight_op(am, dense_w, "router", 1, d, m.num_experts)
         if m.router_bias:
             op = op + am.vector("router_bias", m.num_experts, read_bytes=m.num_experts * BF16_BYTES)
         return op + am.sfu("router_softmax", m.num_experts) + am.vector("router_topk", m.num_experts * m.top_k)
 
     def shared():
-        op = _ffn(am, "shared", d, m.shared_expert_ffn * m.num_shared_experts, 16, group, sbits, 1)
+        op = dense_ffn(am, dense_w, "shared", d, m.shared_expert_ffn * m.num_shared_experts)
         if m.shared_expert_gate:
-            op = op + am.matvec("shared_gate", d, 1, d * BF16_BYTES) + am.sfu("shared_sigmoid", 1)
+            op = op + weight_op(am, dense_w, "shared_gate", 1, d, 1) + am.sfu("shared_sigmoid", 1)
         return op
 
     def head():
-        op = am.vector("embedding", d, read_bytes=d * BF16_BYTES)
+        op = embedding_op(am, dense_w, 1, d)
         op = op + am.sfu("final_norm_rsqrt", 1) + am.vector("final_norm_scale", 2 * d)
-        op = op + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+        op = op + weight_op(am, dense_w, "lm_head", 1, d, m.vocab_size)
         if m.lm_head_bias:
             op = op + am.vector("lm_head_bias", m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
         return op + am.vector("argmax", m.vocab_size)
 
     def mixer(kind):
-        return (lambda: _mixer(am, m, kind, ctx)) if kind in kinds else None
+        return (lambda: _mixer(am, m, dense_w, kind, ctx)) if kind in kinds else None
 
     return {
         "attention": mixer(FULL),
@@ -300,6 +352,13 @@ def expert_part_bytes(m: ModelShape, bits: int, group: int, scale_bits: int) -> 
     if m.expert_bias:
         sizes = [size + out * BF16_BYTES for size, (_, _, out) in zip(sizes, m.expert_matrix_params())]
     return sizes
+
+
+def non_expert_bytes(m: ModelShape, dense: DenseWeights) -> int:
+    """Every non-expert weight as stored: the matrices at `dense`'s precision (their scale groups counted over all
+    of them at once: at most one scale a matrix fewer than per matrix), norms and biases at BF16."""
+    matrices = m.non_expert_matrix_params()
+    return dense.bytes(matrices) + (m.non_expert_params() - matrices) * BF16_BYTES
 
 
 @dataclass(frozen=True)
@@ -391,7 +450,7 @@ def _memory_plan(hw: HardwareConfig, m: ModelShape, context: int) -> _MemoryPlan
                 f"expert_buffer.capacity_mib: {hw.expert_buffer.capacity_mib} MiB staged in SRAM "
                 f"(expert_buffer.location: sram) does not fit the arrays' {sram_bytes / BYTES_PER_MIB:g} MiB "
                 f"(compute.arrays × compute.sram_mib_per_array)")
-    non_expert = m.non_expert_params() * BF16_BYTES
+    non_expert = non_expert_bytes(m, dense_weights(hw))
     batch = hw.workload.batch  # sequences decoded together: a cache and activations each
     kv = sum(m.cache_bytes(c, BF16_BYTES) for c in sequence_contexts(hw, context))  # KV (sliding: window), Mamba2
     activations = batch * (64 * m.hidden_size * BF16_BYTES + m.vocab_size * 4)  # residual stream, scratch, logits

@@ -5,7 +5,7 @@ beside what was published."""
 from __future__ import annotations
 
 from chipsim.hw.expert_formats import FORMATS
-from chipsim.workload.decode import BF16_BYTES, expert_part_bytes
+from chipsim.workload.decode import BF16_BYTES, DenseWeights, expert_part_bytes, non_expert_bytes
 from chipsim.workload.hf_config import bundled_record
 from chipsim.workload.models import MODELS
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
@@ -17,6 +17,22 @@ def expert_bytes(m: ModelShape, fmt: str) -> int:
     """One routed expert's bytes in format `fmt` (its biases at 16 bit), as a run counts them."""
     f = FORMATS[fmt]
     return sum(expert_part_bytes(m, f.bits, f.group_size or DEFAULT_GROUP, f.scale_bits or DEFAULT_SCALE_BITS))
+
+
+def dense_bytes(m: ModelShape, fmt: str) -> int:
+    """Every non-expert weight with its matrices in format `fmt` (as model.dense_bits at the format's bits and
+    scales counts them; norms and biases BF16)."""
+    f = FORMATS[fmt]
+    dense = DenseWeights(f.bits, f.group_size or DEFAULT_GROUP, f.scale_bits or DEFAULT_SCALE_BITS, 0)
+    return non_expert_bytes(m, dense)
+
+
+def _non_expert(m: ModelShape, asked: str) -> str:
+    """The non-expert weights at BF16, and in the format asked for (--expert-format) where it is below 16 bit."""
+    text = f"non-expert weights: {m.non_expert_params() * BF16_BYTES / 1e9:.3f} GB (BF16"
+    if asked and FORMATS[asked].bits < 16:
+        text += f"; {dense_bytes(m, asked) / 1e9:.3f} GB as {asked}, model.dense_bits {FORMATS[asked].bits}"
+    return text + ")"
 
 
 def table() -> str:
@@ -54,7 +70,7 @@ def _attention(m: ModelShape) -> str:
 
 def describe(m: ModelShape, fmt: str = "", context: int = 4096, published: dict | None = None) -> str:
     """What chipsim derives from shape `m`: the lines `chipsim models NAME` prints."""
-    fmt = fmt or m.published_expert_format or "bf16"
+    asked, fmt = fmt, fmt or m.published_expert_format or "bf16"
     dense = m.first_dense_layers
     lines = [f"{m.name}: {m.hf_architecture}", f"  source: {m.source or '(inline)'}",
              f"  layers: {m.num_layers} ({dense} dense first, {m.num_moe_layers} MoE); token mixers: {_mixers(m)}"]
@@ -77,7 +93,7 @@ def describe(m: ModelShape, fmt: str = "", context: int = 4096, published: dict 
                  f"({m.expert_params:,} weights); MB in other formats: {per_format}")
     if m.published_expert_format:
         lines.append(f"  the checkpoint ships its experts as {m.published_expert_format}")
-    lines.append(f"  non-expert weights: {m.non_expert_params() * BF16_BYTES / 1e9:.3f} GB (BF16); all experts: "
+    lines.append(f"  {_non_expert(m, asked)}; all experts: "
                  f"{m.num_moe_layers * m.num_experts * expert_bytes(m, fmt) / 1e9:.3f} GB as {fmt}")
     lines.append(f"  parameters: {m.total_params() / 1e9:.3f} B total, {m.active_params() / 1e9:.3f} B active "
                  f"({m.active_params(False) / 1e9:.3f} B without the input embedding)")

@@ -10,7 +10,8 @@ used. The rule:
     of the decode step of a model in chipsim.workload.models (`chipsim models`), or of the config's own model,
     has exactly that shape at some
     context length (1 .. workload.context_length's maximum) and some expert precision (model.expert_bits'
-    choices), with the config's quantisation group, scale bits and dequantisation operations.
+    choices) and non-expert precision (model.dense_bits' choices), with the config's quantisation group, scale
+    bits and dequantisation operations.
 
 Every dimension of a decode step is an affine function of the context length (the KV cache's length: the
 scores' outputs, the value mix's reduction, the softmax's elements), so each operation is recorded at
@@ -80,12 +81,22 @@ class _KeyRecorder:
         return self._record(op_key("vector", read_bytes=read_bytes, elements=lane_ops))
 
 
-def _step_keys(quant: tuple, model, context: int, bits: int) -> list[str]:
+def _precisions() -> list[tuple[int, int]]:
+    """(model.expert_bits, model.dense_bits) pairs that between them take every choice of each: an operation's key
+    depends on one of the two (a routed expert's on the first, every other weight's on the second), so the union of
+    the keys over these pairs is the union over all combinations (5 builds of each model, not 20)."""
+    experts = field_bounds(ModelConfig, "expert_bits").choices
+    dense = field_bounds(ModelConfig, "dense_bits").choices
+    return [(experts[i % len(experts)], dense[i % len(dense)]) for i in range(max(len(experts), len(dense)))]
+
+
+def _step_keys(quant: tuple, model, context: int, bits: int, dense_bits: int) -> list[str]:
     """Every operation key of one decode step of `model`, in build order; quant = (model.quant_group_size,
     model.quant_scale_bits, compute.dequant_ops_per_weight): what op_group_builders reads of a config."""
     group, scale_bits, dequant_ops = quant
     hw = SimpleNamespace(workload=SimpleNamespace(context_length=context),
-                         model=SimpleNamespace(expert_bits=bits, quant_group_size=group, quant_scale_bits=scale_bits),
+                         model=SimpleNamespace(expert_bits=bits, dense_bits=dense_bits, quant_group_size=group,
+                                               quant_scale_bits=scale_bits),
                          compute=SimpleNamespace(dequant_ops_per_weight=dequant_ops))
     recorder = _KeyRecorder()
     for build in op_group_builders(recorder, model, hw).values():
@@ -100,8 +111,8 @@ def _templates(quant: tuple, models: tuple) -> dict[str, set]:
     expert precision."""
     out: dict[str, set] = {kind: set() for kind in _FORMS}
     for model in models:
-        for bits in field_bounds(ModelConfig, "expert_bits").choices:
-            at1, at2 = _step_keys(quant, model, 1, bits), _step_keys(quant, model, 2, bits)
+        for bits, dense_bits in _precisions():
+            at1, at2 = _step_keys(quant, model, 1, bits, dense_bits), _step_keys(quant, model, 2, bits, dense_bits)
             for k1, k2 in zip(at1, at2, strict=True):
                 kind, f1 = parse_op_key(k1)
                 _, f2 = parse_op_key(k2)
@@ -125,13 +136,14 @@ def _matches(values: tuple, at1: tuple, step: tuple, max_context: int) -> bool:
     return context is None or context + 1 <= max_context
 
 
-def _chunk_keys(quant: tuple, model, bits: int, tokens: int) -> list[tuple[str, str]]:
+def _chunk_keys(quant: tuple, model, bits: int, dense_bits: int, tokens: int) -> list[tuple[str, str]]:
     """(operation name, key) of every operation of one prefill chunk of `tokens` tokens from position 0 (its head
     with the LM head) and of one routed expert over `tokens` tokens, in build order; Mamba layers are left out."""
     from chipsim.workload.prefill import prefill_group_builders
 
     group, scale_bits, dequant_ops = quant
-    hw = SimpleNamespace(model=SimpleNamespace(expert_bits=bits, quant_group_size=group, quant_scale_bits=scale_bits),
+    hw = SimpleNamespace(model=SimpleNamespace(expert_bits=bits, dense_bits=dense_bits, quant_group_size=group,
+                                               quant_scale_bits=scale_bits),
                          compute=SimpleNamespace(dequant_ops_per_weight=dequant_ops))
     recorder = _KeyRecorder()
     for name, build in prefill_group_builders(recorder, model, hw, 0, tokens).items():
@@ -147,8 +159,8 @@ def _prefill_templates(quant: tuple, models: tuple) -> tuple[set, dict]:
     gemms: set = set()
     affine: dict[str, set] = {kind: set() for kind in _FORMS}
     for model in models:
-        for bits in field_bounds(ModelConfig, "expert_bits").choices:
-            at1, at2 = _chunk_keys(quant, model, bits, 1), _chunk_keys(quant, model, bits, 2)
+        for bits, dense_bits in _precisions():
+            at1, at2 = _chunk_keys(quant, model, bits, dense_bits, 1), _chunk_keys(quant, model, bits, dense_bits, 2)
             for (name, k1), (_, k2) in zip(at1, at2, strict=True):
                 kind2, f2 = parse_op_key(k2)
                 if kind2 == "matmul":
@@ -243,13 +255,14 @@ def prefill_shape(quant: tuple, key: str, models: tuple) -> bool:
 _PER_SEQUENCE = (*_ATTENTION, "latent_mix")
 
 
-def _batch_keys(quant: tuple, model, bits: int, sequences: int) -> list[tuple[str, str]]:
+def _batch_keys(quant: tuple, model, bits: int, dense_bits: int, sequences: int) -> list[tuple[str, str]]:
     """(operation name, key) of every operation of one batch step of `sequences` (each at context 1) but their own
     attention cores, and of one routed expert over `sequences` tokens, in build order."""
     from chipsim.workload.batch import batch_group_builders
 
     group, scale_bits, dequant_ops = quant
-    hw = SimpleNamespace(model=SimpleNamespace(expert_bits=bits, quant_group_size=group, quant_scale_bits=scale_bits),
+    hw = SimpleNamespace(model=SimpleNamespace(expert_bits=bits, dense_bits=dense_bits, quant_group_size=group,
+                                               quant_scale_bits=scale_bits),
                          compute=SimpleNamespace(dequant_ops_per_weight=dequant_ops))
     recorder = _KeyRecorder()
     for name, build in batch_group_builders(recorder, model, hw, [1] * sequences).items():
@@ -265,8 +278,8 @@ def _batch_templates(quant: tuple, models: tuple) -> tuple[set, dict]:
     gemms: set = set()
     affine: dict[str, set] = {kind: set() for kind in _FORMS}
     for model in models:
-        for bits in field_bounds(ModelConfig, "expert_bits").choices:
-            at2, at3 = _batch_keys(quant, model, bits, 2), _batch_keys(quant, model, bits, 3)
+        for bits, dense_bits in _precisions():
+            at2, at3 = _batch_keys(quant, model, bits, dense_bits, 2), _batch_keys(quant, model, bits, dense_bits, 3)
             for (_, k2), (_, k3) in zip(at2, at3, strict=True):
                 kind, f2 = parse_op_key(k2)
                 _, f3 = parse_op_key(k3)
@@ -332,7 +345,7 @@ def _problem(hw: HardwareConfig, key: str, models: tuple, verdicts: dict) -> str
     if ok:
         return None
     return (f"no operation of any model chipsim knows (chipsim models) has this shape at any context length, "
-            f"prefill chunk or expert precision (model.quant_group_size {hw.model.quant_group_size}, "
+            f"prefill chunk, expert or non-expert precision (model.quant_group_size {hw.model.quant_group_size}, "
             f"model.quant_scale_bits {hw.model.quant_scale_bits}, compute.dequant_ops_per_weight "
             f"{hw.compute.dequant_ops_per_weight})")
 

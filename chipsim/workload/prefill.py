@@ -18,7 +18,8 @@ from typing import Callable
 
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
-from chipsim.workload.decode import BF16_BYTES, DecodeWorkload, _ffn, _mamba2
+from chipsim.workload.decode import (BF16_BYTES, DecodeWorkload, DenseWeights, _ffn, _mamba2, dense_ffn, dense_weights,
+                                     embedding_op, weight_op)
 from chipsim.workload.shape import FULL, MAMBA, SLIDING, ModelShape
 
 
@@ -69,11 +70,11 @@ def _norm(am: ArrayModel, name: str, tokens: int, width: int) -> OpCost:
     return am.sfu(f"{name}_rsqrt", tokens) + am.vector(f"{name}_scale", 2 * width * tokens)
 
 
-def gqa_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+def gqa_projections(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int) -> list[OpCost]:
     """q, k and v of `tokens` tokens as one GEMM (their keys and values appended to the cache), with the biases,
     q/k norms and RoPE a model has: the part of attention whose weights stream once for all of them."""
     d, nq, nkv, hd = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
-    ops = [am.matmul("qkv_proj", tokens, d, (nq + 2 * nkv) * hd, d * (nq + 2 * nkv) * hd * BF16_BYTES,
+    ops = [weight_op(am, dense, "qkv_proj", tokens, d, (nq + 2 * nkv) * hd,
                      write_bytes=tokens * 2 * nkv * hd * BF16_BYTES)]
     if m.attention_bias:
         ops.append(am.vector("qkv_bias", tokens * (nq + 2 * nkv) * hd, read_bytes=(nq + 2 * nkv) * hd * BF16_BYTES))
@@ -84,7 +85,7 @@ def gqa_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
     return ops
 
 
-def mla_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
+def mla_projections(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int) -> list[OpCost]:
     """MLA's query (through its LoRA where the model has one) and compressed latent of `tokens` tokens as GEMMs
     (the latents appended to the cache), the latents' norm and RoPE."""
     d = m.hidden_size
@@ -92,26 +93,26 @@ def mla_projections(am: ArrayModel, m: ModelShape, tokens: int) -> list[OpCost]:
     b = tokens
     if m.q_lora_rank:
         r = m.q_lora_rank
-        q = (am.matmul("q_a_proj", b, d, r, d * r * BF16_BYTES) + am.sfu("q_norm_rsqrt", b)
+        q = (weight_op(am, dense, "q_a_proj", b, d, r) + am.sfu("q_norm_rsqrt", b)
              + am.vector("q_norm_scale", b * 2 * r)
-             + am.matmul("q_b_proj", b, r, h * (nope + rope), r * h * (nope + rope) * BF16_BYTES))
+             + weight_op(am, dense, "q_b_proj", b, r, h * (nope + rope)))
     else:
-        q = am.matmul("q_proj", b, d, h * (nope + rope), d * h * (nope + rope) * BF16_BYTES)
+        q = weight_op(am, dense, "q_proj", b, d, h * (nope + rope))
     return [q,
-            am.matmul("kv_a_proj", b, d, lora + rope, d * (lora + rope) * BF16_BYTES,
-                      write_bytes=b * (lora + rope) * BF16_BYTES),
+            weight_op(am, dense, "kv_a_proj", b, d, lora + rope, write_bytes=b * (lora + rope) * BF16_BYTES),
             am.sfu("kv_norm_rsqrt", b) + am.vector("kv_norm_scale", b * 2 * lora),
             am.vector("rope", b * (2 * h * rope + 2 * rope))]
 
 
-def _gqa_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int, window: int) -> list[OpCost]:
+def _gqa_chunk(am: ArrayModel, m: ModelShape, dense: DenseWeights, offset: int, tokens: int, window: int
+               ) -> list[OpCost]:
     """Grouped-query attention for a chunk: the projections as GEMMs over the chunk (K and V of its tokens
     appended: tokens x 2 x kv_heads x head_dim x 2 bytes written); scores: one dot product of head_dim per head
     and attended pair, the cached keys read once (kv_heads x head_dim x 2 bytes each); softmax over every pair
     (+ one sink logit per head and query with sinks); the value mix the same pairs; the output projection."""
     d, nq, hd = m.hidden_size, m.num_heads, m.head_dim
-    ops = gqa_projections(am, m, tokens) + gqa_chunk_core(am, m, offset, tokens, window)
-    ops.append(am.matmul("o_proj", tokens, nq * hd, d, nq * hd * d * BF16_BYTES))
+    ops = gqa_projections(am, m, dense, tokens) + gqa_chunk_core(am, m, offset, tokens, window)
+    ops.append(weight_op(am, dense, "o_proj", tokens, nq * hd, d))
     if m.attention_bias:
         ops.append(am.vector("o_bias", tokens * d, read_bytes=d * BF16_BYTES))
     return ops
@@ -129,16 +130,16 @@ def gqa_chunk_core(am: ArrayModel, m: ModelShape, offset: int, tokens: int, wind
             am.matvec("value_mix", hd, nq * pairs, kv_bytes, groups=nq // nkv)]
 
 
-def _mla_chunk(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> list[OpCost]:
+def _mla_chunk(am: ArrayModel, m: ModelShape, dense: DenseWeights, offset: int, tokens: int) -> list[OpCost]:
     """DeepSeek's MLA at prefill, not absorbed (as its prefill kernels run it): queries and the compressed latents
     of the chunk as GEMMs; every attended latent (cached ones read once: kv_lora_rank + rope x 2 bytes) lifted
     to per-head keys and values by kv_b_proj; scores of (nope + rope) and a value mix of v_head_dim per pair."""
     h, v = m.num_heads, m.v_head_dim
-    return mla_projections(am, m, tokens) + mla_chunk_core(am, m, offset, tokens) + [
-        am.matmul("o_proj", tokens, h * v, m.hidden_size, h * v * m.hidden_size * BF16_BYTES)]
+    return mla_projections(am, m, dense, tokens) + mla_chunk_core(am, m, dense, offset, tokens) + [
+        weight_op(am, dense, "o_proj", tokens, h * v, m.hidden_size)]
 
 
-def mla_chunk_core(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> list[OpCost]:
+def mla_chunk_core(am: ArrayModel, m: ModelShape, dense: DenseWeights, offset: int, tokens: int) -> list[OpCost]:
     """A chunk's attention on MLA's latents, not absorbed: the cached latents read once, every attended latent
     lifted to keys and values (kv_b_proj), the causal scores, softmax and value mix."""
     h, nope, rope, lora, v = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
@@ -148,21 +149,21 @@ def mla_chunk_core(am: ArrayModel, m: ModelShape, offset: int, tokens: int) -> l
     if cached:  # the cached latents, read once
         ops.append(am.vector("cached_latents", 0, read_bytes=cached * (lora + rope) * BF16_BYTES))
     return ops + [
-        am.matmul("kv_b_proj", cached + tokens, lora, h * (nope + v), lora * h * (nope + v) * BF16_BYTES),
+        weight_op(am, dense, "kv_b_proj", cached + tokens, lora, h * (nope + v)),
         am.matvec("scores", nope + rope, h * pairs, 0),
         am.sfu("softmax_exp", h * pairs) + am.vector("softmax_norm", 3 * h * pairs),
         am.matvec("value_mix", v, h * pairs, 0),
     ]
 
 
-def _mixer_chunk(am: ArrayModel, m: ModelShape, kind: str, offset: int, tokens: int) -> OpCost:
+def _mixer_chunk(am: ArrayModel, m: ModelShape, dense: DenseWeights, kind: str, offset: int, tokens: int) -> OpCost:
     d = m.hidden_size
     if kind == MAMBA:
-        ops = _mamba2(am, m, tokens)
+        ops = _mamba2(am, m, dense, tokens)
     elif m.attention == "mla":
-        ops = _mla_chunk(am, m, offset, tokens)
+        ops = _mla_chunk(am, m, dense, offset, tokens)
     else:
-        ops = _gqa_chunk(am, m, offset, tokens, m.sliding_window if kind == SLIDING else 0)
+        ops = _gqa_chunk(am, m, dense, offset, tokens, m.sliding_window if kind == SLIDING else 0)
     total = _norm(am, "attn_norm", tokens, d)
     for op in ops:
         total = total + op
@@ -173,28 +174,28 @@ def prefill_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, of
     """Group name -> a function building that group's OpCost for a chunk of `tokens` at `offset` (None: the model
     has no such group); "expert" takes the number of the chunk's tokens routed to that expert."""
     bits, group, sbits = hw.model.expert_bits, hw.model.quant_group_size, hw.model.quant_scale_bits
+    dense_w = dense_weights(hw)
     d = m.hidden_size
     kinds = {m.mixer(layer) for layer in range(m.num_layers)}
 
     def mixer(kind):
-        return (lambda: _mixer_chunk(am, m, kind, offset, tokens)) if kind in kinds else None
+        return (lambda: _mixer_chunk(am, m, dense_w, kind, offset, tokens)) if kind in kinds else None
 
     def router():
-        op = _norm(am, "ffn_norm", tokens, d) + am.matmul("router", tokens, d, m.num_experts,
-                                                           d * m.num_experts * BF16_BYTES)
+        op = _norm(am, "ffn_norm", tokens, d) + weight_op(am, dense_w, "router", tokens, d, m.num_experts)
         if m.router_bias:
             op = op + am.vector("router_bias", tokens * m.num_experts, read_bytes=m.num_experts * BF16_BYTES)
         return op + am.sfu("router_softmax", tokens * m.num_experts) + am.vector(
             "router_topk", tokens * m.num_experts * m.top_k)
 
     def dense():
-        return (_norm(am, "ffn_norm", tokens, d) + _ffn(am, "dense", d, m.dense_ffn, 16, group, sbits, 1, tokens=tokens)
+        return (_norm(am, "ffn_norm", tokens, d) + dense_ffn(am, dense_w, "dense", d, m.dense_ffn, tokens)
                 + am.vector("ffn_residual", tokens * d))
 
     def shared():
-        op = _ffn(am, "shared", d, m.shared_expert_ffn * m.num_shared_experts, 16, group, sbits, 1, tokens=tokens)
+        op = dense_ffn(am, dense_w, "shared", d, m.shared_expert_ffn * m.num_shared_experts, tokens)
         if m.shared_expert_gate:
-            op = op + am.matmul("shared_gate", tokens, d, 1, d * BF16_BYTES) + am.sfu("shared_sigmoid", tokens)
+            op = op + weight_op(am, dense_w, "shared_gate", tokens, d, 1) + am.sfu("shared_sigmoid", tokens)
         return op
 
     def expert(routed_tokens: int) -> OpCost:
@@ -203,10 +204,10 @@ def prefill_group_builders(am: ArrayModel, m: ModelShape, hw: HardwareConfig, of
 
     def head(logits: bool = True):
         """The chunk's embedding lookups; with `logits` (the prompt's last chunk), its last token's LM head."""
-        op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES)
+        op = embedding_op(am, dense_w, tokens, d)
         if not logits:
             return op
-        op = op + _norm(am, "final_norm", 1, d) + am.matvec("lm_head", d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+        op = op + _norm(am, "final_norm", 1, d) + weight_op(am, dense_w, "lm_head", 1, d, m.vocab_size)
         if m.lm_head_bias:
             op = op + am.vector("lm_head_bias", m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
         return op + am.vector("argmax", m.vocab_size)

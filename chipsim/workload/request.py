@@ -21,7 +21,7 @@ from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.units import BYTES_PER_MIB
-from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mixer
+from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mixer, dense_weights
 from chipsim.workload.prefill import ExpertGemms, launch_grouped, prefill_group_builders
 
 
@@ -120,9 +120,11 @@ def build_request(hw: HardwareConfig, decode: DecodeWorkload) -> RequestWorkload
     experts = ExpertGemms(hw, decode, am)
     am.save_table()
 
+    dense = dense_weights(hw)
+
     # built during the run, one per decode context (as the experts per token count): not written back from inside it
     def decode_mixer(kind: str, context: int) -> OpCost:
-        op = grouped(MIXER_GROUP[kind], _mixer(am, m, kind, context))
+        op = grouped(MIXER_GROUP[kind], _mixer(am, m, dense, kind, context))
         assert op is not None
         return op
 

@@ -21,7 +21,8 @@ from typing import Callable, NamedTuple
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.batch import (BatchLayer, gqa_decode_core, gqa_output, mla_decode_core, step_layers)
-from chipsim.workload.decode import BF16_BYTES, MIXER_GROUP, DecodeWorkload, _mamba2, _mixer
+from chipsim.workload.decode import (BF16_BYTES, MIXER_GROUP, DecodeWorkload, DenseWeights, _mamba2, _mixer,
+                                     dense_weights, embedding_op, weight_op)
 from chipsim.workload.prefill import (ExpertGemms, _norm, gqa_chunk_core, gqa_projections, launch_grouped,
                                       mla_chunk_core, mla_projections, prefill_group_builders)
 from chipsim.workload.request import PrefillChunk, build_chunk
@@ -54,6 +55,7 @@ class ServedCosts:
 
     def __init__(self, hw: HardwareConfig, decode: DecodeWorkload):
         self.hw, self.model = hw, decode.model
+        self.dense = dense_weights(hw)
         self.am = ArrayModel(hw)
         self.grouped = launch_grouped(self.am)
         self.expert = ExpertGemms(hw, decode, self.am)  # expert(n): a routed expert over n tokens
@@ -77,7 +79,7 @@ class ServedCosts:
         key = (kind, context)
         op = self._mixers.get(key)
         if op is None:
-            op = self.grouped(MIXER_GROUP[kind], _mixer(self.am, self.model, kind, context))
+            op = self.grouped(MIXER_GROUP[kind], _mixer(self.am, self.model, self.dense, kind, context))
             assert op is not None
             self._mixers[key] = op
         return op
@@ -93,7 +95,7 @@ class ServedCosts:
             built[MIXER_GROUP[kind]] = self.grouped(MIXER_GROUP[kind], self._mixer(kind, parts, n)) \
                 if kind in kinds else None
         emitting = sum(1 for p in parts if p.emits)
-        head = self.grouped("head", served_head(self.am, m, n, emitting))
+        head = self.grouped("head", served_head(self.am, m, self.dense, n, emitting))
         assert head is not None
         return MixedStep(step_layers(m, built), head)
 
@@ -107,7 +109,7 @@ class ServedCosts:
         return groups
 
     def _mixer(self, kind: str, parts: list[Part], n: int) -> OpCost:
-        return mixed_mixer(self.am, self.model, kind, parts, n, self._core)
+        return mixed_mixer(self.am, self.model, self.dense, kind, parts, n, self._core)
 
     def _core(self, attention: str, p: Part, window: int) -> list[OpCost]:
         """A part's own attention core (part_core), made once per shape."""
@@ -118,50 +120,53 @@ class ServedCosts:
             key = (attention, "chunk", p.position, p.tokens, window)
         ops = self._cores.get(key)
         if ops is None:
-            ops = self._cores[key] = part_core(self.am, self.model, attention, p, window)
+            ops = self._cores[key] = part_core(self.am, self.model, self.dense, attention, p, window)
         return ops
 
 
 Core = Callable[[str, Part, int], list[OpCost]]
 
 
-def mixed_mixer(am: ArrayModel, m: ModelShape, kind: str, parts: list[Part], n: int, core: Core) -> OpCost:
+def mixed_mixer(am: ArrayModel, m: ModelShape, dense: DenseWeights, kind: str, parts: list[Part], n: int, core: Core
+                ) -> OpCost:
     """A mixed step's token mixer of `kind` over its n tokens, with its input norm and residual; `core(attention,
     part, window)` gives each part's own attention core (part_core: ServedCosts makes each shape once, the
     hardware replay marks a chunk's as its attention kernel)."""
     if kind == MAMBA:
-        ops = _mamba2(am, m, tokens=n, states=len(parts))
+        ops = _mamba2(am, m, dense, tokens=n, states=len(parts))
     elif m.attention == "mla":
-        ops = _mla_mixed(am, m, parts, n, core)
+        ops = _mla_mixed(am, m, dense, parts, n, core)
     else:
         window = m.sliding_window if kind == SLIDING else 0
-        ops = gqa_projections(am, m, n)
+        ops = gqa_projections(am, m, dense, n)
         for p in parts:
             ops += core("gqa", p, window)
-        ops += gqa_output(am, m, n)
+        ops += gqa_output(am, m, dense, n)
     total = _norm(am, "attn_norm", n, m.hidden_size)
     for op in ops:
         total = total + op
     return total + am.vector("attn_residual", n * m.hidden_size)
 
 
-def _mla_mixed(am: ArrayModel, m: ModelShape, parts: list[Part], n: int, core: Core) -> list[OpCost]:
+def _mla_mixed(am: ArrayModel, m: ModelShape, dense: DenseWeights, parts: list[Part], n: int, core: Core
+               ) -> list[OpCost]:
     """MLA for a mixed step: the projections over all n tokens; the decode tokens absorbed (their queries into
     the latent space, scores and mix against their caches, lifted to values), each chunk not absorbed."""
     h, nope, lora, v = m.num_heads, m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim
-    ops = mla_projections(am, m, n)
+    ops = mla_projections(am, m, dense, n)
     decoding = sum(1 for p in parts if p.decode)
     if decoding:
-        ops.append(am.matmul("q_absorb_uk", decoding, nope, h * lora, h * nope * lora * BF16_BYTES))
+        ops.append(weight_op(am, dense, "q_absorb_uk", decoding, nope, h * lora))
     for p in parts:
         ops += core("mla", p, 0)
     if decoding:
-        ops.append(am.matmul("v_up_uv", decoding, lora, h * v, h * lora * v * BF16_BYTES))
-    ops.append(am.matmul("o_proj", n, h * v, m.hidden_size, h * v * m.hidden_size * BF16_BYTES))
+        ops.append(weight_op(am, dense, "v_up_uv", decoding, lora, h * v))
+    ops.append(weight_op(am, dense, "o_proj", n, h * v, m.hidden_size))
     return ops
 
 
-def part_core(am: ArrayModel, m: ModelShape, attention: str, p: Part, window: int) -> list[OpCost]:
+def part_core(am: ArrayModel, m: ModelShape, dense: DenseWeights, attention: str, p: Part, window: int
+              ) -> list[OpCost]:
     """A part's own attention core ("gqa" or "mla"): a decode token's over its cache (at most the window), a
     chunk's causal one over its cache and itself."""
     if p.decode:
@@ -170,17 +175,17 @@ def part_core(am: ArrayModel, m: ModelShape, attention: str, p: Part, window: in
         return gqa_decode_core(am, m, kv) if attention == "gqa" else mla_decode_core(am, m, kv)
     if attention == "gqa":
         return gqa_chunk_core(am, m, p.position, p.tokens, window)
-    return mla_chunk_core(am, m, p.position, p.tokens)
+    return mla_chunk_core(am, m, dense, p.position, p.tokens)
 
 
-def served_head(am: ArrayModel, m: ModelShape, tokens: int, emitting: int) -> OpCost:
+def served_head(am: ArrayModel, m: ModelShape, dense: DenseWeights, tokens: int, emitting: int) -> OpCost:
     """The embedding lookups of a step's tokens and the LM head of the `emitting` parts (each samples a token)."""
     d = m.hidden_size
-    op = am.vector("embedding", tokens * d, read_bytes=tokens * d * BF16_BYTES)
+    op = embedding_op(am, dense, tokens, d)
     if not emitting:
         return op
     op = op + _norm(am, "final_norm", emitting, d)
-    op = op + am.matmul("lm_head", emitting, d, m.vocab_size, d * m.vocab_size * BF16_BYTES)
+    op = op + weight_op(am, dense, "lm_head", emitting, d, m.vocab_size)
     if m.lm_head_bias:
         op = op + am.vector("lm_head_bias", emitting * m.vocab_size, read_bytes=m.vocab_size * BF16_BYTES)
     return op + am.vector("argmax", emitting * m.vocab_size)

@@ -179,6 +179,29 @@ class ModelShape:
         total += self.first_dense_layers * 3 * d * self.dense_ffn
         return total
 
+    def mixer_matrix_params(self, layer: int) -> int:
+        """Of mixer_params, the projections' weights: what model.dense_bits quantises (norms, biases, sinks, the
+        Mamba2 convolution taps, dt bias, A and D stay BF16)."""
+        d = self.hidden_size
+        if self.mixer(layer) == MAMBA:
+            return d * self.mamba_in_proj_outputs() + self.mamba_inner() * d
+        if self.attention == "mla":
+            return self.attention_weight_params()  # MLA's count is its projections alone
+        nq, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        return d * (nq + 2 * nkv) * hd + nq * hd * d
+
+    def non_expert_matrix_params(self) -> int:
+        """Of non_expert_params, the weight matrices' (model.dense_bits): embeddings, LM head, the mixers'
+        projections, routers, shared and dense FFNs, the shared experts' gate; the rest is norms and biases."""
+        d = self.hidden_size
+        total = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        total += sum(self.mixer_matrix_params(layer) for layer in range(self.num_layers))
+        total += self.num_moe_layers * d * self.num_experts
+        total += self.num_moe_layers * self.num_shared_experts * 3 * d * self.shared_expert_ffn
+        if self.shared_expert_gate:
+            total += self.num_moe_layers * d
+        return total + self.first_dense_layers * 3 * d * self.dense_ffn
+
     def total_params(self) -> int:
         return self.non_expert_params() + self.num_moe_layers * self.num_experts * self.expert_params
 

@@ -28,7 +28,7 @@ import numpy as np
 from chipsim.hw.compute_formula import ArrayModel, OpCost
 from chipsim.hw.config import HardwareConfig
 from chipsim.workload.batch import BatchLayer, every_token_head, step_layers
-from chipsim.workload.decode import DecodeWorkload
+from chipsim.workload.decode import DecodeWorkload, dense_weights
 from chipsim.workload.prefill import ExpertGemms, launch_grouped, prefill_group_builders
 
 
@@ -110,7 +110,7 @@ def build_speculative(hw: HardwareConfig, decode: DecodeWorkload, token_ids: np.
     def build(n: int) -> tuple[tuple[BatchLayer, ...], OpCost]:
         b = prefill_group_builders(am, m, hw, offset, n)
         built = {name: grouped(name, fn()) for name, fn in b.items() if fn is not None and name not in ("expert", "head")}
-        head = grouped("head", every_token_head(am, m, n))
+        head = grouped("head", every_token_head(am, m, dense_weights(hw), n))
         assert head is not None
         return step_layers(m, built), head
 
