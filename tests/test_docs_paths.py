@@ -11,7 +11,8 @@ import re
 from conftest import ROOT
 
 DOCS = ["README.md", "CONTRIBUTING.md", "traces/README.md", "traces/README-real.md", "validation/NOTES.md",
-        *sorted(glob.glob("validation/*/README.md", root_dir=ROOT))]
+        *sorted(glob.glob("validation/*/README.md", root_dir=ROOT)),
+        *sorted(glob.glob("docs/**/*.md", root_dir=ROOT, recursive=True))]
 SOURCES = sorted(glob.glob("chipsim/**/*.py", root_dir=ROOT, recursive=True)
                  + glob.glob("chipsim/**/*.pyx", root_dir=ROOT, recursive=True))
 # a path under the package (not one ending in chipsim/, such as a venv's /tmp/chipsim/bin), and a dotted module name

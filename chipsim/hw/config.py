@@ -823,27 +823,34 @@ def field_bounds(cls, name: str) -> Bounds:
     return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["bounds"]
 
 
-def iter_keys(cls=HardwareConfig, prefix: str = ""):
-    """(dotted key, type name, doc) of every schema key, for documentation and `chipsim keys`."""
+def iter_key_specs(cls=HardwareConfig, prefix: str = ""):
+    """(dotted key, type name, doc, bounds, default, optional) of every schema key: `chipsim keys` and the
+    documentation's generated reference page (chipsim/docs_gen.py) both read it, so neither can drift."""
     hints = _type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            yield from iter_keys(tp, f"{prefix}{f.name}.")
+            yield from iter_key_specs(tp, f"{prefix}{f.name}.")
         elif "components" in f.metadata:
-            yield (f"{prefix}{f.name}.<name>", "section", key_doc(f.metadata["doc"], Bounds(), None, optional=False))
+            yield (f"{prefix}{f.name}.<name>", "section", f.metadata["doc"], Bounds(), None, False)
             if f.metadata["components"] == "memory":
-                yield from iter_keys(DramConfig, f"{prefix}{f.name}.<name>.")
-                yield from iter_keys(FlashConfig, f"{prefix}{f.name}.<flash>.")
+                yield from iter_key_specs(DramConfig, f"{prefix}{f.name}.<name>.")
+                yield from iter_key_specs(FlashConfig, f"{prefix}{f.name}.<flash>.")
             else:
-                yield from iter_keys(PcieConfig, f"{prefix}{f.name}.<serial link>.")
-                yield from iter_keys(UcieConfig, f"{prefix}{f.name}.<die-to-die link>.")
+                yield from iter_key_specs(PcieConfig, f"{prefix}{f.name}.<serial link>.")
+                yield from iter_key_specs(UcieConfig, f"{prefix}{f.name}.<die-to-die link>.")
         else:
             default = None
             if _has_default(f):
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            yield (f"{prefix}{f.name}", _type_name(tp),
-                   key_doc(f.metadata.get("doc", ""), f.metadata["bounds"], default, optional=_has_default(f)))
+            yield (f"{prefix}{f.name}", _type_name(tp), f.metadata.get("doc", ""), f.metadata["bounds"], default,
+                   _has_default(f))
+
+
+def iter_keys(cls=HardwareConfig, prefix: str = ""):
+    """(dotted key, type name, doc) of every schema key, for documentation and `chipsim keys`."""
+    for key, type_name, doc, bounds, default, optional in iter_key_specs(cls, prefix):
+        yield key, type_name, key_doc(doc, bounds, default, optional=optional)
 
 
 def load_config(path: str, overrides: list[str] | tuple = ()) -> Config:

@@ -1,0 +1,162 @@
+"""Examples that cannot go stale: every ```console block in docs/ and README.md is run and its output compared.
+
+In a console block a line beginning with `$ ` is a command and the lines after it, up to the next `$ ` or the
+block's end, are what it prints on stdout (stderr, where chipsim prints notes and progress, is not compared). The
+commands of one file run in order, in one scratch folder that mirrors the repository's top level through symbolic
+links (so `hwconfigs/thor.yaml` reads the repository's file, while what a command writes, e.g. `--out out/thor`,
+lands in the scratch folder and never in the repository), with a fresh CHIPSIM_CACHE_DIR of their own. A
+`chipsim ...` command without shell syntax runs in this process through chipsim.cli.main (no interpreter start-up);
+any other runs under bash with this environment's bin/ first on PATH. Each must exit 0.
+
+Commands that cannot run here (installs, `mkdocs serve`, GPU or device commands, runs of many minutes) belong in
+```bash blocks, and every ```bash block must be listed in BASH_BLOCKS with the reason it is not run.
+
+To rewrite the console blocks from what the commands print now: CHIPSIM_DOCS_UPDATE=1 pytest tests/test_docs_examples.py
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from chipsim.cli import main
+
+DOCS = sorted(glob.glob("docs/**/*.md", root_dir=ROOT, recursive=True)) + ["README.md"]
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+SHELL_SYNTAX = re.compile(r"[|&;<>`$(){}*?~]")
+
+# (file, the block's first line) -> why the block is not run
+BASH_BLOCKS = {
+    ("docs/tutorials/main-job.md", "python3 -m venv .venv && .venv/bin/pip install -e ."):
+        "an install (minutes of compiling, a package index)",
+    ("README.md", "# 1. install and run the main job (the APEX platform, Granite-3B-shaped model, bundled trace)"):
+        "the set-up commands: installs; .ci/run runs exactly these",
+    ("README.md", "python3 -m venv /tmp/build-env && /tmp/build-env/bin/pip install build==1.6.1"):
+        "builds and installs the wheel; .ci/run does",
+    ("README.md", ".venv/bin/mkdocs serve                        # http://127.0.0.1:8000, rebuilt on every edit"):
+        "a server that runs until stopped; .ci/run runs the build",
+    ("README.md", "chipsim run hwconfigs/thor.yaml                                   # default policies (run.policies)"):
+        "a list of invocations to copy, many of them full runs of seconds to minutes; "
+        "tests/test_cli_output.py and others test each option",
+    ("README.md", "chipsim sweep hwconfigs/thor.yaml --grid links.pcie.bandwidth_gbps=16,64,256 --policy no-prefetch --policy apex \\"):
+        "writes into results/ of the repository; tests/test_sweep.py and the notebook test run sweeps",
+    ("README.md", "# a trace of any local Hugging Face MoE checkpoint (GraniteMoe, GraniteMoeShared, GraniteMoeHybrid, Mixtral,"):
+        "recording and training traces: torch, a checkpoint and a GPU",
+    ("README.md", "chipsim reproduce                                    # all of experiments/*.yaml into results/reproduce/"):
+        "the paper reproduction: tens of minutes; tests/test_experiments.py runs it small",
+    ("README.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
+        "needs an NVIDIA GPU",
+}
+
+# What is volatile in a command's output, each replaced in both the expected and the actual text:
+NORMALISE = [
+    # the compute chiplet's operation table is named by a hash of its inputs and of the model's code: any edit to
+    # that code changes it while every number stays the same
+    (re.compile(r"table [0-9a-f]{12} cached by content hash"), "table <hash> cached by content hash"),
+    # wall-clock seconds (sweep, reproduce, --profile print them as "N.N s"; simulated times are ms, us or ns)
+    (re.compile(r"\b\d+\.\d+ s\b"), "<seconds> s"),
+]
+
+
+def blocks(path: str) -> list[tuple[str, str, int, int]]:
+    """(language, body, body start, body end) of each fenced block of `path`."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        text = f.read()
+    return [(m.group(1), m.group(2), m.start(2), m.end(2)) for m in FENCE.finditer(text)]
+
+
+def commands(body: str) -> list[tuple[str, str]]:
+    """A console block's (command, expected stdout) pairs."""
+    out: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        elif out:
+            out[-1][1].append(line)
+        else:
+            raise AssertionError(f"a console block must start with a `$ ` command line, got {line!r}")
+    return [(cmd, "\n".join(lines)) for cmd, lines in out]
+
+
+def normalise(text: str, tmp_paths: list[str]) -> str:
+    for path in tmp_paths:  # absolute scratch and cache paths differ from run to run
+        text = text.replace(path, "<tmp>")
+    for pattern, replacement in NORMALISE:
+        text = pattern.sub(replacement, text)
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def mirror(folder) -> None:
+    """A scratch folder whose top-level entries link to the repository's."""
+    for name in os.listdir(ROOT):
+        if name not in (".git", ".venv"):
+            os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
+
+
+def run(command: str, capsys) -> str:
+    argv = shlex.split(command)
+    if argv[0] == "chipsim" and not SHELL_SYNTAX.search(command):
+        capsys.readouterr()
+        code = main(argv[1:])
+        captured = capsys.readouterr()
+        assert code == 0, f"{command}: exit {code}\n{captured.err}"
+        return captured.out
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stderr}"
+    return done.stdout
+
+
+CONSOLE_FILES = [doc for doc in DOCS if any(lang == "console" for lang, *_ in blocks(doc))]
+
+
+def test_some_page_has_console_blocks():
+    assert "docs/tutorials/main-job.md" in CONSOLE_FILES
+
+
+@pytest.mark.parametrize("doc", CONSOLE_FILES)
+def test_console_blocks_print_what_they_show(doc, tmp_path, monkeypatch, capsys):
+    scratch, cache = tmp_path / "work", tmp_path / "cache"
+    scratch.mkdir()
+    mirror(scratch)
+    monkeypatch.setenv("CHIPSIM_CACHE_DIR", str(cache))
+    monkeypatch.chdir(scratch)
+    tmp_paths = [str(scratch), str(cache), str(tmp_path)]
+    update = os.environ.get("CHIPSIM_DOCS_UPDATE") == "1"
+    failures, rewritten = [], []
+    for lang, body, start, end in blocks(doc):
+        if lang != "console":
+            continue
+        new_body = []
+        for command, expected in commands(body):
+            got = run(command, capsys)
+            new_body += [f"$ {command}", got.rstrip("\n")] if got.strip() else [f"$ {command}"]
+            if normalise(got, tmp_paths) != normalise(expected, tmp_paths):
+                failures.append(f"$ {command}\n--- the page shows:\n{expected}\n--- it prints:\n{got}")
+        rewritten.append((start, end, "\n".join(new_body) + "\n"))
+    if update and failures:
+        path = os.path.join(ROOT, doc)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for start, end, new in reversed(rewritten):
+            text = text[:start] + new + text[end:]
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        pytest.skip(f"{doc}: console blocks rewritten from what the commands print (CHIPSIM_DOCS_UPDATE=1)")
+    assert not failures, f"{doc}: a console block is stale (CHIPSIM_DOCS_UPDATE=1 rewrites it):\n\n" + \
+        "\n\n".join(failures)
+
+
+def test_every_bash_block_is_allowlisted_with_its_reason():
+    found = {(doc, body.splitlines()[0] if body.strip() else "") for doc in DOCS
+             for lang, body, *_ in blocks(doc) if lang == "bash"}
+    assert sorted(found - set(BASH_BLOCKS)) == [], "```bash blocks not run: make them console blocks, or list them " \
+                                                   "in BASH_BLOCKS with the reason"
+    assert sorted(set(BASH_BLOCKS) - found) == [], "BASH_BLOCKS lists blocks no page has any more"
