@@ -1,7 +1,7 @@
 """MkDocs hook: the pages that are written from the code or from the repository's own reports at build time.
 
-- `<!-- generated: NAME -->` is replaced by chipsim.docs_gen.SECTIONS[NAME]() (config keys, policies, models,
-  results.csv columns): the page lists exactly what the code knows.
+- `<!-- generated: NAME -->` is replaced by chipsim.analysis.docs_gen.SECTIONS[NAME]() (config keys, policies,
+  models, results.csv columns): the page lists exactly what the code knows.
 - `<!-- include: FILE -->` is replaced by FILE from the repository root (REPRODUCTION.md, VALIDATION.md): the
   report is read, not copied, so the site shows the committed one. Their figures (results/reproduce/*/*.png,
   validation/figures/*.png) are added to the site under the same paths, so the reports' repository-relative
@@ -25,12 +25,13 @@ FIGURES = ("results/reproduce/*/*.png", "validation/figures/*.png")
 
 
 def _replace(match: re.Match) -> str:
-    from chipsim.docs_gen import SECTIONS
+    from chipsim.analysis.docs_gen import SECTIONS
 
     kind, name = match.groups()
     if kind == "generated":
         if name not in SECTIONS:
-            raise PluginError(f"docs: <!-- generated: {name} -->: no such section (chipsim.docs_gen.SECTIONS)")
+            raise PluginError(f"docs: <!-- generated: {name} -->: no such section "
+                              "(chipsim.analysis.docs_gen.SECTIONS)")
         return SECTIONS[name]()
     path = os.path.join(ROOT, name)
     if not os.path.isfile(path):

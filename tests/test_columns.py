@@ -57,8 +57,9 @@ def test_every_column_the_runs_write_has_a_meaning_and_every_meaning_a_column(tm
     seen |= set(_csv_header(tmp_path, THOR, ["workload.batch=2", "workload.max_tokens=4"], ["apex"]))
     seen |= set(_csv_header(tmp_path, THOR, ["workload.speculative.draft_tokens=2", "workload.max_tokens=4"],
                             ["apex"]))
-    seen |= set(_csv_header(tmp_path, THOR, ["workload.requests=2", "workload.arrivals.closed_users=1", "workload.prompt_tokens=8",
-                                             "workload.output_tokens=3"], ["apex"]))
+    served = ["workload.requests=2", "workload.arrivals.closed_users=1", "workload.prompt_tokens=8",
+              "workload.output_tokens=3"]
+    seen |= set(_csv_header(tmp_path, THOR, served, ["apex"]))
     documented = set(columns.all_columns())
     assert seen - documented == set(), "results.csv columns with no meaning in chipsim/analysis/columns.py"
     assert documented - seen == set(), "meanings in chipsim/analysis/columns.py for columns no run wrote"

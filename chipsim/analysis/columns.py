@@ -1,6 +1,6 @@
 """What each results.csv column means, in one place: the documentation's reference page is generated from these
-mappings (chipsim/docs_gen.py), and tests/test_columns.py holds them to the columns the code writes, so that a
-column added without a meaning, or a meaning left for a column that is gone, fails a test.
+mappings (chipsim/analysis/docs_gen.py), and tests/test_columns.py holds them to the columns the code writes, so
+that a column added without a meaning, or a meaning left for a column that is gone, fails a test.
 
 A run's results.csv is report.CSV_COLUMNS (every run), then the columns of its mode (a whole request, a batch, a
 speculative or a served run), then the scalar metrics its policies report (report.csv_columns). Lists and

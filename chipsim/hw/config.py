@@ -825,7 +825,7 @@ def field_bounds(cls, name: str) -> Bounds:
 
 def iter_key_specs(cls=HardwareConfig, prefix: str = ""):
     """(dotted key, type name, doc, bounds, default, optional) of every schema key: `chipsim keys` and the
-    documentation's generated reference page (chipsim/docs_gen.py) both read it, so neither can drift."""
+    documentation's generated reference page (chipsim/analysis/docs_gen.py) both read it, so neither can drift."""
     hints = _type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
