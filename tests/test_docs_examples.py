@@ -53,6 +53,8 @@ BASH_BLOCKS = {
         "the paper reproduction: tens of minutes; tests/test_experiments.py runs it small",
     ("README.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
         "needs an NVIDIA GPU",
+    ("README.md", "chipsim run hwconfigs/thor.yaml --out results/thor && chipsim report results/thor   # results/thor/report.html"):
+        "writes into results/ of the repository, a page of megabytes; tests/test_html_report.py reports a run and a sweep",
 }
 
 # What is volatile in a command's output, each replaced in both the expected and the actual text:
