@@ -454,7 +454,8 @@ def test_inspect_without_quality_says_not_measured(capsys):
     assert json.loads(capsys.readouterr().out)["quality"] is None
 
 
-@pytest.mark.parametrize("name", ["real-granite-1b", "real-granite-3b", "real-phi-mini-moe", "real-deepseek-v2-lite"])
+@pytest.mark.parametrize("name", ["real-granite-1b", "real-granite-3b", "real-phi-mini-moe", "real-deepseek-v2-lite",
+                                  "real-gpt-oss-20b", "real-mixtral-8x7b"])
 def test_every_shipped_real_trace_carries_its_quality_record(name):
     """Each trained model's held-out perplexity under the approximate modes was measured and stored (issue 3)."""
     from chipsim.trace.format import load
@@ -468,3 +469,21 @@ def test_every_shipped_real_trace_carries_its_quality_record(name):
     assert all(0 < q["apex_sf"][tau]["substitution_rate"] < 1 for tau in ("0.6", "0.75", "0.9"))
     assert 0 < q["pregated"]["deviation_rate"] < 1
     assert ("spice_lore" in q) == (name == "real-deepseek-v2-lite")  # the only shape with a shared expert
+
+
+def test_the_mixtral_shaped_trace_carries_floes_quality_at_each_sparsity():
+    """FloE's record: each sparsity's perplexity consistent with its change, the held-out share of channels kept near
+    1 − s (thresholds calibrated on training tokens), and sparsity costing more as it grows on this model."""
+    from chipsim.trace.format import load
+
+    q = load(os.path.join(TRACES, "real-mixtral-8x7b.npz")).meta["quality"]["floe"]
+    assert q["up_bits"] == 2 and q["up_group"] == 64
+    costs = []
+    for s in ("0.5", "0.7", "0.9"):
+        for rec in (q[s], q["sparse_bf16_up"][s]):
+            assert rec["ppl"] == pytest.approx(rec["baseline_ppl"] + rec["delta_ppl"], abs=2e-3)
+            assert abs(rec["kept_channel_share"] - (1 - float(s))) < 0.02
+            assert 0.5 < rec["intra_predictor_recall"] <= 1
+        costs.append(q[s]["delta_ppl_pct"])
+    assert costs == sorted(costs)
+    assert q["int2_up_dense"]["kept_channel_share"] == 1.0
