@@ -83,7 +83,7 @@ def test_keeping_every_channel_at_bf16_leaves_the_held_out_nll_unchanged(tiny, a
     model, held, _ = tiny[arch]
     base, _ = heldout_nll(model, held, batch=2, amp=False)
     layers = floe_layers(model, int2_up=False)
-    mode = FloeCompressed(model, layers, torch.full((len(layers), 8), -1.0))
+    mode = FloeCompressed(layers, torch.full((len(layers), 8), -1.0))
     with RoutingOverride(model, mode) as ov:
         nll, _ = heldout_nll(model, held, batch=2, amp=False, override=ov)
     assert math.isclose(nll, base, rel_tol=1e-5)

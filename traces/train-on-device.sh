@@ -5,7 +5,8 @@
 #
 # The text set travels as .data/text-v1.tar.xz (`tar cJf .data/text-v1.tar.xz .data/text-v1` after
 # `python -m chipsim.tracegen.textdata --out .data/text-v1`), the wheels the machine lacks (transformers 5.17.0 and
-# its dependencies, simpy) as .whl/. Everything the run writes, its log included, comes back as OUT/SHAPE.tar.
+# its dependencies, simpy) as .whl/; both are ignored by git, so the device command carries them
+# (carry: [".data/text-v1.tar.xz", ".whl"]). Everything the run writes, its log included, comes back as OUT/SHAPE.tar.
 # DRY_RUN=1: the same on the CPU with --tiny (a pipeline check, not a result).
 set -uo pipefail
 SHAPE=${1:?usage: train-on-device.sh SHAPE MINUTES OUT [options]}

@@ -457,7 +457,7 @@ def measure_floe(model, heldout_seqs: torch.Tensor, base_nll: float, train_rec, 
     def run(layers, sparsity):
         thr = fit_thresholds(layers, x_train, train_rec.routed_ids, sparsity) if sparsity > 0 else \
             torch.full((len(layers), layers[0].w.num_experts), -1.0)
-        mode = FloeCompressed(model, layers, thr)
+        mode = FloeCompressed(layers, thr)
         with RoutingOverride(model, mode) as ov:
             nll, _ = heldout_nll(model, heldout_seqs, batch, amp, ov)
         return _entry(nll, base_nll, mode.stats())

@@ -181,7 +181,7 @@ def fit_thresholds(layers: list[FloeLayer], ffn_inputs: list[torch.Tensor], rout
 class FloeCompressed:
     """RoutingOverride mode: every routed expert computed as FloE's compressed expert (see the module docstring)."""
 
-    def __init__(self, model, layers: list[FloeLayer], thresholds: torch.Tensor):
+    def __init__(self, layers: list[FloeLayer], thresholds: torch.Tensor):
         self.layers = layers
         self.thr = thresholds.tolist()
         self.kept = 0
