@@ -38,23 +38,15 @@ BASH_BLOCKS = {
         "an install (minutes of compiling, a package index)",
     ("README.md", "# 1. install and run the main job (the APEX platform, Granite-3B-shaped model, bundled trace)"):
         "the set-up commands: installs; .ci/run runs exactly these",
-    ("README.md", "python3 -m venv /tmp/build-env && /tmp/build-env/bin/pip install build==1.6.1"):
-        "builds and installs the wheel; .ci/run does",
-    ("README.md", ".venv/bin/mkdocs serve                        # http://127.0.0.1:8000, rebuilt on every edit"):
+    ("README.md", "# 1. compare policies, with parameters, on any machine (chipsim policies: every policy and its parameters)"):
+        "a list of full runs to copy (seconds to minutes each); each is a tutorial whose console blocks run them "
+        "small, and tests/test_readme.py checks every key, policy and config they name",
+    ("docs/install.md", "# 1. install and run the main job (the APEX platform, Granite-3B-shaped model, bundled trace)"):
+        "the set-up commands: installs; .ci/run runs exactly these",
+    ("docs/install.md", ".venv/bin/mkdocs serve                        # http://127.0.0.1:8000, rebuilt on every edit"):
         "a server that runs until stopped; .ci/run runs the build",
-    ("README.md", "chipsim run hwconfigs/thor.yaml                                   # default policies (run.policies)"):
-        "a list of invocations to copy, many of them full runs of seconds to minutes; "
-        "tests/test_cli_output.py and others test each option",
-    ("README.md", "chipsim sweep hwconfigs/thor.yaml --grid links.pcie.bandwidth_gbps=16,64,256 --policy no-prefetch --policy apex \\"):
-        "writes into results/ of the repository; tests/test_sweep.py and the notebook test run sweeps",
-    ("README.md", "# a trace of any local Hugging Face MoE checkpoint (GraniteMoe, GraniteMoeShared, GraniteMoeHybrid, Mixtral,"):
-        "recording and training traces: torch, a checkpoint and a GPU",
-    ("README.md", "chipsim reproduce                                    # all of experiments/*.yaml into results/reproduce/"):
-        "the paper reproduction: tens of minutes; tests/test_experiments.py runs it small",
-    ("README.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
-        "needs an NVIDIA GPU",
-    ("README.md", "chipsim run hwconfigs/thor.yaml --out results/thor && chipsim report results/thor   # results/thor/report.html"):
-        "writes into results/ of the repository, a page of megabytes; tests/test_html_report.py reports a run and a sweep",
+    ("docs/install.md", "python3 -m venv /tmp/build-env && /tmp/build-env/bin/pip install build==1.6.1"):
+        "builds and installs the wheel; .ci/run does",
 }
 
 # What is volatile in a command's output, each replaced in both the expected and the actual text:
