@@ -36,6 +36,13 @@ SHELL_SYNTAX = re.compile(r"[|&;<>`$(){}*?~]")
 BASH_BLOCKS = {
     ("docs/tutorials/main-job.md", "python3 -m venv .venv && .venv/bin/pip install -e ."):
         "an install (minutes of compiling, a package index)",
+    ("docs/concepts/dram.md", "chipsim dram --validate                      # every point beside validation/dram/ramulator.json"):
+        "every validation point against Ramulator's results: about a minute; tests/test_dram.py runs each point",
+    ("docs/concepts/traces.md", "python -m chipsim.tracegen.synthetic --model deepseek-v2-lite --tokens 512 --seed 1 --out /tmp/ds.npz"):
+        "writes outside the scratch folder, and a generated trace's statistics depend on numpy's generators; "
+        "tests/test_synthetic_trace.py checks the generator",
+    ("docs/findings.md", "python benchmarks/bench_instructions.py    # instructions inside Simulation.run per policy (callgrind; 32 tokens)"):
+        "benchmarks: minutes each, valgrind for one, and wall times that belong to the machine",
     ("README.md", "# 1. install and run the main job (the APEX platform, Granite-3B-shaped model, bundled trace)"):
         "the set-up commands: installs; .ci/run runs exactly these",
     ("README.md", "# 1. compare policies, with parameters, on any machine (chipsim policies: every policy and its parameters)"):

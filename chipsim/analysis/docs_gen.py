@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from chipsim.analysis import docs_concepts
+
 
 def _cell(text) -> str:
     """A value safe inside a Markdown table cell: pipes escaped, line breaks folded."""
@@ -122,4 +124,5 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "policies": policies,
     "models": models,
     "columns": columns,
+    **docs_concepts.SECTIONS,  # the concept pages' and findings' sections
 }
