@@ -15,7 +15,7 @@ turns them into the three figures the shared-resource model uses:
 The standard is re-timed for the config first: its clock follows `data_rate_mtps`, parameters JEDEC defines in
 ns scale with it (the others are clock counts), and the config's ns keys (tcl_ns, trcd_ns, ...) set theirs.
 Results are cached by content hash (the re-timed standard, the streams, the controller and this model's code)
-in $CHIPSIM_CACHE_DIR/dram (default ~/.cache/chipsim/dramsim), so each config calibrates once; an entry is checked
+in $CHIPSIM_CACHE_DIR/dram (default ~/.cache/chipsim/dram), so each config calibrates once; an entry is checked
 (chipsim.cache: checksum, inputs, `check_calibration`) before it is used, and calibrated again if it fails.
 """
 

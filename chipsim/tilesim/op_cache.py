@@ -2,7 +2,7 @@
 (ChipletParams) and model code, holding every operation shape costed so far. A run or a sweep point on a config
 that was calibrated before (`chipsim calibrate CONFIG`, or an earlier run) reads its operations back instead of
 running the tile loop again; a new shape is computed and added. The file lives in $CHIPSIM_CACHE_DIR/compute/
-(default ~/.cache/chipsim/tilesim/); a read-only home only means calibrating again next time. A table is checked
+(default ~/.cache/chipsim/compute/); a read-only home only means calibrating again next time. A table is checked
 (chipsim.cache: checksum, inputs, `check_table`) before it is used; one that fails is computed again and replaced.
 """
 
