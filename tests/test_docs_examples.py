@@ -6,7 +6,9 @@ commands of one file run in order, in one scratch folder that mirrors the reposi
 links (so `hwconfigs/thor.yaml` reads the repository's file, while what a command writes, e.g. `--out out/thor`,
 lands in the scratch folder and never in the repository), with a fresh CHIPSIM_CACHE_DIR of their own. A
 `chipsim ...` command without shell syntax runs in this process through chipsim.cli.main (no interpreter start-up);
-any other runs under bash with this environment's bin/ first on PATH. Each must exit 0.
+any other runs under bash with this environment's bin/ first on PATH. Each must exit 0, unless its line ends with
+`# exit N` (e.g. `$ chipsim check bad.yaml 2>&1  # exit 2`, to show an error): then it must exit N. Either way only
+stdout is compared, so a block that shows an error line sends stderr to stdout with `2>&1`.
 
 Commands that cannot run here (installs, `mkdocs serve`, GPU or device commands, runs of many minutes) belong in
 ```bash blocks, and every ```bash block must be listed in BASH_BLOCKS with the reason it is not run.
@@ -31,6 +33,8 @@ from chipsim.cli import main
 DOCS = sorted(glob.glob("docs/**/*.md", root_dir=ROOT, recursive=True)) + ["README.md"]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 SHELL_SYNTAX = re.compile(r"[|&;<>`$(){}*?~]")
+# `# exit N` at the end of a command line: the exit status it must give (0 when absent)
+EXIT_STATUS = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 
 # (file, the block's first line) -> why the block is not run
 BASH_BLOCKS = {
@@ -101,17 +105,27 @@ def mirror(folder) -> None:
             os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
 
 
-def run(command: str, capsys) -> str:
+def expected_exit(command: str) -> tuple[str, int]:
+    """The command without its `# exit N` note, and the exit status it must give."""
+    match = EXIT_STATUS.search(command)
+    return (command[:match.start()], int(match.group(1))) if match else (command, 0)
+
+
+def run(line: str, capsys) -> str:
+    command, status = expected_exit(line)
     argv = shlex.split(command)
     if argv[0] == "chipsim" and not SHELL_SYNTAX.search(command):
         capsys.readouterr()
-        code = main(argv[1:])
+        try:
+            code = main(argv[1:])
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
         captured = capsys.readouterr()
-        assert code == 0, f"{command}: exit {code}\n{captured.err}"
+        assert code == status, f"{line}: exit {code}, expected {status}\n{captured.err}"
         return captured.out
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stderr}"
+    assert done.returncode == status, f"{line}: exit {done.returncode}, expected {status}\n{done.stderr}"
     return done.stdout
 
 
@@ -161,3 +175,16 @@ def test_every_bash_block_is_allowlisted_with_its_reason():
     assert sorted(found - set(BASH_BLOCKS)) == [], "```bash blocks not run: make them console blocks, or list them " \
                                                    "in BASH_BLOCKS with the reason"
     assert sorted(set(BASH_BLOCKS) - found) == [], "BASH_BLOCKS lists blocks no page has any more"
+
+
+def test_a_command_may_declare_the_exit_status_it_gives(capsys):
+    assert expected_exit("chipsim check bad.yaml 2>&1  # exit 2") == ("chipsim check bad.yaml 2>&1", 2)
+    assert expected_exit("grep '# exit 2' notes.txt") == ("grep '# exit 2' notes.txt", 0)
+    assert run("echo shown; exit 3  # exit 3", capsys) == "shown\n"
+    with pytest.raises(AssertionError, match="exit 0, expected 3"):
+        run("true  # exit 3", capsys)
+    with pytest.raises(AssertionError, match="exit 3, expected 0"):
+        run("exit 3", capsys)
+    # in this process: an input error (chipsim's one line on stderr) and a usage error (argparse's SystemExit)
+    assert run("chipsim run no-such.yaml  # exit 2", capsys) == ""
+    assert run("chipsim run --no-such-option  # exit 2", capsys) == ""
