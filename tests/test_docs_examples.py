@@ -58,6 +58,25 @@ BASH_BLOCKS = {
         "a server that runs until stopped; .ci/run runs the build",
     ("docs/install.md", "python3 -m venv /tmp/build-env && /tmp/build-env/bin/pip install build==1.6.1"):
         "builds and installs the wheel; .ci/run does",
+    ("docs/tutorials/sweep-and-plot.md", "pip install -e '.[dist]'"):
+        "an install, then a sweep on a Dask scheduler that must already run at that address; tests/test_sweep.py "
+        "runs the dask backend on a local cluster",
+    ("docs/tutorials/own-model.md",
+     "python -c \"from transformers import Qwen2MoeConfig; Qwen2MoeConfig().to_json_file('docs/examples/my-moe/config.json')\""):
+        "how the committed example was made: it imports transformers (seconds) and would rewrite a file of the repository",
+    ("docs/tutorials/own-model.md", "pip install torch==2.13.0 -e '.[trace]'"):
+        "an install, then recording a trace: torch, a local checkpoint and a GPU",
+    ("docs/tutorials/own-model.md", "python -m chipsim.tracegen.textdata --out .data/text-v1"):
+        "training the bundled real traces: a text corpus, then minutes on a GPU per shape",
+    ("docs/tutorials/write-a-policy.md", "CHIPSIM_PURE_PYTHON=1 python docs/examples/my_policy.py run hwconfigs/thor.yaml "
+                                         "--set workload.max_tokens=16 --policy repeat --profile"):
+        "prints wall-clock seconds of Python, which differ from run to run; tests/test_cli_output.py tests --profile",
+    ("docs/tutorials/write-a-policy.md", "cp docs/examples/my_policy.py chipsim/policies/"):
+        "adds a module to the package, which every test would then see; tests/test_docs_example_policy.py runs the "
+        "same file",
+    ("docs/tutorials/request-and-server.md",
+     "chipsim run hwconfigs/thor.yaml --set workload.requests=200 --set workload.prompt_tokens=128 \\"):
+        "serves 200 requests of 160 tokens: far longer than a docs example may run; the page's console blocks serve 8",
 }
 
 # What is volatile in a command's output, each replaced in both the expected and the actual text:

@@ -1,0 +1,80 @@
+"""The write-a-policy tutorial's example, docs/examples/my_policy.py: loaded as the tutorial's script loads it (its
+@register fills the registry), then run on hand-made traces whose outcome is worked out by hand. The tutorial's
+console blocks run it through chipsim's command line (tests/test_docs_examples.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, THOR, tiny_shape
+from helpers import write_hand_trace
+
+from chipsim.errors import InputError
+from chipsim.policies import REGISTRY, make_policy
+from chipsim.runner import prepare, simulate, summarize_result
+from chipsim.workload.models import MODELS
+
+EXAMPLE = os.path.join(ROOT, "docs", "examples", "my_policy.py")
+ONE_LAYER = tiny_shape(1, top_k=1)  # one expert of 196,608 B per token: a 4 MiB buffer holds 21
+
+
+@pytest.fixture
+def repeat(monkeypatch):
+    """The example's policy class, registered for this test only (every other test sees the registry unchanged)."""
+    monkeypatch.setitem(MODELS, ONE_LAYER.name, ONE_LAYER)
+    spec = importlib.util.spec_from_file_location("docs_example_my_policy", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while it runs
+    try:
+        spec.loader.exec_module(module)
+        yield module.Repeat
+    finally:
+        REGISTRY.pop("repeat", None)
+
+
+def _run(tmp_path, sequence, spec):
+    trace = write_hand_trace(tmp_path / "t.npz", ONE_LAYER, np.array(sequence, dtype=np.uint8).reshape(-1, 1, 1))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {ONE_LAYER.name}\nworkload:\n  trace: {trace}\n"
+                   "expert_buffer:\n  capacity_mib: 4\n")
+    prep = prepare(str(cfg), policy_specs=[spec])
+    result = simulate(prep, prep.policies[0])
+    return result.per_layer.demand_fetches[:, 0].tolist(), summarize_result(prep, result, prep.policies[0])
+
+
+def test_the_example_registers_its_policy_with_its_parameter(repeat):
+    assert REGISTRY["repeat"] is repeat
+    assert make_policy("repeat", {}).params.tokens == 1
+    assert make_policy("repeat:tokens=3", {}).params.tokens == 3
+    with pytest.raises(InputError, match="policies.repeat.tokens: must be at most 8"):
+        make_policy("repeat:tokens=9", {})
+
+
+def test_repeating_routing_is_staged_before_the_router_asks(tmp_path, repeat):
+    """0 0 1 1 1 2: the token before's expert is right at tokens 1, 3 and 4; tokens 0, 2 and 5 fetch on demand."""
+    demands, row = _run(tmp_path, [0, 0, 1, 1, 1, 2], "repeat")
+    assert demands == [1, 0, 1, 0, 0, 1]
+    assert row["repeat_staged_share"] == pytest.approx(3 / 6)
+    assert row["prefetches_issued"] == 5  # every token but the first prefetches one expert
+
+
+def test_a_longer_memory_catches_routing_that_alternates(tmp_path, repeat):
+    """0 1 0 1 0 1: the token before's expert is never the next one; the two before hold both from token 2 on."""
+    one, row_one = _run(tmp_path, [0, 1, 0, 1, 0, 1], "repeat")
+    two, row_two = _run(tmp_path, [0, 1, 0, 1, 0, 1], "repeat:tokens=2")
+    assert one == [1] * 6 and row_one["repeat_staged_share"] == 0.0
+    assert two == [1, 1, 0, 0, 0, 0] and row_two["repeat_staged_share"] == pytest.approx(4 / 6)
+    assert row_two["latency_ms_per_token"] < row_one["latency_ms_per_token"]
+
+
+def test_several_sequences_are_refused_in_one_line(tmp_path, repeat):
+    trace = write_hand_trace(tmp_path / "b.npz", ONE_LAYER, np.zeros((4, 1, 1), dtype=np.uint8))
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {ONE_LAYER.name}\nworkload:\n  trace: {trace}\n  batch: 2\n"
+                   "  max_tokens: 2\nexpert_buffer:\n  capacity_mib: 4\n")
+    with pytest.raises(InputError, match="--policy repeat: runs one token a step.*one sequence"):
+        prepare(str(cfg), policy_specs=["repeat"])
