@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -98,6 +99,40 @@ def code_sha256() -> str:
     or in a source tree, compiled or not. Computed once per process: the modules were loaded when it started, so
     the files as they were then are the code that runs."""
     return tree_sha256(PACKAGE_DIR)
+
+
+def policy_files(prep: Prepared) -> dict[str, dict]:
+    """The source files of the run's policies that live outside the package (a policy a script registers), by
+    policy label -> {"path", "sha256"}: code_sha256 covers only the package, so without these an edited policy file
+    would leave a sweep's cache keys, and the results' record of what ran, as they were. Empty for the built-in
+    policies (their results and cache keys stay as they were)."""
+    out = {}
+    for policy in prep.policies:
+        classes = [type(policy)]
+        prefill = prep.prefill_for.get(policy.label)
+        if prefill is not None:
+            classes.append(type(prefill))
+        files = sorted({f for cls in classes for f in _outside_sources(cls)})
+        if files:
+            h = hashlib.sha256()
+            for path in files:
+                h.update(path.encode())
+                h.update(Path(path).read_bytes())
+            out[policy.label] = {"path": os.pathsep.join(files), "sha256": h.hexdigest()}
+    return out
+
+
+def _outside_sources(cls: type) -> list[str]:
+    """The source files of `cls` and its bases that are not the package's (nor the standard library's `object`)."""
+    files = []
+    for klass in cls.__mro__:
+        try:
+            path = Path(inspect.getsourcefile(klass) or "").resolve()
+        except TypeError:  # a built-in class: no source file
+            continue
+        if path.is_file() and PACKAGE_DIR not in path.parents:
+            files.append(str(path))
+    return files
 
 
 def input_files(hw: HardwareConfig) -> dict[str, dict]:
@@ -398,6 +433,7 @@ def provenance(prep: Prepared) -> dict:
         "input_files": input_files(prep.config.hw),
         "code_sha256": code_sha256(),
         "chipsim_version": __version__,
+        **({"policy_files": files} if (files := policy_files(prep)) else {}),
     }
 
 

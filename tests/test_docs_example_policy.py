@@ -78,3 +78,30 @@ def test_several_sequences_are_refused_in_one_line(tmp_path, repeat):
                    "  max_tokens: 2\nexpert_buffer:\n  capacity_mib: 4\n")
     with pytest.raises(InputError, match="--policy repeat: runs one token a step.*one sequence"):
         prepare(str(cfg), policy_specs=["repeat"])
+
+
+def test_a_policy_file_outside_the_package_is_part_of_the_results_record_and_the_sweep_keys(tmp_path, repeat):
+    """code_sha256 covers the package only: the example's file is recorded by its own sha256 (path and bytes, as
+    runner.policy_files hashes it), and a sweep's cache key for its rows differs from the key the package's code
+    alone gives, so an edit to the file is never answered from the cache. A built-in policy adds no record."""
+    import hashlib
+
+    from chipsim.analysis import sweep
+    from chipsim.runner import code_sha256, provenance
+
+    trace = write_hand_trace(tmp_path / "t.npz", ONE_LAYER, np.zeros((4, 1, 1), dtype=np.uint8))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {THOR}\nmodel:\n  name: {ONE_LAYER.name}\nworkload:\n  trace: {trace}\n"
+                   "expert_buffer:\n  capacity_mib: 4\n")
+    path = os.path.realpath(EXAMPLE)
+    want = hashlib.sha256(path.encode() + open(path, "rb").read()).hexdigest()
+    prep = prepare(str(cfg), policy_specs=["repeat", "no-prefetch"])
+    assert provenance(prep)["policy_files"] == {"repeat": {"path": path, "sha256": want}}
+    assert "policy_files" not in provenance(prepare(str(cfg), policy_specs=["no-prefetch"]))
+    points, code, _ = sweep._prepare_points(str(cfg), [], ["repeat", "no-prefetch"], {})
+    keys = {e["label"]: e["key"] for e in points[0]["entries"]}
+    inputs = sweep._inputs_sha256(provenance(prep)["input_files"])
+    assert keys["repeat"] != sweep._task_key(prep.config.raw, prep.trace.sha256, inputs, code_sha256(), "repeat")
+    assert keys["no-prefetch"] == sweep._task_key(prep.config.raw, prep.trace.sha256, inputs, code_sha256(),
+                                                  "no-prefetch")
+    assert points[0]["policy_files"] == {"repeat": {"path": path, "sha256": want}}

@@ -294,18 +294,21 @@ def _prepare_points(config_path, base_overrides, policies, grid):
         specs = list(policies) if policies else list(prep.config.hw.run.policies)
         prov = provenance(prep)
         inputs_sha = _inputs_sha256(prov["input_files"])
+        outside = prov.get("policy_files", {})  # a policy file of the user's: its edits are new keys too
         entries = []
         for spec, policy in zip(specs, prep.policies):
+            key_code = code_sha + (":" + outside[policy.label]["sha256"] if policy.label in outside else "")
             entries.append({
                 "label": policy.label,
                 "cost": _cost_hint(prep, policy),
-                "key": _task_key(prep.config.raw, prep.trace.sha256, inputs_sha, code_sha, policy.label),
+                "key": _task_key(prep.config.raw, prep.trace.sha256, inputs_sha, key_code, policy.label),
                 "task": {"config": config_path, "overrides": overrides, "policy_spec": spec},
             })
         notes.extend(n for n in prep.notes if n not in notes)
         prepared.append({"point_id": point_id, "values": point,
                          **{k: prov[k] for k in ("config_sha256", "trace", "trace_sha256", "trace_synthetic",
                                                  "input_files")},
+                         **({"policy_files": outside} if outside else {}),
                          "entries": entries})
     return prepared, code_sha, notes
 
