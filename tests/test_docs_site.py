@@ -4,6 +4,7 @@ the Python API's entry points, and the reproduction and validation reports with 
 
 from __future__ import annotations
 
+import glob
 import html
 import importlib.util
 import os
@@ -90,3 +91,13 @@ def test_reports_are_pages_with_every_figure_they_link(site, report, page):
     assert [p for p in figures if not os.path.isfile(os.path.join(site, p))] == []
     # the page links each where it lies: relative to the page's folder (site/<page>/index.html)
     assert [p for p in figures if f'"{posixpath.relpath(p, page)}"' not in text] == []
+
+
+def test_reproduce_tutorial_lists_every_experiment_with_its_title(site):
+    import yaml
+
+    page = _page(site, "tutorials/reproduce-the-papers")
+    paths = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.yaml")))
+    assert paths, "no experiments/*.yaml: the list would be empty"
+    names = {os.path.basename(p)[:-5]: yaml.safe_load(open(p, encoding="utf-8"))["title"] for p in paths}
+    assert [n for n, title in names.items() if f"<code>{n}</code>" not in page or title not in page] == []

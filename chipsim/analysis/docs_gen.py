@@ -2,8 +2,9 @@
 
 docs/hooks.py (a MkDocs hook) replaces each `<!-- generated: NAME -->` marker in a page with SECTIONS[NAME](), so a
 reference page lists exactly what the installed code knows: every config key (chipsim.hw.config's field metadata),
-every policy and its parameters (chipsim.policies.REGISTRY), every bundled model (chipsim.workload.models.MODELS)
-and every results.csv column (chipsim.analysis.columns). Nothing here is typed by hand but the headings.
+every policy and its parameters (chipsim.policies.REGISTRY), every bundled model (chipsim.workload.models.MODELS),
+every results.csv column (chipsim.analysis.columns) and every experiment `chipsim reproduce` runs (experiments/*.yaml).
+Nothing here is typed by hand but the headings.
 """
 
 from __future__ import annotations
@@ -117,6 +118,26 @@ def table_columns() -> str:
                   [(header, _code(key), RUN_COLUMNS[key]) for header, key, _ in TABLE_COLUMNS])
 
 
+def experiments() -> str:
+    """Every experiment of experiments/ that `chipsim reproduce` runs: its name, the paper figure or table it
+    reproduces, its title and the configs it runs on. Read from the files' own keys (not load_experiment, which
+    also checks every config and grid key: seconds for the whole set, and a broken file fails its own tests)."""
+    import os
+
+    from chipsim.analysis.experiments import EXPERIMENTS_DIR, find_experiment, list_experiments
+    from chipsim.files import YAML_MAX_BYTES, read_input_text
+    from chipsim.values import yaml_load
+
+    rows = []
+    for name in list_experiments():
+        raw = yaml_load(read_input_text(find_experiment(name), "experiment", YAML_MAX_BYTES))
+        configs = raw["config"] if isinstance(raw["config"], list) else [raw["config"]]
+        stems = ", ".join(_code(os.path.splitext(os.path.basename(c))[0]) for c in configs)
+        rows.append((_code(name), raw["paper"], raw["title"], stems))
+    return _table(("experiment", "paper", "what it shows", "configs"), rows) + \
+        f"\n\nRead from the {len(rows)} files of `{os.path.basename(EXPERIMENTS_DIR)}/` when this site was built."
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "table-columns": table_columns,
     "config-keys": config_keys,
@@ -125,4 +146,5 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "models": models,
     "columns": columns,
     **docs_concepts.SECTIONS,  # the concept pages' and findings' sections
+    "experiments": experiments,
 }
