@@ -99,6 +99,10 @@ BASH_BLOCKS = {
     ("docs/tutorials/validate-on-gpu.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
         "needs an NVIDIA GPU; its last command re-simulates every committed measurement, far beyond a docs "
         "example's seconds (the page runs chipsim hwcompare on one file)",
+    ("docs/development.md", "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[test,trace,dist,docs]'"):
+        "an install, the whole test suite (minutes) and a server that runs until stopped",
+    ("docs/development.md", ".venv/bin/python -m pytest -q tests/test_policy_apex.py     # one area"):
+        "runs tests from within the tests",
 }
 
 # What is volatile in a command's output, each replaced in both the expected and the actual text:
