@@ -82,7 +82,7 @@ BASH_BLOCKS = {
     ("docs/tutorials/record-a-trace.md", "chipsim trace /path/to/checkpoint --text corpus.txt --out traces/mine.npz"):
         "needs a checkpoint on the disk; importing torch and transformers and fitting the predictors take over 10 s of "
         "CPU even for a tiny model, and the log prints wall times; tests/test_recorder.py runs the command on a tiny "
-        "checkpoint of every supported class",
+        "checkpoint",
     ("docs/tutorials/record-a-trace.md", "chipsim inspect traces/mine.npz"):
         "the trace of the block above, which the tests cannot record; the page runs both commands on shipped traces",
     ("docs/tutorials/record-a-trace.md", "# the open-licence text (Debian's Python, Linux and Perl documentation, Shakespeare and Milton, the KJV),"):
@@ -97,8 +97,8 @@ BASH_BLOCKS = {
     ("docs/tutorials/validate-on-gpu.md", "GPU=h100 PROBES=validation/h100 bash validation/calibrate-gpu.sh OUT     # writes hwconfigs/h100-pcie5.yaml"):
         "needs an NVIDIA GPU",
     ("docs/tutorials/validate-on-gpu.md", "# on a CUDA machine (torch with CUDA; simpy, numpy, pyyaml): microbenchmarks, config, one command per shape"):
-        "needs an NVIDIA GPU; its last command re-simulates every committed measurement, far beyond a docs "
-        "example's seconds (the page runs chipsim hwcompare on one file)",
+        "needs an NVIDIA GPU; its last command re-simulates every committed measurement, tens of minutes on two "
+        "cores (the page runs chipsim hwcompare on one file)",
     ("docs/development.md", "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[test,trace,dist,docs]'"):
         "an install, the whole test suite (minutes) and a server that runs until stopped",
     ("docs/development.md", ".venv/bin/python -m pytest -q tests/test_policy_apex.py     # one area"):
