@@ -455,7 +455,7 @@ def test_inspect_without_quality_says_not_measured(capsys):
 
 
 @pytest.mark.parametrize("name", ["real-granite-1b", "real-granite-3b", "real-phi-mini-moe", "real-deepseek-v2-lite",
-                                  "real-gpt-oss-20b", "real-mixtral-8x7b"])
+                                  "real-gpt-oss-20b", "real-mixtral-8x7b", "real-qwen2-57b-a14b"])
 def test_every_shipped_real_trace_carries_its_quality_record(name):
     """Each trained model's held-out perplexity under the approximate modes was measured and stored (issue 3)."""
     from chipsim.trace.format import load
@@ -468,15 +468,16 @@ def test_every_shipped_real_trace_carries_its_quality_record(name):
         assert rec["delta_ppl_pct"] == pytest.approx(100 * rec["delta_ppl"] / base, abs=6e-3)
     assert all(0 < q["apex_sf"][tau]["substitution_rate"] < 1 for tau in ("0.6", "0.75", "0.9"))
     assert 0 < q["pregated"]["deviation_rate"] < 1
-    assert ("spice_lore" in q) == (name == "real-deepseek-v2-lite")  # the only shape with a shared expert
+    assert ("spice_lore" in q) == (name in ("real-deepseek-v2-lite", "real-qwen2-57b-a14b"))  # shared experts
 
 
-def test_the_mixtral_shaped_trace_carries_floes_quality_at_each_sparsity():
+@pytest.mark.parametrize("name", ["real-mixtral-8x7b", "real-qwen2-57b-a14b"])
+def test_floes_quality_is_recorded_at_each_sparsity(name):
     """FloE's record: each sparsity's perplexity consistent with its change, the held-out share of channels kept near
     1 − s (thresholds calibrated on training tokens), and sparsity costing more as it grows on this model."""
     from chipsim.trace.format import load
 
-    q = load(os.path.join(TRACES, "real-mixtral-8x7b.npz")).meta["quality"]["floe"]
+    q = load(os.path.join(TRACES, f"{name}.npz")).meta["quality"]["floe"]
     assert q["up_bits"] == 2 and q["up_group"] == 64
     costs = []
     for s in ("0.5", "0.7", "0.9"):
