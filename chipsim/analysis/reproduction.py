@@ -131,7 +131,7 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "from that routing.",
         "- **modelling choice**: on this first-principles platform a Granite-3B layer's attention takes ~20 µs "
         "against ~340 µs of expert loading over PCIe (the APEX window, below), so a prefetch issued before attention "
-        "has almost nothing to hide behind (README, \"What the thor model finds\"); the paper's numbers imply ~12 ms "
+        "has almost nothing to hide behind (docs/findings.md, \"What the thor model finds\"); the paper's numbers imply ~12 ms "
         "of non-expert work per token that a roofline of its stated platform does not reproduce.",
         "- **parameter source**: energies per bit are the paper's (Table III); leakage, DMA setup and the host "
         "CPU are `# ASSUMPTION` parameters of hwconfigs/thor.yaml.",
