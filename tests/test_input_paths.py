@@ -258,6 +258,17 @@ def test_a_fifo_as_reference_json_is_refused_at_once(tmp_path, capsys, argv):
     assert one_line_error(capsys, argv + [fifo]).endswith(f"{fifo}: {WORDS['fifo']}")
 
 
+def test_hwcompare_refuses_a_report_it_cannot_write_before_any_work(tmp_path, capsys):
+    """--report in a folder that does not exist, or under a file, is one line at once (not a traceback after the
+    comparison); in a folder that exists the report is written."""
+    measured = os.path.join(ROOT, "validation", "regimes", "launch-gaps", "pcie", "h200-pcie5.json")
+    missing = tmp_path / "new" / "r.md"
+    assert one_line_error(capsys, ["hwcompare", measured, "--jobs", "1", "--report", str(missing)]) == \
+        f"chipsim: error: --report {missing}: directory {missing.parent} does not exist"
+    assert main(["hwcompare", measured, "--jobs", "1", "--report", str(tmp_path / "r.md")]) == 0
+    assert (tmp_path / "r.md").read_text().startswith("#")
+
+
 def test_a_fifo_as_the_text_to_record_is_refused_at_once(tmp_path, capsys):
     fifo = _special(tmp_path, "fifo")
     assert one_line_error(capsys, ["trace", str(tmp_path), "--text", fifo, "--out", str(tmp_path / "t.npz")]) == \

@@ -15,7 +15,7 @@ import os
 import statistics
 
 from chipsim.errors import InputError, OneLineParser
-from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, read_input_text, read_json
+from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, check_output_file, read_input_text, read_json, write_atomic
 from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hw.machine import roles
@@ -673,6 +673,8 @@ def _method_lines(commands: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
+    if a.report:  # before any work, as every output of chipsim is checked
+        check_output_file(a.report, "--report")
     machines = [line for config in a.machine for line in machine_lines(config)]  # read first: a bad file stops all
     prefill = prefill_regimes(a.prefill_regime, a.jobs)
     batch = batch_regimes(a.batch_regime, a.jobs)
@@ -711,9 +713,8 @@ def main(argv=None) -> int:
              + _probe_lines(a, config, regimes, machine_config(results[0]["config"], a.measurements[0])))
     others = [machine_gpu(config) for config in a.machine]
     text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra, machines, others)
-    if a.report:
-        with open(a.report, "w") as f:
-            f.write(text)
+    if a.report:  # never half-written
+        write_atomic(a.report, text, "--report")
         print(f"wrote {a.report}")
     else:
         print(text)
