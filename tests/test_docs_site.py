@@ -10,8 +10,6 @@ import importlib.util
 import os
 import posixpath
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
@@ -24,16 +22,10 @@ pytestmark = pytest.mark.skipif(
 FIGURE_LINK = re.compile(r"\]\(((?:results/reproduce|validation/figures)/[^)\s]+\.png)\)")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The site built once for this module, as CI builds it (`mkdocs build --strict`)."""
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
-    assert "WARNING" not in done.stderr, done.stderr
-    return out
+@pytest.fixture
+def site(docs_site):
+    """The site as CI builds it (`mkdocs build --strict`), built once per session (conftest.docs_site)."""
+    return docs_site
 
 
 def _page(site, name: str) -> str:
