@@ -9,6 +9,7 @@ cannot deadlock a pool that is shutting down.
 
 from __future__ import annotations
 
+import concurrent.futures.process
 import contextlib
 import multiprocessing as mp
 import signal
@@ -35,17 +36,18 @@ def worker_pool(jobs: int):
 def stop(pool: ProcessPoolExecutor) -> None:
     """Kill the pool's workers and return at once."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on the workers
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() forgets it
     for process in processes:
         with contextlib.suppress(Exception):
             process.kill()
     # the pool's manager thread sees the dead workers and fails every outstanding task itself (cancelling
     # them here as well races it: CPython then raises InvalidStateError in that thread)
     pool.shutdown(wait=False)
-    # and closes its wake-up pipe as it ends: let it, briefly, before the interpreter's exit hook writes to that
-    # pipe (CPython 3.11 checks and writes without a lock: "Exception ignored ... Bad file descriptor" on stderr)
-    manager = getattr(pool, "_executor_manager_thread", None)
+    # It then closes its wake-up pipe and ends by itself (the interpreter's exit still joins it). Take it off the
+    # list of pipes the exit hook writes to: CPython 3.11's hook checks and writes without the lock that the
+    # closing takes, so on a loaded machine the manager closed the pipe between the two and the exit printed
+    # "Exception ignored in ... threading ... _shutdown ... OSError: handle is closed" after "chipsim: interrupted"
+    # (a wait for the thread cannot close the race: the load decides how long it takes).
+    wakeups = getattr(concurrent.futures.process, "_threads_wakeups", {})
     if manager is not None:
-        manager.join(timeout=MANAGER_JOIN_S)
-
-
-MANAGER_JOIN_S = 0.5  # the manager thread ends within milliseconds of its workers' death
+        wakeups.pop(manager, None)

@@ -294,6 +294,36 @@ def test_ctrl_c_stops_a_parallel_run_at_once_with_one_line(presses):
         os.killpg(proc.pid, 0)
 
 
+# An interrupted worker pool, then the interpreter's exit, with the window a loaded machine opened in CPython 3.11's
+# exit hook (concurrent.futures.process._python_exit) made 0.5 s wide: the hook checks that a manager thread's
+# wake-up pipe is open, then writes to it, while the thread, seeing its workers dead, closes that pipe and ends.
+INTERRUPTED_POOL = """
+import sys, time
+import concurrent.futures.process as cfp
+from chipsim.pool import worker_pool
+
+def slow_wakeup(self):
+    if not self._closed:
+        time.sleep(0.5)
+        self._writer.send_bytes(b"")
+
+try:
+    with worker_pool(2) as pool:
+        futures = [pool.submit(time.sleep, 30) for _ in range(4)]
+        time.sleep(0.2)
+        cfp._ThreadWakeup.wakeup = slow_wakeup
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+"""
+
+
+def test_an_interrupted_pool_exits_with_nothing_more_on_stderr_under_load():
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_POOL], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0 and proc.stderr == "interrupted\n"
+
+
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_stops_a_dask_sweep_at_once_with_one_line(tmp_path, presses):
     """The same for `sweep --backend dask` on its own LocalCluster: the worker processes (and any the
