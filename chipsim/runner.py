@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -68,6 +69,7 @@ class Prepared:
 # the same results compiled or not: chipsim/_compiled.py runs a compiled module only if its source is unchanged)
 _NOT_CODE_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
 PACKAGE_DIR = Path(__file__).resolve().parent  # chipsim/
+STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 def code_files(root: Path = PACKAGE_DIR) -> list[str]:
@@ -102,37 +104,54 @@ def code_sha256() -> str:
 
 
 def policy_files(prep: Prepared) -> dict[str, dict]:
-    """The source files of the run's policies that live outside the package (a policy a script registers), by
-    policy label -> {"path", "sha256"}: code_sha256 covers only the package, so without these an edited policy file
-    would leave a sweep's cache keys, and the results' record of what ran, as they were. Empty for the built-in
-    policies (their results and cache keys stay as they were)."""
+    """The code of the run's policies that lives outside the package (a policy a script, notebook or `exec`
+    registers), by policy label -> {"path", "sha256"}: code_sha256 covers only the package, so without these an
+    edited policy would leave a sweep's cache keys, and the results' record of what ran, as they were. A class
+    with a source file is hashed by that file (not the modules it imports); one without (a notebook cell, `exec`)
+    by its methods' code. Empty for the built-in policies (their results and cache keys stay as they were)."""
     out = {}
     for policy in prep.policies:
         classes = [type(policy)]
         prefill = prep.prefill_for.get(policy.label)
         if prefill is not None:
             classes.append(type(prefill))
-        files = sorted({f for cls in classes for f in _outside_sources(cls)})
-        if files:
+        parts = sorted({part for cls in classes for part in _outside_code(cls)})
+        if parts:
             h = hashlib.sha256()
-            for path in files:
-                h.update(path.encode())
-                h.update(Path(path).read_bytes())
-            out[policy.label] = {"path": os.pathsep.join(files), "sha256": h.hexdigest()}
+            for name, data in parts:
+                h.update(name.encode())
+                h.update(data)
+            out[policy.label] = {"path": os.pathsep.join(name for name, _ in parts), "sha256": h.hexdigest()}
     return out
 
 
-def _outside_sources(cls: type) -> list[str]:
-    """The source files of `cls` and its bases that are not the package's (nor the standard library's `object`)."""
-    files = []
+def _outside_code(cls: type) -> list[tuple[str, bytes]]:
+    """(name, bytes) of `cls` and its bases outside the package: a source file's path and contents, or for a class
+    without one its qualified name and its functions' code (`_code_bytes`)."""
+    out = []
     for klass in cls.__mro__:
+        if klass is object:
+            continue
         try:
             path = Path(inspect.getsourcefile(klass) or "").resolve()
-        except TypeError:  # a built-in class: no source file
+        except TypeError:  # defined where no file is: hash what it runs
+            path = None
+        if path is not None and path.is_file():
+            if PACKAGE_DIR not in path.parents and STDLIB_DIR not in path.parents:  # (typing.Generic, abc.ABC, ...)
+                out.append((str(path), path.read_bytes()))
             continue
-        if path.is_file() and PACKAGE_DIR not in path.parents:
-            files.append(str(path))
-    return files
+        functions = sorted((name, f.__code__) for name, f in vars(klass).items() if hasattr(f, "__code__"))
+        out.append((f"<{klass.__module__}.{klass.__qualname__}>",
+                    b"".join(name.encode() + _code_bytes(code) for name, code in functions)))
+    return out
+
+
+def _code_bytes(code) -> bytes:
+    """A code object's instructions, names and constants, nested code included, as bytes that are the same in
+    every process for the same source (marshal's output is not: it depends on reference counts)."""
+    parts = [code.co_code, repr((code.co_names, code.co_varnames, code.co_freevars)).encode()]
+    parts += [_code_bytes(c) if hasattr(c, "co_code") else repr(c).encode() for c in code.co_consts]
+    return b"\0".join(parts)
 
 
 def input_files(hw: HardwareConfig) -> dict[str, dict]:

@@ -11,7 +11,7 @@ counted as
     traceback  an exception escaped, or a traceback was printed
     bad        anything else: exit 0 with non-finite JSON, a several-line error, a file left behind, a hang
 
-and the counts are printed (the README's robustness figures come from here). The fuzz tests in
+and the counts are printed. The fuzz tests in
 tests/test_fuzz.py assert the same classification on generated inputs in CI; this script is the wider,
 slower sweep a person runs by hand.
 """

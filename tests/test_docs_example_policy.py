@@ -105,3 +105,26 @@ def test_a_policy_file_outside_the_package_is_part_of_the_results_record_and_the
     assert keys["no-prefetch"] == sweep._task_key(prep.config.raw, prep.trace.sha256, inputs, code_sha256(),
                                                   "no-prefetch")
     assert points[0]["policy_files"] == {"repeat": {"path": path, "sha256": want}}
+
+
+def test_a_policy_with_no_source_file_is_keyed_by_its_code(tmp_path):
+    """A class defined by `exec` (as a notebook cell is) has no file to hash: its methods' code is, so two bodies
+    give two records and two sweep keys, and the same body gives the same key again."""
+    from chipsim.analysis import sweep
+    from chipsim.policies.base import Policy, register
+    from chipsim.runner import provenance
+
+    body = ("@register\nclass Cell(Policy):\n    name = 'cell'\n    summary = 'a cell'\n"
+            "    def on_layer_start(self, ctx, t, layer):\n        return {}\n")
+    keys = []
+    try:
+        for value in ("None", "1", "None"):
+            REGISTRY.pop("cell", None)
+            exec(body.format(value), {"register": register, "Policy": Policy})
+            prep = prepare(THOR, ["workload.max_tokens=4"], ["cell"])
+            assert provenance(prep)["policy_files"]["cell"]["path"] == "<builtins.Cell>"
+            points, _, _ = sweep._prepare_points(THOR, ["workload.max_tokens=4"], ["cell"], {})
+            keys.append(points[0]["entries"][0]["key"])
+    finally:
+        REGISTRY.pop("cell", None)
+    assert keys[0] != keys[1] and keys[0] == keys[2]

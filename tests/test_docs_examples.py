@@ -51,7 +51,7 @@ BASH_BLOCKS = {
         "the set-up commands: installs; .ci/run runs exactly these",
     ("README.md", "# 1. compare policies, with parameters, on any machine (chipsim policies: every policy and its parameters)"):
         "a list of full runs to copy (seconds to minutes each); each is a tutorial whose console blocks run them "
-        "small, and tests/test_readme.py checks every key, policy and config they name",
+        "small, and tests/test_readme.py checks the keys, grid values, policies and configs of its run and sweep commands",
     ("docs/install.md", "# 1. install and run the main job (the APEX platform, Granite-3B-shaped model, bundled trace)"):
         "the set-up commands: installs; .ci/run runs exactly these",
     ("docs/install.md", ".venv/bin/mkdocs serve                        # http://127.0.0.1:8000, rebuilt on every edit"):

@@ -20,6 +20,16 @@ def test_the_papers_figures_are_all_there():
         assert name in NAMES
 
 
+def test_the_committed_report_has_each_experiment_under_its_title():
+    """REPRODUCTION.md is regenerated whenever an experiment is added or retitled (a title says SYNTHETIC or a
+    trained model's routing, so a trace switched under an experiment shows here too): one section per experiment,
+    headed by its name and its file's title, in the report's order."""
+    with open(os.path.join(ROOT, "REPRODUCTION.md"), encoding="utf-8") as f:
+        headings = [line[3:].rstrip("\n") for line in f if line.startswith("## ")]
+    want = [f"{name}: {ex.load_experiment(ex.find_experiment(name, EXPERIMENTS))['title']}" for name in NAMES]
+    assert sorted(headings) == sorted(want)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_experiment_loads_and_validates(name):
     exp = ex.load_experiment(ex.find_experiment(name, EXPERIMENTS))

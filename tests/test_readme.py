@@ -49,25 +49,30 @@ def test_readme_links_reach_files():
 
 
 def _task_commands() -> list[list[str]]:
-    """The `chipsim run` commands of README's bash blocks, continuation lines joined."""
+    """The `chipsim run` and `chipsim sweep` commands of README's bash blocks, continuation lines joined."""
     bodies = re.findall(r"^```bash\n(.*?)^```", _text(), re.MULTILINE | re.DOTALL)
     joined = "\n".join(bodies).replace("\\\n", " ")
     lines = [line.split("#")[0].split("&&")[0] for line in joined.splitlines()]
-    return [shlex.split(line) for line in lines if line.strip().startswith("chipsim run")]
+    return [shlex.split(line) for line in lines if line.strip().startswith(("chipsim run", "chipsim sweep"))]
 
 
 def test_readme_tasks_name_real_keys_policies_and_configs():
-    """Each `chipsim run` of the tasks loads its config with its --set values through the real loader (a wrong key
-    or value fails as it would for a user) and builds each of its policies; a `path/to/` value stands for the
-    reader's own file, so only its key is checked."""
+    """Each `chipsim run` or `sweep` of the tasks loads its config with its --set values (and each --grid value)
+    through the real loader (a wrong key or value fails as it would for a user) and builds each of its policies;
+    a `path/to/` value stands for the reader's own file, so only its key is checked."""
     keys = {key for key, *_ in iter_key_specs()}
     commands = _task_commands()
-    assert len(commands) >= 4
+    assert len(commands) >= 5 and any(argv[1] == "sweep" for argv in commands)
     for argv in commands:
-        sets = [value for flag, value in zip(argv, argv[1:]) if flag == "--set"]
+        pairs = list(zip(argv, argv[1:]))
+        sets = [value for flag, value in pairs if flag == "--set"]
         assert {s.split("=")[0] for s in sets if "path/to/" in s} <= keys
-        load_config(os.path.join(ROOT, argv[2]), [s for s in sets if "path/to/" not in s])
-        for spec in (value for flag, value in zip(argv, argv[1:]) if flag == "--policy"):
+        sets = [s for s in sets if "path/to/" not in s]
+        grids = [[f"{key}={v}" for v in values.split(",")]
+                 for key, values in (g.split("=", 1) for flag, g in pairs if flag == "--grid")]
+        for point in ([[*sets, value] for grid in grids for value in grid] or [sets]):
+            load_config(os.path.join(ROOT, argv[2]), point)
+        for spec in (value for flag, value in pairs if flag == "--policy"):
             if split_request_spec(spec):
                 make_request_policies(spec, {}, "on-demand")
             else:

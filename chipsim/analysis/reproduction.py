@@ -126,8 +126,8 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "",
         "Common causes of the gaps, referred to below:",
         "",
-        "- **trace model**: routing comes from reduced-width models of each shape trained for 5.3–6.5 minutes on an "
-        "H200 (traces/README-real.md), not the released checkpoints; predictor quality (overlap, δ̂) follows "
+        "- **trace model**: routing comes from reduced-width models of each shape trained for minutes on one lent "
+        "GPU (traces/README-real.md), not the released checkpoints; predictor quality (overlap, δ̂) follows "
         "from that routing.",
         "- **modelling choice**: on this first-principles platform a Granite-3B layer's attention takes ~20 µs "
         "against ~340 µs of expert loading over PCIe (the APEX window, below), so a prefetch issued before attention "
