@@ -691,8 +691,8 @@ def main(argv=None) -> int:
             print("\n".join(served_lines(name, rows)))
         _print_mapes([], a.held_out, [], prefill, batch, served)
         return 0
+    regimes = _regime_rows(a.regime, a.jobs)  # first: a --regime without cases fails before the long comparison
     results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
-    regimes = _regime_rows(a.regime, a.jobs)
     report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
     figure_dir = a.figures or os.path.join(report_dir, "figures")
     mb = read_json(a.microbench)
