@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 from chipsim import cache
-from chipsim.dramsim.controller import ControllerConfig, simulate
+from chipsim.dramsim.controller import ControllerConfig, DramResult, simulate
 from chipsim.dramsim.standard import Standard, load_standard, standard_file_sha256
 from chipsim.dramsim.mapping import Mapping
 from chipsim.dramsim.streams import requests, stream_mapping
@@ -152,14 +152,42 @@ def _code_hash() -> str:
     return cache.sources_sha256(__file__, _CODE_FILES)
 
 
+def _memory_spec(std: Standard, controller: ControllerConfig, mapping: Mapping) -> dict:
+    """What every stream of a calibration depends on besides the shares: the re-timed standard (its file's contents
+    too), the controller and the address mapping."""
+    return {"standard": standard_file_sha256(std.path)[1], "org": std.org_name, "timing": std.timing_name,
+            "params": std.params, "controller": asdict(controller),
+            "mapping": [list(map(list, mapping.fields)), list(mapping.xor)]}
+
+
 def cache_key(std: Standard, write_share: float, second_read_share: float = 0.0,
               controller: ControllerConfig = CONTROLLER, mapping: Mapping | None = None) -> str:
     mapping = mapping or stream_mapping(std)
-    spec = {"standard": standard_file_sha256(std.path)[1], "org": std.org_name, "timing": std.timing_name,
-            "params": std.params, "write_share": write_share, "second_read_share": second_read_share,
-            "controller": asdict(controller), "mapping": [list(map(list, mapping.fields)), list(mapping.xor)],
-            "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
+    spec = {**_memory_spec(std, controller, mapping), "write_share": write_share,
+            "second_read_share": second_read_share, "requests": [REFRESH_PERIODS, LONE_REQUESTS], "code": _code_hash()}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+# The read stream and the lone requests do not depend on the shares: a process that calibrates one memory at several
+# write shares (each link bandwidth of a sweep gives its own) simulates them once. Forgotten with calibrate.cache_clear.
+_SHARE_FREE: dict[str, tuple[DramResult, DramResult]] = {}
+_SHARE_FREE_MAX = 32
+
+
+def _share_free_streams(std: Standard, controller: ControllerConfig, mapping: Mapping, count: int,
+                        window: tuple[int, int]) -> tuple[DramResult, DramResult]:
+    """(the sequential read stream with refresh over `window`, lone random reads far apart) of this memory."""
+    key = json.dumps([_memory_spec(std, controller, mapping), count, window, LONE_REQUESTS], sort_keys=True)
+    if key not in _SHARE_FREE:
+        read = simulate(std, requests(std, count, seed=11, mapping=mapping), offers_per_cycle=4,
+                        controller=replace(controller, refresh="all-bank"), window=window)
+        # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
+        lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
+                        controller=replace(controller, refresh="off"))
+        if len(_SHARE_FREE) >= _SHARE_FREE_MAX:
+            _SHARE_FREE.clear()
+        _SHARE_FREE[key] = (read, lone)
+    return _SHARE_FREE[key]
 
 
 def run_calibration(std: Standard, write_share: float, label: str = "", second_read_share: float = 0.0,
@@ -174,9 +202,8 @@ def run_calibration(std: Standard, write_share: float, label: str = "", second_r
     count = int(REFRESH_PERIODS * period * std.peak_gbps(1) * std.tck_ps * 1e-3 / std.org.burst_bytes * 1.2) + 4000
     with tqdm(total=4 if second_read_share else 3, desc=f"calibrating {label or std.name} (command-level "
               f"{std.name})", unit="stream", file=sys.stderr, leave=False, disable=not sys.stderr.isatty()) as bar:
-        read = simulate(std, requests(std, count, seed=11, mapping=mapping), offers_per_cycle=4, controller=cfg,
-                        window=window)
-        bar.update(1)
+        read, lone = _share_free_streams(std, controller, mapping, count, window)
+        bar.update(2)
         mixed = simulate(std, requests(std, count, streams=2, paces=(1 - write_share, write_share),
                                        write_streams=(1,), mapping=mapping), offers_per_cycle=4, controller=cfg,
                          window=window)
@@ -186,10 +213,6 @@ def run_calibration(std: Standard, write_share: float, label: str = "", second_r
             shared = simulate(std, requests(std, count, streams=2, paces=(1 - second_read_share, second_read_share),
                                             mapping=mapping), offers_per_cycle=4, controller=cfg, window=window)
             bar.update(1)
-        # one request at a time, far apart: each finds its bank closed (random rows), nothing queued before it
-        lone = simulate(std, requests(std, LONE_REQUESTS, kind="random", seed=11), interval=1000,
-                        controller=replace(controller, refresh="off"))
-        bar.update(1)
     peak = std.peak_gbps(1)
     turnaround = max(0.0, (read.bandwidth_gbps / mixed.bandwidth_gbps - 1) / write_share)
     return Calibration(efficiency=read.bandwidth_gbps / peak, turnaround=turnaround,
@@ -231,7 +254,13 @@ def _calibrate(cfg, key: str, write_share: float, second_read_share: float, stan
     return result
 
 
-calibrate.cache_clear = _calibrate.cache_clear  # type: ignore[attr-defined]  # forgets the process's calibrations
+def _forget_calibrations() -> None:
+    """Forget the process's calibrations and streams: only the cache's files are left, as for a new process."""
+    _calibrate.cache_clear()
+    _SHARE_FREE.clear()
+
+
+calibrate.cache_clear = _forget_calibrations  # type: ignore[attr-defined]
 
 
 def check_calibration(payload, write_share: float | None = None, second_read_share: float | None = None) -> None:
