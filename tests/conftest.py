@@ -5,6 +5,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# OpenMP's idle threads (PyTorch's, numpy's BLAS) sleep rather than spin, unless the caller says otherwise; set
+# before either is imported and inherited by every subprocess. The tests' kernels are tiny: at each one's end a
+# spinning thread holds a core that another process on this shared two-core machine (or the other thread) needs.
+# Two sessions side by side replaying on the CPU (test_hwreplay_host.py): 12-17 s each spinning, 7-9 s passive;
+# alone, 4.1 s and 4.8 s.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from chipsim.workload.models import MODELS, ModelShape  # noqa: E402
 
