@@ -150,8 +150,16 @@ def _code_bytes(code) -> bytes:
     """A code object's instructions, names and constants, nested code included, as bytes that are the same in
     every process for the same source (marshal's output is not: it depends on reference counts)."""
     parts = [code.co_code, repr((code.co_names, code.co_varnames, code.co_freevars)).encode()]
-    parts += [_code_bytes(c) if hasattr(c, "co_code") else repr(c).encode() for c in code.co_consts]
+    parts += [_code_bytes(c) if hasattr(c, "co_code") else _const_bytes(c) for c in code.co_consts]
     return b"\0".join(parts)
+
+
+def _const_bytes(const) -> bytes:
+    """A constant's repr; a frozenset's (`x in {"a", "b"}`) in sorted order, as its own follows the string hash
+    seed of the process."""
+    if isinstance(const, frozenset):
+        return repr(sorted(const, key=repr)).encode()
+    return repr(const).encode()
 
 
 def input_files(hw: HardwareConfig) -> dict[str, dict]:

@@ -128,3 +128,16 @@ def test_a_policy_with_no_source_file_is_keyed_by_its_code(tmp_path):
     finally:
         REGISTRY.pop("cell", None)
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_a_cells_code_hashes_alike_in_every_process():
+    """A set literal compiles to a frozenset constant whose repr follows the process's string hash seed: the key
+    of a policy without a file must not (two seeds gave two keys before the constants were sorted)."""
+    import subprocess
+
+    script = ("import hashlib; from chipsim.runner import _code_bytes\n"
+              "def f(x): return x in {'alpha', 'beta', 'gamma', 'delta'}\n"
+              "print(hashlib.sha256(_code_bytes(f.__code__)).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONHASHSEED=seed),
+                              capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}
+    assert len(digests) == 1
