@@ -9,6 +9,7 @@ from chipsim import cli
 from chipsim.analysis import experiments as ex
 from chipsim.analysis import reproduction
 from chipsim.analysis import sweep
+from chipsim.analysis.docs_concepts import assumed_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -163,27 +164,6 @@ def test_one_colour_per_policy_everywhere():
     assert plots.color_for("apex") == plots.POLICY_COLORS["apex"]
 
 
-def _assumed_keys(config: str) -> list[str]:
-    """The dotted keys of a config whose comment says ASSUMPTION."""
-    stack = []  # (indent, key) of the enclosing mappings
-    assumed = []
-    with open(config) as f:
-        for line in f:
-            body = line.split("#", 1)[0].rstrip()
-            if not body.strip() or ":" not in body:
-                continue
-            indent = len(body) - len(body.lstrip())
-            key = body.strip().split(":", 1)[0]
-            while stack and stack[-1][0] >= indent:
-                stack.pop()
-            value = body.split(":", 1)[1].strip()
-            if value == "":
-                stack.append((indent, key))
-            elif "ASSUMPTION" in line.split("#", 1)[-1]:
-                assumed.append(".".join([k for _, k in stack] + [key]))
-    return assumed
-
-
 def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
     """Each thor.yaml key whose comment says ASSUMPTION is the grid key of some experiments/sensitivity_*.yaml."""
     import glob
@@ -191,7 +171,7 @@ def test_every_assumption_in_thor_yaml_has_a_sensitivity_sweep():
     import yaml
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assumed = _assumed_keys(os.path.join(root, "hwconfigs", "thor.yaml"))
+    assumed = assumed_keys(os.path.join(root, "hwconfigs", "thor.yaml"))
     swept = set()
     # the arrays' cycle-level microarchitecture is swept one key at a time in one figure
     for path in glob.glob(os.path.join(root, "experiments", "sensitivity_*.yaml")) + [
@@ -209,7 +189,7 @@ def test_every_assumption_of_the_cycle_level_chiplet_is_in_the_one_gain_figure()
     cycle_level = {f"compute.{k}" for k in ("sram_read_bytes_per_cycle_per_array", "operand_tile_kib",
                                             "hbm_request_bytes", "outstanding_requests_per_array",
                                             "array_sync_cycles", "sfu_pipeline_cycles")}
-    assumed = [k for k in _assumed_keys(os.path.join(ROOT, "hwconfigs", "thor.yaml")) if k in cycle_level]
+    assumed = [k for k in assumed_keys(os.path.join(ROOT, "hwconfigs", "thor.yaml")) if k in cycle_level]
     assert len(assumed) == 6 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
     assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 
@@ -218,7 +198,7 @@ def test_every_assumption_of_the_jetson_soc_is_in_its_sensitivity_figure():
     """hwconfigs/jetson-thor.yaml's ASSUMPTIONs (no public Thor figure) are each a panel of
     whatif_jetson_assumptions: SPICE's EDP against no-prefetch's, one key at a time."""
     exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_jetson_assumptions.yaml"))
-    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml"))
+    assumed = assumed_keys(os.path.join(ROOT, "hwconfigs", "jetson-thor.yaml"))
     assert len(assumed) == 18 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
 
 
@@ -226,7 +206,7 @@ def test_every_assumption_of_the_phone_is_in_its_sensitivity_figure():
     """hwconfigs/phone-ufs.yaml's ASSUMPTIONs (the NPU, the powers, the NAND inside the UFS device, the driver's
     commands and queue) are each a panel of whatif_phone_assumptions, one key at a time."""
     exp = ex.load_experiment(os.path.join(ROOT, "experiments", "whatif_phone_assumptions.yaml"))
-    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", "phone-ufs.yaml"))
+    assumed = assumed_keys(os.path.join(ROOT, "hwconfigs", "phone-ufs.yaml"))
     assert len(assumed) == 47 and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
     assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 
@@ -234,7 +214,7 @@ def test_every_assumption_of_the_phone_is_in_its_sensitivity_figure():
 def _assert_swept_one_at_a_time(gpu: str, count: int) -> None:
     """hwconfigs/<gpu>.yaml's ASSUMPTIONs are each a panel of whatif_<gpu>_assumptions, one key at a time."""
     exp = ex.load_experiment(os.path.join(ROOT, "experiments", f"whatif_{gpu}_assumptions.yaml"))
-    assumed = _assumed_keys(os.path.join(ROOT, "hwconfigs", f"{gpu}.yaml"))
+    assumed = assumed_keys(os.path.join(ROOT, "hwconfigs", f"{gpu}.yaml"))
     assert len(assumed) == count and sorted(assumed) == sorted(exp["grid"]) == sorted(exp["plot"]["panels"])
     assert exp["grid_mode"] == "one_at_a_time" and exp["plot"]["baseline"] == "no-prefetch"
 

@@ -23,22 +23,14 @@ import os
 import re
 from typing import Callable
 
+from chipsim.analysis.markdown import table as _table
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 REPRODUCTION = os.path.join(ROOT, "REPRODUCTION.md")
 # a comment shorter than this says too little on its own ("ASSUMPTION, swept"): the comment block above the key,
 # where thor.yaml explains a group of keys, is quoted with it
 SHORT_COMMENT = 30
-
-
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: tuple[str, ...], rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def commented_keys(path: str) -> list[tuple[str, str, str, str]]:
@@ -68,6 +60,12 @@ def commented_keys(path: str) -> list[tuple[str, str, str, str]]:
                 out.append((".".join([k for _, k in stack] + [key]), value.strip(), comment.strip(), " ".join(block)))
             block = []
     return out
+
+
+def assumed_keys(path: str) -> list[str]:
+    """The dotted keys of a config whose own comment says ASSUMPTION, in file order (the tests hold each of thor's,
+    the Jetson's, the phone's and the seed papers' GPUs' to a sweep)."""
+    return [key for key, _, own, _ in commented_keys(path) if "ASSUMPTION" in own]
 
 
 def _source(own: str, above: str) -> str:
@@ -136,9 +134,9 @@ def _sweeps() -> dict[str, list[str]]:
 def assumptions() -> str:
     """Every ASSUMPTION of thor.yaml: its value, why, and the experiments that sweep it."""
     swept = _sweeps()
-    # an ASSUMPTION is a key whose own comment says so (tests/test_experiments.py reads thor.yaml the same way)
+    assumed = set(assumed_keys(THOR))
     rows = [(f"`{key}`", value, _source(own, above), ", ".join(f"`{name}`" for name in swept.get(key, [])) or "none")
-            for key, value, own, above in commented_keys(THOR) if "ASSUMPTION" in own]
+            for key, value, own, above in commented_keys(THOR) if key in assumed]
     return _table(("key in hwconfigs/thor.yaml", "value", "why (the config's comment)", "swept by"), rows)
 
 

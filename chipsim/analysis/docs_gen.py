@@ -12,21 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from chipsim.analysis import docs_concepts
-
-
-def _cell(text) -> str:
-    """A value safe inside a Markdown table cell: pipes escaped, line breaks folded."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text) -> str:
-    return f"`{text}`" if text not in ("", None) else ""
-
-
-def _table(header: tuple[str, ...], rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+from chipsim.analysis.markdown import code as _code, table as _table
 
 
 def config_keys() -> str:
