@@ -3,7 +3,7 @@
 # device commands from the repository root with the device's own torch; simpy comes from .whl/ when the device lacks
 # it:
 #
-#     bash validation/regimes/measure-host.sh OUT [STEPS]      (STEPS: any of probe config host qkernel qtimes quant;
+#     bash validation/regimes/measure-host.sh OUT [STEPS]      (STEPS: any of probe frontend config host qkernel qtimes quant;
 #                                                              default all; GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-host.sh OUT    (the same steps on this machine's CPU, 3 tokens)
 #
@@ -11,6 +11,10 @@
 #          trip, each alone (python -m chipsim.hwreplay.host_cpu)        -> $PROBES/$GPU-host-cpu-expert.json;
 #          one Phi-mini-MoE expert the same way, its rate written into hwconfigs/$GPU-pcie5-phi-mini-moe.yaml
 #                                                                          -> $PROBES/$GPU-host-cpu-expert-phi.json
+# frontend: the host's front-end costs, each alone: pageable and pinned copies, a pageable copy beside a kernel, the
+#          host's time per copy, kernel and graph launch, a routing read-back, the launch queue's run-ahead, the host
+#          DRAM's read rate alone and beside copies (python -m chipsim.hwreplay.host_frontend)
+#                                                                          -> $PROBES/$GPU-host-frontend.json
 # config:  hwconfigs/$GPU-pcie5.yaml written again by the command in its header with --host-cpu that file: the
 #          host_cpu keys measured (cores, memory_bandwidth_gbps, dispatch_overhead_ns)
 # host:    Fiddler (a static half of the buffer's experts placed, the rest on the CPU) and CG-MoE (an LRU cache whose
@@ -25,9 +29,9 @@
 # Afterwards, on any machine: commit the probe files, the config and the replays (validation/$GPU/README.md) and
 # regenerate VALIDATION.md with README's hwcompare command. All output also goes to OUT/measure.log.
 set -uo pipefail
-OUT=${1:?usage: measure-host.sh OUT [probe] [config] [host] [qkernel] [qtimes] [quant]}
+OUT=${1:?usage: measure-host.sh OUT [probe] [frontend] [config] [host] [qkernel] [qtimes] [quant]}
 shift
-WHAT=" ${*:-probe config host qkernel qtimes quant} "
+WHAT=" ${*:-probe frontend config host qkernel qtimes quant} "
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
@@ -75,6 +79,13 @@ if step probe; then
   echo "probe granite-3b: exit $PROBED ($(date -u +%T))" | tee -a "$LOG"
   timeout -k 5 120 $P "$PHI" --shape-config "$PHI" --out "$PROBES/$GPU-host-cpu-expert-phi.json" >> "$LOG" 2>&1
   echo "probe phi-mini-moe (its config's rate written): exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step frontend && [[ $DEVICE == cpu ]]; then
+  echo "frontend: skipped (every part times CUDA copies, launches or events)" | tee -a "$LOG"
+elif step frontend; then
+  timeout -k 5 240 python -m chipsim.hwreplay.host_frontend --threads $THREADS --out "$PROBES/$GPU-host-frontend.json" \
+      >> "$LOG" 2>&1
+  echo "frontend: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if step config; then
   if [[ ${PROBED:-0} != 0 ]]; then
@@ -140,6 +151,6 @@ if step quant; then
   echo "q4 granite quarter: exit $? ($(date -u +%T))" | tee -a "$LOG"
 fi
 if [[ -z "${DRY_RUN:-}" ]]; then  # what came out of the device's copy of the repository, beside the replays
-  cp -f $PROBES/$GPU-host-cpu-expert*.json $PROBES/$GPU-op-times-q8.json $PROBES/$GPU-op-times-q4.json "$GRANITE" \
+  cp -f $PROBES/$GPU-host-cpu-expert*.json $PROBES/$GPU-host-frontend.json $PROBES/$GPU-op-times-q8.json $PROBES/$GPU-op-times-q4.json "$GRANITE" \
       "$PHI" "$OUT/" 2>/dev/null
 fi

@@ -1,0 +1,327 @@
+"""The host's front-end costs, each measured alone on the GPU machine it runs on (issue #44 item 1): what software
+that drives a GPU from a host thread pays besides the GPU's own work.
+
+- pageable copies: a host-to-device copy from ordinary (pageable) host memory against the same from pinned memory,
+  per size: the GPU's time (events), the host's time inside the call (the driver stages pageable memory through a
+  pinned buffer while the caller waits) and the rate fitted as t = a + N/B;
+- a pageable copy beside a kernel running on another stream: whether the copy overlaps it and whether the host
+  returns before the kernel ends (pinned for reference);
+- issue costs: the host's time per call for a pinned copy, an eager kernel and a CUDA graph launch, each enqueued
+  behind a sleeping kernel so the GPU never waits for the host (what the host spends, not the GPU);
+- a routing read-back: the GPU idle from the moment a small result (a layer's chosen experts) is ready to the start
+  of work the host enqueues after reading it (`.tolist()`, as PyTorch offloading code does), and the same with an
+  event wait and a pinned copy;
+- the launch queue's run-ahead: how many kernels (and graph launches) the host can enqueue behind a long kernel
+  before its call blocks;
+- the host DRAM's read rate alone (every thread streaming a pinned buffer) and beside pinned copies that stream
+  out of the same memory: whether the CPU's reads and the copy engine share one bandwidth on this host.
+
+    python -m chipsim.hwreplay.host_frontend --out validation/compute/h200-host-frontend.json [--threads N]
+
+Every part is measured on its own and recorded even when another part fails (its error is kept in its place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import torch
+
+MIB = 1 << 20
+
+
+def _median(xs) -> float:
+    return round(statistics.median(xs), 3)
+
+
+def _fit(points: list[tuple[int, float]]) -> dict:
+    """t = a + N/B by least squares over (bytes, us) points: B in GB/s, a in us."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(my - slope * mx, 3)}
+
+
+def _sleep_cycles_per_us(stream) -> float:
+    """The sleeping kernel's cycles per µs on this GPU (torch.cuda._sleep spins a number of clock cycles)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1000)  # warm
+        a.record(stream)
+        torch.cuda._sleep(int(2e7))
+        b.record(stream)
+    b.synchronize()
+    return 2e7 / (a.elapsed_time(b) * 1e3)
+
+
+def copies(device, sizes: list[int], reps: int) -> dict:
+    """Pinned and pageable host-to-device copies, one at a time on an idle copy stream."""
+    stream = torch.cuda.Stream()
+    out = {}
+    for pinned in (True, False):
+        rows = []
+        for n in sizes:
+            src = torch.ones(n, dtype=torch.uint8, pin_memory=pinned)  # written: every page present
+            dst = torch.empty(n, dtype=torch.uint8, device=device)
+            gpu, host = [], []
+            for i in range(reps + 2):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                with torch.cuda.stream(stream):
+                    a.record(stream)
+                    t0 = time.perf_counter()
+                    dst.copy_(src, non_blocking=True)
+                    t1 = time.perf_counter()
+                    b.record(stream)
+                b.synchronize()
+                if i >= 2:
+                    gpu.append(a.elapsed_time(b) * 1e3)
+                    host.append((t1 - t0) * 1e6)
+            rows.append({"bytes": n, "gpu_us": _median(gpu), "host_call_us": _median(host),
+                         "gbps": round(n / statistics.median(gpu) / 1e3, 3)})
+            del src, dst
+        out["pinned" if pinned else "pageable"] = {"copies": rows, "fit": _fit([(r["bytes"], r["gpu_us"])
+                                                                               for r in rows])}
+    return out
+
+
+def beside_kernel(device, nbytes: int, kernel_us: float, reps: int) -> dict:
+    """A copy on a copy stream enqueued right after a sleeping kernel on the compute stream: when it starts and ends
+    against the kernel, and when the host's call returns (µs from the kernel's start)."""
+    compute, copy = torch.cuda.Stream(), torch.cuda.Stream()
+    cycles = int(kernel_us * _sleep_cycles_per_us(compute))
+    out = {"bytes": nbytes, "kernel_us": kernel_us}
+    for pinned in (True, False):
+        src = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        rows = []
+        for i in range(reps + 1):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            torch.cuda.synchronize()
+            with torch.cuda.stream(compute):
+                ev[0].record(compute)
+                torch.cuda._sleep(cycles)
+                ev[1].record(compute)
+            t0 = time.perf_counter()
+            with torch.cuda.stream(copy):
+                ev[2].record(copy)
+                dst.copy_(src, non_blocking=True)
+                t1 = time.perf_counter()
+                ev[3].record(copy)
+            torch.cuda.synchronize()
+            if i:
+                rows.append({"kernel_end_us": ev[0].elapsed_time(ev[1]) * 1e3,
+                             "copy_start_us": ev[0].elapsed_time(ev[2]) * 1e3,
+                             "copy_end_us": ev[0].elapsed_time(ev[3]) * 1e3, "host_call_us": (t1 - t0) * 1e6})
+        med = {k: _median([r[k] for r in rows]) for k in rows[0]}
+        med["overlaps_kernel"] = med["copy_start_us"] < med["kernel_end_us"] - 1.0
+        med["host_returns_before_kernel_end"] = med["host_call_us"] < med["kernel_end_us"]
+        out["pinned" if pinned else "pageable"] = med
+        del src, dst
+    return out
+
+
+def issue_costs(device, calls: int, reps: int) -> dict:
+    """The host's µs per call, every call enqueued behind a long sleeping kernel on the same stream (the GPU never
+    waits for the host, and the queue is far from full): a pinned 64 KiB copy, an eager add, a one-kernel graph."""
+    stream = torch.cuda.Stream()
+    cycles = int(20_000 * _sleep_cycles_per_us(stream))  # 20 ms ahead
+    src = torch.ones(64 << 10, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(64 << 10, dtype=torch.uint8, device=device)
+    x = torch.ones(4096, device=device)
+    with torch.cuda.stream(stream):
+        g = torch.cuda.CUDAGraph()
+        x.add_(1)
+        stream.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            x.add_(1)
+    ops = {"pinned_copy_64kib": lambda: dst.copy_(src, non_blocking=True), "eager_kernel": lambda: x.add_(1),
+           "graph_launch": g.replay}
+    out = {}
+    for name, op in ops.items():
+        per = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(cycles)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                per.append((time.perf_counter() - t0) * 1e6 / calls)
+        out[name] = {"host_us_per_call": _median(per), "calls": calls, "reps": reps}
+    torch.cuda.synchronize()
+    return out
+
+
+def readback(device, experts: int, reps: int) -> dict:
+    """A layer's chosen experts read by the host, then work enqueued after them: the GPU's idle time from the ids
+    being ready (an event after the kernel that writes them) to the next kernel's start (an event before it), the
+    GPU busy before the ids as in a decode step. Two ways: `.tolist()` (a pageable read, what PyTorch offloading
+    code writes) and a pinned non-blocking copy with an event wait."""
+    stream = torch.cuda.Stream()
+    cycles = int(200 * _sleep_cycles_per_us(stream))  # 200 µs of GPU work before the ids
+    logits = torch.randn(64, device=device)
+    pinned = torch.empty(experts, dtype=torch.int64, pin_memory=True)
+    y = torch.ones(4096, device=device)
+    out = {}
+    for way in ("tolist", "pinned_event"):
+        gaps = []
+        for i in range(reps + 3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(cycles)
+                ids = torch.topk(logits, experts).indices
+                a.record(stream)
+                if way == "tolist":
+                    chosen = ids.tolist()
+                else:
+                    pinned.copy_(ids, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(stream)
+                    done.synchronize()
+                    chosen = pinned.tolist()
+                b.record(stream)
+                y.add_(len(chosen))
+            torch.cuda.synchronize()
+            if i >= 3:
+                gaps.append(a.elapsed_time(b) * 1e3)
+        out[way] = {"gpu_idle_us": _median(gaps), "p10": round(sorted(gaps)[len(gaps) // 10], 3),
+                    "p90": round(sorted(gaps)[9 * len(gaps) // 10], 3), "n": len(gaps)}
+    return out
+
+
+def launch_queue(device, limit: int, kernel_ms: float) -> dict:
+    """Kernels (and one-kernel graph launches) enqueued behind a `kernel_ms` sleeping kernel until a call blocks:
+    the run-ahead is the number enqueued before the first call that took longer than a tenth of the sleep (the host
+    waited for the GPU to free a queue entry). Where none blocks before half the sleep has passed, the count so far
+    is a lower bound."""
+    stream = torch.cuda.Stream()
+    cycles = int(kernel_ms * 1e3 * _sleep_cycles_per_us(stream))
+    x = torch.ones(1024, device=device)
+    with torch.cuda.stream(stream):
+        g = torch.cuda.CUDAGraph()
+        x.add_(1)
+        stream.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            x.add_(1)
+    out = {}
+    for name, op in (("eager_kernel", lambda: x.add_(1)), ("graph_launch", g.replay)):
+        torch.cuda.synchronize()
+        blocked_at, count, longest = None, 0, 0.0
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            t_start = time.perf_counter()
+            for i in range(limit):
+                t0 = time.perf_counter()
+                op()
+                t1 = time.perf_counter()
+                longest = max(longest, t1 - t0)
+                count = i + 1
+                if t1 - t0 > kernel_ms * 1e-4:
+                    blocked_at = i
+                    break
+                if t1 - t_start > kernel_ms * 5e-4:
+                    break
+        torch.cuda.synchronize()
+        out[name] = {"enqueued_before_blocking": blocked_at, "enqueued": count,
+                     "longest_call_us": round(longest * 1e6, 1), "kernel_ms": kernel_ms,
+                     "lower_bound": blocked_at is None}
+    return out
+
+
+def host_reads(device, threads: int, gib: float, reps: int) -> dict:
+    """The host DRAM's read rate with `threads` threads summing a pinned buffer (float32), alone and while pinned
+    16 MiB copies stream out of another pinned buffer to the GPU (enqueued ahead to outlast the reads), with the
+    copies' own rate over their span."""
+    torch.set_num_threads(threads)
+    n = int(gib * (1 << 30)) // 4
+    buf = torch.ones(n, dtype=torch.float32, pin_memory=True)
+
+    def rates(k):
+        rs = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            buf.sum()
+            rs.append(n * 4 / (time.perf_counter() - t0) / 1e9)
+        return rs
+
+    rates(1)
+    alone = rates(reps)
+    chunk = 16 * MIB
+    src = torch.ones(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(chunk, dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream()
+    span_s = reps * n * 4 / (statistics.median(alone) * 1e9)
+    count = max(64, int(1.3 * span_s * 60e9 / chunk))
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        a.record(stream)
+        for i in range(count):
+            off = (i * chunk) % (src.numel() - chunk)
+            dst.copy_(src[off:off + chunk], non_blocking=True)
+        b.record(stream)
+    beside = rates(reps)
+    outlasted = not b.query()
+    torch.cuda.synchronize()
+    copy_gbps = count * chunk / (a.elapsed_time(b) * 1e-3) / 1e9
+    return {"threads": threads, "buffer_gib": gib, "alone_gbps": _median(alone),
+            "beside_copies_gbps": _median(beside), "copies_gbps": round(copy_gbps, 3),
+            "copies_outlasted_reads": outlasted, "reps": reps}
+
+
+def probe(threads: int, expert_bytes: int, quick: bool) -> dict:
+    device = torch.device("cuda")
+    reps = 5 if quick else 25
+    sizes = sorted({256 << 10, MIB, 4 * MIB, expert_bytes, 16 * MIB, 64 * MIB})
+    parts = {
+        "copies": lambda: copies(device, sizes, reps),
+        "beside_kernel": lambda: beside_kernel(device, 16 * MIB, 5000.0, reps),
+        "issue_costs": lambda: issue_costs(device, 200, reps),
+        "readback": lambda: readback(device, 8, 4 * reps),
+        "launch_queue": lambda: launch_queue(device, 1 << 16, 1000.0),
+        "host_reads": lambda: host_reads(device, threads, 1.0 if quick else 4.0, 3 if quick else 8),
+    }
+    res = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cpus": os.cpu_count(),
+           "threads": threads, "expert_bytes": expert_bytes}
+    for name, part in parts.items():
+        t0 = time.perf_counter()
+        try:
+            res[name] = part()
+        except Exception as exc:  # one part's failure keeps the others (module docstring)
+            res[name] = {"error": repr(exc)}
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s {json.dumps(res[name])[:400]}", flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    from chipsim.errors import InputError, OneLineParser
+    from chipsim.files import write_atomic
+
+    ap = OneLineParser(prog="python -m chipsim.hwreplay.host_frontend",
+                       description="measure the host's front-end costs, each alone (module docstring)")
+    ap.add_argument("--out", required=True, help="the JSON file to write")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="host threads reading (default: all)")
+    ap.add_argument("--expert-bytes", type=int, default=4718592,
+                    help="one expert's bytes, a copy size timed (default: Granite-3B's BF16 expert)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (a check that it runs)")
+    a = ap.parse_args(argv)
+    if a.threads < 1 or a.expert_bytes < 1:
+        raise InputError(f"--threads {a.threads}, --expert-bytes {a.expert_bytes}: expected whole numbers >= 1")
+    if not torch.cuda.is_available():
+        raise InputError("python -m chipsim.hwreplay.host_frontend: needs a CUDA GPU (none is visible)")
+    res = probe(a.threads, a.expert_bytes, a.quick)
+    write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    from chipsim.errors import run_module_main
+
+    run_module_main(main)
