@@ -349,6 +349,30 @@ class HostCpuConfig:
 
 
 @dataclass(frozen=True)
+class HostFrontendConfig:
+    """What the software driving the machine from one host thread pays beside the hardware's own work (issue #44),
+    each cost measured alone by python -m chipsim.hwreplay.host_frontend. Left out, the host is always ahead: it
+    knows each layer's routing as the router ends and copies experts from pinned memory (the replays' programs)."""
+
+    routing: str = _optional("where the fetches and host jobs a layer's routing needs are decided: device (as the "
+                             "router ends: a plan known ahead, or a decision on the device) or host (the host reads "
+                             "the routing back, then enqueues them and the layer's remaining work: PyTorch "
+                             "offloading code's .tolist())", "device", choices=("device", "host"))
+    routing_readback_ns: float = _optional("routing: host: the machine idle from a layer's routing being ready to the "
+                                           "first work the host enqueues after reading it back, ns", 0.0,
+                                           minimum=0, maximum=1e9)
+    expert_memory: str = _optional("the host memory experts are copied from: pinned (page-locked: the copy engine "
+                                   "reads it at the link's rate while the host goes on) or pageable (the driver "
+                                   "stages each copy through a pinned buffer while the calling host thread waits: "
+                                   "work the program enqueues after the copy starts no earlier than its end)",
+                                   "pinned", choices=("pinned", "pageable"))
+    pageable_bandwidth_gbps: float = _optional("expert_memory: pageable: a pageable host-to-device copy's rate (t = a "
+                                               "+ N/B fitted over copy sizes), GB/s", 0.0, minimum=0, maximum=1e6)
+    pageable_setup_ns: float = _optional("expert_memory: pageable: the fixed cost of each such copy (the fit's "
+                                         "intercept, in place of dma.setup_ns), ns", 0.0, minimum=0, maximum=1e9)
+
+
+@dataclass(frozen=True)
 class ExpertBufferConfig:
     capacity_mib: float = _f("space for staged expert weights, MiB", positive=True, maximum=1e9)
     location: str = _optional("where fetched experts are staged: hbm (written into HBM, read by the arrays over UCIe) "
@@ -530,6 +554,9 @@ class HardwareConfig:
     model: ModelConfig = _f("model shape and expert precision")
     workload: WorkloadConfig = _f("what is replayed")
     run: RunConfig = _f("run defaults")
+    host_frontend: HostFrontendConfig = field(default_factory=HostFrontendConfig,
+                                              metadata=spec("the software's host thread: routing read back, pageable "
+                                                            "copies (issue #44)"))
     paths: PathsConfig = field(default_factory=PathsConfig, metadata=spec("the routes bytes take through the chip"))
     roles: RolesConfig = field(default_factory=RolesConfig, metadata=spec("the part each component plays"))
 
@@ -969,6 +996,20 @@ def _check_consistency(config: Config) -> None:
     _check_pcie_sizes(hw)
     _check_flash(hw)
     _check_standards(hw)
+    _check_host_frontend(hw)
+
+
+def _check_host_frontend(hw: HardwareConfig) -> None:
+    """Pageable copies need their measured rate, and cross a host link (a machine whose experts sit on the
+    package has no host memory to page)."""
+    f = hw.host_frontend
+    if f.expert_memory == "pageable":
+        if not f.pageable_bandwidth_gbps:
+            raise InputError("host_frontend.pageable_bandwidth_gbps: host_frontend.expert_memory: pageable needs it "
+                             "(positive)")
+        if not roles(hw).host_link:
+            raise InputError("host_frontend.expert_memory: pageable: this machine has no host link its experts "
+                             "cross (roles.host_link)")
 
 
 def _check_tiles(c: ComputeConfig) -> None:

@@ -329,7 +329,8 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
            handoff_source: str | None = None, launch_gaps: dict | None = None,
            launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark",
            gemm_clock_source: str | None = None, host_probe: dict | None = None,
-           host_probe_source: str | None = None) -> str:
+           host_probe_source: str | None = None, frontend_probe: dict | None = None,
+           frontend_source: str | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
@@ -341,7 +342,7 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
     tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
     host = _host_cpu_text(mb["machine"], d, mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], host_probe,
-                          host_probe_source)
+                          host_probe_source) + _host_frontend_text(frontend_probe, frontend_source)
     return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e, gpu_facts(mb["machine"], source)) + _links_text(mb, d, e) + \
         _tail_text(mb["machine"], d, host)
 
@@ -503,6 +504,44 @@ def _host_cpu_text(m: dict, d: _Derived, bandwidth_gbps: float, probe: dict | No
 """
 
 
+FRONTEND_FIT_MAX_BYTES = 16 << 20  # the pageable fit's sizes, as the pinned fit's (h2d_pinned_queued16_fit)
+
+
+def _host_frontend_text(probe: dict | None, source: str | None) -> str:
+    """host_frontend: the read-back and pageable-copy costs from chipsim.hwreplay.host_frontend's probe, each measured
+    alone; the software keys stay the replays' (routing known ahead, experts in pinned memory). The pageable rate
+    is t = a + N/B fitted over the probe's copies of 256 KiB-16 MiB, the pinned fit's sizes (an expert's parts are
+    1-8 MB). Nothing without a probe (the host is then always ahead)."""
+    if probe is None:
+        return ""
+    try:
+        readback = probe["readback"]["tolist"]
+        idle_us, n = float(readback["gpu_idle_us"]), int(readback["n"])
+        rows = [(int(c["bytes"]), float(c["gpu_us"])) for c in probe["copies"]["pageable"]["copies"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{source}: not a front-end probe (python -m chipsim.hwreplay.host_frontend), or its "
+                         f"read-back or pageable copies failed: {exc!r}") from None
+    points = [(b, us) for b, us in rows if b <= FRONTEND_FIT_MAX_BYTES]
+    if idle_us <= 0 or n < 1 or len({b for b, _ in points}) < 2 or any(us <= 0 for _, us in points):
+        raise InputError(f"{source}: needs a positive read-back time and pageable copies of two sizes or more up to "
+                         f"{FRONTEND_FIT_MAX_BYTES >> 20} MiB")
+    k = len(points)
+    mx, my = sum(b for b, _ in points) / k, sum(us for _, us in points) / k
+    slope = sum((b - mx) * (us - my) for b, us in points) / sum((b - mx) ** 2 for b, _ in points)  # us per byte
+    if slope <= 0:
+        raise InputError(f"{source}: the pageable copies do not take longer with size")
+    gbps, intercept_us = 1e-3 / slope, my - slope * mx
+    sizes = sorted(b for b, _ in points)
+    return f"""
+host_frontend:                    # measured alone by python -m chipsim.hwreplay.host_frontend ({source})
+  routing: device                 # the replays' programs: every layer's plan known ahead (chipsim hwreplay)
+  routing_readback_ns: {round(idle_us * 1e3, 1)}      # measured: the GPU idle from a layer's chosen experts being ready to the next kernel enqueued after .tolist() (median of {n})
+  expert_memory: pinned           # the replays' experts sit in pinned host memory
+  pageable_bandwidth_gbps: {round(gbps, 3)}    # measured: pageable host-to-device copies, one at a time, t = a + N/B over {sizes[0] >> 10} KiB-{sizes[-1] >> 20} MiB
+  pageable_setup_ns: {round(max(0.0, intercept_us) * 1e3, 1)}      # measured: that fit's intercept
+"""
+
+
 def _tail_text(m: dict, d: _Derived, host: str) -> str:
     """dma, host CPU, expert buffer, model, workload, run and policies."""
     return f"""dma:
@@ -572,6 +611,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host-cpu", default=None, metavar="FILE",
                     help="validation/h100/h100-host-cpu-expert.json (python -m chipsim.hwreplay.host_cpu): the host_cpu "
                          "keys, each measured alone (otherwise ASSUMPTIONs, unused by the GPU-side policies)")
+    ap.add_argument("--host-frontend", default=None, metavar="FILE",
+                    help="validation/compute/h200-host-frontend.json (python -m chipsim.hwreplay.host_frontend): the "
+                         "host_frontend block's measured costs (routing read-back, pageable copies)")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)
     extra = [(path, read_json(path)) for path in a.op_times_extra]
@@ -592,13 +634,16 @@ def main(argv=None) -> int:
                + (f" --handoff {a.handoff}" if a.handoff else "")
                + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
                + "".join(f" --op-energy {p}" for p in a.op_energy)
-               + (f" --host-cpu {a.host_cpu}" if a.host_cpu else ""))
+               + (f" --host-cpu {a.host_cpu}" if a.host_cpu else "")
+               + (f" --host-frontend {a.host_frontend}" if a.host_frontend else ""))
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
                   a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench,
                   gemm_clock_source=a.gemm_clock, host_probe=read_json(a.host_cpu) if a.host_cpu else None,
-                  host_probe_source=a.host_cpu)
+                  host_probe_source=a.host_cpu,
+                  frontend_probe=read_json(a.host_frontend) if a.host_frontend else None,
+                  frontend_source=a.host_frontend)
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

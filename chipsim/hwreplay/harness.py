@@ -263,6 +263,7 @@ class _ProgramCompiler:
         self.host_layers = {(a[1], a[2]) for a in plan.actions if a[0] == "host"}
         self.routed_event = None  # where the running layer's activation is ready, when host experts take it
         self.host_keys: list = []  # the running layer's host experts: (MoE layer, expert)
+        self.readback = None  # host_frontend.routing: host: a layer's chosen experts, read by the host at its routing
 
     def enqueue_spans(self) -> None:
         """Each engine's next spans, as far as their transfers have been issued (program order)."""
@@ -317,6 +318,8 @@ class _ProgramCompiler:
         elif kind == "dense":
             self.prog.append(("c", [self.group(self.mixer(a[2]), a[2]), self.group("dense", a[2])]))
         elif kind == "route":
+            if self.readback is not None:  # the host reads the routing back before it enqueues what follows
+                self.prog.append(("sync", self.readback))
             if (a[1], a[2]) in self.host_layers:  # the host experts' activation is ready here, before the shared experts
                 self.routed_event = self.Event()
                 self.prog.append(("rec", self.routed_event, self.cs))
@@ -407,6 +410,8 @@ def _torch_enqueue(cs, use, make_current):
                     make_current(cs)
                 elif kind == "wait":
                     op[1].wait_event(op[2])
+                elif kind == "sync":  # .tolist(): a blocking read on the compute stream, as offloading code does
+                    op[1].tolist()
                 elif kind == "host":  # the host computes experts (chipsim.hwreplay.host_cpu), then enqueues on
                     op[1].run(op[2], op[3], cs)
                 elif kind == "rec":
@@ -446,11 +451,15 @@ def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchroni
     return dispatch_ms
 
 
-def _compiled(plan: Plan, step, host_experts, gpu_slots, first_dense: int, stalls: bool, Event, cs, copy_streams):
+def _compiled(plan: Plan, step, host_experts, gpu_slots, first_dense: int, stalls: bool, Event, cs, copy_streams,
+              host_routing: bool = False):
     """The plan's action list compiled (a prefill's steps bring their own compiler), with a host CPU runner
-    (chipsim.hwreplay.host_experts) where the plan computes experts there."""
+    (chipsim.hwreplay.host_experts) where the plan computes experts there, and with host_routing each MoE layer's
+    routing read back by the host (a top-k's 8 ids) before it enqueues what follows."""
     compiler = getattr(step, "program_compiler", None) or _ProgramCompiler
     compiled = compiler(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
+    if host_routing:
+        compiled.readback = torch.zeros(8, dtype=torch.int64, device=gpu_slots.device)
     if plan.host_experts:
         compiled.host = HostExperts(step.groups["expert"], host_experts, gpu_slots.device, _sync_api(gpu_slots.device))
     for a in plan.actions:
@@ -461,7 +470,7 @@ def _compiled(plan: Plan, step, host_experts, gpu_slots, first_dense: int, stall
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
            first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None,
            segments: bool = False, stalls: bool = False, energy_settle_s: float = 0.5,
-           enqueue_with: str = "torch") -> dict:
+           enqueue_with: str = "torch", host_routing: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
@@ -482,12 +491,17 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     enqueue_with="cudart" (CUDA, with graphs) issues the same steps as raw CUDA runtime calls through ctypes
     (chipsim.hwreplay.cudart) instead of PyTorch calls: a copy costs the host one driver call, not a PyTorch
     dispatch, where hundreds of copies per token would otherwise pace the replay.
+    host_routing=True (host_frontend.routing: host; through PyTorch only) has the host read each MoE layer's
+    routing back (.tolist() on the compute stream) before it enqueues anything after it.
     """
+    if host_routing and enqueue_with != "torch":
+        raise ValueError("host_routing: the read-back is a PyTorch call (enqueue_with='torch')")
     Stream, Event, use, make_current, synchronize = _sync_api(gpu_slots.device)
     cs = Stream()
     copy_streams = [Stream() for _ in range(plan.engines if plan.copies is not None else 1)]
     graphs = graphs and gpu_slots.device.type == "cuda"
-    compiled = _compiled(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams)
+    compiled = _compiled(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams,
+                         host_routing)
     prog = _bind_compute(compiled.prog, step, gpu_slots, graphs, segments)
     token_events = compiled.token_events
 
@@ -529,4 +543,5 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             # runs of compute the program enqueues in one step: with graphs, each one graph (per op group or segment)
             "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
             "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy,
-            "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu}
+            "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu,
+            **({"host_routing": True} if host_routing else {})}

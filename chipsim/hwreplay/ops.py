@@ -194,6 +194,10 @@ def replayable_prefill_model(hw: HardwareConfig, what: str = "prefill"):
                          "attention (full or sliding); not MLA or Mamba layers")
     if hw.model.expert_bits != 16:
         raise InputError(f"hwreplay: model.expert_bits {hw.model.expert_bits}: the {what} replay runs BF16 experts")
+    frontend = hw.host_frontend
+    if frontend.routing != "device" or frontend.expert_memory != "pinned":
+        raise InputError(f"hwreplay: host_frontend: the {what} replay runs its plan known ahead from pinned memory "
+                         "(routing: device, expert_memory: pinned); the decode replay (--contexts) runs the others")
     return model
 
 

@@ -40,14 +40,15 @@ def expert_slots(n: int, expert_bytes: int, device):
     return words.view(torch.uint8)[:, :expert_bytes]
 
 
-def experts_in_host(shape: tuple[int, int, int], device):
-    """(MoE layers, experts, expert bytes) uint8 in pinned host memory, normal BF16 numbers (fill_normal_bf16); on a
-    CPU dry run one expert's zeros stand for every expert (a model larger than this machine's memory fits)."""
+def experts_in_host(shape: tuple[int, int, int], device, pinned: bool = True):
+    """(MoE layers, experts, expert bytes) uint8 in pinned host memory (or pageable: host_frontend.expert_memory),
+    normal BF16 numbers (fill_normal_bf16); on a CPU dry run one expert's zeros stand for every expert (a model
+    larger than this machine's memory fits)."""
     import torch
 
     if device.type != "cuda":
         return torch.zeros(shape[2], dtype=torch.uint8).expand(shape)
-    host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+    host = torch.empty(shape, dtype=torch.uint8, pin_memory=pinned)
     fill_normal_bf16(host, device)
     return host
 

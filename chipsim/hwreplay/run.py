@@ -119,10 +119,16 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None  # the board's energy counter, where NVML is
     expert_bytes = base.workload.expert_bytes
     t1 = time.perf_counter()
-    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device)  # (a CPU dry run: one expert's zeros)
+    frontend = hw.host_frontend  # the software the plan was simulated for: the replay's host does the same
+    pinned, host_routing = frontend.expert_memory == "pinned", frontend.routing == "host"
+    if host_routing and enqueue_with != "torch":
+        raise InputError(f"{config}: host_frontend.routing: host: the host's read-back is a PyTorch call; replay it "
+                         "with --enqueue torch")
+    host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device, pinned)  # (a CPU dry run: zeros)
     slots = max(p.slots for p in plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)
-    log(f"  {'pinned ' if device.type == 'cuda' else ''}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    memory = ("pinned " if pinned else "pageable ") if device.type == "cuda" else ""
+    log(f"  {memory}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:
         prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
@@ -133,7 +139,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
             kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls, energy_settle_s=energy_settle_s,
-                      enqueue_with=enqueue_with)
+                      enqueue_with=enqueue_with, host_routing=host_routing)
             if warm_replay:  # once unmeasured first, as the prefill, batch and served replays are
                 replay(plan, step, host, gpu_slots, m.first_dense_layers, **{**kw, "gpu": None})
             res = replay(plan, step, host, gpu_slots, m.first_dense_layers, dispatch_tokens=dispatch_tokens, **kw)

@@ -179,6 +179,7 @@ class DmaPath:
         self.transfers_done = 0
         self.descriptors_submitted = 0
         self.recorder: DmaRecorder | None = None  # set only while a timeline is recorded
+        self.flow_cap = 0  # bytes/s no transfer's data moves faster than, whatever the path allows (0: none)
 
     # ------------------------------------------------------------------------------------ public
     def submit(self, nbytes: int, priority: int, tag: Any = None, descriptors: int = 1) -> Transfer:
@@ -280,8 +281,8 @@ class DmaPath:
         if not tr.setup_done:
             tr.setup_done = True
             tr.data_start_ps = self._now()
-            tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, on_target=self._flow_reached_callback,
-                                       tag=tr)
+            tr.flow = self.network.add(tr.nbytes, self.flow_path, level=0, cap=self.flow_cap,
+                                       on_target=self._flow_reached_callback, tag=tr)
         else:  # a paused prefetch resumes where it stopped
             self.network.resume(_flow(tr), 0)
 

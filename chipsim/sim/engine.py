@@ -155,6 +155,11 @@ class Simulation:
         """The chip's shared resources as a flow network, the paths of fetches, operand streams and host reads
         across it, and the DMA queue that moves experts."""
         comps = components(hw)  # every memory and link: priced once here
+        # host_frontend.expert_memory: pageable: each copy is staged by the driver (its own rate and fixed cost), and
+        # the host thread that issued it enqueues nothing more until it ends
+        frontend = hw.host_frontend
+        self._pageable = frontend.expert_memory == "pageable"
+        self._copy_setup_ns = frontend.pageable_setup_ns if self._pageable else hw.dma.setup_ns
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
@@ -181,7 +186,7 @@ class Simulation:
             self.env,
             bandwidth_bytes_per_s=None,
             latency_ps=ns_to_ps(path.latency_ns),
-            setup_ps=ns_to_ps(hw.dma.setup_ns),
+            setup_ps=ns_to_ps(self._copy_setup_ns),
             engines=hw.dma.engines,
             chunk_bytes=int(hw.dma.chunk_kib * 1024),
             on_landed=self._on_fetch_done,
@@ -191,6 +196,8 @@ class Simulation:
             path=self._fetch_flow_path,
         )
         self._cancel_in_flight = hw.dma.cancel_in_flight
+        if self._pageable:  # the driver's staging copy sets the pace, whatever the link allows
+            self.dma.flow_cap = gbps_to_bytes_per_s(hw.host_frontend.pageable_bandwidth_gbps)
 
     def _expert_format(self, policy: Policy, workload: DecodeWorkload, hw: HardwareConfig) -> None:
         """How this policy moves and stores its experts, and the buffer slots that gives."""
@@ -200,8 +207,11 @@ class Simulation:
         self._fetch_bytes = fmt.fetch_bytes
         # fetch_estimate_ps's constants: a setup per part, the path's latency, its bottleneck bandwidth
         latency_ps = ns_to_ps(self.path_timing.latency_ns)
-        self._fetch_fixed_ps = ns_to_ps(hw.dma.setup_ns) * len(self._part_bytes) + latency_ps
-        self._fetch_bytes_per_s = gbps_to_bytes_per_s(self.path_timing.bandwidth_gbps)
+        self._fetch_fixed_ps = ns_to_ps(self._copy_setup_ns) * len(self._part_bytes) + latency_ps
+        bandwidth = self.path_timing.bandwidth_gbps
+        if self._pageable:
+            bandwidth = min(bandwidth, hw.host_frontend.pageable_bandwidth_gbps)
+        self._fetch_bytes_per_s = gbps_to_bytes_per_s(bandwidth)
         self.slots = workload.buffer_bytes // fmt.slot_bytes
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
@@ -231,6 +241,13 @@ class Simulation:
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
+        # host_frontend.routing: host: the machine idles this long after each router while the host reads it back
+        frontend = hw.host_frontend
+        self._readback_ps = ns_to_ps(frontend.routing_readback_ns) if frontend.routing == "host" else 0
+        # pageable copies issued and not yet landed, the compute waiting for the host they hold, the time it waited
+        self._pageable_in_flight = 0
+        self._host_free: Any = None
+        self._host_blocked_ps = 0
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
         # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
         seg = workload.segment_launch
@@ -375,6 +392,8 @@ class Simulation:
         transfer = self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes))
         entry.transfers.append(transfer)
         entry.parts_left = 1
+        if self._pageable:
+            self._pageable_in_flight += 1
         if self._observer is not None:
             self._observer.issued(key[0], key[1], priority == DEMAND, transfer)
         self._fetches_total += 1
@@ -387,6 +406,11 @@ class Simulation:
         entry: Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
         moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
+        if self._pageable:
+            self._pageable_in_flight -= 1
+            if not self._pageable_in_flight and self._host_free is not None:
+                ev, self._host_free = self._host_free, None
+                self._succeed(ev)
         self._tally.fetched += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
             self._tally.sram_write_bits += 8 * moved
@@ -456,7 +480,10 @@ class Simulation:
                  ) -> Generator[Any, Any, None]:
         """Run arrays work: an op group of `kind` (chipsim.sim.observe.OP_KINDS) of layer `index`. Its fixed part
         takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
-        no faster than the arrays consume them alone, slower when other flows share those resources."""
+        no faster than the arrays consume them alone, slower when other flows share those resources. Work the
+        program enqueues while pageable copies hold the host starts once they have ended."""
+        if self._pageable_in_flight:
+            yield from self._await_host()
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
@@ -480,6 +507,14 @@ class Simulation:
         else:
             yield self._timeout(work.ps)
         self._ran(work, kind, index, experts, self._now() - start)
+
+    def _await_host(self) -> Generator[Any, Any, None]:
+        """The arrays wait for the host thread, held in pageable copies until every one issued so far has ended
+        (what it enqueued before them runs meanwhile: the launch queue's run-ahead)."""
+        self._host_free = self._event()
+        start = self._now()
+        yield self._host_free
+        self._host_blocked_ps += self._now() - start
 
     def _ran(self, work: Work, kind: str, index: int, experts: list[int] | None, busy: int) -> None:
         """Arrays work has run, taking `busy` ps up to now."""
@@ -606,11 +641,15 @@ class Simulation:
         run as their bytes arrive, the policy evicts. Returns the layer's stall (ps)."""
         if self._observer is not None:
             self._observer.layer_start(t, layer)
+        blocked = self._host_blocked_ps
         with self.dma.batch():
             self.policy.on_layer_start(self.context, t, layer)
         yield from self._compute(self._launched(cost.pre), "attention", layer)
+        if self._readback_ps:  # host_frontend.routing: host
+            yield self._timeout(self._readback_ps)
         plan = self._route(t, layer, row)
         stall = yield from self._run_experts(t, layer, plan, cost, row)
+        stall += self._host_blocked_ps - blocked  # the arrays waited for copies that held the host
         self._layer_stall[row * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(t, layer)
@@ -809,9 +848,12 @@ class Simulation:
         last = tokens[-1]
         if self._observer is not None:
             self._observer.layer_start(last, layer)
+        blocked = self._host_blocked_ps
         with self.dma.batch():
             self.policy.on_layer_start(self.context, last, layer)
         yield from self._compute(self._launched(pre), "attention", layer)
+        if self._readback_ps:  # host_frontend.routing: host
+            yield self._timeout(self._readback_ps)
         counts: dict[int, int] = {}  # expert -> the step's tokens routed to it, in order of first appearance
         routed = self._routed
         for t in tokens:
@@ -824,6 +866,7 @@ class Simulation:
             counts = plan.tokens
         cost = LayerCost(NO_WORK, dense, NO_WORK, combine)
         stall = yield from self._run_experts(last, layer, plan, cost, k, counts)
+        stall += self._host_blocked_ps - blocked  # the arrays waited for copies that held the host
         self._layer_stall[k * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(last, layer)

@@ -987,6 +987,7 @@ cdef class DmaPath:
     cdef public long long transfers_done
     cdef public long long descriptors_submitted
     cdef public object recorder
+    cdef public long long flow_cap  # bytes/s no transfer's data moves faster than (0: none): chipsim.sim.dma's
     cdef bint _touched
 
     def __init__(self, Loop env, bandwidth_bytes_per_s, latency_ps, setup_ps, engines, chunk_bytes, on_landed=None,
@@ -1027,6 +1028,7 @@ cdef class DmaPath:
         self.transfers_done = 0
         self.descriptors_submitted = 0
         self.recorder = None
+        self.flow_cap = 0
         self._touched = False
 
     @property
@@ -1147,7 +1149,7 @@ cdef class DmaPath:
         if not tr.setup_done:
             tr.setup_done = True
             tr.data_start_ps = self.env.now
-            tr.flow = self.network._add(tr.nbytes, self.flow_path, 0, 0, None, tr, 0, self)
+            tr.flow = self.network._add(tr.nbytes, self.flow_path, 0, self.flow_cap, None, tr, 0, self)
         else:
             self.network._resume(tr.flow, 0)
         return 0

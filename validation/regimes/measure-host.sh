@@ -3,7 +3,7 @@
 # device commands from the repository root with the device's own torch; simpy comes from .whl/ when the device lacks
 # it:
 #
-#     bash validation/regimes/measure-host.sh OUT [STEPS]      (STEPS: any of probe frontend config host qkernel qtimes quant;
+#     bash validation/regimes/measure-host.sh OUT [STEPS]      (STEPS: any of probe frontend config host frontend-replays qkernel qtimes quant;
 #                                                              default all; GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-host.sh OUT    (the same steps on this machine's CPU, 3 tokens)
 #
@@ -21,6 +21,11 @@
 #          misses go to the cheaper of a fetch and the CPU) at context 1,024, each plan replayed once unmeasured and
 #          twice measured (--graphs --warm-replay), Granite-3B and Phi-mini-MoE
 #                                                                          -> OUT/host/, OUT/host-phi/
+# frontend-replays: the host front-end's software, each plan simulated with the config's measured host_frontend keys
+#          and replayed as that software runs: the host reading each layer's routing back before it enqueues what
+#          follows (routing: host), experts copied from pageable memory (expert_memory: pageable), and both; on-demand
+#          and ProMoE, Granite-3B at context 1,024, once unmeasured and twice measured
+#                                                                          -> OUT/frontend-{readback,pageable,both}/
 # qkernel: the 8-bit kernel (and the 4-bit one) against its reference     -> OUT/q8-check.json, OUT/q4-check.json
 # qtimes:  the 4- and 8-bit expert matvec shapes the config lacks, timed alone, then the config written again with
 #          them (--op-times-extra)                                        -> $PROBES/$GPU-op-times-q{4,8}.json
@@ -29,9 +34,9 @@
 # Afterwards, on any machine: commit the probe files, the config and the replays (validation/$GPU/README.md) and
 # regenerate VALIDATION.md with README's hwcompare command. All output also goes to OUT/measure.log.
 set -uo pipefail
-OUT=${1:?usage: measure-host.sh OUT [probe] [frontend] [config] [host] [qkernel] [qtimes] [quant]}
+OUT=${1:?usage: measure-host.sh OUT [probe] [frontend] [config] [host] [frontend-replays] [qkernel] [qtimes] [quant]}
 shift
-WHAT=" ${*:-probe frontend config host qkernel qtimes quant} "
+WHAT=" ${*:-probe frontend config host frontend-replays qkernel qtimes quant} "
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
@@ -93,6 +98,10 @@ if step config; then
   elif [[ -f $PROBES/$GPU-host-cpu-expert.json ]]; then
     rewrite --host-cpu "$PROBES/$GPU-host-cpu-expert.json"
     echo "config: exit $? ($(date -u +%T))" | tee -a "$LOG"
+    if [[ -f $PROBES/$GPU-host-frontend.json ]]; then
+      rewrite --host-frontend "$PROBES/$GPU-host-frontend.json"
+      echo "config with host_frontend: exit $? ($(date -u +%T))" | tee -a "$LOG"
+    fi
   else
     echo "config: the probe file is missing; the replays plan with the config as it is" | tee -a "$LOG"
   fi
@@ -103,6 +112,19 @@ if step host; then
   echo "host granite-3b: exit $? ($(date -u +%T))" | tee -a "$LOG"
   timeout -k 5 240 $R "$PHI" --policy fiddler:slots=68 --policy cg-moe "${TOKENS[@]}" --out "$OUT/host-phi" >> "$LOG" 2>&1
   echo "host phi-mini-moe: exit $? ($(date -u +%T))" | tee -a "$LOG"
+fi
+if step frontend-replays; then
+  if ! grep -q '^host_frontend:' "$GRANITE"; then
+    echo "frontend-replays: $GRANITE has no measured host_frontend block (steps frontend and config first)" | tee -a "$LOG"
+  else
+    F="--policy no-prefetch --policy promoe"
+    for v in "readback:--set host_frontend.routing=host" "pageable:--set host_frontend.expert_memory=pageable" \
+        "both:--set host_frontend.routing=host --set host_frontend.expert_memory=pageable"; do
+      name=${v%%:*}
+      timeout -k 5 200 $R "$GRANITE" $F ${v#*:} "${TOKENS[@]}" --out "$OUT/frontend-$name" >> "$LOG" 2>&1
+      echo "frontend-replays $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
+    done
+  fi
 fi
 if step qkernel; then
   for b in 8 4; do

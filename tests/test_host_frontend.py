@@ -1,0 +1,113 @@
+"""The host's front-end (host_frontend): a routing read back by the host, and experts copied from pageable memory,
+checked against hand sums on the tiny model and against what a host thread held in its copies allows."""
+
+import subprocess
+import sys
+
+import pytest
+
+from chipsim.hw.paths import fetch_path_timing
+from chipsim.runner import prepare, simulate
+from chipsim.sim.observe import Observer
+from chipsim.units import gbps_to_bytes_per_s, ns_to_ps
+
+PAGEABLE = ["host_frontend.expert_memory=pageable", "host_frontend.pageable_bandwidth_gbps=2.5",
+            "host_frontend.pageable_setup_ns=7000"]
+
+
+def _run(cfg, sets, policy, engine="fast"):
+    prep = prepare(cfg, sets + [f"run.engine={engine}"], [policy])
+    return prep, simulate(prep, prep.policies[0])
+
+
+def test_a_routing_read_back_idles_the_machine_once_per_moe_layer(tiny):
+    """routing: host: every MoE layer (3) waits 20 µs after its router before anything the host enqueues after
+    reading the routing back; nothing else moves (the read-back is not a stall: no expert bytes are awaited)."""
+    cfg = tiny.config(tiny.routing())
+    _, base = _run(cfg, [], "no-prefetch")
+    for engine in ("fast", "reference"):
+        _, result = _run(cfg, ["host_frontend.routing=host", "host_frontend.routing_readback_ns=20000"],
+                         "no-prefetch", engine)
+        assert (result.per_token.latency_ps == base.per_token.latency_ps + 3 * ns_to_ps(20000)).all()
+        assert (result.per_token.stall_ps == base.per_token.stall_ps).all()
+    # routing: device (the default) reads no read-back time
+    _, same = _run(cfg, ["host_frontend.routing_readback_ns=20000"], "no-prefetch")
+    assert (same.per_token.latency_ps == base.per_token.latency_ps).all()
+
+
+def test_pageable_copies_move_at_their_own_rate_and_fixed_cost(tiny):
+    """The tiny no-prefetch hand sum (tests/test_engine.py) with pageable copies: both routed experts of a layer
+    set up together (7 µs, the pageable fit's intercept, in place of dma.setup_ns), each then moves at 2.5 GB/s (the
+    two together, 5 GB/s, stay under the path's bandwidth: each copy's own rate binds) and lands after the path
+    latency; the experts then run back to back."""
+    cfg = tiny.config(tiny.routing())
+    for engine in ("fast", "reference"):
+        prep, result = _run(cfg, PAGEABLE, "no-prefetch", engine)
+        wl, hw = prep.workload, prep.config.hw
+        path = fetch_path_timing(hw)
+        assert gbps_to_bytes_per_s(path.bandwidth_gbps) > 2 * gbps_to_bytes_per_s(2.5)
+        fetch_ps = (ns_to_ps(7000) + -(-wl.expert_bytes * 10**12 // gbps_to_bytes_per_s(2.5))
+                    + ns_to_ps(path.latency_ns))
+        expected = sum(c.attention.duration_ps + c.router.duration_ps + fetch_ps + 2 * c.expert.duration_ps
+                       + c.combine.duration_ps for c in wl.layers) + wl.token_head.duration_ps
+        assert (result.per_token.latency_ps == expected).all()
+        assert (result.per_token.stall_ps == 3 * fetch_ps).all()
+
+
+class _Spans(Observer):
+    """Each op group's start and each fetch's issue and landing."""
+
+    def __init__(self):
+        self.op_starts, self.copies = [], []
+
+    def ops(self, kind, index, experts, start, end):
+        self.op_starts.append(start)
+
+    def landed(self, layer, expert, demand, issue_ps, end_ps):
+        self.copies.append((issue_ps, end_ps))
+
+
+def _op_starts_during_copies(cfg, sets, policy):
+    prep = prepare(cfg, sets, [policy])
+    spans = _Spans()
+    simulate(prep, prep.policies[0], observers=[spans])
+    assert spans.copies, "the run fetched nothing"
+    return sum(1 for s in spans.op_starts for i, e in spans.copies if i < s < e)
+
+
+@pytest.mark.parametrize("policy", ["oracle", "lru", "no-prefetch"])
+def test_no_work_starts_while_a_pageable_copy_holds_the_host(tiny, policy):
+    """A pageable copy holds the host thread that issued it, so no op group starts while one is in flight (what was
+    enqueued before it may still be running). With pinned copies the oracle's ops do start under its prefetches:
+    the check can tell the two apart."""
+    cfg = tiny.config(tiny.routing(tokens=8), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
+    assert _op_starts_during_copies(cfg, PAGEABLE, policy) == 0
+    if policy == "oracle":  # it prefetches the next layer's experts while this one computes
+        assert _op_starts_during_copies(cfg, [], policy) > 0
+
+
+def test_pageable_results_are_the_same_on_both_engines(tiny):
+    cfg = tiny.config(tiny.routing(tokens=8), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
+    for policy in ("promoe", "lru", "oracle"):
+        _, fast = _run(cfg, PAGEABLE + ["host_frontend.routing=host", "host_frontend.routing_readback_ns=15000"],
+                       policy, "fast")
+        _, ref = _run(cfg, PAGEABLE + ["host_frontend.routing=host", "host_frontend.routing_readback_ns=15000"],
+                      policy, "reference")
+        assert (fast.per_token.latency_ps == ref.per_token.latency_ps).all(), policy
+        assert (fast.per_token.stall_ps == ref.per_token.stall_ps).all(), policy
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["host_frontend.expert_memory=pageable"],
+     "host_frontend.pageable_bandwidth_gbps: host_frontend.expert_memory: pageable needs it (positive)"),
+    (["host_frontend.routing=gpu"], "host_frontend.routing"),
+    (["host_frontend.readback_ns=5"], "host_frontend.readback_ns: unknown key"),
+])
+def test_a_bad_host_frontend_key_is_one_line_naming_it(thor_path, sets, message):
+    args = [sys.executable, "-m", "chipsim.cli", "run", thor_path, "--policy", "no-prefetch"]
+    for s in sets:
+        args += ["--set", s]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
