@@ -24,7 +24,8 @@
 # frontend-replays: the host front-end's software, each plan simulated with the config's measured host_frontend keys
 #          and replayed as that software runs: the host reading each layer's routing back before it enqueues what
 #          follows (routing: host), experts copied from pageable memory (expert_memory: pageable), and both; on-demand
-#          and ProMoE, Granite-3B at context 1,024, once unmeasured and twice measured
+#          and ProMoE, Granite-3B at context 1,024, once unmeasured and twice measured (FRONTEND_VARIANTS: which of
+#          readback, pageable, both; default all)
 #                                                                          -> OUT/frontend-{readback,pageable,both}/
 # qkernel: the 8-bit kernel (and the 4-bit one) against its reference     -> OUT/q8-check.json, OUT/q4-check.json
 # qtimes:  the 4- and 8-bit expert matvec shapes the config lacks, timed alone, then the config written again with
@@ -121,6 +122,7 @@ if step frontend-replays; then
     for v in "readback:--set host_frontend.routing=host" "pageable:--set host_frontend.expert_memory=pageable" \
         "both:--set host_frontend.routing=host --set host_frontend.expert_memory=pageable"; do
       name=${v%%:*}
+      [[ " ${FRONTEND_VARIANTS:-readback pageable both} " == *" $name "* ]] || continue
       timeout -k 5 200 $R "$GRANITE" $F ${v#*:} "${TOKENS[@]}" --out "$OUT/frontend-$name" >> "$LOG" 2>&1
       echo "frontend-replays $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
     done
