@@ -248,6 +248,7 @@ class Simulation:
         self._pageable_in_flight = 0
         self._host_free: Any = None
         self._host_blocked_ps = 0
+        self._blocked_in_layers = 0  # of it, what MoE layers counted as their stall
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
         # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
         seg = workload.segment_launch
@@ -483,7 +484,7 @@ class Simulation:
         no faster than the arrays consume them alone, slower when other flows share those resources. Work the
         program enqueues while pageable copies hold the host starts once they have ended."""
         if self._pageable_in_flight:
-            yield from self._await_host()
+            yield from self._await_host(index)
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
@@ -508,13 +509,39 @@ class Simulation:
             yield self._timeout(work.ps)
         self._ran(work, kind, index, experts, self._now() - start)
 
-    def _await_host(self) -> Generator[Any, Any, None]:
+    def _await_host(self, index: int) -> Generator[Any, Any, None]:
         """The arrays wait for the host thread, held in pageable copies until every one issued so far has ended
-        (what it enqueued before them runs meanwhile: the launch queue's run-ahead)."""
+        (what it enqueued before them runs meanwhile: the launch queue's run-ahead); a stall of layer `index`."""
         self._host_free = self._event()
         start = self._now()
         yield self._host_free
         self._host_blocked_ps += self._now() - start
+        if self._observer is not None:
+            self._observer.stall(index, start, self._now())
+
+    def _read_back(self, layer: int) -> Generator[Any, Any, int]:
+        """host_frontend.routing: host: the arrays idle while the host reads the layer's routing back (a stall: what
+        follows waits for the host's decision on the layer's experts). Returns it (ps; 0 where routing is on the
+        device)."""
+        if not self._readback_ps:
+            return 0
+        start = self._now()
+        yield self._timeout(self._readback_ps)
+        if self._observer is not None:
+            self._observer.stall(layer, start, self._now())
+        return self._readback_ps
+
+    def _in_layer_blocked(self, before: int) -> int:
+        """The time the arrays waited for a host held in pageable copies since `before` (_host_blocked_ps then),
+        counted as the layer's stall."""
+        blocked = self._host_blocked_ps - before
+        self._blocked_in_layers += blocked
+        return blocked
+
+    def _blocked_outside_layers(self, before: tuple[int, int]) -> int:
+        """Of the time the arrays waited for a host held in pageable copies since `before` (_host_blocked_ps,
+        _blocked_in_layers then), what no MoE layer counted (in dense layers, the head): the step's own stall."""
+        return (self._host_blocked_ps - before[0]) - (self._blocked_in_layers - before[1])
 
     def _ran(self, work: Work, kind: str, index: int, experts: list[int] | None, busy: int) -> None:
         """Arrays work has run, taking `busy` ps up to now."""
@@ -621,6 +648,7 @@ class Simulation:
         self._token_routed = self._routed[t]  # this token's routing, per MoE layer
         self.rec.start_token()
         stall = 0
+        blocked = (self._host_blocked_ps, self._blocked_in_layers)
         with self.dma.batch():
             self.policy.on_token_start(self.context, t)
         dense = self.model.first_dense_layers
@@ -634,6 +662,7 @@ class Simulation:
         if self._observer is not None:
             self._observer.token_end(t, token_start, self._now())
         self._tally.add_to(self.rec.ledger)
+        stall += self._blocked_outside_layers(blocked)
         self.rec.end_token(row, self._now() - token_start, stall)
 
     def _moe_layer(self, t: int, layer: int, cost: LayerCost, row: int) -> Generator[Any, Any, int]:
@@ -645,11 +674,10 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_layer_start(self.context, t, layer)
         yield from self._compute(self._launched(cost.pre), "attention", layer)
-        if self._readback_ps:  # host_frontend.routing: host
-            yield self._timeout(self._readback_ps)
+        readback = yield from self._read_back(layer)
         plan = self._route(t, layer, row)
         stall = yield from self._run_experts(t, layer, plan, cost, row)
-        stall += self._host_blocked_ps - blocked  # the arrays waited for copies that held the host
+        stall += readback + self._in_layer_blocked(blocked)
         self._layer_stall[row * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(t, layer)
@@ -824,6 +852,7 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_token_start(self.context, last)
         stall = 0
+        blocked = (self._host_blocked_ps, self._blocked_in_layers)
         dense = self.model.first_dense_layers
         for li, layer in enumerate(chunk.layers):
             if li < dense:
@@ -837,6 +866,7 @@ class Simulation:
         if self._observer is not None:
             self._observer.prefill_end(k, first, last, start, self._now())
         self._tally.add_to(self.rec.ledger)
+        stall += self._blocked_outside_layers(blocked)
         self.rec.end_token(k, self._now() - start, stall)
 
     def _tokens_layer(self, k: int, tokens: Sequence[int], layer: int, pre: Work, dense: Work, combine: Work
@@ -852,8 +882,7 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_layer_start(self.context, last, layer)
         yield from self._compute(self._launched(pre), "attention", layer)
-        if self._readback_ps:  # host_frontend.routing: host
-            yield self._timeout(self._readback_ps)
+        readback = yield from self._read_back(layer)
         counts: dict[int, int] = {}  # expert -> the step's tokens routed to it, in order of first appearance
         routed = self._routed
         for t in tokens:
@@ -866,7 +895,7 @@ class Simulation:
             counts = plan.tokens
         cost = LayerCost(NO_WORK, dense, NO_WORK, combine)
         stall = yield from self._run_experts(last, layer, plan, cost, k, counts)
-        stall += self._host_blocked_ps - blocked  # the arrays waited for copies that held the host
+        stall += readback + self._in_layer_blocked(blocked)
         self._layer_stall[k * self.num_moe_layers + layer] = stall
         if self._observer is not None:
             self._observer.layer_end(last, layer)
@@ -904,6 +933,7 @@ class Simulation:
         with self.dma.batch():
             self.policy.on_token_start(self.context, last)
         stall = 0
+        blocked = (self._host_blocked_ps, self._blocked_in_layers)
         dense = self.model.first_dense_layers
         for li, layer in enumerate(layers):
             if li < dense:
@@ -916,6 +946,7 @@ class Simulation:
         if self._observer is not None:
             self._observer.token_end(last, start, self._now())
         self._tally.add_to(self.rec.ledger)
+        stall += self._blocked_outside_layers(blocked)
         self.rec.end_token(i, self._now() - start, stall)
         self._step_first = _NO_STEP  # a later one-token step's routing rule is the cell's alone
 
