@@ -95,25 +95,17 @@ def _beside_copies(runner: HostExperts, keys: list, reps: int, device, log) -> d
     the copy engine share the host DRAM's bandwidth (the simulator's host-memory flows, `lpddr5x`) on this host.
     16 MiB copies from a 1 GiB pinned pool, enqueued ahead to outlast the timed experts; their rate is their mean
     over their whole span."""
-    chunk = 16 << 20
-    src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(chunk, dtype=torch.uint8, device=device)
-    stream = torch.cuda.Stream()
+    from chipsim.hwreplay.host_frontend import stream_copies
+
     t_alone = sum(_expert_times(runner, keys[:1], min(reps, 20))[1:]) / max(1, min(reps, 20))  # a rough expert time
     # the timed span's worth at 60 GB/s and a fifth more: the copies outlast the experts (checked), not by much, so
     # their mean rate is mostly the rate beside the CPU's reads
-    copies = max(64, int(1.2 * (len(keys) + reps) * t_alone * 1e-6 * 60e9 / chunk))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        start.record(stream)
-        for i in range(copies):
-            off = (i * chunk) % (src.numel() - chunk)
-            dst.copy_(src[off:off + chunk], non_blocking=True)
-        end.record(stream)
+    copies = max(64, int(1.2 * (len(keys) + reps) * t_alone * 1e-6 * 60e9 / (16 << 20)))
+    start, end, nbytes, _buffers = stream_copies(device, copies)
     times = _expert_times(runner, keys, reps)
     busy = not end.query()  # the copies outlasted the experts: every timed expert ran beside them
     torch.cuda.synchronize()
-    copy_gbps = copies * chunk / (start.elapsed_time(end) * 1e-3) / 1e9
+    copy_gbps = nbytes / (start.elapsed_time(end) * 1e-3) / 1e9
     out = {"expert_us": _quantiles(times[len(keys):]), "copies_gbps": round(copy_gbps, 2),
            "copies_outlasted_experts": busy}
     log(f"  one expert beside copies at {copy_gbps:.1f} GB/s: {out['expert_us']['median']} us"

@@ -59,6 +59,34 @@ def _sleep_cycles_per_us(stream) -> float:
     return 2e7 / (a.elapsed_time(b) * 1e3)
 
 
+def _one_kernel_graph(x, stream):
+    """A CUDA graph of one tiny kernel (x += 1), captured on `stream` after one eager run."""
+    with torch.cuda.stream(stream):
+        g = torch.cuda.CUDAGraph()
+        x.add_(1)
+        stream.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            x.add_(1)
+    return g
+
+
+def stream_copies(device, count: int, chunk: int = 16 * MIB) -> tuple:
+    """`count` pinned host-to-device copies of `chunk` bytes, each from the next stretch of a 1 GiB pinned buffer,
+    enqueued on a stream of their own (the host returns at once): (start event, end event, bytes, the buffers,
+    kept alive until they have run). Their rate once done: bytes / start.elapsed_time(end)."""
+    src = torch.ones(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(chunk, dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        a.record(stream)
+        for i in range(count):
+            off = (i * chunk) % (src.numel() - chunk)
+            dst.copy_(src[off:off + chunk], non_blocking=True)
+        b.record(stream)
+    return a, b, count * chunk, (src, dst, stream)
+
+
 def copies(device, sizes: list[int], reps: int, pool_bytes: int) -> dict:
     """Pinned and pageable host-to-device copies, one at a time on an idle copy stream, each from the next stretch of
     a `pool_bytes` buffer: no copy's source sits in the host's caches, as an expert's does not in a replay (a
@@ -140,12 +168,7 @@ def issue_costs(device, calls: int, reps: int) -> dict:
     src = torch.ones(64 << 10, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(64 << 10, dtype=torch.uint8, device=device)
     x = torch.ones(4096, device=device)
-    with torch.cuda.stream(stream):
-        g = torch.cuda.CUDAGraph()
-        x.add_(1)
-        stream.synchronize()
-        with torch.cuda.graph(g, stream=stream):
-            x.add_(1)
+    g = _one_kernel_graph(x, stream)
     ops = {"pinned_copy_64kib": lambda: dst.copy_(src, non_blocking=True), "eager_kernel": lambda: x.add_(1),
            "graph_launch": g.replay}
     out = {}
@@ -210,12 +233,7 @@ def launch_queue(device, limit: int, kernel_ms: float) -> dict:
     stream = torch.cuda.Stream()
     cycles = int(kernel_ms * 1e3 * _sleep_cycles_per_us(stream))
     x = torch.ones(1024, device=device)
-    with torch.cuda.stream(stream):
-        g = torch.cuda.CUDAGraph()
-        x.add_(1)
-        stream.synchronize()
-        with torch.cuda.graph(g, stream=stream):
-            x.add_(1)
+    g = _one_kernel_graph(x, stream)
     out = {}
     for name, op in (("eager_kernel", lambda: x.add_(1)), ("graph_launch", g.replay)):
         torch.cuda.synchronize()
@@ -259,23 +277,12 @@ def host_reads(device, threads: int, gib: float, reps: int) -> dict:
 
     rates(1)
     alone = rates(reps)
-    chunk = 16 * MIB
-    src = torch.ones(1 << 30, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(chunk, dtype=torch.uint8, device=device)
-    stream = torch.cuda.Stream()
     span_s = reps * n * 4 / (statistics.median(alone) * 1e9)
-    count = max(64, int(1.3 * span_s * 60e9 / chunk))
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        a.record(stream)
-        for i in range(count):
-            off = (i * chunk) % (src.numel() - chunk)
-            dst.copy_(src[off:off + chunk], non_blocking=True)
-        b.record(stream)
+    a, b, nbytes, _buffers = stream_copies(device, max(64, int(1.3 * span_s * 60e9 / (16 * MIB))))
     beside = rates(reps)
     outlasted = not b.query()
     torch.cuda.synchronize()
-    copy_gbps = count * chunk / (a.elapsed_time(b) * 1e-3) / 1e9
+    copy_gbps = nbytes / (a.elapsed_time(b) * 1e-3) / 1e9
     return {"threads": threads, "buffer_gib": gib, "alone_gbps": _median(alone),
             "beside_copies_gbps": _median(beside), "copies_gbps": round(copy_gbps, 3),
             "copies_outlasted_reads": outlasted, "reps": reps}
