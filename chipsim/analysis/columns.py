@@ -15,7 +15,8 @@ RUN_COLUMNS: dict[str, str] = {
     "tokens": "decode steps the means are taken over (after the warm-up steps)",
     "latency_ms_per_token": "decode-step wall time per token, mean (ms)",
     "latency_p99_ms": "decode-step wall time per token, 99th percentile (ms)",
-    "stall_ms_per_token": "array time spent waiting only for expert bytes, per token (ms)",
+    "stall_ms_per_token": ("array time spent waiting only for expert bytes (or the host that issues them: "
+                           "host_frontend), per token (ms)"),
     "energy_mj_per_token": "total energy per token (mJ): the four categories below summed",
     "energy_onchip_active_mj": "energy of the in-package components' actions per token (arrays, SRAM, operand "
                                "memory and link; mJ)",

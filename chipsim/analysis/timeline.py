@@ -7,7 +7,8 @@ by the policy's label; in it one thread ("lane") each for:
 - `tokens`: one span per decoded token;
 - `arrays 0-N`: every operation on the compute chiplet. An operation occupies all the arrays at once in
   this model, so it is drawn once on a lane standing for all of them, not repeated per array. Stalls
-  (the arrays waiting for expert bytes: `stall L<layer>`, category `stall`) and waits for the host CPU
+  (the arrays waiting for expert bytes, or for the host that issues them: `stall L<layer>`, L-1 outside MoE
+  layers, category `stall`) and waits for the host CPU
   (`host wait L<layer>`) are spans on this lane too; the stall spans of a token sum to its `stall_ps`;
 - `DMA engine i`: the setup (`setup L<l>E<e>`) and data phases (`prefetch L<l>E<e>` / `demand L<l>E<e>`,
   categories `prefetch` / `demand`) of the transfers engine i ran; a prefetch that pauses for a demand
@@ -45,7 +46,7 @@ def _step_token(name: str) -> int:
     chunk = _PREFILL.match(name)
     return int(chunk[3]) if chunk else int(name.split()[1])
 
-_STALL = re.compile(r"L(\d+) stall$")
+_STALL = re.compile(r"L(-?\d+) stall$")  # L-1: outside MoE layers (a host held in pageable copies)
 _HOST_WAIT = re.compile(r"L(\d+) host wait$")
 _EXPERT = re.compile(r"L(\d+)E(\d+)$")
 

@@ -1000,13 +1000,18 @@ def _check_consistency(config: Config) -> None:
 
 
 def _check_host_frontend(hw: HardwareConfig) -> None:
-    """Pageable copies need their measured rate, and cross a host link (a machine whose experts sit on the
-    package has no host memory to page)."""
+    """Pageable copies need their measured rate, run one at a time in issue order as the host thread makes them, and
+    cross a host link (a machine whose experts sit on the package has no host memory to page)."""
     f = hw.host_frontend
     if f.expert_memory == "pageable":
-        if not f.pageable_bandwidth_gbps:
+        if f.pageable_bandwidth_gbps < 1e-3:
             raise InputError("host_frontend.pageable_bandwidth_gbps: host_frontend.expert_memory: pageable needs it "
-                             "(positive)")
+                             "(at least 0.001 GB/s)")
+        d = hw.dma
+        if d.engines != 1 or d.demand_first or d.demand_preempts_prefetch or d.cancel_in_flight:
+            raise InputError("host_frontend.expert_memory: pageable: the host thread issues one copy at a time and "
+                             "the driver's staging cannot be paused or abandoned; needs dma.engines 1, "
+                             "dma.demand_first, dma.demand_preempts_prefetch and dma.cancel_in_flight false")
         if not roles(hw).host_link:
             raise InputError("host_frontend.expert_memory: pageable: this machine has no host link its experts "
                              "cross (roles.host_link)")

@@ -547,7 +547,8 @@ def _microbench_lines(mb: dict, heading: str = "## Machine and microbenchmarks (
              f"{mb['h2d_pinned_queued16_fit']['intercept_us']} µs per copy | links.pcie.bandwidth_gbps, dma.setup_ns |",
              f"| pinned copies one at a time, 1–64 MiB | {mb['h2d_pinned_single_fit']['bandwidth_gbps']} GB/s, "
              f"{mb['h2d_pinned_single_fit']['intercept_us']} µs | links.pcie.latency_ns (single − queued intercept) |",
-             f"| pageable copy, 16 MiB | {mb['h2d_pageable'][0]['gbps']} GB/s | (reference only) |",
+             f"| pageable copy, 16 MiB | {mb['h2d_pageable'][0]['gbps']} GB/s | (reference only: one reused buffer, "
+             "from the host's cache; python -m chipsim.hwreplay.host_frontend times cold ones) |",
              f"| GEMV, 8–256 MiB of weights, each on a different weight | {mb['gemv_fit']['bandwidth_gbps']} GB/s, "
              f"{mb['gemv_fit']['intercept_us']} µs | operand path bandwidth (links.ucie), compute.sram_access_ns |",
              f"| tiny kernel, GPU side ({mb['tiny_kernels'].get('queued_kernels', '')} queued behind a sleep) | "

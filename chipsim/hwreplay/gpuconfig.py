@@ -612,7 +612,7 @@ def main(argv=None) -> int:
                     help="validation/h100/h100-host-cpu-expert.json (python -m chipsim.hwreplay.host_cpu): the host_cpu "
                          "keys, each measured alone (otherwise ASSUMPTIONs, unused by the GPU-side policies)")
     ap.add_argument("--host-frontend", default=None, metavar="FILE",
-                    help="validation/compute/h200-host-frontend.json (python -m chipsim.hwreplay.host_frontend): the "
+                    help="validation/h100/h100-host-frontend.json (python -m chipsim.hwreplay.host_frontend): the "
                          "host_frontend block's measured costs (routing read-back, pageable copies)")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)

@@ -234,7 +234,8 @@ def _cudart_steps(prog: list, cs, synchronize) -> list:
 class _ProgramCompiler:
     """A plan's action list compiled into a flat program, every tensor view and event made beforehand:
     ("c", [op group keys]) on the compute stream, ("x", copy stream, event to wait for or None,
-    [(destination, source)], event recorded after), ("rec", event, stream), ("wait", stream, event), ("tok", event)."""
+    [(destination, source)], event recorded after), ("rec", event, stream), ("wait", stream, event), ("tok", event),
+    ("sync", tensor) (host_frontend.routing: host: the host reads a layer's routing back), ("host", ...)."""
 
     def __init__(self, plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
                  first_dense: int, stalls: bool, Event, cs, copy_streams: list) -> None:
@@ -405,7 +406,7 @@ def _torch_enqueue(cs, use, make_current):
                     if after is not None:
                         stream.wait_event(after)
                     for dst, src in pairs:
-                        dst.copy_(src, True)  # non-blocking: from pinned memory, in stream order
+                        dst.copy_(src, True)  # non-blocking from pinned memory; from pageable memory the host waits
                     done.record(stream)
                     make_current(cs)
                 elif kind == "wait":
@@ -473,7 +474,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
            enqueue_with: str = "torch", host_routing: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
-    host_experts: pinned (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
+    host_experts: pinned (or pageable: host_frontend.expert_memory) (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
     (an expert's matrices as GpuDecodeStep.expert_calls reads them: BF16, or packed 4-bit with scales).
     The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
     view and event made beforehand, so that enqueueing a token costs the host as little as possible.
@@ -544,4 +545,5 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
             "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy,
             "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu,
-            **({"host_routing": True} if host_routing else {})}
+            **({"host_routing": True} if host_routing else {}),
+            **({"host_memory": "pageable"} if gpu_slots.device.type == "cuda" and not host_experts.is_pinned() else {})}

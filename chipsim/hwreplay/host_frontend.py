@@ -16,7 +16,7 @@ that drives a GPU from a host thread pays besides the GPU's own work.
 - the host DRAM's read rate alone (every thread streaming a pinned buffer) and beside pinned copies that stream
   out of the same memory: whether the CPU's reads and the copy engine share one bandwidth on this host.
 
-    python -m chipsim.hwreplay.host_frontend --out validation/compute/h200-host-frontend.json [--threads N]
+    python -m chipsim.hwreplay.host_frontend --out validation/h100/h100-host-frontend.json [--threads N]
 
 Every part is measured on its own and recorded even when another part fails (its error is kept in its place).
 """
@@ -90,7 +90,7 @@ def stream_copies(device, count: int, chunk: int = 16 * MIB) -> tuple:
 def copies(device, sizes: list[int], reps: int, pool_bytes: int) -> dict:
     """Pinned and pageable host-to-device copies, one at a time on an idle copy stream, each from the next stretch of
     a `pool_bytes` buffer: no copy's source sits in the host's caches, as an expert's does not in a replay (a
-    pageable copy's driver memcpy from the last-level cache ran 1.7x as fast on the H100's host)."""
+    pageable copy's driver memcpy from the last-level cache ran 1.7-2.2x as fast on the H100s' hosts)."""
     stream = torch.cuda.Stream()
     out = {}
     for pinned in (True, False):

@@ -282,7 +282,9 @@ class Plan:
     actions: list  # the action list, each "issue" extended with its buffer slot
     sim_latency_ms: list  # the simulator's per-token latency for this plan
     sim_fetch_bytes: int  # bytes the simulator moved over the expert-fetch path
-    sim_stall_ms: list  # the simulator's per-token, per-MoE-layer stall (arrays waiting only for expert bytes)
+    # the simulator's per-token, per-MoE-layer stall (arrays waiting only for expert bytes; with host_frontend also
+    # for the host, which --stalls does not time: refused)
+    sim_stall_ms: list
     sim_energy_mj: list  # the simulator's per-token energy by ledger entry ({entry: mJ}, chipsim.sim.metrics)
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream

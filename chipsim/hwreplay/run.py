@@ -124,6 +124,9 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     if host_routing and enqueue_with != "torch":
         raise InputError(f"{config}: host_frontend.routing: host: the host's read-back is a PyTorch call; replay it "
                          "with --enqueue torch")
+    if stalls and (host_routing or not pinned):
+        raise InputError(f"{config}: --stalls times the waits for copies alone; the simulator's stall with "
+                         "host_frontend also holds the read-backs and the host held in pageable copies")
     host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device, pinned)  # (a CPU dry run: zeros)
     slots = max(p.slots for p in plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)

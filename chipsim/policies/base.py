@@ -67,7 +67,6 @@ import numpy as np
 
 from chipsim.errors import InputError
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import FetchPathTiming
 from chipsim.trace.format import ArraySpec
 from chipsim.values import Bounds, check_value, yaml_load
 from chipsim.workload.decode import DecodeWorkload, ExpertFormat
@@ -109,10 +108,6 @@ class SimContext(Protocol):
     @property
     def expert_format(self) -> ExpertFormat:
         """How this policy's experts are moved, stored and computed (bytes per part, slot bytes, arrays ps)."""
-
-    @property
-    def path_timing(self) -> FetchPathTiming:
-        """The expert-fetch path: bottleneck bandwidth (GB/s per direction) and summed latency (ns)."""
 
     @property
     def host_timing(self) -> HostTiming:
@@ -222,6 +217,15 @@ class SimContext(Protocol):
         """Slots neither held nor still draining an evicted transfer."""
 
     # ---- estimates (for policies that choose between a fetch and the host CPU)
+    @property
+    def fetch_bytes_per_s(self) -> int:
+        """The rate one expert fetch moves at alone (bytes/s): the path's bottleneck, or the pageable copy rate below
+        it where host_frontend.expert_memory is pageable."""
+
+    @property
+    def fetch_setup_ps(self) -> int:
+        """The fixed cost of each part (descriptor) of a fetch (ps): dma.setup_ns, or host_frontend's pageable one."""
+
     def fetch_estimate_ps(self) -> int:
         """How long an expert fetched now would take to land, queued behind every byte on the link (ps)."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from chipsim.policies.base import LayerPlan, SimContext, register
 from chipsim.policies.caching import LRU, CacheParams
-from chipsim.units import gbps_to_bytes_per_s, transfer_ps
+from chipsim.units import transfer_ps
 
 
 @register
@@ -40,7 +40,7 @@ class CgMoE(LRU):
         super().on_run_start(ctx)
         fmt = ctx.expert_format
         self._t_acc = fmt.compute_ps  # the arrays' time for a fetched expert
-        self._fetch_one_ps = transfer_ps(fmt.fetch_bytes, gbps_to_bytes_per_s(ctx.path_timing.bandwidth_gbps))
+        self._fetch_one_ps = transfer_ps(fmt.fetch_bytes, ctx.fetch_bytes_per_s)
         self._on_host: list[int] = []
         self._misses = self._to_host = 0
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from chipsim.policies.base import LayerPlan, Policy, SimContext, param, register
 from chipsim.trace import predictor_arrays as pa
 from chipsim.workload.host import host_timing
-from chipsim.units import gbps_to_bytes_per_s, ns_to_ps, transfer_ps
+from chipsim.units import transfer_ps
 
 
 KEEP_DOC = "share of the expert buffer kept for decode with the prompt's most used experts of each layer (0: none)"
@@ -154,8 +154,7 @@ class FiddlerPrefill(PrefillPolicy):
             for e in ctx.trace_routed(token, layer):
                 counts[e] += 1
         fmt = ctx.expert_format
-        per_fetch = (transfer_ps(fmt.fetch_bytes, gbps_to_bytes_per_s(ctx.path_timing.bandwidth_gbps))
-                     + ns_to_ps(ctx.hw.dma.setup_ns) * len(fmt.part_bytes))
+        per_fetch = transfer_ps(fmt.fetch_bytes, ctx.fetch_bytes_per_s) + ctx.fetch_setup_ps * len(fmt.part_bytes)
         link_ps, host_ps = ctx.fetch_estimate_ps(), ctx.host_estimate_ps() - ctx.host_timing.total_ps
         execute, on_host = [], []
         for e in routed:

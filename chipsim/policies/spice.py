@@ -86,7 +86,7 @@ from chipsim.policies.base import (LayerPlan, Policy, SimContext, measured_rows,
                                    quality_record, register)
 from chipsim.trace import predictor_arrays as pa
 from chipsim.trace.format import DRAFT_DEPTH, NO_EXPERT
-from chipsim.units import PS_PER_S, gbps_to_bytes_per_s, transfer_ps
+from chipsim.units import PS_PER_S, transfer_ps
 from chipsim.workload.decode import BF16_BYTES
 from chipsim.workload.host import host_timing
 
@@ -177,7 +177,7 @@ class Spice(Policy):
 
         # D_min = ⌈W_e / (B · T_layer)⌉, capped at max_depth
         fmt = ctx.expert_format
-        self._bandwidth = gbps_to_bytes_per_s(ctx.path_timing.bandwidth_gbps)
+        self._bandwidth = ctx.fetch_bytes_per_s
         # T_layer: the mean MoE layer (a hybrid model's Mamba2 and attention layers differ; equal layers give one's)
         layers = [ctx.workload.moe_layer(i) for i in range(ctx.workload.model.num_moe_layers)]
         t_layer = sum(op.duration_ps for costs in layers

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, Collection
 import numpy as np
 
 from chipsim.hw.config import HardwareConfig
-from chipsim.hw.paths import FetchPathTiming
 from chipsim.policies.base import ROUTING_ARRAYS, LayerPlan, PolicyError
 from chipsim.trace.format import CORE_ARRAYS, TokenRows, Trace
-from chipsim.units import transfer_ps
+from chipsim.units import ns_to_ps, transfer_ps
 from chipsim.workload.decode import DecodeWorkload, ExpertFormat
 from chipsim.workload.host import HostTiming
 
@@ -62,7 +61,6 @@ class PolicyContext:
         self._hw = sim.hw
         self._workload = sim.workload
         self._expert_format = sim.expert_format
-        self._path_timing = sim.path_timing
         self._host_timing = sim.host_timing
         self._tokens = sim.num_tokens
         self._layers = sim.num_moe_layers
@@ -93,9 +91,6 @@ class PolicyContext:
     def expert_format(self) -> ExpertFormat:
         return self._expert_format
 
-    @property
-    def path_timing(self) -> FetchPathTiming:
-        return self._path_timing
 
     @property
     def host_timing(self) -> HostTiming:
@@ -236,6 +231,18 @@ class PolicyContext:
         return self._sim.buffer.free_slots()
 
     # ---- estimates
+    @property
+    def fetch_bytes_per_s(self) -> int:
+        """The rate an expert fetch moves at alone: the fetch path's bottleneck, or the pageable copy rate below it
+        where host_frontend.expert_memory is pageable."""
+        rate: int = self._sim._fetch_bytes_per_s
+        return rate
+
+    @property
+    def fetch_setup_ps(self) -> int:
+        """The fixed cost of each part (descriptor) of a fetch: dma.setup_ns, or host_frontend.pageable_setup_ns."""
+        return ns_to_ps(self._sim._copy_setup_ns)
+
     def fetch_estimate_ps(self) -> int:
         """When an expert fetched now would land if it queued behind every byte already on the link."""
         sim = self._sim

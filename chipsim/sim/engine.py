@@ -185,7 +185,7 @@ class Simulation:
         self.dma: Any = self.core.dma_path(
             self.env,
             bandwidth_bytes_per_s=None,
-            latency_ps=ns_to_ps(path.latency_ns),
+            latency_ps=0 if self._pageable else ns_to_ps(path.latency_ns),  # in the pageable fit's intercept
             setup_ps=ns_to_ps(self._copy_setup_ns),
             engines=hw.dma.engines,
             chunk_bytes=int(hw.dma.chunk_kib * 1024),
@@ -206,7 +206,7 @@ class Simulation:
         self._part_bytes = fmt.part_bytes
         self._fetch_bytes = fmt.fetch_bytes
         # fetch_estimate_ps's constants: a setup per part, the path's latency, its bottleneck bandwidth
-        latency_ps = ns_to_ps(self.path_timing.latency_ns)
+        latency_ps = 0 if self._pageable else ns_to_ps(self.path_timing.latency_ns)  # (as the DMA path's)
         self._fetch_fixed_ps = ns_to_ps(self._copy_setup_ns) * len(self._part_bytes) + latency_ps
         bandwidth = self.path_timing.bandwidth_gbps
         if self._pageable:
@@ -244,9 +244,10 @@ class Simulation:
         # host_frontend.routing: host: the machine idles this long after each router while the host reads it back
         frontend = hw.host_frontend
         self._readback_ps = ns_to_ps(frontend.routing_readback_ns) if frontend.routing == "host" else 0
-        # pageable copies issued and not yet landed, the compute waiting for the host they hold, the time it waited
+        # pageable copies issued and not yet landed, the events waiting for the host they hold (the arrays' next
+        # work, host-CPU experts), the time the arrays waited
         self._pageable_in_flight = 0
-        self._host_free: Any = None
+        self._host_waiters: list[Any] = []
         self._host_blocked_ps = 0
         self._blocked_in_layers = 0  # of it, what MoE layers counted as their stall
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
@@ -409,9 +410,10 @@ class Simulation:
         moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
         if self._pageable:
             self._pageable_in_flight -= 1
-            if not self._pageable_in_flight and self._host_free is not None:
-                ev, self._host_free = self._host_free, None
-                self._succeed(ev)
+            if not self._pageable_in_flight and self._host_waiters:
+                waiters, self._host_waiters = self._host_waiters, []
+                for ev in waiters:  # (a copy issued at this instant holds them again: they wait in a loop)
+                    self._succeed(ev)
         self._tally.fetched += moved
         if self._stage_in_sram:  # it lands in the arrays' SRAM
             self._tally.sram_write_bits += 8 * moved
@@ -460,6 +462,8 @@ class Simulation:
         `timing`: for the tokens a prefill chunk routes to it (default: one token)."""
         if timing is None:
             timing = self.host_timing
+        while self._pageable_in_flight:  # the host thread computes it once its pageable copies let it go
+            yield self._host_released()
         with self.host.request() as req:
             yield req
             start = self._now()
@@ -484,7 +488,7 @@ class Simulation:
         no faster than the arrays consume them alone, slower when other flows share those resources. Work the
         program enqueues while pageable copies hold the host starts once they have ended."""
         if self._pageable_in_flight:
-            yield from self._await_host(index)
+            yield from self._await_host(-1 if kind == "dense" or kind == "head" else index)
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
@@ -511,13 +515,20 @@ class Simulation:
 
     def _await_host(self, index: int) -> Generator[Any, Any, None]:
         """The arrays wait for the host thread, held in pageable copies until every one issued so far has ended
-        (what it enqueued before them runs meanwhile: the launch queue's run-ahead); a stall of layer `index`."""
-        self._host_free = self._event()
+        (what it enqueued before them runs meanwhile: the launch queue's run-ahead); a stall of MoE layer `index`
+        (-1: outside MoE layers)."""
         start = self._now()
-        yield self._host_free
+        while self._pageable_in_flight:
+            yield self._host_released()
         self._host_blocked_ps += self._now() - start
         if self._observer is not None:
             self._observer.stall(index, start, self._now())
+
+    def _host_released(self) -> Any:
+        """An event that fires when no pageable copy holds the host any more."""
+        ev = self._event()
+        self._host_waiters.append(ev)
+        return ev
 
     def _read_back(self, layer: int) -> Generator[Any, Any, int]:
         """host_frontend.routing: host: the arrays idle while the host reads the layer's routing back (a stall: what
@@ -527,6 +538,7 @@ class Simulation:
             return 0
         start = self._now()
         yield self._timeout(self._readback_ps)
+        self._synced = True  # the host synchronised: the compute after it starts a new segment (launch_per: segment)
         if self._observer is not None:
             self._observer.stall(layer, start, self._now())
         return self._readback_ps

@@ -2,6 +2,7 @@
 warm-up summary.
 
 - latency: wall time of one token's decode step; stall: array time spent waiting only for expert bytes
+  (or for the host that issues them, where host_frontend describes it)
 - energy: the ledger's per-component energy, summed into the three categories; EDP = mean energy ×
   mean latency per token
 - overlap: share of token-layers whose whole routed set was in the buffer (arrived or on its way) when

@@ -21,7 +21,8 @@ index, 0 for the first MoE layer; times in ps; `demand`: a demand fetch, else a 
                                              an expert in several parts is one transfer chain)
     landed(layer, expert, demand, issue_ps, end_ps)  a fetch's bytes landed (`demand`: its priority when it landed)
     evicted(layer, expert)                   an expert left the buffer (the policy's eviction, or a victim it chose)
-    stall(layer, start, end)                 the arrays waited for expert bytes
+    stall(layer, start, end)                 the arrays waited for expert bytes (or the host issuing them; layer -1:
+                                             outside MoE layers)
     host_job(layer, expert, start, end)      an expert ran on the host CPU
     host_wait(layer, start, end)             the arrays waited for the host CPU's experts
     launches(n)                              n kernel launches were charged (compute.launch_per: segment)

@@ -29,7 +29,7 @@ class TokenRecord:
     """Per token (arrays of shape (T,), integer ps or bytes)."""
 
     latency_ps: np.ndarray  # decode-step wall time
-    stall_ps: np.ndarray  # arrays waiting only for expert bytes
+    stall_ps: np.ndarray  # arrays waiting only for expert bytes (or the host issuing them: host_frontend)
     busy_ps: np.ndarray  # arrays running an operation
     occupied_ps: np.ndarray  # busy_ps weighted by the share of the arrays each operation occupies
     idle_ps: np.ndarray  # latency - busy
