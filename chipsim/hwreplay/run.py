@@ -92,6 +92,25 @@ def _host_threads(hw, plans, config: str) -> int:
     return threads
 
 
+def _replayed_frontend(hw, config: str, enqueue_with: str, stalls: bool) -> tuple[bool, bool]:
+    """The software the plan was simulated for, as the replay's host runs it (host_frontend): (experts in pinned
+    memory, a read-back at every routing point); what the replay cannot run so is refused in one line."""
+    frontend = hw.host_frontend
+    pinned, host_routing = frontend.expert_memory == "pinned", frontend.routing == "host"
+    if host_routing and enqueue_with != "torch":
+        raise InputError(f"{config}: host_frontend.routing: host: the host's read-back is a PyTorch call; replay it "
+                         "with --enqueue torch")
+    if stalls and (host_routing or not pinned):
+        raise InputError(f"{config}: --stalls times the waits for copies alone; the simulator's stall with "
+                         "host_frontend also holds the read-backs and the host held in pageable copies")
+    return pinned, host_routing
+
+
+def _memory_word(pinned: bool, device) -> str:
+    """How the log names the experts' host memory ("pinned ", "pageable "; nothing on a CPU dry run)."""
+    return ("pinned " if pinned else "pageable ") if device.type == "cuda" else ""
+
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
@@ -117,21 +136,12 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     host_threads = _host_threads(hw, plans.values(), config)
     device = torch.device(device)
     gpu = open_gpu(device.index or 0) if device.type == "cuda" else None  # the board's energy counter, where NVML is
-    expert_bytes = base.workload.expert_bytes
-    t1 = time.perf_counter()
-    frontend = hw.host_frontend  # the software the plan was simulated for: the replay's host does the same
-    pinned, host_routing = frontend.expert_memory == "pinned", frontend.routing == "host"
-    if host_routing and enqueue_with != "torch":
-        raise InputError(f"{config}: host_frontend.routing: host: the host's read-back is a PyTorch call; replay it "
-                         "with --enqueue torch")
-    if stalls and (host_routing or not pinned):
-        raise InputError(f"{config}: --stalls times the waits for copies alone; the simulator's stall with "
-                         "host_frontend also holds the read-backs and the host held in pageable copies")
+    expert_bytes, t1 = base.workload.expert_bytes, time.perf_counter()
+    pinned, host_routing = _replayed_frontend(hw, config, enqueue_with, stalls)
     host = experts_in_host((m.num_moe_layers, m.num_experts, expert_bytes), device, pinned)  # (a CPU dry run: zeros)
     slots = max(p.slots for p in plans.values())
     gpu_slots = expert_slots(slots, expert_bytes, device)
-    memory = ("pinned " if pinned else "pageable ") if device.type == "cuda" else ""
-    log(f"  {memory}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
+    log(f"  {_memory_word(pinned, device)}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:
         prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
