@@ -25,7 +25,7 @@ from chipsim.errors import InputError
 from chipsim.files import read_input
 from chipsim.hw.config import Config, HardwareConfig, load_config, memory_tiers, yaml_text
 from chipsim.hw.machine import roles
-from chipsim.hw.paths import components, fetch_path_timing, memory_timing, package_link
+from chipsim.hw.paths import components, copy_timing, fetch_path_timing, memory_timing, package_link
 from chipsim.policies.base import Policy, check_policy_config, make_policy, make_request_policies, split_request_spec
 from chipsim.sim.energy import EnergyTable
 from chipsim.sim.core import core_for
@@ -409,20 +409,17 @@ def _check_time_fits(config: Config, workload: DecodeWorkload, trace: Trace, pol
     after another) must fit the simulator's integer picoseconds, whatever the keys say."""
     hw = config.hw
     path = fetch_path_timing(hw)
-    frontend = hw.host_frontend
-    pageable = frontend.expert_memory == "pageable"
-    bandwidth = gbps_to_bytes_per_s(min(path.bandwidth_gbps, frontend.pageable_bandwidth_gbps) if pageable
-                                    else path.bandwidth_gbps)
-    setup_ns = frontend.pageable_setup_ns if pageable else hw.dma.setup_ns
+    copy = copy_timing(hw, path)
+    bandwidth = gbps_to_bytes_per_s(copy.bandwidth_gbps)
     ops = workload.token_head.duration_ps + sum(
         op.duration_ps for layer in workload.layers for op in (layer.attention, layer.router, layer.dense,
                                                                layer.combine) if op is not None)
-    fetch = max(fmt.compute_ps + ns_to_ps(setup_ns) * len(fmt.part_bytes) + ns_to_ps(path.latency_ns)
+    fetch = max(fmt.compute_ps + ns_to_ps(copy.setup_ns) * len(fmt.part_bytes) + ns_to_ps(copy.latency_ns)
                 + transfer_ps(fmt.fetch_bytes, bandwidth)
                 for fmt in (p.expert_format(workload, hw) for p in policies))
     m = workload.model
     per_token = ops + m.num_moe_layers * (m.top_k * (fetch + host_timing(hw, workload).total_ps)
-                                          + ns_to_ps(frontend.routing_readback_ns))
+                                          + ns_to_ps(hw.host_frontend.routing_readback_ns))
     tokens = min(hw.workload.max_tokens or trace.num_tokens, trace.num_tokens)
     total = per_token * tokens
     if batch is not None:  # every step: each token's mixer, each of its experts fetched and run over every token

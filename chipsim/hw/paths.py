@@ -123,6 +123,27 @@ class FetchPathTiming:
     bottleneck: str
 
 
+@dataclass(frozen=True)
+class CopyTiming:
+    """What one expert copy pays on its path: a fixed cost per part (descriptor), the latency after its last byte, a
+    rate of its own no flow exceeds (0: none) and the rate it moves at alone."""
+
+    setup_ns: float
+    latency_ns: float
+    cap_gbps: float
+    bandwidth_gbps: float
+
+
+def copy_timing(hw: HardwareConfig, path: FetchPathTiming) -> CopyTiming:
+    """dma.setup_ns and the path's latency and bottleneck; with host_frontend.expert_memory: pageable the driver's
+    staging copy instead: its fit's intercept per part (the link's latency inside it) and its rate as a cap."""
+    f = hw.host_frontend
+    if f.expert_memory != "pageable":
+        return CopyTiming(hw.dma.setup_ns, path.latency_ns, 0.0, path.bandwidth_gbps)
+    return CopyTiming(f.pageable_setup_ns, 0.0, f.pageable_bandwidth_gbps,
+                      min(path.bandwidth_gbps, f.pageable_bandwidth_gbps))
+
+
 def fetch_path_timing(hw: HardwareConfig, comps: dict[str, Component] | None = None) -> FetchPathTiming:
     """The fetch path's bottleneck and summed latency (`comps`: components(hw), if already at hand)."""
     comps = comps or components(hw)

@@ -33,7 +33,7 @@ from chipsim.errors import InputError
 from chipsim.hw.config import HardwareConfig
 from chipsim.hw.machine import SRAM
 from chipsim.hw.machine import roles as machine_roles
-from chipsim.hw.paths import components, fetch_components, fetch_path_timing
+from chipsim.hw.paths import components, copy_timing, fetch_components, fetch_path_timing
 from chipsim.policies.base import LayerPlan, Policy, PolicyError
 from chipsim.sim.buffer import Entry, ExpertBuffer
 from chipsim.sim.context import PolicyContext
@@ -157,11 +157,11 @@ class Simulation:
         comps = components(hw)  # every memory and link: priced once here
         # host_frontend.expert_memory: pageable: each copy is staged by the driver (its own rate and fixed cost), and
         # the host thread that issued it enqueues nothing more until it ends
-        frontend = hw.host_frontend
-        self._pageable = frontend.expert_memory == "pageable"
-        self._copy_setup_ns = frontend.pageable_setup_ns if self._pageable else hw.dma.setup_ns
+        self._pageable = hw.host_frontend.expert_memory == "pageable"
         path = fetch_path_timing(hw, comps)
         self.path_timing = path
+        copy = self.copy_timing = copy_timing(hw, path)
+        self._copy_setup_ns = copy.setup_ns
         if not hw.dma.demand_first and hw.dma.demand_preempts_prefetch:
             raise InputError("dma.demand_first: false (one FIFO queue) needs dma.demand_preempts_prefetch: false")
         roles = self.roles = machine_roles(hw)
@@ -185,7 +185,7 @@ class Simulation:
         self.dma: Any = self.core.dma_path(
             self.env,
             bandwidth_bytes_per_s=None,
-            latency_ps=0 if self._pageable else ns_to_ps(path.latency_ns),  # in the pageable fit's intercept
+            latency_ps=ns_to_ps(copy.latency_ns),
             setup_ps=ns_to_ps(self._copy_setup_ns),
             engines=hw.dma.engines,
             chunk_bytes=int(hw.dma.chunk_kib * 1024),
@@ -196,8 +196,8 @@ class Simulation:
             path=self._fetch_flow_path,
         )
         self._cancel_in_flight = hw.dma.cancel_in_flight
-        if self._pageable:  # the driver's staging copy sets the pace, whatever the link allows
-            self.dma.flow_cap = gbps_to_bytes_per_s(hw.host_frontend.pageable_bandwidth_gbps)
+        if copy.cap_gbps:  # the driver's staging copy sets the pace, whatever the link allows
+            self.dma.flow_cap = gbps_to_bytes_per_s(copy.cap_gbps)
 
     def _expert_format(self, policy: Policy, workload: DecodeWorkload, hw: HardwareConfig) -> None:
         """How this policy moves and stores its experts, and the buffer slots that gives."""
@@ -206,12 +206,9 @@ class Simulation:
         self._part_bytes = fmt.part_bytes
         self._fetch_bytes = fmt.fetch_bytes
         # fetch_estimate_ps's constants: a setup per part, the path's latency, its bottleneck bandwidth
-        latency_ps = 0 if self._pageable else ns_to_ps(self.path_timing.latency_ns)  # (as the DMA path's)
-        self._fetch_fixed_ps = ns_to_ps(self._copy_setup_ns) * len(self._part_bytes) + latency_ps
-        bandwidth = self.path_timing.bandwidth_gbps
-        if self._pageable:
-            bandwidth = min(bandwidth, hw.host_frontend.pageable_bandwidth_gbps)
-        self._fetch_bytes_per_s = gbps_to_bytes_per_s(bandwidth)
+        copy = self.copy_timing
+        self._fetch_fixed_ps = ns_to_ps(copy.setup_ns) * len(self._part_bytes) + ns_to_ps(copy.latency_ns)
+        self._fetch_bytes_per_s = gbps_to_bytes_per_s(copy.bandwidth_gbps)
         self.slots = workload.buffer_bytes // fmt.slot_bytes
         if self.slots < self.top_k:
             raise InputError(f"expert_buffer.capacity_mib: holds {self.slots} experts in policy {policy.label}'s "
