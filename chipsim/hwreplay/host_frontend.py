@@ -6,8 +6,9 @@ that drives a GPU from a host thread pays besides the GPU's own work.
   pinned buffer while the caller waits) and the rate fitted as t = a + N/B;
 - a pageable copy beside a kernel running on another stream: whether the copy overlaps it and whether the host
   returns before the kernel ends (pinned for reference);
-- issue costs: the host's time per call for a pinned copy, an eager kernel and a CUDA graph launch, each enqueued
-  behind a sleeping kernel so the GPU never waits for the host (what the host spends, not the GPU);
+- issue costs: the host's time per call for a pinned copy, an eager kernel, a CUDA graph launch (of 1, 8 and 32
+  kernels), an event record and a stream's wait for an event, through PyTorch and as raw CUDA runtime calls, each
+  enqueued behind a sleeping kernel so the GPU never waits for the host (what the host spends, not the GPU);
 - a routing read-back: the GPU idle from the moment a small result (a layer's chosen experts) is ready to the start
   of work the host enqueues after reading it (`.tolist()`, as PyTorch offloading code does), and the same with an
   event wait and a pinned copy;
@@ -57,17 +58,6 @@ def _sleep_cycles_per_us(stream) -> float:
         b.record(stream)
     b.synchronize()
     return 2e7 / (a.elapsed_time(b) * 1e3)
-
-
-def _one_kernel_graph(x, stream):
-    """A CUDA graph of one tiny kernel (x += 1), captured on `stream` after one eager run."""
-    with torch.cuda.stream(stream):
-        g = torch.cuda.CUDAGraph()
-        x.add_(1)
-        stream.synchronize()
-        with torch.cuda.graph(g, stream=stream):
-            x.add_(1)
-    return g
 
 
 def stream_copies(device, count: int, chunk: int = 16 * MIB) -> tuple:
@@ -160,31 +150,79 @@ def beside_kernel(device, nbytes: int, kernel_us: float, reps: int) -> dict:
     return out
 
 
+def _graph_of(x, stream, kernels: int):
+    """A CUDA graph of `kernels` tiny kernels (x += 1 each), captured on `stream` after one eager run."""
+    with torch.cuda.stream(stream):
+        g = torch.cuda.CUDAGraph()
+        x.add_(1)
+        stream.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(kernels):
+                x.add_(1)
+    return g
+
+
+def _host_us_per_call(op, stream, cycles: int, calls: int, reps: int) -> dict:
+    """The host's µs per call of `op`, `calls` of them enqueued behind a sleeping kernel on `stream`, median of
+    `reps` runs."""
+    per = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                op()
+            per.append((time.perf_counter() - t0) * 1e6 / calls)
+    return {"host_us_per_call": _median(per), "calls": calls, "reps": reps}
+
+
 def issue_costs(device, calls: int, reps: int) -> dict:
     """The host's µs per call, every call enqueued behind a long sleeping kernel on the same stream (the GPU never
-    waits for the host, and the queue is far from full): a pinned 64 KiB copy, an eager add, a one-kernel graph."""
-    stream = torch.cuda.Stream()
+    waits for the host, and the queue is far from full). Through PyTorch (what offloading code calls): a pinned
+    64 KiB copy, an eager add, a graph launch of 1, 8 and 32 kernels (a segment graph holds several), an event
+    record, a stream's wait for an event. Through the CUDA runtime's own calls (chipsim.hwreplay.cudart, what
+    `hwreplay --enqueue cudart` issues): the same copy, graph launches, record and wait."""
+    stream, other = torch.cuda.Stream(), torch.cuda.Stream()
     cycles = int(20_000 * _sleep_cycles_per_us(stream))  # 20 ms ahead
     src = torch.ones(64 << 10, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(64 << 10, dtype=torch.uint8, device=device)
     x = torch.ones(4096, device=device)
-    g = _one_kernel_graph(x, stream)
+    graphs = {k: _graph_of(x, stream, k) for k in (1, 8, 32)}
+    ev = torch.cuda.Event()
+    ev.record(other)  # a recorded event: a wait for it is a real wait entry
+    torch.cuda.synchronize()
     ops = {"pinned_copy_64kib": lambda: dst.copy_(src, non_blocking=True), "eager_kernel": lambda: x.add_(1),
-           "graph_launch": g.replay}
-    out = {}
-    for name, op in ops.items():
-        per = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(cycles)
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    op()
-                per.append((time.perf_counter() - t0) * 1e6 / calls)
-        out[name] = {"host_us_per_call": _median(per), "calls": calls, "reps": reps}
+           "graph_launch": graphs[1].replay, "graph_launch_8_kernels": graphs[8].replay,
+           "graph_launch_32_kernels": graphs[32].replay, "event_record": lambda: ev.record(stream),
+           "stream_wait_event": lambda: stream.wait_event(ev)}
+    out = {name: _host_us_per_call(op, stream, cycles, calls, reps) for name, op in ops.items()}
+    out["cudart"] = _cudart_issue_costs(stream, src, dst, graphs, ev, cycles, calls, reps)
     torch.cuda.synchronize()
     return out
+
+
+def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: int, reps: int) -> dict:
+    """issue_costs' calls made as raw CUDA runtime calls through ctypes (chipsim.hwreplay.cudart.Runtime)."""
+    from chipsim.hwreplay.cudart import Runtime
+    from chipsim.hwreplay.harness import _handle
+
+    fns = Runtime().fns
+    s, e = _handle(stream), _handle(ev)
+    copy, record, wait, launch = (fns[n] for n in ("cudaMemcpyAsync", "cudaEventRecord", "cudaStreamWaitEvent",
+                                                   "cudaGraphLaunch"))
+    ops = {"pinned_copy_64kib": lambda: copy(dst.data_ptr(), src.data_ptr(), src.numel(), 1, s),
+           "event_record": lambda: record(e, s), "stream_wait_event": lambda: wait(s, e, 0)}
+    for k, g in graphs.items():
+        exe = _handle(g)
+        if exe is not None:  # this PyTorch exposes the executable
+            ops["graph_launch" + ("" if k == 1 else f"_{k}_kernels")] = (lambda exe=exe: launch(exe, s))
+    for name, op in ops.items():  # each call once, checked, before any timing
+        err = op()
+        if err:
+            raise RuntimeError(f"cudart {name}: CUDA error {err}")
+    torch.cuda.synchronize()
+    return {name: _host_us_per_call(op, stream, cycles, calls, reps) for name, op in ops.items()}
 
 
 def readback(device, experts: int, reps: int) -> dict:
@@ -233,7 +271,7 @@ def launch_queue(device, limit: int, kernel_ms: float) -> dict:
     stream = torch.cuda.Stream()
     cycles = int(kernel_ms * 1e3 * _sleep_cycles_per_us(stream))
     x = torch.ones(1024, device=device)
-    g = _one_kernel_graph(x, stream)
+    g = _graph_of(x, stream, 1)
     out = {}
     for name, op in (("eager_kernel", lambda: x.add_(1)), ("graph_launch", g.replay)):
         torch.cuda.synchronize()
