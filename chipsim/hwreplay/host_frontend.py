@@ -162,19 +162,27 @@ def _graph_of(x, stream, kernels: int):
     return g
 
 
-def _host_us_per_call(op, stream, cycles: int, calls: int, reps: int) -> dict:
-    """The host's µs per call of `op`, `calls` of them enqueued behind a sleeping kernel on `stream`, median of
-    `reps` runs."""
+def _host_us(op, stream, cycles: int, calls: int, reps: int) -> float:
+    """The host's µs per call of `op`, `calls` of them enqueued on `stream` behind a kernel sleeping `cycles` (0:
+    none, the GPU idle at the first call), median of `reps` runs."""
     per = []
     for _ in range(reps):
         torch.cuda.synchronize()
         with torch.cuda.stream(stream):
-            torch.cuda._sleep(cycles)
+            if cycles:
+                torch.cuda._sleep(cycles)
             t0 = time.perf_counter()
             for _ in range(calls):
                 op()
             per.append((time.perf_counter() - t0) * 1e6 / calls)
-    return {"host_us_per_call": _median(per), "calls": calls, "reps": reps}
+    return _median(per)
+
+
+def _host_us_per_call(op, stream, cycles: int, calls: int, reps: int) -> dict:
+    """The host's µs per call of `op` with the GPU busy ahead of every call (behind a sleeping kernel: what a host
+    that is ahead pays), and with the GPU idle at the first call (each call's work may start as it is enqueued)."""
+    return {"host_us_per_call": _host_us(op, stream, cycles, calls, reps),
+            "idle_gpu_host_us_per_call": _host_us(op, stream, 0, calls, reps), "calls": calls, "reps": reps}
 
 
 def issue_costs(device, calls: int, reps: int) -> dict:
