@@ -438,18 +438,48 @@ def _enqueuer(prog: list, cs, enqueue_with: str, use, make_current, synchronize)
     return prog, _torch_enqueue(cs, use, make_current), lambda op: op[0] == "tok"
 
 
-def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize) -> list[float]:
+def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize, ahead=None) -> list[float]:
     """The host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
-    before), so the host never waits for a full launch queue; in the timed run it always may."""
+    before), so the host never waits for a full launch queue; in the timed run it always may. With `ahead` (a
+    call that enqueues a long sleeping kernel on the compute stream) the token is enqueued behind it instead: the
+    host's cost while it is ahead of the GPU, as in the timed run between its waits for the queue."""
     ends = [i for i, op in enumerate(steps) if is_token(op)]
     dispatch_ms = []
     for t in range(min(dispatch_tokens, len(ends) - 1)):
         first, last = ends[t] + 1, ends[t + 1] + 1
         synchronize()
+        if ahead is not None:
+            ahead()
         t0 = time.perf_counter()
         enqueue(steps[first:last], [])
         dispatch_ms.append(round(1e3 * (time.perf_counter() - t0), 4))
     return dispatch_ms
+
+
+def _dispatches(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize, ahead) -> tuple[list, list]:
+    """_dispatch_ms on an idle GPU, and behind a sleeping kernel (`ahead`, where there is one); synchronised after."""
+    if not dispatch_tokens:
+        return [], []
+    idle = _dispatch_ms(steps, enqueue, is_token, dispatch_tokens, synchronize)
+    behind = _dispatch_ms(steps, enqueue, is_token, dispatch_tokens, synchronize, ahead) if ahead else []
+    synchronize()
+    return idle, behind
+
+
+def _sleeper(cs, use, device, host_experts: int):
+    """A call that enqueues a 20 ms sleeping kernel on the compute stream `cs` (None off a GPU, or where the host
+    computes experts: it would wait for their activations behind the sleep)."""
+    if device.type != "cuda" or host_experts:
+        return None
+    from chipsim.hwreplay.served_harness import sleep_cycles_per_ms
+
+    cycles = int(20 * sleep_cycles_per_ms(device))
+
+    def ahead():
+        with use(cs):
+            torch.cuda._sleep(cycles)
+
+    return ahead
 
 
 def _compiled(plan: Plan, step, host_experts, gpu_slots, first_dense: int, stalls: bool, Event, cs, copy_streams,
@@ -531,8 +561,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)]
                     for t, layer, waits in compiled.stall_marks]
         host_cpu = host_summary(compiled.host)  # before the dispatch timing runs the host experts again
-        dispatch_ms = _dispatch_ms(steps, enqueue, is_token, dispatch_tokens, synchronize)
-        synchronize()
+        dispatch_ms, ahead_ms = _dispatches(steps, enqueue, is_token, dispatch_tokens, synchronize,
+                                            _sleeper(cs, use, gpu_slots.device, plan.host_experts))
     finally:
         if gc_was:
             gc.enable()
@@ -543,7 +573,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "launches_per_token": sum(len(op[1]) for op in prog if op[0] == "c") / max(1, len(token_events)),
             # runs of compute the program enqueues in one step: with graphs, each one graph (per op group or segment)
             "compute_steps_per_token": sum(1 for op in prog if op[0] == "c") / max(1, len(token_events)),
-            "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms, "energy": energy,
+            "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms,
+            "host_dispatch_ahead_ms": ahead_ms, "energy": energy,
             "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu,
             **({"host_routing": True} if host_routing else {}),
             **({"host_memory": "pageable"} if gpu_slots.device.type == "cuda" and not host_experts.is_pinned() else {})}

@@ -171,6 +171,8 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                 + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
                 + (f", host alone {sorted(res['host_dispatch_ms'])[len(res['host_dispatch_ms']) // 2]:.2f} ms/token"
                    if res["host_dispatch_ms"] else "")
+                + (f" ({sorted(res['host_dispatch_ahead_ms'])[len(res['host_dispatch_ahead_ms']) // 2]:.2f} ahead of "
+                   "the GPU)" if res.get("host_dispatch_ahead_ms") else "")
                 + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
                           for e in [res["energy"], *res["repeat_energy"]] if e)
                 + f", {res['launches_per_token']:.0f} launches/token"
