@@ -370,6 +370,24 @@ class HostFrontendConfig:
                                                "+ N/B fitted over copy sizes), GB/s", 0.0, minimum=0, maximum=1e6)
     pageable_setup_ns: float = _optional("expert_memory: pageable: the fixed cost of each such copy (the fit's "
                                          "intercept, in place of dma.setup_ns), ns", 0.0, minimum=0, maximum=1e9)
+    # the host's pace (chipsim.sim.host_pace): all three 0, the host enqueues faster than anything it enqueues runs
+    launch_issue_ns: float = _optional("the host thread's time to enqueue one launch of compute (a CUDA graph: one op "
+                                       "group, or one run of them between synchronisations with compute.launch_per: "
+                                       "segment), ns; the machine starts no work before the host has enqueued it",
+                                       0.0, minimum=0, maximum=1e9)
+    copy_issue_ns: float = _optional("the host's time to enqueue one copy (each part of a transfer is one; a pageable "
+                                     "copy's is inside pageable_setup_ns), ns", 0.0, minimum=0, maximum=1e9)
+    event_issue_ns: float = _optional("the host's time per event it records or has a stream wait for (a transfer's "
+                                      "issue point, the copy's wait for it and its end, the arrays' wait for a "
+                                      "fetched expert, a token's end), ns", 0.0, minimum=0, maximum=1e9)
+    launch_queue_depth: int = _optional("program steps (launches, copies, event records and waits) the host may "
+                                        "enqueue ahead of the machine before its next call blocks: the launch "
+                                        "queue's run-ahead; 0: no bound", 0, minimum=0, maximum=1 << 30)
+
+    @property
+    def paced(self) -> bool:
+        """Whether the host's issue costs are modelled (any of them above 0)."""
+        return self.launch_issue_ns > 0 or self.copy_issue_ns > 0 or self.event_issue_ns > 0
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ def _case_row(job) -> dict:
         "overrides": list(overrides), "copy_streams": case.get("copy_streams", 1),
         # the host enqueueing one token at a time on an idle GPU (hwreplay --dispatch-tokens): its own pace
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
+        **({"sim_host_ms": plan.sim_host_issue_ms} if plan.sim_host_issue_ms else {}),
         **energy, **_stall_fields(case, plan, warm),
         **(_kernel_fields(prep.config.hw, case) if "measured_above_idle_mj" in energy else {}),
         **(_host_fields(prep, case) if case.get("host_experts") else {}),
@@ -291,6 +292,8 @@ def regime_case_lines(rows: list[dict]) -> list[str]:
         else:
             st = "| "
         launch = r["kernel_launch"] + (f"; host alone {r['host_alone_ms']:.2f} ms/token" if "host_alone_ms" in r else "")
+        if r.get("sim_host_ms"):  # the host's enqueueing time per token as the config's issue costs price it
+            launch += f"; simulated host {r['sim_host_ms']:.2f} ms/token"
         out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {launch} | "
                    f"{r['measured_ms']:.3f} | {r['simulated_ms']:.3f} | {r['error_pct']:+.1f} % | {e} | {st} |")
     return out

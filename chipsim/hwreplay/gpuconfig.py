@@ -330,12 +330,13 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
            launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark",
            gemm_clock_source: str | None = None, host_probe: dict | None = None,
            host_probe_source: str | None = None, frontend_probe: dict | None = None,
-           frontend_source: str | None = None) -> str:
+           frontend_source: str | None = None, pace: tuple | None = None) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
     EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures; source:
-    the microbenchmark file's name, for errors."""
+    the microbenchmark file's name, for errors; pace: (front-end probe, its path, "torch" or "cudart"): the host's
+    issue costs and launch queue (host_pace_text)."""
     d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
     table = _op_table(mb, kernel_launch, extra_op_times)
     e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"], gemm_clock_source)
@@ -343,6 +344,8 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
     host = _host_cpu_text(mb["machine"], d, mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], host_probe,
                           host_probe_source) + _host_frontend_text(frontend_probe, frontend_source)
+    if pace is not None:
+        host += ("" if frontend_probe is not None else "\nhost_frontend:\n") + host_pace_text(*pace)
     return header + _compute_text(mb, d, e, tables) + _memory_text(mb["machine"], e, gpu_facts(mb["machine"], source)) + _links_text(mb, d, e) + \
         _tail_text(mb["machine"], d, host)
 
@@ -542,6 +545,41 @@ host_frontend:                    # measured alone by python -m chipsim.hwreplay
 """
 
 
+PACE_CALLS = {"torch": ("", "through PyTorch (CUDAGraph.replay, Tensor.copy_, Event.record, Stream.wait_event)"),
+              "cudart": ("cudart", "as raw CUDA runtime calls (cudaGraphLaunch, cudaMemcpyAsync, cudaEventRecord, "
+                                   "cudaStreamWaitEvent; hwreplay --enqueue cudart)")}
+
+
+def host_pace_text(probe: dict, source: str, calls: str) -> str:
+    """host_frontend's issue keys (chipsim.sim.host_pace) from a front-end probe's issue_costs, the host's calls
+    made `calls`' way (PACE_CALLS), and the launch queue's run-ahead, each measured alone. A launch and a copy are
+    priced as a program makes them, each on other memory (the probe's _distinct figures), where the probe has
+    them; the same call repeated is in the comment."""
+    sub, how = PACE_CALLS[calls]
+    try:
+        costs = probe["issue_costs"][sub] if sub else probe["issue_costs"]
+        us = {k: float(costs[k]["host_us_per_call"]) for k in ("graph_launch", "pinned_copy_64kib", "event_record",
+                                                                "stream_wait_event")}
+        repeated = dict(us)
+        for k in ("graph_launch", "pinned_copy_64kib"):
+            if k + "_distinct" in costs:
+                us[k] = float(costs[k + "_distinct"]["host_us_per_call"])
+        depth = int(probe["launch_queue"]["graph_launch"]["enqueued_before_blocking"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{source}: no issue costs {how} or launch queue in this front-end probe "
+                         f"(python -m chipsim.hwreplay.host_frontend): {exc!r}") from None
+    if min(us.values()) <= 0 or depth < 1:
+        raise InputError(f"{source}: the issue costs and the launch queue's run-ahead must be positive")
+    sizes = [f"{float(costs[k]['host_us_per_call']):g}" for k in ("graph_launch_8_kernels", "graph_launch_32_kernels")
+             if k in costs]
+    each = "each of 256 distinct graphs in turn" if us != repeated else "the same graph again"
+    return f"""  launch_issue_ns: {round(us['graph_launch'] * 1e3, 1)}      # measured: the host's time per CUDA graph launch {how}, {each}, enqueued behind a sleeping kernel ({source}; the same one-kernel graph again {repeated['graph_launch']:g} us, {' and '.join(sizes) or 'no other'} us for graphs of 8 and 32 kernels)
+  copy_issue_ns: {round(us['pinned_copy_64kib'] * 1e3, 1)}        # measured: the host's time per pinned 64 KiB copy, the same way (the same copy again: {repeated['pinned_copy_64kib']:g} us)
+  event_issue_ns: {round((us['event_record'] + us['stream_wait_event']) / 2 * 1e3, 1)}        # measured: the mean of an event record's ({us['event_record']:g} us) and a stream wait's ({us['stream_wait_event']:g} us)
+  launch_queue_depth: {depth}        # measured: graph launches enqueued behind a long kernel before the host's call blocked
+"""
+
+
 def _tail_text(m: dict, d: _Derived, host: str) -> str:
     """dma, host CPU, expert buffer, model, workload, run and policies."""
     return f"""dma:
@@ -614,6 +652,12 @@ def main(argv=None) -> int:
     ap.add_argument("--host-frontend", default=None, metavar="FILE",
                     help="validation/h100/h100-host-frontend.json (python -m chipsim.hwreplay.host_frontend): the "
                          "host_frontend block's measured costs (routing read-back, pageable copies)")
+    ap.add_argument("--host-pace", default=None, metavar="FILE",
+                    help="a front-end probe (python -m chipsim.hwreplay.host_frontend): host_frontend's issue costs "
+                         "and launch queue depth, the host's pace")
+    ap.add_argument("--host-pace-calls", default="torch", choices=tuple(PACE_CALLS),
+                    help="with --host-pace: the host's calls as PyTorch makes them (default: what offloading "
+                         "software and hwreplay's default enqueue call) or raw CUDA runtime calls")
     a = ap.parse_args(argv)
     mb = read_json(a.microbench)
     extra = [(path, read_json(path)) for path in a.op_times_extra]
@@ -635,7 +679,8 @@ def main(argv=None) -> int:
                + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
                + "".join(f" --op-energy {p}" for p in a.op_energy)
                + (f" --host-cpu {a.host_cpu}" if a.host_cpu else "")
-               + (f" --host-frontend {a.host_frontend}" if a.host_frontend else ""))
+               + (f" --host-frontend {a.host_frontend}" if a.host_frontend else "")
+               + (f" --host-pace {a.host_pace} --host-pace-calls {a.host_pace_calls}" if a.host_pace else ""))
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
@@ -643,7 +688,8 @@ def main(argv=None) -> int:
                   gemm_clock_source=a.gemm_clock, host_probe=read_json(a.host_cpu) if a.host_cpu else None,
                   host_probe_source=a.host_cpu,
                   frontend_probe=read_json(a.host_frontend) if a.host_frontend else None,
-                  frontend_source=a.host_frontend)
+                  frontend_source=a.host_frontend,
+                  pace=(read_json(a.host_pace), a.host_pace, a.host_pace_calls) if a.host_pace else None)
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

@@ -24,6 +24,7 @@ The host enqueues everything asynchronously; it never waits for the GPU inside t
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import torch
@@ -438,6 +439,35 @@ def _enqueuer(prog: list, cs, enqueue_with: str, use, make_current, synchronize)
     return prog, _torch_enqueue(cs, use, make_current), lambda op: op[0] == "tok"
 
 
+def _with_op_spans(prog: list, Event, cs, on: bool) -> tuple[list, list | None]:
+    """The program with a timing event recorded on the compute stream before and after each compute step (on), and
+    the spans: (token, event before, event after) per step (None where off)."""
+    if not on:
+        return prog, None
+    out, spans, token = [], [], 0
+    for op in prog:
+        if op[0] != "c":
+            out.append(op)
+            token += op[0] == "tok"
+            continue
+        before, after = Event(enable_timing=True), Event(enable_timing=True)
+        out += [("rec", before, cs), op, ("rec", after, cs)]
+        spans.append((token, before, after))
+    return out, spans
+
+
+def _op_span_fields(spans: list | None) -> dict:
+    """op_span_ms: per token [the GPU's ms inside its compute steps, their number] (read after the run)."""
+    if spans is None:
+        return {}
+    per: dict[int, list] = {}
+    for token, before, after in spans:
+        row = per.setdefault(token, [0.0, 0])
+        row[0] += before.elapsed_time(after)
+        row[1] += 1
+    return {"op_span_ms": [[round(ms, 5), n] for _, (ms, n) in sorted(per.items())]}
+
+
 def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize, ahead=None) -> list[float]:
     """The host's own cost per token: each token's program enqueued again on an idle GPU (synchronised
     before), so the host never waits for a full launch queue; in the timed run it always may. With `ahead` (a
@@ -471,7 +501,7 @@ def _sleeper(cs, use, device, host_experts: int):
     computes experts: it would wait for their activations behind the sleep)."""
     if device.type != "cuda" or host_experts:
         return None
-    from chipsim.hwreplay.served_harness import sleep_cycles_per_ms
+    from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
 
     cycles = int(20 * sleep_cycles_per_ms(device))
 
@@ -501,13 +531,13 @@ def _compiled(plan: Plan, step, host_experts, gpu_slots, first_dense: int, stall
 def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slots: torch.Tensor,
            first_dense: int, graphs: bool = False, dispatch_tokens: int = 0, gpu: Gpu | None = None,
            segments: bool = False, stalls: bool = False, energy_settle_s: float = 0.5,
-           enqueue_with: str = "torch", host_routing: bool = False) -> dict:
+           enqueue_with: str = "torch", host_routing: bool = False, op_spans: bool = False) -> dict:
     """Run the plan once; returns per-token latency (ms, CUDA events) and what was moved.
 
     host_experts: pinned (or pageable: host_frontend.expert_memory) (moe_layers, experts, expert bytes) uint8; gpu_slots: (slots, expert bytes) uint8 on the GPU
     (an expert's matrices as GpuDecodeStep.expert_calls reads them: BF16, or packed 4-bit with scales).
-    The action list is first compiled into a flat program of (function, args, kwargs) with every tensor
-    view and event made beforehand, so that enqueueing a token costs the host as little as possible.
+    The action list is first compiled into a flat program of (function, args, kwargs), every tensor view and
+    event made beforehand: enqueueing a token costs the host as little as possible.
     graphs=True (CUDA only) launches each simulator op group (a layer's attention, its router, its shared
     experts, one expert in one slot, a combine, the head) as one captured CUDA graph instead of kernel by
     kernel; the config then charges compute.op_group_launch_ns per group.
@@ -524,6 +554,8 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     dispatch, where hundreds of copies per token would otherwise pace the replay.
     host_routing=True (host_frontend.routing: host; through PyTorch only) has the host read each MoE layer's
     routing back (.tolist() on the compute stream) before it enqueues anything after it.
+    op_spans=True times every compute step on the GPU with an event before and after it ("op_span_ms": per token,
+    the GPU's time inside compute steps and their number): where a token's time goes, compute or between it.
     """
     if host_routing and enqueue_with != "torch":
         raise ValueError("host_routing: the read-back is a PyTorch call (enqueue_with='torch')")
@@ -533,12 +565,9 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs = graphs and gpu_slots.device.type == "cuda"
     compiled = _compiled(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams,
                          host_routing)
-    prog = _bind_compute(compiled.prog, step, gpu_slots, graphs, segments)
+    prog, spans = _with_op_spans(_bind_compute(compiled.prog, step, gpu_slots, graphs, segments), Event, cs, op_spans)
     token_events = compiled.token_events
-
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
-    import gc
-
     steps, enqueue, is_token = _enqueuer(prog, cs, enqueue_with, use, make_current, synchronize)
     host_at_token = []
     synchronize()
@@ -561,6 +590,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         stall_ms = [[t, layer, round(sum(b.elapsed_time(e) for b, e in waits), 5)]
                     for t, layer, waits in compiled.stall_marks]
         host_cpu = host_summary(compiled.host)  # before the dispatch timing runs the host experts again
+        span_fields = _op_span_fields(spans)  # before the dispatch timing records their events again
         dispatch_ms, ahead_ms = _dispatches(steps, enqueue, is_token, dispatch_tokens, synchronize,
                                             _sleeper(cs, use, gpu_slots.device, plan.host_experts))
     finally:
@@ -576,5 +606,5 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
             "gemv": step.gemv, "enqueue": enqueue_with, "host_dispatch_ms": dispatch_ms,
             "host_dispatch_ahead_ms": ahead_ms, "energy": energy,
             "copy_streams": len(copy_streams), **({"stall_ms": stall_ms} if stalls else {}), **host_cpu,
-            **({"host_routing": True} if host_routing else {}),
+            **({"host_routing": True} if host_routing else {}), **span_fields,
             **({"host_memory": "pageable"} if gpu_slots.device.type == "cuda" and not host_experts.is_pinned() else {})}

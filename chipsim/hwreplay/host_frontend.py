@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
+
 MIB = 1 << 20
 
 
@@ -46,18 +48,6 @@ def _fit(points: list[tuple[int, float]]) -> dict:
     sxx = sum((p[0] - mx) ** 2 for p in points)
     slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
     return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(my - slope * mx, 3)}
-
-
-def _sleep_cycles_per_us(stream) -> float:
-    """The sleeping kernel's cycles per µs on this GPU (torch.cuda._sleep spins a number of clock cycles)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(1000)  # warm
-        a.record(stream)
-        torch.cuda._sleep(int(2e7))
-        b.record(stream)
-    b.synchronize()
-    return 2e7 / (a.elapsed_time(b) * 1e3)
 
 
 def stream_copies(device, count: int, chunk: int = 16 * MIB) -> tuple:
@@ -118,7 +108,7 @@ def beside_kernel(device, nbytes: int, kernel_us: float, reps: int) -> dict:
     """A copy on a copy stream enqueued right after a sleeping kernel on the compute stream: when it starts and ends
     against the kernel, and when the host's call returns (µs from the kernel's start)."""
     compute, copy = torch.cuda.Stream(), torch.cuda.Stream()
-    cycles = int(kernel_us * _sleep_cycles_per_us(compute))
+    cycles = int(kernel_us * sleep_cycles_per_ms(device) / 1e3)
     out = {"bytes": nbytes, "kernel_us": kernel_us}
     for pinned in (True, False):
         src = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pinned)
@@ -189,28 +179,58 @@ def issue_costs(device, calls: int, reps: int) -> dict:
     """The host's µs per call, every call enqueued behind a long sleeping kernel on the same stream (the GPU never
     waits for the host, and the queue is far from full). Through PyTorch (what offloading code calls): a pinned
     64 KiB copy, an eager add, a graph launch of 1, 8 and 32 kernels (a segment graph holds several), an event
-    record, a stream's wait for an event. Through the CUDA runtime's own calls (chipsim.hwreplay.cudart, what
-    `hwreplay --enqueue cudart` issues): the same copy, graph launches, record and wait."""
+    record, a stream's wait for an event; and as a program makes them, each call on other memory: launches of 256
+    distinct 8-kernel graphs in turn, copies from distinct 64 KiB stretches of a 64 MiB buffer into distinct
+    places. Through the CUDA runtime's own calls (chipsim.hwreplay.cudart, what `hwreplay --enqueue cudart`
+    issues): the same copies, graph launches, record and wait."""
     stream, other = torch.cuda.Stream(), torch.cuda.Stream()
-    cycles = int(20_000 * _sleep_cycles_per_us(stream))  # 20 ms ahead
+    cycles = int(20_000 * sleep_cycles_per_ms(device) / 1e3)  # 20 ms ahead
     src = torch.ones(64 << 10, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(64 << 10, dtype=torch.uint8, device=device)
     x = torch.ones(4096, device=device)
     graphs = {k: _graph_of(x, stream, k) for k in (1, 8, 32)}
+    distinct = _Distinct(device, stream)
     ev = torch.cuda.Event()
     ev.record(other)  # a recorded event: a wait for it is a real wait entry
     torch.cuda.synchronize()
     ops = {"pinned_copy_64kib": lambda: dst.copy_(src, non_blocking=True), "eager_kernel": lambda: x.add_(1),
            "graph_launch": graphs[1].replay, "graph_launch_8_kernels": graphs[8].replay,
            "graph_launch_32_kernels": graphs[32].replay, "event_record": lambda: ev.record(stream),
-           "stream_wait_event": lambda: stream.wait_event(ev)}
+           "stream_wait_event": lambda: stream.wait_event(ev), "graph_launch_distinct": distinct.launch,
+           "pinned_copy_64kib_distinct": distinct.copy}
     out = {name: _host_us_per_call(op, stream, cycles, calls, reps) for name, op in ops.items()}
-    out["cudart"] = _cudart_issue_costs(stream, src, dst, graphs, ev, cycles, calls, reps)
+    out["cudart"] = _cudart_issue_costs(stream, src, dst, graphs, ev, cycles, calls, reps, distinct)
     torch.cuda.synchronize()
     return out
 
 
-def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: int, reps: int) -> dict:
+class _Distinct:
+    """Calls on other memory each time, as a program makes them: `launch` replays the next of 256 distinct
+    8-kernel graphs, `copy` copies the next 64 KiB stretch of a 64 MiB pinned buffer into the next place."""
+
+    def __init__(self, device, stream) -> None:
+        self.xs = [torch.ones(4096, device=device) for _ in range(256)]
+        self.graphs = [_graph_of(x, stream, 8) for x in self.xs]
+        self.src = torch.ones(64 << 20, dtype=torch.uint8, pin_memory=True)
+        self.dst = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+        self.i = self.j = 0
+
+    def launch(self) -> None:
+        self.graphs[self.i].replay()
+        self.i = (self.i + 1) % len(self.graphs)
+
+    def copy(self) -> None:
+        off = self.j << 16
+        self.dst[off:off + (64 << 10)].copy_(self.src[off:off + (64 << 10)], non_blocking=True)
+        self.j = (self.j + 1) % 1024
+
+    def next_copy(self) -> tuple[int, int]:
+        off = self.j << 16
+        self.j = (self.j + 1) % 1024
+        return self.dst.data_ptr() + off, self.src.data_ptr() + off
+
+
+def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: int, reps: int, distinct) -> dict:
     """issue_costs' calls made as raw CUDA runtime calls through ctypes (chipsim.hwreplay.cudart.Runtime)."""
     from chipsim.hwreplay.cudart import Runtime
     from chipsim.hwreplay.harness import _handle
@@ -219,8 +239,24 @@ def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: 
     s, e = _handle(stream), _handle(ev)
     copy, record, wait, launch = (fns[n] for n in ("cudaMemcpyAsync", "cudaEventRecord", "cudaStreamWaitEvent",
                                                    "cudaGraphLaunch"))
+    exes = [_handle(g) for g in distinct.graphs]
+    ptrs = [distinct.next_copy() for _ in range(1024)]
+    turn = {"g": 0, "c": 0}
+
+    def launch_distinct():
+        turn["g"] = (turn["g"] + 1) % len(exes)
+        return launch(exes[turn["g"]], s)
+
+    def copy_distinct():
+        turn["c"] = (turn["c"] + 1) % len(ptrs)
+        d, c = ptrs[turn["c"]]
+        return copy(d, c, 64 << 10, 1, s)
+
     ops = {"pinned_copy_64kib": lambda: copy(dst.data_ptr(), src.data_ptr(), src.numel(), 1, s),
-           "event_record": lambda: record(e, s), "stream_wait_event": lambda: wait(s, e, 0)}
+           "event_record": lambda: record(e, s), "stream_wait_event": lambda: wait(s, e, 0),
+           "pinned_copy_64kib_distinct": copy_distinct}
+    if exes[0] is not None:
+        ops["graph_launch_distinct"] = launch_distinct
     for k, g in graphs.items():
         exe = _handle(g)
         if exe is not None:  # this PyTorch exposes the executable
@@ -239,7 +275,7 @@ def readback(device, experts: int, reps: int) -> dict:
     GPU busy before the ids as in a decode step. Two ways: `.tolist()` (a pageable read, what PyTorch offloading
     code writes) and a pinned non-blocking copy with an event wait."""
     stream = torch.cuda.Stream()
-    cycles = int(200 * _sleep_cycles_per_us(stream))  # 200 µs of GPU work before the ids
+    cycles = int(200 * sleep_cycles_per_ms(device) / 1e3)  # 200 µs of GPU work before the ids
     logits = torch.randn(64, device=device)
     pinned = torch.empty(experts, dtype=torch.int64, pin_memory=True)
     y = torch.ones(4096, device=device)
@@ -277,7 +313,7 @@ def launch_queue(device, limit: int, kernel_ms: float) -> dict:
     waited for the GPU to free a queue entry). Where none blocks before half the sleep has passed, the count so far
     is a lower bound."""
     stream = torch.cuda.Stream()
-    cycles = int(kernel_ms * 1e3 * _sleep_cycles_per_us(stream))
+    cycles = int(kernel_ms * 1e3 * sleep_cycles_per_ms(device) / 1e3)
     x = torch.ones(1024, device=device)
     g = _graph_of(x, stream, 1)
     out = {}

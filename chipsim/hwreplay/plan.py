@@ -289,6 +289,7 @@ class Plan:
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
     sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
+    sim_host_issue_ms: float = 0.0  # host_frontend's issue costs: the host's time enqueueing, per token (0: not paced)
     prompt_tokens: int = 0  # a request's prompt: the plan is its prefill chunks (tokens: their number), else 0
     chunk_tokens: list | None = None  # a request's prefill chunks: [offset, tokens] each
     batch: int = 0  # a batch's sequences: the plan is its decode steps (tokens: their number), else 0
@@ -330,6 +331,8 @@ class Plan:
         extra = {} if self.copies is None else {"engines": self.engines, "copy_spans": len(self.copies)}
         if self.sim_segment_launches:
             extra["sim_segment_launches"] = self.sim_segment_launches
+        if self.sim_host_issue_ms:
+            extra["sim_host_issue_ms"] = self.sim_host_issue_ms
         if self.prompt_tokens:
             extra.update(prompt_tokens=self.prompt_tokens, chunk_tokens=self.chunk_tokens)
         if self.batch:
@@ -396,7 +399,8 @@ def build_plan(prep: Prepared, policy) -> Plan:
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps[:steps]],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(steps)],
-                engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches)
+                engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches,
+                sim_host_issue_ms=round(sim.host_issue_ps / 1e9 / max(1, steps), 6))
     if prep.request is not None:
         plan.prompt_tokens = prep.request.prompt_tokens
         plan.chunk_tokens = [[c.offset, c.tokens] for c in prep.request.chunks]

@@ -111,10 +111,21 @@ def _memory_word(pinned: bool, device) -> str:
     return ("pinned " if pinned else "pageable ") if device.type == "cuda" else ""
 
 
+def _host_alone_text(res: dict) -> str:
+    """The log's host-alone part: the host's median time per token enqueueing on an idle GPU, and ahead of it."""
+    def median(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    idle, ahead = res.get("host_dispatch_ms"), res.get("host_dispatch_ahead_ms")
+    return ((f", host alone {median(idle):.2f} ms/token" if idle else "")
+            + (f" ({median(ahead):.2f} ahead of the GPU)" if ahead else ""))
+
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
-                  energy_settle_s: float = 0.5, enqueue_with: str = "torch", warm_replay: bool = False) -> dict:
+                  energy_settle_s: float = 0.5, enqueue_with: str = "torch", warm_replay: bool = False,
+                  op_spans: bool = False) -> dict:
     import torch
 
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
@@ -152,7 +163,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
         for policy in prep.policies:
             plan = plans[(str(ctx), policy.label)]
             kw = dict(graphs=graphs, gpu=gpu, segments=segments, stalls=stalls, energy_settle_s=energy_settle_s,
-                      enqueue_with=enqueue_with, host_routing=host_routing)
+                      enqueue_with=enqueue_with, host_routing=host_routing, op_spans=op_spans)
             if warm_replay:  # once unmeasured first, as the prefill, batch and served replays are
                 replay(plan, step, host, gpu_slots, m.first_dense_layers, **{**kw, "gpu": None})
             res = replay(plan, step, host, gpu_slots, m.first_dense_layers, dispatch_tokens=dispatch_tokens, **kw)
@@ -169,10 +180,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             log(f"  ctx {ctx} {policy.label:12} measured {mean:8.3f} ms/token, simulated {sum(sim) / len(sim):8.3f}, "
                 f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token"
                 + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
-                + (f", host alone {sorted(res['host_dispatch_ms'])[len(res['host_dispatch_ms']) // 2]:.2f} ms/token"
-                   if res["host_dispatch_ms"] else "")
-                + (f" ({sorted(res['host_dispatch_ahead_ms'])[len(res['host_dispatch_ahead_ms']) // 2]:.2f} ahead of "
-                   "the GPU)" if res.get("host_dispatch_ahead_ms") else "")
+                + _host_alone_text(res)
                 + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
                           for e in [res["energy"], *res["repeat_energy"]] if e)
                 + f", {res['launches_per_token']:.0f} launches/token"
@@ -407,6 +415,7 @@ def _contexts(text: str, option: str = "--contexts") -> list[int]:
 def _check_prefill_options(a) -> None:
     """--prompts replays prefill chunks: the decode replay's options that have no meaning there are refused."""
     for given, option in ((a.contexts is not None, "--contexts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.op_spans, "--op-spans"),
                           (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
         if given:
             raise InputError(f"{option}: not with --prompts (a request's prefill is replayed chunk by chunk, each op "
@@ -426,6 +435,7 @@ def _check_batch_options(a) -> None:
     if a.steps is not None and a.steps < 1:
         raise InputError(f"--steps {a.steps}: expected a whole number >= 1")
     for given, option in ((a.prompts is not None, "--prompts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.op_spans, "--op-spans"),
                           (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
         if given:
             raise InputError(f"{option}: not with --batch (a batch's steps are replayed op group by op group; "
@@ -440,6 +450,7 @@ def _check_served_options(a) -> None:
         return
     for given, option in ((a.prompts is not None, "--prompts"), (a.batch is not None, "--batch"),
                           (a.contexts is not None, "--contexts"), (a.segments, "--segments"), (a.stalls, "--stalls"),
+                          (a.op_spans, "--op-spans"),
                           (a.dispatch_tokens, "--dispatch-tokens"), (a.enqueue != "torch", "--enqueue")):
         if given:
             raise InputError(f"{option}: not with --served (a served run's steps, their prompts, batches and "
@@ -483,6 +494,9 @@ def _parser() -> OneLineParser:
                          "(compute.launch_per=segment, recorded with the other overrides)")
     ap.add_argument("--stalls", action="store_true",
                     help="time each MoE layer's wait for its copies (CUDA events around every wait): per-layer stalls")
+    ap.add_argument("--op-spans", action="store_true",
+                    help="time every compute step on the GPU (CUDA events around each): per token, the time inside "
+                         "compute and between it")
     ap.add_argument("--gemv", default="cublas", choices=GEMV_KERNELS,
                     help="the GEMV kernels: cublas (torch.mv / torch.mm) or triton (chipsim/hwreplay/triton_kernels.py, "
                          "the structure hwconfigs/h200-cycle-level.yaml describes; needs Triton)")
@@ -575,7 +589,8 @@ def main(argv=None) -> int:
             res = replay_config(config, contexts, a.policy, a.jobs, log=_say, device=a.device, graphs=a.graphs,
                                 overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
                                 dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
-                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue, warm_replay=a.warm_replay)
+                                energy_settle_s=a.energy_settle, enqueue_with=a.enqueue, warm_replay=a.warm_replay,
+                                op_spans=a.op_spans)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)

@@ -17,11 +17,11 @@ starts the next step, so a step's latency is never the gap's. The copies and the
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 
+from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
 from chipsim.hwreplay.harness import (GpuDecodeStep, _nothing, _ProgramCompiler, kernel_call, weight_bytes, weight_shape,
                                       weight_views)
 from chipsim.hwreplay.ops import prefill_expert_ops, replayable_prefill_model, served_step_ops
@@ -55,19 +55,6 @@ def split_gaps(plan, latency_ms: list[float]) -> tuple[list[float], list[float]]
     if next(it, None) is not None:
         raise RuntimeError("hwreplay: more timed intervals than the served plan's steps and gaps")
     return steps, gaps
-
-
-def sleep_cycles_per_ms(device, cycles: int = 20_000_000, reps: int = 3) -> float:
-    """The GPU's clock cycles per millisecond as torch.cuda._sleep counts them (median of `reps` timed sleeps)."""
-    rates = []
-    for _ in range(reps + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        torch.cuda._sleep(cycles)
-        b.record()
-        b.synchronize()
-        rates.append(cycles / a.elapsed_time(b))
-    return statistics.median(rates[1:])  # the first wakes the clocks
 
 
 class GpuServed(GpuPrefill):

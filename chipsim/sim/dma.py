@@ -44,7 +44,7 @@ class Transfer:
     __slots__ = (
         "tid", "nbytes", "priority", "tag", "state", "remaining", "boundary",
         "issue_ps", "data_start_ps", "data_end_ps", "finish_ps", "setup_done", "cancelled", "moved_bytes",
-        "descriptors", "flow",
+        "descriptors", "flow", "not_before_ps",
     )
 
     def __init__(self, tid: int, nbytes: int, priority: int, tag: Any, now: int, descriptors: int = 1) -> None:
@@ -64,6 +64,7 @@ class Transfer:
         self.moved_bytes = 0  # set when the transfer ends: all its bytes, or what moved before a cancel
         self.descriptors = descriptors  # a chain (e.g. gate, up, down): one setup cost per descriptor
         self.flow: Flow | None = None  # its data phase in the flow network (from its first data byte)
+        self.not_before_ps = 0  # its setup starts no earlier (the host enqueues it then: chipsim.sim.host_pace)
 
 
 def _flow(tr: Transfer) -> Flow:
@@ -182,13 +183,16 @@ class DmaPath:
         self.flow_cap = 0  # bytes/s no transfer's data moves faster than, whatever the path allows (0: none)
 
     # ------------------------------------------------------------------------------------ public
-    def submit(self, nbytes: int, priority: int, tag: Any = None, descriptors: int = 1) -> Transfer:
+    def submit(self, nbytes: int, priority: int, tag: Any = None, descriptors: int = 1, not_before_ps: int = 0
+               ) -> Transfer:
         """Queue a transfer; `on_landed` is called with it when its last byte has landed.
 
         `descriptors` > 1 is a descriptor chain run by one engine (e.g. an expert's gate, up and down
-        matrices): it pays the per-descriptor setup once per descriptor before its data moves."""
+        matrices): it pays the per-descriptor setup once per descriptor before its data moves. An engine that takes
+        it before `not_before_ps` (the host has not enqueued it yet) starts its setup then."""
         now = self._now()
         tr = Transfer(self._next_tid, nbytes, priority, tag, now, descriptors)
+        tr.not_before_ps = not_before_ps
         self.descriptors_submitted += descriptors
         self._next_tid += 1
         if priority == DEMAND:
@@ -315,7 +319,7 @@ class DmaPath:
                 self._start_data(tr)
             else:
                 tr.state = SETUP
-                heappush(self.in_setup, (self._now() + self.setup_ps * tr.descriptors, tr.tid, tr))
+                heappush(self.in_setup, (max(self._now(), tr.not_before_ps) + self.setup_ps * tr.descriptors, tr.tid, tr))
         if self.preempt and self.flowing:
             flowing = self.flowing
             if self.queue_demand or any(t.priority == DEMAND for t in flowing):

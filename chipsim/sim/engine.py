@@ -41,6 +41,7 @@ from chipsim.sim.core import EventCore, simpy_core
 from chipsim.sim.demands import DemandQueue
 from chipsim.sim.dma import DEMAND, PREFETCH
 from chipsim.sim.flows import PPM, READ, WRITE, Path
+from chipsim.sim.host_pace import HostPace
 from chipsim.sim.observe import Observer, combined
 from chipsim.sim.record import RunCounts, RunRecorder, SimResult
 from chipsim.sim.tally import TokenTally
@@ -246,6 +247,13 @@ class Simulation:
         self._pageable_in_flight = 0
         self._host_waiters: list[Any] = []
         self._host_blocked_ps = 0
+        # host_frontend's issue costs: the host thread's own pace (None: it is always ahead)
+        self._pace: HostPace | None = None
+        if frontend.paced:
+            self._pace = HostPace(ns_to_ps(frontend.launch_issue_ns), ns_to_ps(frontend.copy_issue_ns),
+                                  ns_to_ps(frontend.event_issue_ns), frontend.launch_queue_depth)
+        self._segments_now = 0  # segment launches _launched added to the work about to run (the host enqueues them)
+        self._marker_due = True  # no transfer issued since the last compute: the next records an issue point
         self._blocked_in_layers = 0  # of it, what MoE layers counted as their stall
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
         # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
@@ -276,6 +284,11 @@ class Simulation:
         self._use_clock = -1
         self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
+
+    @property
+    def host_issue_ps(self) -> int:
+        """The host's time enqueueing the program in all (host_frontend's issue costs; 0 where they are not set)."""
+        return self._pace.busy_ps if self._pace is not None else 0
 
     def widest_step(self) -> int:
         """The most tokens one step of this run reads: a prefill chunk's, a batch's, a verify step's, a served step's
@@ -388,7 +401,9 @@ class Simulation:
         self.buffer.link(entry)
         # an expert in several parts (gate, up, down) is one descriptor chain on one DMA engine
         # (positional: a call with keywords takes the generic path into the C core's DmaPath)
-        transfer = self.dma.submit(self._fetch_bytes, priority, entry, len(self._part_bytes))
+        parts = len(self._part_bytes)
+        ready = self._copy_enqueued(parts) if self._pace is not None else 0  # the host's pace: not before it is
+        transfer = self.dma.submit(self._fetch_bytes, priority, entry, parts, ready)
         entry.transfers.append(transfer)
         entry.parts_left = 1
         if self._pageable:
@@ -478,14 +493,17 @@ class Simulation:
         if self._observer is not None:
             self._observer.host_job(layer, expert, start, self._now())
 
-    def _compute(self, work: Work, kind: str, index: int, experts: list[int] | None = None
-                 ) -> Generator[Any, Any, None]:
-        """Run arrays work: an op group of `kind` (chipsim.sim.observe.OP_KINDS) of layer `index`. Its fixed part
-        takes its own time; its operands then stream as a flow over HBM and the memory-to-compute UCIe link,
-        no faster than the arrays consume them alone, slower when other flows share those resources. Work the
-        program enqueues while pageable copies hold the host starts once they have ended."""
+    def _compute(self, work: Work, kind: str, index: int, groups: int = 1, experts: list[int] | None = None,
+                 waits: int = 0) -> Generator[Any, Any, None]:
+        """Run arrays work: an op group of `kind` (chipsim.sim.observe.OP_KINDS) of layer `index`, `groups` op
+        groups as a GPU launches them (after `waits` waits for fetched experts). Its fixed part takes its own time;
+        its operands then stream as a flow over HBM and the memory-to-compute UCIe link, no faster than the arrays
+        consume them alone, slower when other flows share those resources. Work the program enqueues while pageable
+        copies hold the host starts once they have ended; with the host's pace, once the host has enqueued it."""
         if self._pageable_in_flight:
             yield from self._await_host(-1 if kind == "dense" or kind == "head" else index)
+        if self._pace is not None:
+            yield from self._await_enqueued(work, -1 if kind == "dense" or kind == "head" else index, groups, waits)
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
@@ -518,6 +536,8 @@ class Simulation:
         while self._pageable_in_flight:
             yield self._host_released()
         self._host_blocked_ps += self._now() - start
+        if self._pace is not None:  # the host comes back from its copies now
+            self._pace.synced(self._now())
         if self._observer is not None:
             self._observer.stall(index, start, self._now())
 
@@ -527,6 +547,44 @@ class Simulation:
         self._host_waiters.append(ev)
         return ev
 
+    def _await_enqueued(self, work: Work, index: int, groups: int, waits: int) -> Generator[Any, Any, None]:
+        """The arrays wait for the host to enqueue `work`: its launches (`groups` op groups, or the segment launches
+        _launched added) after `waits` event waits; a stall of MoE layer `index` (-1: outside MoE layers)."""
+        pace = self._pace
+        assert pace is not None
+        launches = groups if self._segment_launch is None else self._segments_now
+        self._segments_now = 0
+        self._marker_due = True  # a transfer issued after this compute records its own issue point
+        delay = pace.start_delay(launches, waits, work.ps, self._now())
+        if delay:
+            start = self._now()
+            yield self._timeout(delay)
+            self._host_blocked_ps += delay
+            if self._observer is not None:
+                self._observer.stall(index, start, self._now())
+
+    def _copy_enqueued(self, parts: int) -> int:
+        """The host enqueues a transfer: an issue point (one per run of issues), the copy stream's wait for it, a
+        copy per part (a pageable copy's call is inside its own fixed cost) and an event after. Returns when it
+        has (0: before now)."""
+        pace = self._pace
+        assert pace is not None
+        events = 2 + int(self._marker_due)
+        self._marker_due = False
+        copies = 0 if self._pageable else parts
+        _, done = pace.enqueue(0, copies, events)
+        now = self._now()
+        pace.reached(copies + events, max(now, done))
+        return done if done > now else 0
+
+    def _step_marked(self) -> None:
+        """A step's end is marked between it and the next (an event the host records): a segment ends."""
+        self._synced = True
+        pace = self._pace
+        if pace is not None:
+            _, done = pace.enqueue(0, 0, 1)
+            pace.reached(1, max(self._now(), done))
+
     def _read_back(self, layer: int) -> Generator[Any, Any, int]:
         """host_frontend.routing: host: the arrays idle while the host reads the layer's routing back (a stall: what
         follows waits for the host's decision on the layer's experts). Returns it (ps; 0 where routing is on the
@@ -535,6 +593,8 @@ class Simulation:
             return 0
         start = self._now()
         yield self._timeout(self._readback_ps)
+        if self._pace is not None:  # the host has the routing now: what follows is enqueued from here
+            self._pace.synced(self._now())
         self._synced = True  # the host synchronised: the compute after it starts a new segment (launch_per: segment)
         if self._observer is not None:
             self._observer.stall(layer, start, self._now())
@@ -576,6 +636,7 @@ class Simulation:
             return work
         self._synced = False
         self.segment_launches += 1
+        self._segments_now = 1
         if self._observer is not None:
             self._observer.launches(1)
         return work + launch
@@ -600,6 +661,7 @@ class Simulation:
         if not n:
             return work
         self.segment_launches += n
+        self._segments_now = n
         if self._observer is not None:
             self._observer.launches(n)
         return work + (launch if n == 1 else launch.times(n))
@@ -663,11 +725,11 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, cost in enumerate(costs):
             if li < dense:
-                yield from self._compute(self._launched(cost.pre + cost.dense), "dense", li)
+                yield from self._compute(self._launched(cost.pre + cost.dense), "dense", li, 2)
             else:
                 stall += yield from self._moe_layer(t, li - dense, cost, row)
-        yield from self._compute(self._launched(head), "head", -1)
-        self._synced = True  # the token's end is marked between it and the next
+        yield from self._compute(self._launched(head), "head", -1, 1)
+        self._step_marked()
         if self._observer is not None:
             self._observer.token_end(t, token_start, self._now())
         self._tally.add_to(self.rec.ledger)
@@ -682,7 +744,7 @@ class Simulation:
         blocked = self._host_blocked_ps
         with self.dma.batch():
             self.policy.on_layer_start(self.context, t, layer)
-        yield from self._compute(self._launched(cost.pre), "attention", layer)
+        yield from self._compute(self._launched(cost.pre), "attention", layer, 2)
         readback = yield from self._read_back(layer)
         plan = self._route(t, layer, row)
         stall = yield from self._run_experts(t, layer, plan, cost, row)
@@ -768,30 +830,38 @@ class Simulation:
                 last = len(ready) == len(remaining)
                 batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
+                # op groups the replay launches: each expert, the shared experts, the weighted sum
+                groups = len(ready) + int(extra.ps > 0) + int(last and combine.ps > 0)
                 extra = NO_WORK
                 use = (t if self._use_clock < 0 else self._use_clock) * self.num_moe_layers + layer
+                waits = 0  # fetched experts used for the first time: the arrays wait for each one's copy
                 for entry in ready_entries:
+                    if not entry.used and entry.transfers:
+                        waits += 1
                     entry.used = True
                     entry.last_use = use
                 if self._segment_launch is not None:
                     work = self._launched_experts(work, ready_entries)
-                yield from self._compute(work, "experts", layer, ready)
+                yield from self._compute(work, "experts", layer, groups, ready, waits)
                 self._expert_computes += len(ready)
                 remaining = waiting
             elif extra.ps:  # shared experts do not wait for routed ones
-                yield from self._compute(extra, "shared", layer)
+                yield from self._compute(extra, "shared", layer, 1)
                 extra = NO_WORK
             else:
                 stall += yield from self._await_arrival(layer)
         if host_jobs:
             wait_start = self._now()
             yield self._all_of(host_jobs)
+            if self._pace is not None:  # the host computed them: it enqueues what follows now
+                self._pace.synced(self._now())
             self.rec.host_wait_ps[row] += self._now() - wait_start
             if self._observer is not None:
                 self._observer.host_wait(layer, wait_start, self._now())
-            yield from self._compute(self._launched(extra + combine_later), "combine", layer)
+            yield from self._compute(self._launched(extra + combine_later), "combine", layer,
+                                     int(extra.ps > 0) + int(combine_later.ps > 0))
         elif not plan.execute:
-            yield from self._compute(self._launched(extra + combine), "combine", layer)
+            yield from self._compute(self._launched(extra + combine), "combine", layer, int(extra.ps > 0) + int(combine.ps > 0))
         return stall
 
     def _await_arrival(self, layer: int) -> Generator[Any, Any, int]:
@@ -865,13 +935,14 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, layer in enumerate(chunk.layers):
             if li < dense:
-                yield from self._compute(self._launched(cost_of(layer.mixer) + cost_of(layer.dense)), "dense", li)
+                yield from self._compute(self._launched(cost_of(layer.mixer) + cost_of(layer.dense)), "dense", li,
+                                         2)
             else:
                 stall += yield from self._tokens_layer(k, range(first, last + 1), li - dense,
                                                        cost_of(layer.mixer) + cost_of(layer.router),
                                                        cost_of(layer.dense), cost_of(layer.combine))
-        yield from self._compute(self._launched(cost_of(chunk.head)), "head", -1)
-        self._synced = True
+        yield from self._compute(self._launched(cost_of(chunk.head)), "head", -1, 1)
+        self._step_marked()
         if self._observer is not None:
             self._observer.prefill_end(k, first, last, start, self._now())
         self._tally.add_to(self.rec.ledger)
@@ -890,7 +961,7 @@ class Simulation:
         blocked = self._host_blocked_ps
         with self.dma.batch():
             self.policy.on_layer_start(self.context, last, layer)
-        yield from self._compute(self._launched(pre), "attention", layer)
+        yield from self._compute(self._launched(pre), "attention", layer, 2)
         readback = yield from self._read_back(layer)
         counts: dict[int, int] = {}  # expert -> the step's tokens routed to it, in order of first appearance
         routed = self._routed
@@ -946,12 +1017,12 @@ class Simulation:
         dense = self.model.first_dense_layers
         for li, layer in enumerate(layers):
             if li < dense:
-                yield from self._compute(self._launched(cost_of(layer.pre) + cost_of(layer.dense)), "dense", li)
+                yield from self._compute(self._launched(cost_of(layer.pre) + cost_of(layer.dense)), "dense", li, 2)
             else:
                 stall += yield from self._tokens_layer(i, tokens, li - dense, cost_of(layer.pre),
                                                        cost_of(layer.dense), cost_of(layer.combine))
-        yield from self._compute(self._launched(cost_of(head)), "head", -1)
-        self._synced = True
+        yield from self._compute(self._launched(cost_of(head)), "head", -1, 1)
+        self._step_marked()
         if self._observer is not None:
             self._observer.token_end(last, start, self._now())
         self._tally.add_to(self.rec.ledger)

@@ -877,6 +877,7 @@ cdef class Transfer:
     cdef public long long descriptors
     cdef public Flow flow
     cdef public long long setup_end  # ps: when its setup ends (while in the path's in_setup heap)
+    cdef public long long not_before_ps  # its setup starts no earlier (the host enqueues it then)
 
     @property
     def remaining(self):
@@ -1036,7 +1037,7 @@ cdef class DmaPath:
         return self._chunk_units
 
     # ------------------------------------------------------------------------------------ public
-    def submit(self, long long nbytes, int priority, tag=None, long long descriptors=1):
+    def submit(self, long long nbytes, int priority, tag=None, long long descriptors=1, long long not_before_ps=0):
         cdef Transfer tr = Transfer.__new__(Transfer)
         self._touched = True
         tr.tid = self._next_tid
@@ -1055,6 +1056,7 @@ cdef class DmaPath:
         tr.moved_bytes = 0
         tr.descriptors = descriptors
         tr.flow = None
+        tr.not_before_ps = not_before_ps
         self.descriptors_submitted += descriptors
         self._next_tid += 1
         if priority == DEMAND:
@@ -1185,7 +1187,7 @@ cdef class DmaPath:
                 self._start_data(tr)
             else:
                 tr.state = SETUP
-                tr.setup_end = self.env.now + self.setup_ps * tr.descriptors
+                tr.setup_end = max(self.env.now, tr.not_before_ps) + self.setup_ps * tr.descriptors
                 _setup_push(self.in_setup, tr)
         if self.preempt and self.flowing:
             flowing = self.flowing

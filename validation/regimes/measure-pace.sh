@@ -2,13 +2,14 @@
 # Issue #44 item 1: the host's pace, in one device command from the repository root with the device's own torch
 # (simpy from .whl/ when the device lacks it):
 #
-#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace; default both;
+#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace spans; default all;
 #                                                            GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-pace.sh OUT   (the replays on this machine's CPU, 3 tokens)
 #
 # frontend: the host's front-end costs, each alone (python -m chipsim.hwreplay.host_frontend): the host's time per
-#           copy, graph launch (1, 8, 32 kernels), event record and stream wait, through PyTorch and as raw CUDA
-#           runtime calls; the launch queue's run-ahead; the pageable copies and read-back as before
+#           copy, graph launch (1, 8, 32 kernels), event record and stream wait, the same copy and launch on other
+#           memory each time (256 distinct graphs, distinct buffers), through PyTorch and as raw CUDA runtime calls,
+#           with the GPU busy ahead and idle; the launch queue's run-ahead; the pageable copies and read-back
 #                                                            -> OUT/$GPU-host-frontend-pace.json
 # pace:     Granite-3B at context 1,024, each plan replayed once unmeasured and twice measured, then 16 of its tokens
 #           enqueued again one at a time on an idle GPU (--dispatch-tokens 16: the host's own time per token, with
@@ -18,12 +19,15 @@
 #             q4-torch:       4-bit experts, a quarter cached, segments, PyTorch        -> OUT/q4-torch/
 #             q4-cudart:      the same through raw CUDA runtime calls                    -> OUT/q4-cudart/
 #             pcie:           BF16 experts, PCIe-bound (LRU, ProMoE), one graph per op group, PyTorch -> OUT/pcie/
+# spans:    the same plans as pace's cached-seg, q4-torch (LRU) and pcie (LRU), each compute step timed on the GPU
+#           (--op-spans: an event before and after each): where a token's time goes, inside compute or between it
+#                                                            -> OUT/spans-{cached-seg,q4-torch,pcie}/
 # Afterwards, on any machine: commit OUT's files (validation/$GPU/README.md says where) and compare the host's time
 # per token the config's issue keys give with the replays' host_dispatch_ms. All output also goes to OUT/measure.log.
 set -uo pipefail
-OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace]}
+OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans]}
 shift
-WHAT=" ${*:-frontend pace} "
+WHAT=" ${*:-frontend pace spans} "
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
@@ -71,4 +75,11 @@ if step pace; then
     replay q4-cudart $G $SEG --enqueue cudart $D $Q4
   fi
   replay pcie $G $D --policy lru --policy promoe
+fi
+if step spans; then  # one graph per run of compute where pace's replays had them (segments need graphs)
+  S="--segments"
+  [[ $DEVICE == cuda ]] || S=""
+  replay spans-cached-seg $G $S --op-spans --set expert_buffer.capacity_mib=5376 --policy lru
+  replay spans-q4-torch $G $S --op-spans --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy lru
+  replay spans-pcie $G --op-spans --policy lru
 fi
