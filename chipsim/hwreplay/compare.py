@@ -122,11 +122,25 @@ def _case_row(job) -> dict:
         "overrides": list(overrides), "copy_streams": case.get("copy_streams", 1),
         # the host enqueueing one token at a time on an idle GPU (hwreplay --dispatch-tokens): its own pace
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
+        **({"host_ahead_ms": statistics.median(case["host_dispatch_ahead_ms"])}
+           if case.get("host_dispatch_ahead_ms") else {}),
         **({"sim_host_ms": plan.sim_host_issue_ms} if plan.sim_host_issue_ms else {}),
+        **_span_fields(case, plan, warm),
         **energy, **_stall_fields(case, plan, warm),
         **(_kernel_fields(prep.config.hw, case) if "measured_above_idle_mj" in energy else {}),
         **(_host_fields(prep, case) if case.get("host_experts") else {}),
     }
+
+
+def _span_fields(case: dict, plan, warm: int) -> dict:
+    """hwreplay --op-spans: the GPU's mean time per token inside compute steps, and the simulator's arrays time per
+    token (its latency less its MoE layers' stalls)."""
+    spans = case.get("op_span_ms")
+    if not spans:
+        return {}
+    arrays = [lat - sum(stall) for lat, stall in zip(plan.sim_latency_ms[warm:], plan.sim_stall_ms[warm:])]
+    return {"compute_span_ms": statistics.fmean(ms for ms, _ in spans[warm:len(case["latency_ms"])]),
+            "sim_arrays_ms": statistics.fmean(arrays)}
 
 
 def _host_fields(prep, case: dict) -> dict:
@@ -292,6 +306,11 @@ def regime_case_lines(rows: list[dict]) -> list[str]:
         else:
             st = "| "
         launch = r["kernel_launch"] + (f"; host alone {r['host_alone_ms']:.2f} ms/token" if "host_alone_ms" in r else "")
+        if "host_ahead_ms" in r:
+            launch += f" ({r['host_ahead_ms']:.2f} ahead of the GPU)"
+        if "compute_span_ms" in r:  # the GPU's time inside compute steps (hwreplay --op-spans) and the arrays' time
+            launch += (f"; inside compute {r['compute_span_ms']:.3f} ms/token (simulated arrays "
+                       f"{r['sim_arrays_ms']:.3f})")
         if r.get("sim_host_ms"):  # the host's enqueueing time per token as the config's issue costs price it
             launch += f"; simulated host {r['sim_host_ms']:.2f} ms/token"
         out.append(f"| {r['model']} | {r['context_length']} | {r['policy']} | {launch} | "

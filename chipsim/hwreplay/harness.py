@@ -139,11 +139,13 @@ class GpuDecodeStep:
         return cache[key]
 
 
-def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, graphs: bool, segments: bool) -> list:
+def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, graphs: bool, segments: bool,
+                  labels: list | None = None) -> list:
     """The compiled program's compute entries ("c", [op group keys]) made into calls: kernel by kernel, one
     graph per op group (graphs), or one graph per run of consecutive groups between synchronisations with the
     copy stream (segments; without graphs, a CPU dry run, the same runs kernel by kernel). Keys are the step's
-    (`step.calls_for`): ("group", name, layer) or ("expert", slot) of a decode step."""
+    (`step.calls_for`): ("group", name, layer) or ("expert", slot) of a decode step. `labels`, where given, gets
+    each compute entry's op group names ("attention+router", "expert", ...) in order."""
     raw: dict[tuple, list] = {}
 
     def calls_of(key):
@@ -161,6 +163,8 @@ def _bind_compute(prog: list, step: GpuDecodeStep, gpu_slots: torch.Tensor, grap
         prog = merged
     out = []
     for op in prog:
+        if op[0] == "c" and labels is not None:
+            labels.append("+".join(sorted({"expert" if k[0] == "expert" else str(k[1]) for k in op[1]})))
         if op[0] != "c":
             out.append(op)
         elif segments and graphs:
@@ -439,12 +443,18 @@ def _enqueuer(prog: list, cs, enqueue_with: str, use, make_current, synchronize)
     return prog, _torch_enqueue(cs, use, make_current), lambda op: op[0] == "tok"
 
 
-def _with_op_spans(prog: list, Event, cs, on: bool) -> tuple[list, list | None]:
+def _bound(prog: list, step, gpu_slots, graphs: bool, segments: bool, Event, cs, op_spans: bool) -> tuple:
+    """_bind_compute's program, with every compute step timed where op_spans (_with_op_spans): (program, spans)."""
+    labels: list = []
+    return _with_op_spans(_bind_compute(prog, step, gpu_slots, graphs, segments, labels), Event, cs, op_spans, labels)
+
+
+def _with_op_spans(prog: list, Event, cs, on: bool, labels: list) -> tuple[list, list | None]:
     """The program with a timing event recorded on the compute stream before and after each compute step (on), and
-    the spans: (token, event before, event after) per step (None where off)."""
+    the spans: (token, the step's label, event before, event after) per step (None where off)."""
     if not on:
         return prog, None
-    out, spans, token = [], [], 0
+    out, spans, token, c = [], [], 0, 0
     for op in prog:
         if op[0] != "c":
             out.append(op)
@@ -452,20 +462,28 @@ def _with_op_spans(prog: list, Event, cs, on: bool) -> tuple[list, list | None]:
             continue
         before, after = Event(enable_timing=True), Event(enable_timing=True)
         out += [("rec", before, cs), op, ("rec", after, cs)]
-        spans.append((token, before, after))
+        spans.append((token, labels[c], before, after))
+        c += 1
     return out, spans
 
 
 def _op_span_fields(spans: list | None) -> dict:
-    """op_span_ms: per token [the GPU's ms inside its compute steps, their number] (read after the run)."""
+    """op_span_ms: per token [the GPU's ms inside its compute steps, their number]; op_span_kinds: per step label
+    (its op group names) its ms per token (read after the run)."""
     if spans is None:
         return {}
     per: dict[int, list] = {}
-    for token, before, after in spans:
+    kinds: dict[str, dict[int, float]] = {}
+    for token, label, before, after in spans:
+        ms = before.elapsed_time(after)
         row = per.setdefault(token, [0.0, 0])
-        row[0] += before.elapsed_time(after)
+        row[0] += ms
         row[1] += 1
-    return {"op_span_ms": [[round(ms, 5), n] for _, (ms, n) in sorted(per.items())]}
+        by_token = kinds.setdefault(label, {})
+        by_token[token] = by_token.get(token, 0.0) + ms
+    tokens = sorted(per)
+    return {"op_span_ms": [[round(per[t][0], 5), per[t][1]] for t in tokens],
+            "op_span_kinds": {k: [round(v.get(t, 0.0), 5) for t in tokens] for k, v in sorted(kinds.items())}}
 
 
 def _dispatch_ms(steps: list, enqueue, is_token, dispatch_tokens: int, synchronize, ahead=None) -> list[float]:
@@ -554,8 +572,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     dispatch, where hundreds of copies per token would otherwise pace the replay.
     host_routing=True (host_frontend.routing: host; through PyTorch only) has the host read each MoE layer's
     routing back (.tolist() on the compute stream) before it enqueues anything after it.
-    op_spans=True times every compute step on the GPU with an event before and after it ("op_span_ms": per token,
-    the GPU's time inside compute steps and their number): where a token's time goes, compute or between it.
+    op_spans=True times every compute step on the GPU (an event before and after each; _op_span_fields).
     """
     if host_routing and enqueue_with != "torch":
         raise ValueError("host_routing: the read-back is a PyTorch call (enqueue_with='torch')")
@@ -565,7 +582,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
     graphs = graphs and gpu_slots.device.type == "cuda"
     compiled = _compiled(plan, step, host_experts, gpu_slots, first_dense, stalls, Event, cs, copy_streams,
                          host_routing)
-    prog, spans = _with_op_spans(_bind_compute(compiled.prog, step, gpu_slots, graphs, segments), Event, cs, op_spans)
+    prog, spans = _bound(compiled.prog, step, gpu_slots, graphs, segments, Event, cs, op_spans)
     token_events = compiled.token_events
     # ---- execute: the host only enqueues; it never waits for the GPU until the end
     steps, enqueue, is_token = _enqueuer(prog, cs, enqueue_with, use, make_current, synchronize)

@@ -19,7 +19,7 @@
 #             q4-torch:       4-bit experts, a quarter cached, segments, PyTorch        -> OUT/q4-torch/
 #             q4-cudart:      the same through raw CUDA runtime calls                    -> OUT/q4-cudart/
 #             pcie:           BF16 experts, PCIe-bound (LRU, ProMoE), one graph per op group, PyTorch -> OUT/pcie/
-# spans:    the same plans as pace's cached-seg, q4-torch (LRU) and pcie (LRU), each compute step timed on the GPU
+# spans:    the same plans as pace's cached-seg, q4-torch (LRU) and pcie (LRU and the oracle), each compute step timed
 #           (--op-spans: an event before and after each): where a token's time goes, inside compute or between it
 #                                                            -> OUT/spans-{cached-seg,q4-torch,pcie}/
 # Afterwards, on any machine: commit OUT's files (validation/$GPU/README.md says where) and compare the host's time
@@ -81,5 +81,5 @@ if step spans; then  # one graph per run of compute where pace's replays had the
   [[ $DEVICE == cuda ]] || S=""
   replay spans-cached-seg $G $S --op-spans --set expert_buffer.capacity_mib=5376 --policy lru
   replay spans-q4-torch $G $S --op-spans --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy lru
-  replay spans-pcie $G --op-spans --policy lru
+  replay spans-pcie $G --op-spans --policy lru --policy oracle
 fi
