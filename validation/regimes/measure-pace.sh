@@ -2,7 +2,7 @@
 # Issue #44 item 1: the host's pace, in one device command from the repository root with the device's own torch
 # (simpy from .whl/ when the device lacks it):
 #
-#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace spans; default all;
+#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace spans idle; default all;
 #                                                            GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-pace.sh OUT   (the replays on this machine's CPU, 3 tokens)
 #
@@ -22,12 +22,14 @@
 # spans:    the same plans as pace's cached-seg, q4-torch (LRU) and pcie (LRU and the oracle), each compute step timed
 #           (--op-spans: an event before and after each): where a token's time goes, inside compute or between it
 #                                                            -> OUT/spans-{cached-seg,q4-torch,pcie}/
+# idle:     one expert's kernels after the GPU has idled 0-10,000 µs, and back to back (validation/compute/
+#           probe_after_idle.py)                             -> OUT/$GPU-after-idle.json
 # Afterwards, on any machine: commit OUT's files (validation/$GPU/README.md says where) and compare the host's time
 # per token the config's issue keys give with the replays' host_dispatch_ms. All output also goes to OUT/measure.log.
 set -uo pipefail
-OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans]}
+OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans] [idle]}
 shift
-WHAT=" ${*:-frontend pace spans} "
+WHAT=" ${*:-frontend pace spans idle} "
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
@@ -82,4 +84,11 @@ if step spans; then  # one graph per run of compute where pace's replays had the
   replay spans-cached-seg $G $S --op-spans --set expert_buffer.capacity_mib=5376 --policy lru
   replay spans-q4-torch $G $S --op-spans --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy lru
   replay spans-pcie $G --op-spans --policy lru --policy oracle
+fi
+if step idle && [[ $DEVICE == cpu ]]; then
+  echo "idle: skipped (it times CUDA graphs)" | tee -a "$LOG"
+elif step idle; then
+  timeout -k 5 120 python validation/compute/probe_after_idle.py > "$OUT/$GPU-after-idle.json" 2>> "$LOG"
+  echo "idle: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  cat "$OUT/$GPU-after-idle.json" >> "$LOG"
 fi
