@@ -206,13 +206,15 @@ def issue_costs(device, calls: int, reps: int) -> dict:
 
 class _Distinct:
     """Calls on other memory each time, as a program makes them: `launch` replays the next of 256 distinct
-    8-kernel graphs, `copy` copies the next 64 KiB stretch of a 64 MiB pinned buffer into the next place."""
+    8-kernel graphs, `copy` copies the next 64 KiB stretch of a 64 MiB pinned buffer into the next place (its views
+    made beforehand, as the replay's program makes them)."""
 
     def __init__(self, device, stream) -> None:
         self.xs = [torch.ones(4096, device=device) for _ in range(256)]
         self.graphs = [_graph_of(x, stream, 8) for x in self.xs]
         self.src = torch.ones(64 << 20, dtype=torch.uint8, pin_memory=True)
         self.dst = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+        self.views = [(self.dst[o:o + (64 << 10)], self.src[o:o + (64 << 10)]) for o in range(0, 64 << 20, 64 << 10)]
         self.i = self.j = 0
 
     def launch(self) -> None:
@@ -220,9 +222,9 @@ class _Distinct:
         self.i = (self.i + 1) % len(self.graphs)
 
     def copy(self) -> None:
-        off = self.j << 16
-        self.dst[off:off + (64 << 10)].copy_(self.src[off:off + (64 << 10)], non_blocking=True)
-        self.j = (self.j + 1) % 1024
+        dst, src = self.views[self.j]
+        dst.copy_(src, non_blocking=True)
+        self.j = (self.j + 1) % len(self.views)
 
     def next_copy(self) -> tuple[int, int]:
         off = self.j << 16
