@@ -2,7 +2,7 @@
 # Issue #44 item 1: the host's pace, in one device command from the repository root with the device's own torch
 # (simpy from .whl/ when the device lacks it):
 #
-#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace spans idle; default all;
+#     bash validation/regimes/measure-pace.sh OUT [STEPS]     (STEPS: any of frontend pace spans idle fresh; default all;
 #                                                            GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-pace.sh OUT   (the replays on this machine's CPU, 3 tokens)
 #
@@ -24,12 +24,14 @@
 #                                                            -> OUT/spans-{cached-seg,q4-torch,pcie}/
 # idle:     one expert's kernels after the GPU has idled 0-10,000 µs, and back to back (validation/compute/
 #           probe_after_idle.py)                             -> OUT/$GPU-after-idle.json
+# fresh:    a GEMV over weights a copy has just written, against weights long in HBM (validation/compute/
+#           probe_fresh_weights.py)                          -> OUT/$GPU-fresh-weights.json
 # Afterwards, on any machine: commit OUT's files (validation/$GPU/README.md says where) and compare the host's time
 # per token the config's issue keys give with the replays' host_dispatch_ms. All output also goes to OUT/measure.log.
 set -uo pipefail
-OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans] [idle]}
+OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans] [idle] [fresh]}
 shift
-WHAT=" ${*:-frontend pace spans idle} "
+WHAT=" ${*:-frontend pace spans idle fresh} "
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/measure.log"
@@ -91,4 +93,11 @@ elif step idle; then
   timeout -k 5 120 python validation/compute/probe_after_idle.py > "$OUT/$GPU-after-idle.json" 2>> "$LOG"
   echo "idle: exit $? ($(date -u +%T))" | tee -a "$LOG"
   cat "$OUT/$GPU-after-idle.json" >> "$LOG"
+fi
+if step fresh && [[ $DEVICE == cpu ]]; then
+  echo "fresh: skipped (it times CUDA kernels)" | tee -a "$LOG"
+elif step fresh; then
+  timeout -k 5 120 python validation/compute/probe_fresh_weights.py > "$OUT/$GPU-fresh-weights.json" 2>> "$LOG"
+  echo "fresh: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  cat "$OUT/$GPU-fresh-weights.json" >> "$LOG"
 fi
