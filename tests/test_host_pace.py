@@ -124,12 +124,15 @@ def test_a_shallow_launch_queue_slows_a_host_that_was_ahead(tiny):
 
 
 def test_the_pace_is_the_same_on_both_engines_with_fetches_and_prefetches(tiny):
+    """Both engines, with a queue shallow enough to hold the host back (its results differ from an unbounded
+    queue's, so the check covers the gate)."""
     native_core()
     cfg = tiny.config(tiny.routing(tokens=8), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
     for policy in ("promoe", "lru", "oracle"):
-        sets = _pace(3000, 4000, 700, 64)
-        _, fast = _run(cfg, sets, policy, "fast")
-        _, ref = _run(cfg, sets, policy, "reference")
+        _, unbounded = _run(cfg, _pace(3000, 4000, 700, 0), policy, "fast")
+        _, fast = _run(cfg, _pace(3000, 4000, 700, 2), policy, "fast")
+        _, ref = _run(cfg, _pace(3000, 4000, 700, 2), policy, "reference")
+        assert (fast.per_token.latency_ps != unbounded.per_token.latency_ps).any(), policy
         assert (fast.per_token.latency_ps == ref.per_token.latency_ps).all(), policy
         assert (fast.per_token.stall_ps == ref.per_token.stall_ps).all(), policy
 
@@ -180,3 +183,82 @@ def test_gpuconfig_refuses_a_probe_without_issue_costs_in_one_line():
     probe["launch_queue"]["graph_launch"]["enqueued_before_blocking"] = 0
     with pytest.raises(InputError, match=r"^p\.json: the issue costs and the launch queue's run-ahead must be positive$"):
         host_pace_text(probe, "p.json", "torch")
+
+
+def test_each_event_the_host_enqueues_is_counted(tiny):
+    """1 ms per event, launches and copies free: per MoE layer the host records the issue point of its demand
+    fetches, and per fetch has the copy stream wait for it and records the copy's end (2 x 2), and the arrays wait
+    for each fetched expert (2): 7 events a layer, 21 a token and its end's: from the second token on, 22 ms a
+    token."""
+    cfg = tiny.config(tiny.routing())
+    for engine in ENGINES:
+        _, result = _run(cfg, _pace(event_ns=1_000_000), "no-prefetch", engine)
+        assert set(result.per_token.latency_ps.tolist()[1:]) == {22 * ns_to_ps(1_000_000)}
+
+
+@pytest.mark.parametrize("policy, launch_per", [("lru", "segment"), ("promoe", "segment"), ("lru", "op_group"),
+                                                ("oracle", "op_group")])
+def test_the_host_enqueues_the_replay_programs_copies_events_and_launches(tiny, policy, launch_per):
+    """Counted two ways, independently: the simulator's host as it runs (HostPace's tallies), and the GPU replay's
+    program built from the same plan on the CPU (chipsim.hwreplay.harness): every copy call, every event recorded
+    or waited for (program steps less runs of compute, plus each copy span's wait and record in one step), and with
+    segments every launch."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.ops import primitive_ops
+    from chipsim.hwreplay.plan import build_plan
+
+    cfg = tiny.config(tiny.routing(tokens=6), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
+    sets = _pace(1000, 1000, 1000) + [f"compute.launch_per={launch_per}", "compute.op_group_launch_ns=2000",
+                                      "dma.engines=1", "dma.demand_first=false", "dma.demand_preempts_prefetch=false",
+                                      "dma.cancel_in_flight=false"]
+    prep = prepare(cfg, sets, [policy])
+    sim = Simulation(prep.config.hw, prep.workload, prep.trace, prep.policies[0])
+    sim.run()
+    pace = sim._pace
+    plan = build_plan(prep, prep.policies[0])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    res = replay(plan, step, host, slots, m.first_dense_layers, segments=launch_per == "segment")
+    compute_steps = round(res["compute_steps_per_token"] * plan.tokens)
+    assert plan.fetches > 0
+    assert pace.copies == res["copies"]
+    assert pace.events == res["program_steps"] - compute_steps + plan.fetches
+    if launch_per == "segment":
+        assert pace.launches == compute_steps
+
+
+def test_op_spans_time_every_compute_step_and_label_it(tiny):
+    """hwreplay --op-spans on a CPU dry run: per token, as many spans as runs of compute, and the spans by op-group
+    label add up to the token's."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.ops import primitive_ops
+    from chipsim.hwreplay.plan import build_plan
+
+    cfg = tiny.config(tiny.routing(tokens=4), extra_yaml="expert_buffer:\n  capacity_mib: 2\n")
+    prep = prepare(cfg, [], ["lru"])
+    plan = build_plan(prep, prep.policies[0])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, step.expert_bytes), dtype=torch.uint8)
+    slots = torch.zeros((plan.slots, step.expert_bytes), dtype=torch.uint8)
+    for segments in (False, True):
+        res = replay(plan, step, host, slots, m.first_dense_layers, segments=segments, op_spans=True)
+        spans, kinds = res["op_span_ms"], res["op_span_kinds"]
+        assert len(spans) == plan.tokens
+        assert sum(n for _, n in spans) == round(res["compute_steps_per_token"] * plan.tokens)
+        assert set(kinds) <= {"+".join(sorted(c)) for c in _label_sets()} and "expert" in "".join(kinds)
+        for t, (ms, _) in enumerate(spans):
+            assert abs(sum(v[t] for v in kinds.values()) - ms) < 1e-3
+        assert "op_span_ms" not in replay(plan, step, host, slots, m.first_dense_layers, segments=segments)
+
+
+def _label_sets():
+    """Every set of op group names a run of compute may hold."""
+    from itertools import combinations
+
+    names = ("attention", "router", "shared", "expert", "combine", "head", "dense")
+    return [set(c) for n in range(1, len(names) + 1) for c in combinations(names, n)]

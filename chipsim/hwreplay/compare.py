@@ -124,12 +124,23 @@ def _case_row(job) -> dict:
         **({"host_alone_ms": statistics.median(case["host_dispatch_ms"])} if case.get("host_dispatch_ms") else {}),
         **({"host_ahead_ms": statistics.median(case["host_dispatch_ahead_ms"])}
            if case.get("host_dispatch_ahead_ms") else {}),
-        **({"sim_host_ms": plan.sim_host_issue_ms} if plan.sim_host_issue_ms else {}),
+        **_sim_host_fields(case, plan, warm),
         **_span_fields(case, plan, warm),
         **energy, **_stall_fields(case, plan, warm),
         **(_kernel_fields(prep.config.hw, case) if "measured_above_idle_mj" in energy else {}),
         **(_host_fields(prep, case) if case.get("host_experts") else {}),
     }
+
+
+def _sim_host_fields(case: dict, plan, warm: int) -> dict:
+    """The simulator's host time per token (host_frontend's issue costs), over the tokens the replay's host was
+    timed alone on (--dispatch-tokens: the first after token 0), else over the measured ones."""
+    per = plan.sim_host_issue_ms
+    if not per:
+        return {}
+    n = len(case.get("host_dispatch_ms") or [])
+    window = per[1:1 + n] if n else per[warm:len(case["latency_ms"])]
+    return {"sim_host_ms": statistics.fmean(window)}
 
 
 def _span_fields(case: dict, plan, warm: int) -> dict:

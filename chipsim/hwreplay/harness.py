@@ -514,10 +514,12 @@ def _dispatches(steps: list, enqueue, is_token, dispatch_tokens: int, synchroniz
     return idle, behind
 
 
-def _sleeper(cs, use, device, host_experts: int):
+def _sleeper(cs, use, host_experts: torch.Tensor, host_waits: bool):
     """A call that enqueues a 20 ms sleeping kernel on the compute stream `cs` (None off a GPU, or where the host
-    computes experts: it would wait for their activations behind the sleep)."""
-    if device.type != "cuda" or host_experts:
+    waits for the GPU inside a token: its own experts' activations, a routing read back (`host_waits`), a copy from
+    pageable memory, each of which would wait out the sleep)."""
+    device = getattr(cs, "device", None)  # (the CPU dry run's stand-in stream has none)
+    if device is None or device.type != "cuda" or host_waits or not host_experts.is_pinned():
         return None
     from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
 
@@ -609,7 +611,7 @@ def replay(plan: Plan, step: GpuDecodeStep, host_experts: torch.Tensor, gpu_slot
         host_cpu = host_summary(compiled.host)  # before the dispatch timing runs the host experts again
         span_fields = _op_span_fields(spans)  # before the dispatch timing records their events again
         dispatch_ms, ahead_ms = _dispatches(steps, enqueue, is_token, dispatch_tokens, synchronize,
-                                            _sleeper(cs, use, gpu_slots.device, plan.host_experts))
+                                            _sleeper(cs, use, host_experts, plan.host_experts or host_routing))
     finally:
         if gc_was:
             gc.enable()

@@ -226,11 +226,6 @@ class _Distinct:
         dst.copy_(src, non_blocking=True)
         self.j = (self.j + 1) % len(self.views)
 
-    def next_copy(self) -> tuple[int, int]:
-        off = self.j << 16
-        self.j = (self.j + 1) % 1024
-        return self.dst.data_ptr() + off, self.src.data_ptr() + off
-
 
 def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: int, reps: int, distinct) -> dict:
     """issue_costs' calls made as raw CUDA runtime calls through ctypes (chipsim.hwreplay.cudart.Runtime)."""
@@ -242,7 +237,7 @@ def _cudart_issue_costs(stream, src, dst, graphs: dict, ev, cycles: int, calls: 
     copy, record, wait, launch = (fns[n] for n in ("cudaMemcpyAsync", "cudaEventRecord", "cudaStreamWaitEvent",
                                                    "cudaGraphLaunch"))
     exes = [_handle(g) for g in distinct.graphs]
-    ptrs = [distinct.next_copy() for _ in range(1024)]
+    ptrs = [(d.data_ptr(), c.data_ptr()) for d, c in distinct.views]
     turn = {"g": 0, "c": 0}
 
     def launch_distinct():

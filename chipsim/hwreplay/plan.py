@@ -289,7 +289,7 @@ class Plan:
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
     sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
-    sim_host_issue_ms: float = 0.0  # host_frontend's issue costs: the host's time enqueueing, per token (0: not paced)
+    sim_host_issue_ms: list | None = None  # host_frontend's issue costs: the host's time enqueueing each step (ms)
     prompt_tokens: int = 0  # a request's prompt: the plan is its prefill chunks (tokens: their number), else 0
     chunk_tokens: list | None = None  # a request's prefill chunks: [offset, tokens] each
     batch: int = 0  # a batch's sequences: the plan is its decode steps (tokens: their number), else 0
@@ -332,7 +332,7 @@ class Plan:
         if self.sim_segment_launches:
             extra["sim_segment_launches"] = self.sim_segment_launches
         if self.sim_host_issue_ms:
-            extra["sim_host_issue_ms"] = self.sim_host_issue_ms
+            extra["sim_host_issue_ms"] = round(sum(self.sim_host_issue_ms) / len(self.sim_host_issue_ms), 6)
         if self.prompt_tokens:
             extra.update(prompt_tokens=self.prompt_tokens, chunk_tokens=self.chunk_tokens)
         if self.batch:
@@ -368,6 +368,11 @@ def assign_slots(actions: list, slots: int) -> list:
     return out
 
 
+def _per_step_ms(marks: list[int]) -> list[float]:
+    """Each step's share of a running total (ps, at each step's end) in ms."""
+    return [round((b - a) / 1e9, 6) for a, b in zip([0, *marks[:-1]], marks)]
+
+
 def build_plan(prep: Prepared, policy) -> Plan:
     """Run `policy` on the prepared config and trace with the recorder watching; return its Plan. For a request
     (prep.request) the run is the whole request under `policy`'s prefill policy, and the plan its prefill chunks; for
@@ -400,7 +405,7 @@ def build_plan(prep: Prepared, policy) -> Plan:
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(steps)],
                 engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches,
-                sim_host_issue_ms=round(sim.host_issue_ps / 1e9 / max(1, steps), 6))
+                sim_host_issue_ms=_per_step_ms(sim.host_issue_marks[:steps]) if sim.host_issue_marks else None)
     if prep.request is not None:
         plan.prompt_tokens = prep.request.prompt_tokens
         plan.chunk_tokens = [[c.offset, c.tokens] for c in prep.request.chunks]

@@ -113,12 +113,9 @@ def _memory_word(pinned: bool, device) -> str:
 
 def _host_alone_text(res: dict) -> str:
     """The log's host-alone part: the host's median time per token enqueueing on an idle GPU, and ahead of it."""
-    def median(xs):
-        return sorted(xs)[len(xs) // 2]
-
     idle, ahead = res.get("host_dispatch_ms"), res.get("host_dispatch_ahead_ms")
-    return ((f", host alone {median(idle):.2f} ms/token" if idle else "")
-            + (f" ({median(ahead):.2f} ahead of the GPU)" if ahead else ""))
+    return ((f", host alone {statistics.median(idle):.2f} ms/token" if idle else "")
+            + (f" ({statistics.median(ahead):.2f} ahead of the GPU)" if ahead else ""))
 
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,

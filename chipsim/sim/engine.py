@@ -66,6 +66,11 @@ _NO_STEP: Final = 1 << 62
 SERVED_STEPS_FIRST: Final = 256
 
 
+
+def _groups(*works: Work) -> int:
+    """The op groups a GPU launches for these parts of a run of compute (a part with no work launches nothing)."""
+    return sum(1 for w in works if w.ps > 0)
+
 class Simulation:
     """One policy replaying one trace on one hardware config."""
 
@@ -247,18 +252,23 @@ class Simulation:
         self._pageable_in_flight = 0
         self._host_waiters: list[Any] = []
         self._host_blocked_ps = 0
+        self._blocked_in_layers = 0  # of it, what MoE layers counted as their stall
         # host_frontend's issue costs: the host thread's own pace (None: it is always ahead)
         self._pace: HostPace | None = None
         if frontend.paced:
             self._pace = HostPace(ns_to_ps(frontend.launch_issue_ns), ns_to_ps(frontend.copy_issue_ns),
                                   ns_to_ps(frontend.event_issue_ns), frontend.launch_queue_depth)
         self._segments_now = 0  # segment launches _launched added to the work about to run (the host enqueues them)
+        self.host_issue_marks: list[int] = []  # the host's enqueueing time so far at each step's end (ps; paced runs)
         self._marker_due = True  # no transfer issued since the last compute: the next records an issue point
-        self._blocked_in_layers = 0  # of it, what MoE layers counted as their stall
         # compute.launch_per: segment: one launch per run of compute between synchronisations with the DMA (a
         # transfer issued, the first use of a fetched expert, a token's end); _synced: one happened since the last
         seg = workload.segment_launch
         self._segment_launch: Work | None = cost_of(seg) if seg is not None else None
+        # runs of compute between synchronisations are launched as one (compute.launch_per: segment): counted where
+        # they cost a launch, or where the host's pace counts its launches
+        self._segments = self._segment_launch is not None or (
+            self._pace is not None and hw.compute.launch_per == "segment")
         self._synced = True
         self.segment_launches = 0
         n_tokens = self.num_tokens
@@ -284,11 +294,6 @@ class Simulation:
         self._use_clock = -1
         self.host = self.core.resource(self.env, 1)  # one expert at a time, on all cores
         self.host_timing = host_timing(hw, workload)
-
-    @property
-    def host_issue_ps(self) -> int:
-        """The host's time enqueueing the program in all (host_frontend's issue costs; 0 where they are not set)."""
-        return self._pace.busy_ps if self._pace is not None else 0
 
     def widest_step(self) -> int:
         """The most tokens one step of this run reads: a prefill chunk's, a batch's, a verify step's, a served step's
@@ -552,7 +557,7 @@ class Simulation:
         _launched added) after `waits` event waits; a stall of MoE layer `index` (-1: outside MoE layers)."""
         pace = self._pace
         assert pace is not None
-        launches = groups if self._segment_launch is None else self._segments_now
+        launches = self._segments_now if self._segments else groups
         self._segments_now = 0
         self._marker_due = True  # a transfer issued after this compute records its own issue point
         delay = pace.start_delay(launches, waits, work.ps, self._now())
@@ -571,10 +576,8 @@ class Simulation:
         assert pace is not None
         events = 2 + int(self._marker_due)
         self._marker_due = False
-        copies = 0 if self._pageable else parts
-        _, done = pace.enqueue(0, copies, events)
         now = self._now()
-        pace.reached(copies + events, max(now, done))
+        done = pace.enqueue_now(0, 0 if self._pageable else parts, events, now)
         return done if done > now else 0
 
     def _step_marked(self) -> None:
@@ -582,8 +585,8 @@ class Simulation:
         self._synced = True
         pace = self._pace
         if pace is not None:
-            _, done = pace.enqueue(0, 0, 1)
-            pace.reached(1, max(self._now(), done))
+            pace.enqueue_now(0, 0, 1, self._now())
+            self.host_issue_marks.append(pace.busy_ps)
 
     def _read_back(self, layer: int) -> Generator[Any, Any, int]:
         """host_frontend.routing: host: the arrays idle while the host reads the layer's routing back (a stall: what
@@ -632,21 +635,21 @@ class Simulation:
         """`work` with a segment launch (compute.launch_per: segment) if a synchronisation with the DMA came
         since the last compute."""
         launch = self._segment_launch
-        if launch is None or not self._synced:
+        if not self._segments or not self._synced:
             return work
         self._synced = False
         self.segment_launches += 1
         self._segments_now = 1
         if self._observer is not None:
             self._observer.launches(1)
-        return work + launch
+        return work + launch if launch is not None else work
 
     def _launched_experts(self, work: Work, entries: list[Entry]) -> Work:
         """A batch of experts with its segment launches: each expert in turn starts one after a synchronisation,
         and a fetched expert's first use is one (a wait for its transfer). The layer's shared experts, computed
         with the batch here, run before the route's issues on a GPU, in attention's segment: no launch."""
         launch = self._segment_launch
-        if launch is None:
+        if not self._segments:
             return work
         n = 0
         synced = self._synced
@@ -664,6 +667,8 @@ class Simulation:
         self._segments_now = n
         if self._observer is not None:
             self._observer.launches(n)
+        if launch is None:  # segments counted for the host's pace alone
+            return work
         return work + (launch if n == 1 else launch.times(n))
 
     def _layer_costs(self) -> list[LayerCost]:
@@ -831,16 +836,16 @@ class Simulation:
                 batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
                 # op groups the replay launches: each expert, the shared experts, the weighted sum
-                groups = len(ready) + int(extra.ps > 0) + int(last and combine.ps > 0)
+                groups = len(ready) + _groups(extra, combine if last else NO_WORK)
                 extra = NO_WORK
                 use = (t if self._use_clock < 0 else self._use_clock) * self.num_moe_layers + layer
                 waits = 0  # fetched experts used for the first time: the arrays wait for each one's copy
                 for entry in ready_entries:
-                    if not entry.used and entry.transfers:
+                    if not entry.used and not self._in_place:
                         waits += 1
                     entry.used = True
                     entry.last_use = use
-                if self._segment_launch is not None:
+                if self._segments:
                     work = self._launched_experts(work, ready_entries)
                 yield from self._compute(work, "experts", layer, groups, ready, waits)
                 self._expert_computes += len(ready)
@@ -859,9 +864,9 @@ class Simulation:
             if self._observer is not None:
                 self._observer.host_wait(layer, wait_start, self._now())
             yield from self._compute(self._launched(extra + combine_later), "combine", layer,
-                                     int(extra.ps > 0) + int(combine_later.ps > 0))
+                                     _groups(extra, combine_later))
         elif not plan.execute:
-            yield from self._compute(self._launched(extra + combine), "combine", layer, int(extra.ps > 0) + int(combine.ps > 0))
+            yield from self._compute(self._launched(extra + combine), "combine", layer, _groups(extra, combine))
         return stall
 
     def _await_arrival(self, layer: int) -> Generator[Any, Any, int]:
@@ -1004,6 +1009,8 @@ class Simulation:
         start = self._now()
         if wait_ps:
             yield self._timeout(wait_ps)
+            if self._pace is not None:  # the host enqueues the verify step once the draft is done
+                self._pace.synced(self._now())
         last = tokens[-1]
         self._step_first = tokens[0]
         self._current_token = last
@@ -1043,6 +1050,8 @@ class Simulation:
                 assert arrival is not None and arrival > now, "a served run has requests left but none can run"
                 served.idle(now, arrival)
                 yield self._timeout(arrival - now)
+                if self._pace is not None:  # nothing to enqueue before the arrival: the host starts from it
+                    self._pace.synced(self._now())
                 continue
             if row == self.num_steps:
                 self._grow_steps()

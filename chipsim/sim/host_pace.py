@@ -9,8 +9,10 @@ hold more waits until the machine reaches the oldest. Where the host enqueues fa
 ahead and costs nothing; where it is slower, it sets the pace.
 
 Approximations: a copy's step counts as reached when the simulator issues it (its bytes may wait longer behind
-others in the copy engine's queue), and one call's steps are held back together until the last of them may enter
-the queue.
+others in the copy engine's queue); one run of compute's launches count as reached at its start, and are held back
+together until the last of them may enter the queue; a call of more steps than the queue holds waits only for the
+step before it. The host also waits where nothing is left to enqueue: a served run's next arrival, a speculative
+step's draft.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class HostPace:
         self.depth = depth  # 0: no bound
         self.free_ps = 0  # when the host has enqueued every step so far
         self.busy_ps = 0  # the host's time spent enqueueing, in all
+        self.launches = self.copies = self.events = 0  # the steps it has enqueued, by kind
         self._reached: deque[int] = deque(maxlen=depth or 1)  # when the machine reached each of the last steps
 
     def enqueue(self, launches: int, copies: int, events: int) -> tuple[int, int]:
@@ -42,10 +45,20 @@ class HostPace:
                 gate = reached[min(back, len(reached) - 1)]
                 if gate > start:
                     start = gate
+        self.launches += launches
+        self.copies += copies
+        self.events += events
         cost = launches * self.launch_ps + copies * self.copy_ps + events * self.event_ps
         self.free_ps = start + cost
         self.busy_ps += cost
         return start, self.free_ps
+
+    def enqueue_now(self, launches: int, copies: int, events: int, now_ps: int) -> int:
+        """Enqueue steps the machine takes as soon as they are enqueued (a copy's, an event's): reached then, at
+        `now_ps` at the earliest. Returns when the host has enqueued them."""
+        _, done = self.enqueue(launches, copies, events)
+        self.reached(launches + copies + events, max(now_ps, done))
+        return done
 
     def reached(self, steps: int, at_ps: int) -> None:
         """The machine reached `steps` steps (the last enqueued) at `at_ps`."""

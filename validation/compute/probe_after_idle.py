@@ -7,8 +7,10 @@ events:
 
 - back_to_back: the 64 graphs one after another behind a spin (the GPU never idles): µs per graph;
 - after_idle: each graph launched once the GPU has been idle `gap` µs (the host synchronises, then waits), for
-  gaps of 0-10,000 µs: the graph's own time (an event right before and right after it on its stream), median, and
-  the SM clock NVML reads just before the launch (where pynvml is installed).
+  gaps of 0-10,000 µs, behind a 30 µs one-block spin that hides the host's own launch call: the graph's own time
+  (an event right before and right after it on its stream), median, and the SM clock NVML reads just before the
+  launch (where pynvml is installed). (A first version had no spin: its spans held the host's launch call, about
+  4 µs at every gap.)
 
     python validation/compute/probe_after_idle.py > validation/h100/h100-after-idle.json
 """
@@ -19,6 +21,8 @@ import statistics
 import time
 
 import torch
+
+from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
 
 HIDDEN, FFN = 1536, 512  # Granite-3B's expert: d_model 1536, expert FFN 512 (gate, up: 1536 -> 512; down: 512 -> 1536)
 GAPS_US = (0, 20, 100, 500, 2000, 10000)
@@ -76,7 +80,7 @@ def back_to_back(graphs: list, stream, repeats: int) -> dict:
     return {"us_per_graph": round(statistics.median(per), 3), "repeats": repeats}
 
 
-def after_idle(graphs: list, stream, gap_us: float, clock) -> dict:
+def after_idle(graphs: list, stream, gap_us: float, clock, spin: int) -> dict:
     times, clocks = [], []
     for i, (g, *_) in enumerate(graphs * 2):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,6 +89,7 @@ def after_idle(graphs: list, stream, gap_us: float, clock) -> dict:
         if clock is not None:
             clocks.append(clock())
         with torch.cuda.stream(stream):
+            torch.cuda._sleep(spin)  # one block, ~30 µs: the host's calls below are enqueued before the GPU needs them
             a.record(stream)
             g.replay()
             b.record(stream)
@@ -109,7 +114,8 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "expert": f"gate, up {HIDDEN}x{FFN}, down {FFN}x{HIDDEN} bf16, 64 experts' weights in turn",
            "back_to_back": back_to_back(graphs, stream, a.repeats),
-           "after_idle": [after_idle(graphs, stream, gap, clock) for gap in GAPS_US]}
+           "after_idle": [after_idle(graphs, stream, gap, clock, int(30 * sleep_cycles_per_ms(torch.device("cuda")) / 1e3))
+                          for gap in GAPS_US]}
     print(json.dumps(res, indent=1))
 
 
