@@ -12,8 +12,9 @@
 #           with the GPU busy ahead and idle; the launch queue's run-ahead; the pageable copies and read-back
 #                                                            -> OUT/$GPU-host-frontend-pace.json
 # pace:     Granite-3B at context 1,024, each plan replayed once unmeasured and twice measured, then 16 of its tokens
-#           enqueued again one at a time on an idle GPU (--dispatch-tokens 16: the host's own time per token, with
-#           nothing to wait for), with the config's keys as they are (the probe above writes nothing into it):
+#           enqueued again one at a time on an idle GPU and behind a sleeping kernel (--dispatch-tokens 16: the
+#           host's own time per token), with the config as it is (write the probe's keys into it afterwards with
+#           gpuconfig --host-pace):
 #             cached-groups:  experts cached, one graph per op group, through PyTorch   -> OUT/cached-groups/
 #             cached-seg:     experts cached, one graph per run of compute, PyTorch     -> OUT/cached-seg/
 #             q4-torch:       4-bit experts, a quarter cached, segments, PyTorch        -> OUT/q4-torch/
@@ -87,17 +88,14 @@ if step spans; then  # one graph per run of compute where pace's replays had the
   replay spans-q4-torch $G $S --op-spans --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy lru
   replay spans-pcie $G --op-spans --policy lru --policy oracle
 fi
-if step idle && [[ $DEVICE == cpu ]]; then
-  echo "idle: skipped (it times CUDA graphs)" | tee -a "$LOG"
-elif step idle; then
-  timeout -k 5 120 python validation/compute/probe_after_idle.py > "$OUT/$GPU-after-idle.json" 2>> "$LOG"
-  echo "idle: exit $? ($(date -u +%T))" | tee -a "$LOG"
-  cat "$OUT/$GPU-after-idle.json" >> "$LOG"
-fi
-if step fresh && [[ $DEVICE == cpu ]]; then
-  echo "fresh: skipped (it times CUDA kernels)" | tee -a "$LOG"
-elif step fresh; then
-  timeout -k 5 120 python validation/compute/probe_fresh_weights.py > "$OUT/$GPU-fresh-weights.json" 2>> "$LOG"
-  echo "fresh: exit $? ($(date -u +%T))" | tee -a "$LOG"
-  cat "$OUT/$GPU-fresh-weights.json" >> "$LOG"
-fi
+probe() {  # step, output name, probe script: a single-op GPU probe (skipped on the CPU), its JSON into OUT and the log
+  if [[ $DEVICE == cpu ]]; then
+    echo "$1: skipped (it times CUDA kernels)" | tee -a "$LOG"
+    return
+  fi
+  timeout -k 5 120 python "validation/compute/$3" > "$OUT/$GPU-$2.json" 2>> "$LOG"
+  echo "$1: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  cat "$OUT/$GPU-$2.json" >> "$LOG"
+}
+if step idle; then probe idle after-idle probe_after_idle.py; fi
+if step fresh; then probe fresh fresh-weights probe_fresh_weights.py; fi
