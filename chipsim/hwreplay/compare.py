@@ -380,8 +380,11 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
     for name, rows in regimes:
         settings = []  # each distinct set of config overrides the regime's replays ran with, in order
         for r in rows:
-            line = f"- {r['model']}: " + (", ".join(f"`{o}`" for o in r["overrides"]) or "none") + (
-                f"; {r['copy_streams']} copy streams" if r["copy_streams"] > 1 else "")
+            extra = r.get("compared_with", [])
+            replayed = [o for o in r["overrides"] if o not in extra]
+            line = f"- {r['model']}: " + (", ".join(f"`{o}`" for o in replayed) or "none") + (
+                f"; {r['copy_streams']} copy streams" if r["copy_streams"] > 1 else "") + (
+                "; simulated with " + ", ".join(f"`{o}`" for o in extra) if extra else "")
             if line not in settings:
                 settings.append(line)
         lines += [f"### {name}", "", "Replayed with these config overrides:", ""] + settings + [""]
@@ -780,9 +783,10 @@ def _parser() -> OneLineParser:
                          "cycle-level description describes (microbench --gemv triton)")
     ap.add_argument("--gemv-probe", default=None, metavar="FILE",
                     help="validation/compute/h200-gemv-probe.json: GEMVs of known structure beside cuBLAS")
-    ap.add_argument("--regime", nargs="+", action="append", default=[], metavar="NAME FILE[@N,N]",
+    ap.add_argument("--regime", nargs="+", action="append", default=[], metavar="NAME FILE[@N,N][+KEY=VALUE]",
                     help="a regime reported on its own: its name, then measurement files (@N,N: only these context "
-                         "lengths of a file); repeatable")
+                         "lengths of a file; +KEY=VALUE: the file re-simulated with this config key set too, e.g. "
+                         "a measured key its replays' config lacked); repeatable")
     ap.add_argument("--prefill-regime", nargs="+", action="append", default=[], metavar="NAME PATH",
                     help="a request's prefill replayed (chipsim hwreplay --prompts): its name, then measurement files "
                          "or folders of them (validation/regimes/prefill); TTFT and energy against the simulator, a "
@@ -817,20 +821,23 @@ def _parser() -> OneLineParser:
 
 
 def _regime_rows(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
-    """Each --regime NAME FILE[@N,N]...: its name and the compared rows of its files (of those contexts only)."""
+    """Each --regime NAME FILE[@N,N][+KEY=VALUE...]...: its name and the compared rows of its files (of those contexts
+    only; each re-simulated with those config keys set besides the replay's own)."""
     regimes = []
     for spec in specs:
         if len(spec) < 2:
             raise InputError(f"--regime {' '.join(spec)}: expected a name and at least one measurement file")
         rows = []
         for item in spec[1:]:
+            item, *sets = item.split("+")
             path, _, ctx = item.partition("@")
             try:
                 contexts = {int(c) for c in ctx.split(",")} if ctx else None
             except ValueError:
                 raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
-            res = compare_file(path, jobs=jobs, contexts=contexts)
-            rows += [{**r, "machine_config": machine_config(res["config"], path)} for r in res["rows"]]
+            res = compare_file(path, overrides=tuple(sets), jobs=jobs, contexts=contexts)
+            rows += [{**r, "machine_config": machine_config(res["config"], path), "compared_with": sets}
+                     for r in res["rows"]]
         if not rows:
             raise InputError(f"--regime {spec[0]}: no case in {' '.join(spec[1:])} (check the @contexts)")
         regimes.append((spec[0], rows))
