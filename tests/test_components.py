@@ -197,7 +197,7 @@ def test_an_expert_read_from_sram_shares_it_with_a_fetch_landing_there(tiny):
         def proc():
             if with_fetch:
                 sim.context.prefetch(0, 0)
-            yield from sim._compute(work, "experts", 0, [0, 1, 2])
+            yield from sim._compute(work, "experts", 0, 3, [0, 1, 2])
             ends["stream"] = sim.env.now
 
         sim.env.process(proc())
