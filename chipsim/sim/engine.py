@@ -541,8 +541,7 @@ class Simulation:
         while self._pageable_in_flight:
             yield self._host_released()
         self._host_blocked_ps += self._now() - start
-        if self._pace is not None:  # the host comes back from its copies now
-            self._pace.synced(self._now())
+        self._host_synced()  # the host comes back from its copies now
         if self._observer is not None:
             self._observer.stall(index, start, self._now())
 
@@ -567,6 +566,12 @@ class Simulation:
             self._host_blocked_ps += delay
             if self._observer is not None:
                 self._observer.stall(index, start, self._now())
+
+    def _host_synced(self) -> None:
+        """The host waited for the machine until now (a read-back, its copies or experts, an arrival, a draft): with
+        its pace modelled, what it enqueues next starts from here."""
+        if self._pace is not None:
+            self._pace.synced(self._now())
 
     def _copy_enqueued(self, parts: int) -> int:
         """The host enqueues a transfer: an issue point (one per run of issues), the copy stream's wait for it, a
@@ -596,8 +601,7 @@ class Simulation:
             return 0
         start = self._now()
         yield self._timeout(self._readback_ps)
-        if self._pace is not None:  # the host has the routing now: what follows is enqueued from here
-            self._pace.synced(self._now())
+        self._host_synced()  # the host has the routing now: what follows is enqueued from here
         self._synced = True  # the host synchronised: the compute after it starts a new segment (launch_per: segment)
         if self._observer is not None:
             self._observer.stall(layer, start, self._now())
@@ -835,14 +839,15 @@ class Simulation:
                 last = len(ready) == len(remaining)
                 batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
-                # op groups the replay launches: each expert, the shared experts, the weighted sum
-                groups = len(ready) + _groups(extra, combine if last else NO_WORK)
+                groups = waits = 0  # what the host enqueues for them (its pace only: counted where it is modelled)
+                if self._pace is not None:
+                    # op groups the replay launches (each expert, the shared experts, the weighted sum), and a wait
+                    # for each fetched expert used for the first time
+                    groups = len(ready) + _groups(extra, combine if last else NO_WORK)
+                    waits = 0 if self._in_place else sum(1 for entry in ready_entries if not entry.used)
                 extra = NO_WORK
                 use = (t if self._use_clock < 0 else self._use_clock) * self.num_moe_layers + layer
-                waits = 0  # fetched experts used for the first time: the arrays wait for each one's copy
                 for entry in ready_entries:
-                    if not entry.used and not self._in_place:
-                        waits += 1
                     entry.used = True
                     entry.last_use = use
                 if self._segments:
@@ -858,8 +863,7 @@ class Simulation:
         if host_jobs:
             wait_start = self._now()
             yield self._all_of(host_jobs)
-            if self._pace is not None:  # the host computed them: it enqueues what follows now
-                self._pace.synced(self._now())
+            self._host_synced()  # the host computed them: it enqueues what follows now
             self.rec.host_wait_ps[row] += self._now() - wait_start
             if self._observer is not None:
                 self._observer.host_wait(layer, wait_start, self._now())
@@ -1009,8 +1013,7 @@ class Simulation:
         start = self._now()
         if wait_ps:
             yield self._timeout(wait_ps)
-            if self._pace is not None:  # the host enqueues the verify step once the draft is done
-                self._pace.synced(self._now())
+            self._host_synced()  # the host enqueues the verify step once the draft is done
         last = tokens[-1]
         self._step_first = tokens[0]
         self._current_token = last
@@ -1050,8 +1053,7 @@ class Simulation:
                 assert arrival is not None and arrival > now, "a served run has requests left but none can run"
                 served.idle(now, arrival)
                 yield self._timeout(arrival - now)
-                if self._pace is not None:  # nothing to enqueue before the arrival: the host starts from it
-                    self._pace.synced(self._now())
+                self._host_synced()  # nothing to enqueue before the arrival: the host starts from it
                 continue
             if row == self.num_steps:
                 self._grow_steps()
