@@ -104,6 +104,11 @@ class ComputeConfig:
         "operation starting: the hand-off from a copy engine to compute (a cross-stream event wait on a GPU, "
         "validation/compute/probe_handoff.py); 0 where compute starts the moment the bytes land", 0.0, minimum=0,
         maximum=1e9)
+    launch_beside_copy_ns: float = _optional(
+        "what one launch (where op_group_launch_ns is charged: an op group, or a segment) adds while a copy is in "
+        "flight on the expert path: a GPU's front end serving the copy stream beside the compute stream "
+        "(validation/compute/probe_step_costs.py); 0 where launches cost the same beside copies", 0.0, minimum=0,
+        maximum=1e9)
     op_times_ns: dict = _optional(
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute_formula.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "

@@ -244,6 +244,9 @@ class Simulation:
         self._waiting_layer = -1
         self._arrival_event: Any = None
         self._copy_wait_ps = ns_to_ps(hw.compute.copy_wait_ns)  # the arrays resume this long after a stall ends
+        # compute.launch_beside_copy_ns: a launch the GPU starts while a copy is in flight costs this much more
+        beside = ns_to_ps(hw.compute.launch_beside_copy_ns)
+        self._beside_copy: Work | None = Work(beside, 0, beside) if beside else None  # the arrays idle meanwhile
         # host_frontend.routing: host: the machine idles this long after each router while the host reads it back
         frontend = hw.host_frontend
         self._readback_ps = ns_to_ps(frontend.routing_readback_ns) if frontend.routing == "host" else 0
@@ -268,7 +271,7 @@ class Simulation:
         # runs of compute between synchronisations are launched as one (compute.launch_per: segment): counted where
         # they cost a launch, or where the host's pace counts its launches
         self._segments = self._segment_launch is not None or (
-            self._pace is not None and hw.compute.launch_per == "segment")
+            (self._pace is not None or self._beside_copy is not None) and hw.compute.launch_per == "segment")
         self._synced = True
         self.segment_launches = 0
         n_tokens = self.num_tokens
@@ -504,11 +507,18 @@ class Simulation:
         groups as a GPU launches them (after `waits` waits for fetched experts). Its fixed part takes its own time;
         its operands then stream as a flow over HBM and the memory-to-compute UCIe link, no faster than the arrays
         consume them alone, slower when other flows share those resources. Work the program enqueues while pageable
-        copies hold the host starts once they have ended; with the host's pace, once the host has enqueued it."""
+        copies hold the host starts once they have ended; with the host's pace, once the host has enqueued it; its
+        launches cost compute.launch_beside_copy_ns more each while a copy is in flight."""
+        launches = groups
+        if self._segments:  # the segment launches _launched added to it
+            launches = self._segments_now
+            self._segments_now = 0
         if self._pageable_in_flight:
             yield from self._await_host(-1 if kind == "dense" or kind == "head" else index)
         if self._pace is not None:
-            yield from self._await_enqueued(work, -1 if kind == "dense" or kind == "head" else index, groups, waits)
+            yield from self._await_enqueued(work, -1 if kind == "dense" or kind == "head" else index, launches, waits)
+        if self._beside_copy is not None and launches and (self.dma.flowing or self.dma.in_setup):
+            work = work + self._beside_copy.times(launches)
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took
             busy: int = yield self._operation(self.network, work.ps, work.fixed, work.bytes, self._operand_flow_path,
@@ -551,13 +561,11 @@ class Simulation:
         self._host_waiters.append(ev)
         return ev
 
-    def _await_enqueued(self, work: Work, index: int, groups: int, waits: int) -> Generator[Any, Any, None]:
-        """The arrays wait for the host to enqueue `work`: its launches (`groups` op groups, or the segment launches
+    def _await_enqueued(self, work: Work, index: int, launches: int, waits: int) -> Generator[Any, Any, None]:
+        """The arrays wait for the host to enqueue `work`: its `launches` (op groups, or the segment launches
         _launched added) after `waits` event waits; a stall of MoE layer `index` (-1: outside MoE layers)."""
         pace = self._pace
         assert pace is not None
-        launches = self._segments_now if self._segments else groups
-        self._segments_now = 0
         self._marker_due = True  # a transfer issued after this compute records its own issue point
         delay = pace.start_delay(launches, waits, work.ps, self._now())
         if delay:
@@ -839,8 +847,8 @@ class Simulation:
                 last = len(ready) == len(remaining)
                 batch = expert.times(len(ready)) if tokens is None else self._gemm_experts_work(ready, tokens)
                 work = extra + batch + (combine if last else NO_WORK)
-                groups = waits = 0  # what the host enqueues for them (its pace only: counted where it is modelled)
-                if self._pace is not None:
+                groups = waits = 0  # what the host enqueues for them (counted where its pace or launches cost)
+                if self._pace is not None or self._beside_copy is not None:
                     # op groups the replay launches (each expert, the shared experts, the weighted sum), and a wait
                     # for each fetched expert used for the first time
                     groups = len(ready) + _groups(extra, combine if last else NO_WORK)

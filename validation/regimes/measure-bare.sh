@@ -1,0 +1,79 @@
+#!/bin/bash
+# Issue #44 item 1: the regimes' token latencies as a program without timing events runs them, beside the lease's own
+# link and step costs, in one device command from the repository root with the device's own torch (simpy from .whl/
+# when the device lacks it):
+#
+#     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls;
+#                                                                     default all; GPU=h100 or h200, default h100)
+#     DRY_RUN=1 bash validation/regimes/measure-bare.sh OUT          (the replays on this machine's CPU, 3 tokens)
+#
+# Why: a CUDA event with timing, recorded on the compute stream, costs the GPU 2.6 µs alone and 10-13 µs while a copy
+# is in flight (validation/compute/probe_step_costs.py), and the replays' --stalls put two around every wait for a
+# copy; the link's copy rate differs between leases by a few per cent (probe_copy_source.py).
+#
+# link:   pinned copies from host memory that the caches hold and from memory they do not, 256 KiB-16 MiB
+#         (validation/compute/probe_copy_source.py)                      -> OUT/$GPU-copy-source.json
+# step:   one compute step of each kind back to back, beside copies, after a wait, with and without timing events,
+#         16- and 4-bit experts (validation/compute/probe_step_costs.py) -> OUT/$GPU-step-costs{,-q4}.json
+# q4, q8: 4- and 8-bit experts, a quarter of them in the GPU buffer, LRU and ProMoE, one graph per run of compute, no
+#         --stalls                                                       -> OUT/q4/, OUT/q8/
+# cached: the experts cached (context 1,024), LRU and ProMoE, no --stalls -> OUT/cached/
+# stalls: q4 again with --stalls (the timing events' own cost on the same lease) -> OUT/q4-stalls/
+# Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
+# commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
+# (hwcompare --regime NAME FILE+links.pcie.bandwidth_gbps=B+dma.setup_ns=S: the cold fit of OUT/$GPU-copy-source.json).
+set -uo pipefail
+OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls]}
+shift
+WHAT=" ${*:-link step q4 q8 cached stalls} "
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+LOG="$OUT/measure.log"
+source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
+GPU=${GPU:-h100}
+[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
+DEVICE=cuda
+REPEATS=3
+TOKENS=()
+G="--graphs --segments"
+if [[ -n "${DRY_RUN:-}" ]]; then
+  DEVICE=cpu
+  REPEATS=1
+  TOKENS=(--set workload.max_tokens=3 --set workload.warmup_tokens=1)
+  G=""
+fi
+CFG=hwconfigs/$GPU-pcie5.yaml
+R="python -m chipsim.hwreplay.run $CFG --contexts 1024 --repeats $REPEATS --device $DEVICE --warm-replay $G"
+step() { [[ "$WHAT" == *" $1 "* ]]; }
+echo "measure-bare: $GPU on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
+probe() {  # step, output name, probe script and its options: a GPU probe (skipped on the CPU), its JSON into OUT
+  local name=$1 file=$2
+  shift 2
+  if [[ $DEVICE == cpu ]]; then
+    echo "$name: skipped (it times CUDA copies and kernels)" | tee -a "$LOG"
+    return
+  fi
+  timeout -k 5 120 python "$@" > "$OUT/$GPU-$file.json" 2>> "$LOG"
+  echo "$name: exit $? ($(date -u +%T))" | tee -a "$LOG"
+}
+replay() {  # name, then the replay's own options
+  local name=$1
+  shift
+  timeout -k 5 150 $R "$@" "${TOKENS[@]}" --out "$OUT/$name" >> "$LOG" 2>&1
+  echo "replay $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
+}
+POLICIES="--policy lru --policy promoe"
+Q4="--set model.expert_bits=4 --set expert_buffer.capacity_mib=384 $POLICIES"
+if step link; then probe link copy-source validation/compute/probe_copy_source.py; fi
+if step step; then
+  probe step step-costs validation/compute/probe_step_costs.py --config "$CFG"
+  probe "step (4-bit)" step-costs-q4 validation/compute/probe_step_costs.py --config "$CFG" --set model.expert_bits=4
+fi
+if step q4; then replay q4 $Q4; fi
+if step q8; then replay q8 --set model.expert_bits=8 --set expert_buffer.capacity_mib=768 $POLICIES; fi
+if step cached; then replay cached --set expert_buffer.capacity_mib=5376 $POLICIES; fi
+if step stalls; then
+  S="--stalls"
+  [[ $DEVICE == cuda ]] || S=""
+  replay q4-stalls $S $Q4
+fi
