@@ -42,7 +42,8 @@ KINDS = {"expert": ("expert",), "combine": ("combine",), "attention+router": ("a
 # "spans", or only one event record per step where "records", a timing event or a "plain" one; a wait for an event
 # the copy stream passed long before, then the graphs, where "waits"), and what runs on the copy stream beside it ("queue":
 # copies of copy_bytes enqueued back to back, outlasting the steps; "one": a single 512 MiB copy; "ahead": step i
-# waits for copy i, the copies enqueued one after another; "serial": copy i starts after step i-1 ends)
+# waits for copy i, the copies enqueued one after another; "serial": copy i starts after step i-1 ends; "plain": the
+# events the copies and steps wait for record no time, as a program's own)
 MODES = {
     "chain": {"chain": True},
     "graphs": {},
@@ -59,6 +60,7 @@ MODES = {
     "spans_beside_one_copy": {"spans": True, "beside": "one"},
     "after_copy": {"spans": True, "after": "ahead"},
     "after_copy_alone": {"spans": True, "after": "serial"},
+    "round_trips": {"after": "serial", "plain": True},
 }
 ONE_COPY_BYTES = 512 << 20
 HOST_US_PER_COPY = 60.0  # what the host needs at most to enqueue one copy through PyTorch (its spins cover this)
@@ -143,9 +145,9 @@ class Copies:
             runs.append(1e3 * a.elapsed_time(b) / n)
         return statistics.median(runs)
 
-    def enqueue(self, i: int, after=None, whole: bool = False):
+    def enqueue(self, i: int, after=None, whole: bool = False, timing: bool = True):
         """Copy part i (or the whole buffer) after `after` (an event), and its end's event."""
-        done = self.gpu.event()
+        done = self.gpu.event(timing)
         first, size = (0, ONE_COPY_BYTES) if whole else ((i % self.parts) * self.size, self.size)
         with self.gpu.on(self.gpu.xs):
             if after is not None:
@@ -176,9 +178,11 @@ def _enqueue_steps(spec: dict, launches: list, chain: list, copies: Copies, gpu:
         return copy_ends
     if spec.get("after") == "ahead":  # the first copy starts with the steps, the rest follow it
         copy_ends = [copies.enqueue(i, begin if i == 0 else None) for i in range(len(launches))]
+    ends = []  # "plain": an event after each step, which the next copy waits for
     for i, calls in enumerate(launches):
         if spec.get("after") == "serial":
-            copy_ends.append(copies.enqueue(i, spans[i - 1][1] if i else begin))
+            last = (ends[-1] if spec.get("plain") else spans[i - 1][1]) if i else begin
+            copy_ends.append(copies.enqueue(i, last, timing=not spec.get("plain")))
         if copy_ends:
             gpu.wait(gpu.cs, copy_ends[i])
         if spec.get("waits"):
@@ -189,6 +193,9 @@ def _enqueue_steps(spec: dict, launches: list, chain: list, copies: Copies, gpu:
             _run(calls)
         if spans:
             spans[i][1].record(gpu.cs)
+        if spec.get("plain"):
+            ends.append(gpu.event(False))
+            ends[-1].record(gpu.cs)
     return copy_ends
 
 
@@ -216,7 +223,8 @@ def timed(mode: str, launches: list, chain: list, copies: Copies, gpu: Gpu, lead
     gpu.synchronize()
     out = {"total_us": 1e3 * begin.elapsed_time(end) / n,
            "spans_us": [1e3 * a.elapsed_time(b) for a, b in spans] if spec.get("spans") else [],
-           "handoff_us": [1e3 * (begin.elapsed_time(s[0]) - begin.elapsed_time(c)) for c, s in zip(copy_ends, spans)]}
+           "handoff_us": [1e3 * (begin.elapsed_time(s[0]) - begin.elapsed_time(c)) for c, s in zip(copy_ends, spans)
+                          if not spec.get("plain")]}
     if beside is not None:
         out["copies_outlast"] = begin.elapsed_time(beside) > begin.elapsed_time(end)
     return out
