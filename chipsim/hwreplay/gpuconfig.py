@@ -239,6 +239,30 @@ def _handoff_line(handoff: dict | None, source: str | None) -> str:
             f"ends, median over {len(per_size)} copy sizes of copy-then-graph less each alone ({source})\n")
 
 
+# graphs per step of each kind probe_step_costs.py times (an expert; the weighted sum; attention and router), for files
+# that do not say (its graphs_per_step)
+STEP_GRAPHS = {"expert": 1, "combine": 1, "attention+router": 2}
+
+
+def _beside_copy_line(step_costs: tuple) -> str:
+    """compute.launch_beside_copy_ns from probe_step_costs.py's files ((path, probe) pairs): what a graph launch adds
+    while a copy is in flight (its steps back to back beside copies less alone, per graph), median over every file
+    and step kind; none (the key's default, 0) without a file."""
+    if not step_costs:
+        return ""
+    per, listed = [], []
+    for path, probe in step_costs:
+        def extra(p):
+            return [(v["graphs_beside_copies"]["us_per_step"] - v["graphs"]["us_per_step"])
+                    / v.get("config", {}).get("graphs_per_step", STEP_GRAPHS[k]) for k, v in p["kinds"].items()]
+        ns, values = _probe_median_ns(probe, path, "probe_step_costs.py's output (no kinds.*.graphs_beside_copies)", extra)
+        per += values
+        listed.append(f"{path}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(probe["kinds"], values)))
+    ns = max(0.0, round(1e3 * statistics.median(per), 1))
+    return (f"  launch_beside_copy_ns: {ns}   # measured: a graph launched while a copy is in flight takes this much "
+            f"longer than back to back alone, median per graph over the replay's op groups (us: {'; '.join(listed)})\n")
+
+
 def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
     """compute.op_group_launch_ns from probe_launch_gaps.py: what a separate graph adds on the GPU over its kernels
     run in one chain, median over the graph sizes it ran (back to back, no events: they added nothing)."""
@@ -330,18 +354,19 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
            launch_gaps_source: str | None = None, op_energy: tuple = (), source: str = "microbenchmark",
            gemm_clock_source: str | None = None, host_probe: dict | None = None,
            host_probe_source: str | None = None, frontend_probe: dict | None = None,
-           frontend_source: str | None = None, pace: tuple | None = None) -> str:
+           frontend_source: str | None = None, pace: tuple | None = None, step_costs: tuple = ()) -> str:
     """The config text. kernel_launch: how the replay launches kernels ("eager": one launch per kernel, per-op
     cost = GPU-side tiny-kernel time; "graph": per-segment CUDA graphs, per-op cost = graph tiny-kernel time).
     extra_op_times: (path, microbench op-times file) pairs adding shapes the main file lacks; energy: an
     EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures; source:
     the microbenchmark file's name, for errors; pace: (front-end probe, its path, "torch" or "cudart"): the host's
-    issue costs and launch queue (host_pace_text)."""
+    issue costs and launch queue (host_pace_text); step_costs: (path, probe_step_costs.py file) pairs
+    (compute.launch_beside_copy_ns)."""
     d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
     table = _op_table(mb, kernel_launch, extra_op_times)
     e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"], gemm_clock_source)
     header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
-    tables = _handoff_line(handoff, handoff_source) + table + _op_energy_table(op_energy)
+    tables = _handoff_line(handoff, handoff_source) + _beside_copy_line(step_costs) + table + _op_energy_table(op_energy)
     host = _host_cpu_text(mb["machine"], d, mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], host_probe,
                           host_probe_source) + _host_frontend_text(frontend_probe, frontend_source)
     if pace is not None:
@@ -646,6 +671,9 @@ def main(argv=None) -> int:
                          "(repeatable: an earlier file's shapes win)")
     ap.add_argument("--handoff", default=None, metavar="FILE",
                     help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
+    ap.add_argument("--step-costs", action="append", default=[], metavar="FILE",
+                    help="validation/h100/h100-step-costs.json (validation/compute/probe_step_costs.py): "
+                         "compute.launch_beside_copy_ns (repeatable: the median over every file's op groups)")
     ap.add_argument("--host-cpu", default=None, metavar="FILE",
                     help="validation/h100/h100-host-cpu-expert.json (python -m chipsim.hwreplay.host_cpu): the host_cpu "
                          "keys, each measured alone (otherwise ASSUMPTIONs, unused by the GPU-side policies)")
@@ -677,6 +705,7 @@ def main(argv=None) -> int:
                + (f" --gemm-clock {a.gemm_clock}" if a.gemm_clock else "")
                + (f" --handoff {a.handoff}" if a.handoff else "")
                + (f" --launch-gaps {a.launch_gaps}" if a.launch_gaps else "")
+               + "".join(f" --step-costs {p}" for p in a.step_costs)
                + "".join(f" --op-energy {p}" for p in a.op_energy)
                + (f" --host-cpu {a.host_cpu}" if a.host_cpu else "")
                + (f" --host-frontend {a.host_frontend}" if a.host_frontend else "")
@@ -689,7 +718,8 @@ def main(argv=None) -> int:
                   host_probe_source=a.host_cpu,
                   frontend_probe=read_json(a.host_frontend) if a.host_frontend else None,
                   frontend_source=a.host_frontend,
-                  pace=(read_json(a.host_pace), a.host_pace, a.host_pace_calls) if a.host_pace else None)
+                  pace=(read_json(a.host_pace), a.host_pace, a.host_pace_calls) if a.host_pace else None,
+                  step_costs=tuple((p, read_json(p)) for p in a.step_costs))
     with open(a.out, "w") as f:
         f.write(text)
     print(f"wrote {a.out}")

@@ -261,7 +261,7 @@ def config_step_us(hw, prims_of: dict, kind: str) -> dict:
     prims = [p for g in KINDS[kind] for p in prims_of[g]]
     missing = [p.key for p in prims if p.key not in t]
     kernels = sum(t.get(p.key, 0.0) for p in prims) / 1e3
-    return {"kernels_us": round(kernels, 3), "launch_us": round(hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3, 3),
+    return {"graphs_per_step": len(KINDS[kind]), "kernels_us": round(kernels, 3), "launch_us": round(hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3, 3),
             "step_us": round(kernels + hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3, 3),
             **({"not_profiled": missing} if missing else {})}
 
