@@ -619,6 +619,27 @@ def test_the_handoff_and_launch_gap_probes_give_their_keys_medians():
                launch_gaps_source="g.json")
 
 
+def test_the_step_cost_probe_gives_the_median_launch_beside_a_copy():
+    """gpuconfig --step-costs: compute.launch_beside_copy_ns is the median, over both committed H100 files' op groups,
+    of what a graph launch adds beside copies (graphs_beside_copies less graphs, per graph; by hand: 16-bit expert
+    17.288 - 14.648 = 2.640, combine 0.779, attention and router (53.674 - 49.062) / 2 = 2.306; 4-bit 1.757, 0.796,
+    1.687 us -> the median of the six, (1.687 + 1.757) / 2 = 1.722 us)."""
+    import yaml
+
+    from chipsim.hwreplay.gpuconfig import render
+
+    def load(*parts):
+        with open(os.path.join(ROOT, *parts)) as f:
+            return json.load(f)
+
+    files = tuple((p, load("validation", "h100", p)) for p in ("h100-step-costs.json", "h100-step-costs-q4.json"))
+    cfg = yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph", step_costs=files))
+    assert cfg["compute"]["launch_beside_copy_ns"] == 1722.0
+    assert "launch_beside_copy_ns" not in yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph"))["compute"]
+    with pytest.raises(InputError, match="s.json: not probe_step_costs.py's output"):
+        render(load("validation", "h200-microbench.json"), "graph", step_costs=(("s.json", {"kinds": {"expert": {}}}),))
+
+
 @pytest.mark.parametrize("name", MEASUREMENTS)
 def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
     """The validation configs cost every kernel of their decode steps from the microbenchmark's per-shape table."""
