@@ -10,15 +10,19 @@ ahead behind a spin, medians over `--repeats`:
 
 - kernels_alone: each kernel of the group chained alone over rotating weights (the profile's method,
   chipsim.hwreplay.microbench.op_times), summed over the group: what the config's op_times_ns say on this lease;
-- chain: every step's kernels in one graph;
-- graphs: one graph per op group, the steps back to back (what compute.op_group_launch_ns is for);
-- spans: the same with an event before and after each step (what --op-spans adds), and the spans themselves;
-- beside_copies: spans while host-to-device copies (`--copy-bytes` each, from pinned memory) run throughout on
-  the copy stream, none waited for;
+- chain: every step's kernels in one graph; graphs: one graph per op group, the steps back to back (what
+  compute.op_group_launch_ns is for); spans: the same with a timing event before and after each step (what
+  --op-spans adds), and the spans themselves; records / plain_records: an event recorded per step and nothing else,
+  with timing (as --stalls and --op-spans record) or without (as a program's own synchronisation); waits_passed: a
+  wait for an event passed long before, then the step;
+- *_beside_copies: the same while host-to-device copies (`--copy-bytes` each, from pinned memory) run throughout on
+  the copy stream, none waited for (beside_one_copy: one 512 MiB copy instead): what compute.launch_beside_copy_ns is
+  (gpuconfig --step-costs);
 - after_copy: each step waits for its own copy's event first (the copies enqueued ahead, one after another, so the
   next copies run beside the step), as an expert that stalled for its bytes; its span, and from the copy's end to
-  the step's first event (the hand-off);
-- after_copy_alone: the same, but each copy starts only after the previous step ends: a wait, and nothing beside.
+  the step's first event (the hand-off); after_copy_alone: each copy starts only after the previous step ends (a
+  wait, nothing beside); round_trips: the same with events that record no time (the dependent chain of an on-demand
+  fetch, as a program runs it).
 
     python validation/compute/probe_step_costs.py --config hwconfigs/h100-pcie5.yaml > validation/h100/h100-step-costs.json
 """
