@@ -244,20 +244,33 @@ def _handoff_line(handoff: dict | None, source: str | None) -> str:
 STEP_GRAPHS = {"expert": 1, "combine": 1, "attention+router": 2}
 
 
+def _step_graphs(kind: str, row: dict, source: str) -> int:
+    """Graphs per step of a probe_step_costs.py kind: the file's own figure, else STEP_GRAPHS'."""
+    graphs = (row.get("config") or {}).get("graphs_per_step") or STEP_GRAPHS.get(kind)
+    if not isinstance(graphs, int) or graphs < 1:
+        raise InputError(f"{source}: kinds.{kind}: no graphs per step (config.graphs_per_step)")
+    return graphs
+
+
 def _beside_copy_line(step_costs: tuple) -> str:
     """compute.launch_beside_copy_ns from probe_step_costs.py's files ((path, probe) pairs): what a graph launch adds
     while a copy is in flight (its steps back to back beside copies less alone, per graph), median over every file
-    and step kind; none (the key's default, 0) without a file."""
+    and step kind, not below 0; none (the key's default, 0) without a file. A CPU dry run's file is refused."""
     if not step_costs:
         return ""
     per, listed = [], []
     for path, probe in step_costs:
+        if not isinstance(probe, dict) or str(probe.get("device", "")).startswith("cpu"):
+            raise InputError(f"{path}: not a GPU's probe_step_costs.py output (a CPU dry run times nothing)")
+        kinds = probe.get("kinds") if isinstance(probe.get("kinds"), dict) else {}
+        graphs = {k: _step_graphs(k, v, path) for k, v in kinds.items() if isinstance(v, dict)}
+
         def extra(p):
-            return [(v["graphs_beside_copies"]["us_per_step"] - v["graphs"]["us_per_step"])
-                    / v.get("config", {}).get("graphs_per_step", STEP_GRAPHS[k]) for k, v in p["kinds"].items()]
-        ns, values = _probe_median_ns(probe, path, "probe_step_costs.py's output (no kinds.*.graphs_beside_copies)", extra)
+            return [(v["graphs_beside_copies"]["us_per_step"] - v["graphs"]["us_per_step"]) / graphs[k]
+                    for k, v in p["kinds"].items()]
+        _, values = _probe_median_ns(probe, path, "probe_step_costs.py's output (no kinds.*.graphs_beside_copies)", extra)
         per += values
-        listed.append(f"{path}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(probe["kinds"], values)))
+        listed.append(f"{path}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(kinds, values)))
     ns = max(0.0, round(1e3 * statistics.median(per), 1))
     return (f"  launch_beside_copy_ns: {ns}   # measured: a graph launched while a copy is in flight takes this much "
             f"longer than back to back alone, median per graph over the replay's op groups (us: {'; '.join(listed)})\n")

@@ -247,6 +247,7 @@ class Simulation:
         # compute.launch_beside_copy_ns: a launch the GPU starts while a copy is in flight costs this much more
         beside = ns_to_ps(hw.compute.launch_beside_copy_ns)
         self._beside_copy: Work | None = Work(beside, 0, beside) if beside else None  # the arrays idle meanwhile
+        self._unlanded = 0  # transfers issued and not yet landed (or stopped): a copy is in flight
         # host_frontend.routing: host: the machine idles this long after each router while the host reads it back
         frontend = hw.host_frontend
         self._readback_ps = ns_to_ps(frontend.routing_readback_ns) if frontend.routing == "host" else 0
@@ -269,7 +270,7 @@ class Simulation:
         seg = workload.segment_launch
         self._segment_launch: Work | None = cost_of(seg) if seg is not None else None
         # runs of compute between synchronisations are launched as one (compute.launch_per: segment): counted where
-        # they cost a launch, or where the host's pace counts its launches
+        # they cost a launch, where the host's pace counts its launches, or where a launch beside a copy costs more
         self._segments = self._segment_launch is not None or (
             (self._pace is not None or self._beside_copy is not None) and hw.compute.launch_per == "segment")
         self._synced = True
@@ -412,6 +413,7 @@ class Simulation:
         parts = len(self._part_bytes)
         ready = self._copy_enqueued(parts) if self._pace is not None else 0  # the host's pace: not before it is
         transfer = self.dma.submit(self._fetch_bytes, priority, entry, parts, ready)
+        self._unlanded += 1
         entry.transfers.append(transfer)
         entry.parts_left = 1
         if self._pageable:
@@ -428,6 +430,7 @@ class Simulation:
         entry: Entry = tr.tag  # typed: compiled code reads its fields natively
         key = entry.key
         moved: int = tr.moved_bytes  # typed: added natively below (tr is Any)
+        self._unlanded -= 1
         if self._pageable:
             self._pageable_in_flight -= 1
             if not self._pageable_in_flight and self._host_waiters:
@@ -507,8 +510,9 @@ class Simulation:
         groups as a GPU launches them (after `waits` waits for fetched experts). Its fixed part takes its own time;
         its operands then stream as a flow over HBM and the memory-to-compute UCIe link, no faster than the arrays
         consume them alone, slower when other flows share those resources. Work the program enqueues while pageable
-        copies hold the host starts once they have ended; with the host's pace, once the host has enqueued it; its
-        launches cost compute.launch_beside_copy_ns more each while a copy is in flight."""
+        copies hold the host starts once they have ended; with the host's pace, once the host has enqueued it (the
+        pace sees the work before the next charge); its launches cost compute.launch_beside_copy_ns more each where
+        a copy is in flight, from its issue to its landing, when the work starts."""
         launches = groups
         if self._segments:  # the segment launches _launched added to it
             launches = self._segments_now
@@ -517,7 +521,7 @@ class Simulation:
             yield from self._await_host(-1 if kind == "dense" or kind == "head" else index)
         if self._pace is not None:
             yield from self._await_enqueued(work, -1 if kind == "dense" or kind == "head" else index, launches, waits)
-        if self._beside_copy is not None and launches and (self.dma.flowing or self.dma.in_setup):
+        if self._beside_copy is not None and launches and self._unlanded:
             work = work + self._beside_copy.times(launches)
         self._tally.work(work)
         if self._operation is not None:  # the core runs it as one event, which hands back the time it took

@@ -12,17 +12,19 @@ ahead behind a spin, medians over `--repeats`:
   chipsim.hwreplay.microbench.op_times), summed over the group: what the config's op_times_ns say on this lease;
 - chain: every step's kernels in one graph; graphs: one graph per op group, the steps back to back (what
   compute.op_group_launch_ns is for); spans: the same with a timing event before and after each step (what
-  --op-spans adds), and the spans themselves; records / plain_records: an event recorded per step and nothing else,
-  with timing (as --stalls and --op-spans record) or without (as a program's own synchronisation); waits_passed: a
+  --op-spans adds), and the spans themselves; records / plain_records: two event records per step (one event recorded
+  twice, as a span's two) and nothing else, with timing (as --stalls and --op-spans record) or without (as a
+  program's own synchronisation); waits_passed: a
   wait for an event passed long before, then the step;
 - *_beside_copies: the same while host-to-device copies (`--copy-bytes` each, from pinned memory) run throughout on
   the copy stream, none waited for (beside_one_copy: one 512 MiB copy instead): what compute.launch_beside_copy_ns is
   (gpuconfig --step-costs);
 - after_copy: each step waits for its own copy's event first (the copies enqueued ahead, one after another, so the
   next copies run beside the step), as an expert that stalled for its bytes; its span, and from the copy's end to
-  the step's first event (the hand-off); after_copy_alone: each copy starts only after the previous step ends (a
-  wait, nothing beside); round_trips: the same with events that record no time (the dependent chain of an on-demand
-  fetch, as a program runs it).
+  the step's first event (the hand-off: meaningful only where a copy outlasts a step, else the steps queue behind
+  one another and the copies end long before them); after_copy_alone: each copy starts only after the previous
+  step ends (a wait, nothing beside); round_trips: the same with events that record no time (the dependent chain
+  of an on-demand fetch, as a program runs it).
 
     python validation/compute/probe_step_costs.py --config hwconfigs/h100-pcie5.yaml > validation/h100/h100-step-costs.json
 """
@@ -42,12 +44,13 @@ from chipsim.hwreplay.microbench import op_times
 from chipsim.hwreplay.ops import primitive_ops
 
 KINDS = {"expert": ("expert",), "combine": ("combine",), "attention+router": ("attention", "router")}
-# mode: what runs on the compute stream (each step's graphs, with an event before and after each step where
-# "spans", or only one event record per step where "records", a timing event or a "plain" one; a wait for an event
-# the copy stream passed long before, then the graphs, where "waits"), and what runs on the copy stream beside it ("queue":
-# copies of copy_bytes enqueued back to back, outlasting the steps; "one": a single 512 MiB copy; "ahead": step i
-# waits for copy i, the copies enqueued one after another; "serial": copy i starts after step i-1 ends; "plain": the
-# events the copies and steps wait for record no time, as a program's own)
+# mode: what runs on the compute stream (each step's graphs, with an event before and after each step where "spans",
+# or only events where "records": one event per step recorded twice, as a span's before and after, a timing event or
+# a "plain" one; a wait for an event the copy stream passed long before, then the graphs, where "waits"), and what
+# runs on the copy stream beside it ("queue": copies of copy_bytes enqueued back to back, outlasting the steps;
+# "one": a single 512 MiB copy; "ahead": step i waits for copy i, the copies enqueued one after another; "serial":
+# copy i starts after step i-1 ends; "plain": the events the copies and steps wait for record no time, as a
+# program's own)
 MODES = {
     "chain": {"chain": True},
     "graphs": {},
@@ -209,7 +212,7 @@ def timed(mode: str, launches: list, chain: list, copies: Copies, gpu: Gpu, lead
     spec, n = MODES[mode], len(launches)
     begin, end = gpu.event(), gpu.event()
     spans = [(gpu.event(), gpu.event()) for _ in range(n)] if spec.get("spans") else []
-    if spec.get("records"):  # one event per step, recorded as a span's "before" (and, the same event, its "after")
+    if spec.get("records"):  # one event per step, recorded twice: as a span's "before" and, the same event, its "after"
         spans = [(ev, ev) for ev in (gpu.event(spec["records"] is True) for _ in range(n))]
     passed = gpu.event(False)
     with gpu.on(gpu.xs):
@@ -217,8 +220,9 @@ def timed(mode: str, launches: list, chain: list, copies: Copies, gpu: Gpu, lead
     gpu.synchronize()
     steps_us = 100.0 * n  # longer than any kind's steps take beside copies
     queued = copies.count(spec["beside"], steps_us) if "beside" in spec else 0
+    waited = n if "after" in spec else 0  # the copies the steps wait for
     with gpu.on(gpu.cs):
-        gpu.spin(lead_us + HOST_US_PER_COPY * queued)  # the host enqueues every copy and step meanwhile
+        gpu.spin(lead_us + HOST_US_PER_COPY * (queued + waited))  # the host enqueues every copy and step meanwhile
         begin.record(gpu.cs)
     beside = copies.beside(spec["beside"], steps_us, begin) if queued else None  # they start with the steps
     with gpu.on(gpu.cs):
@@ -249,7 +253,8 @@ def measure_kind(kind: str, step, slots, copies: Copies, gpu: Gpu, n: int, repea
         spans = [s for r in runs for s in r["spans_us"]]
         if spans:
             row["span_us"] = _median(spans)
-            row["span_p10_p90_us"] = [round(sorted(spans)[len(spans) // 10], 3), round(sorted(spans)[9 * len(spans) // 10], 3)]
+            ordered = sorted(spans)
+            row["span_p10_p90_us"] = [round(ordered[len(spans) // 10], 3), round(ordered[9 * len(spans) // 10], 3)]
         handoff = [h for r in runs for h in r["handoff_us"]]
         if handoff:
             row["handoff_us"] = _median(handoff)
@@ -265,8 +270,9 @@ def config_step_us(hw, prims_of: dict, kind: str) -> dict:
     prims = [p for g in KINDS[kind] for p in prims_of[g]]
     missing = [p.key for p in prims if p.key not in t]
     kernels = sum(t.get(p.key, 0.0) for p in prims) / 1e3
-    return {"graphs_per_step": len(KINDS[kind]), "kernels_us": round(kernels, 3), "launch_us": round(hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3, 3),
-            "step_us": round(kernels + hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3, 3),
+    launch_us = hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3
+    return {"graphs_per_step": len(KINDS[kind]), "kernels_us": round(kernels, 3), "launch_us": round(launch_us, 3),
+            "step_us": round(kernels + launch_us, 3),
             **({"not_profiled": missing} if missing else {})}
 
 
@@ -298,7 +304,8 @@ def main() -> None:
            "torch": torch.__version__, "config": a.config, "overrides": a.set, "steps": a.steps, "repeats": a.repeats,
            "copy_bytes": copies.size, "copy_us": round(copies.us, 3), "one_copy_bytes": ONE_COPY_BYTES, "kinds": {}}
     for kind in KINDS:
-        out["kinds"][kind] = {"config": config_step_us(hw, prims_of, kind), "kernels_alone_us": kernels_alone_us(prims_of, kind, gpu),
+        out["kinds"][kind] = {"config": config_step_us(hw, prims_of, kind),
+                              "kernels_alone_us": kernels_alone_us(prims_of, kind, gpu),
                               **measure_kind(kind, step, slots, copies, gpu, a.steps, a.repeats)}
     print(json.dumps(out, indent=1))
 

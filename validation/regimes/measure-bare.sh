@@ -7,9 +7,9 @@
 #                                                                     default all; GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-bare.sh OUT          (the replays on this machine's CPU, 3 tokens)
 #
-# Why: a CUDA event with timing, recorded on the compute stream, costs the GPU 2.6 µs alone and 10-13 µs while a copy
-# is in flight (validation/compute/probe_step_costs.py), and the replays' --stalls put two around every wait for a
-# copy; the link's copy rate differs between leases by a few per cent (probe_copy_source.py).
+# Why: a CUDA event with timing, recorded on the compute stream, costs the GPU about 1-1.3 µs alone and 5-6.5 µs while
+# a copy is in flight (validation/compute/probe_step_costs.py), and the replays' --stalls put two around every wait for
+# a copy; the link's copy rate differs between leases by a few per cent (probe_copy_source.py).
 #
 # link:   pinned copies from host memory that the caches hold and from memory they do not, 256 KiB-16 MiB
 #         (validation/compute/probe_copy_source.py)                      -> OUT/$GPU-copy-source.json
