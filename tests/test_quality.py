@@ -271,6 +271,44 @@ def test_measure_quality_record_of_a_tiny_model(tiny, arch):
     else:
         assert "spice_lore" not in q
     assert "floe" not in q  # hidden size 32: not a multiple of FloE's INT2 group (test_quality_floe.py measures it)
+    if arch.startswith("Deepseek"):  # top-3: adaptive gating measured at each threshold, dropping more the lower it is
+        gated = q["adapmoe"]  # (at most one of three experts: two of near-equal weights never reach 0.8)
+        assert sorted(gated) == ["0.8", "0.9", "0.95"]
+        assert 0 <= gated["0.95"]["drop_rate"] <= gated["0.9"]["drop_rate"] <= gated["0.8"]["drop_rate"] <= 1 / 3 + 1e-9
+        for e in gated.values():  # nothing dropped: the unmodified model's perplexity exactly
+            assert e["baseline_ppl"] == q["baseline"]["ppl"]
+            assert (e["nll"] == q["baseline"]["nll"]) == (e["drop_rate"] == 0)
+    else:  # top-2: adaptive gating changes nothing
+        assert "adapmoe" not in q
+
+
+def test_adaptive_gating_keeps_what_the_policy_keeps():
+    """The quality mode drops exactly the experts the simulator's AdapMoE drops (chipsim.policies.caching._keep_count):
+    by hand, weights 0.5, 0.3, 0.15, 0.05 at 0.9 keep three (0.5 + 0.3 = 0.8 short of it, + 0.15 reaches it); at 0.8
+    two (0.8 reaches it); top-2 keeps both; then 200 random rows of top-4 and top-6 agree with the policy's count."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from chipsim.policies.caching import AdapMoE, AdapMoEParams
+    from chipsim.tracegen.quality import AdaptiveGating
+
+    def kept(threshold, w):
+        w = torch.tensor(w, dtype=torch.float32)
+        idx = torch.arange(w.shape[1]).expand_as(w)
+        _, new_w, _ = AdaptiveGating(threshold).modify(0, None, idx, w, None)
+        return (new_w > 0).sum(1).tolist(), new_w
+
+    count, new_w = kept(0.9, [[0.15, 0.5, 0.05, 0.3]])
+    assert count == [3] and torch.equal(new_w, torch.tensor([[0.15, 0.5, 0.0, 0.3]]))
+    assert kept(0.8, [[0.15, 0.5, 0.05, 0.3]])[0] == [2]
+    assert kept(0.5, [[0.9, 0.1]])[0] == [2]
+    policy = AdapMoE.__new__(AdapMoE)
+    rng = np.random.default_rng(7)
+    for k in (4, 6):
+        rows = rng.dirichlet(np.ones(k) * 0.7, size=200).astype(np.float32)
+        for threshold in (0.8, 0.9, 0.95):
+            object.__setattr__(policy, "params", AdapMoEParams(gate_threshold=threshold))
+            assert kept(threshold, rows.tolist())[0] == [policy._keep_count(r.astype(np.float64)) for r in rows]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ unmodified model on the same tokens:
   rank. The rule ignores the SPICE cache (an expert cached from an earlier token is not a miss), so it
   surrogates more experts than the simulator's runs do: an upper bound on SPICE's quality cost.
 
+- `adapmoe` (AdapMoE's adaptive gating, at each threshold; models routing more than two experts): a token-layer's
+  routed experts, by descending gate weight normalised to sum 1, are kept until their cumulative weight reaches the
+  threshold and the rest left out (weight 0, the kept ones' weights as routed): the simulator's rule
+  (chipsim.policies.caching.AdapMoE._keep_count). Decisions come from the live router's weights.
+
 - `floe` (FloE's compressed experts, chipsim.tracegen.quality_floe): every routed expert computed with its up
   projection INT2 and its gate and down projections contextually sparse at each sparsity, and each compression alone.
 
@@ -47,6 +52,7 @@ from chipsim.tracegen.recorder import decoder_layers, find_ffn, find_routers, pa
 APEX_TAUS = (0.6, 0.75, 0.9)
 LORE_RANKS = (16, 32)
 SPICE_CONFIDENCE = 0.7  # chipsim.policies.spice default `confidence`
+ADAPMOE_THRESHOLDS = (0.8, 0.9, 0.95)  # chipsim.policies.caching.AdapMoE's gate_threshold: 0.9 by default
 
 
 class _ExpertsCall:
@@ -173,6 +179,34 @@ class ApexStallFree:
 
     def stats(self) -> dict:
         return {"substitution_rate": self.substituted / max(1, self.routed), "drop_rate": self.dropped / max(1, self.routed)}
+
+
+class AdaptiveGating:
+    """AdapMoE's adaptive gating: of each token-layer's routed experts (above top-2), those past the cumulative
+    normalised weight `threshold` (descending weight order; the first to reach it kept) get weight 0."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+        self.dropped = 0
+        self.routed = 0
+
+    def modify(self, li, rows, idx, w, hidden):
+        self.routed += idx.numel()
+        if idx.shape[1] <= 2:
+            return idx, w, None
+        weights = w.float()
+        total = weights.sum(1, keepdim=True)
+        order = torch.argsort(weights, dim=1, descending=True, stable=True)
+        share = weights.gather(1, order) / torch.where(total > 0, total, torch.ones_like(total))
+        before = torch.cumsum(share, 1) - share  # the weight of the experts ahead of each
+        keep_sorted = (before < self.threshold - 1e-9) | (total <= 0)
+        keep_sorted[:, 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+        self.dropped += int((~keep).sum())
+        return idx, torch.where(keep, w, torch.zeros_like(w)), None
+
+    def stats(self) -> dict:
+        return {"drop_rate": self.dropped / max(1, self.routed)}
 
 
 class PreGated:
@@ -414,6 +448,9 @@ def measure_quality(model, heldout_seqs: torch.Tensor, arrays: dict, *, train_re
     log(f"  quality: pregated: ppl {out['pregated']['ppl']:.3f} ({out['pregated']['delta_ppl_pct']:+.2f} %), "
         f"deviation rate {out['pregated']['deviation_rate']:.4f}")
 
+    if int(arrays["routed_ids"].shape[-1]) > 2:  # adaptive gating changes nothing at top-1 and top-2
+        out["adapmoe"] = _measure_adapmoe(model, heldout_seqs, base, batch, amp, log)
+
     layers = decoder_layers(model)
     has_shared = all(shared_path(find_ffn(layers[a])) is not None for a in sorted(find_routers(model)))
     if has_shared and train_rec is not None:
@@ -441,6 +478,19 @@ def measure_quality(model, heldout_seqs: torch.Tensor, arrays: dict, *, train_re
         else:
             log(f"  quality: floe not measured: hidden size {d} is not a multiple of the INT2 group {UP_GROUP}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _measure_adapmoe(model, heldout_seqs: torch.Tensor, base_nll: float, batch: int, amp: bool, log) -> dict:
+    """meta['quality']['adapmoe']: AdapMoE's adaptive gating at each of ADAPMOE_THRESHOLDS."""
+    out = {}
+    for threshold in ADAPMOE_THRESHOLDS:
+        mode = AdaptiveGating(threshold)
+        with RoutingOverride(model, mode) as ov:
+            nll, _ = heldout_nll(model, heldout_seqs, batch, amp, ov)
+        out[str(threshold)] = e = _entry(nll, base_nll, mode.stats())
+        log(f"  quality: adapmoe threshold {threshold}: ppl {e['ppl']:.3f} ({e['delta_ppl_pct']:+.2f} %), "
+            f"dropped {e['drop_rate']:.4f} of routed experts")
     return out
 
 
