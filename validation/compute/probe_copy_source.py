@@ -24,18 +24,11 @@ import subprocess
 
 import torch
 
+from chipsim.hwreplay.microbench import _fit  # the microbenchmark's own t = a + N/B fit
+
 MIB = 1 << 20
 SIZES = (256 << 10, MIB, 1216512, 4 * MIB, 4718592, 16 * MIB)  # 1216512, 4718592: a Granite-3B expert, 4- and 16-bit
 BACK_TO_BACK = 16
-
-
-def fit(points: list[tuple[int, float]]) -> dict:
-    """Least squares t = a + n/B over (bytes, µs) points: bandwidth (GB/s) and intercept (µs)."""
-    n = len(points)
-    mx = sum(b for b, _ in points) / n
-    my = sum(t for _, t in points) / n
-    slope = sum((b - mx) * (t - my) for b, t in points) / sum((b - mx) ** 2 for b, _ in points)
-    return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(my - slope * mx, 3)}
 
 
 def timed_us(stream, pairs: list, spin_cycles: int) -> float:
@@ -94,7 +87,8 @@ def main() -> None:
     rows = [measure(s, store, dst, stream, a.repeats, spin, cursor) for s in SIZES]
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": _llc(),
                       "store_gib": a.store_gib, "back_to_back": BACK_TO_BACK, "repeats": a.repeats, "copies": rows,
-                      "fit": {m: fit([(r["bytes"], r[f"{m}_us"]) for r in rows]) for m in ("reused", "cold")}},
+                      "fit": {m: _fit([r["bytes"] for r in rows], [r[f"{m}_us"] for r in rows])
+                              for m in ("reused", "cold")}},
                      indent=1))
 
 
