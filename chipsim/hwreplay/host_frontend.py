@@ -32,22 +32,13 @@ import time
 import torch
 
 from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
+from chipsim.hwreplay.microbench import _fit
 
 MIB = 1 << 20
 
 
 def _median(xs) -> float:
     return round(statistics.median(xs), 3)
-
-
-def _fit(points: list[tuple[int, float]]) -> dict:
-    """t = a + N/B by least squares over (bytes, us) points: B in GB/s, a in us."""
-    n = len(points)
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
-    return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(my - slope * mx, 3)}
 
 
 def stream_copies(device, count: int, chunk: int = 16 * MIB) -> tuple:
@@ -98,8 +89,8 @@ def copies(device, sizes: list[int], reps: int, pool_bytes: int) -> dict:
                          "gbps": round(n / statistics.median(gpu) / 1e3, 3)})
             del dst
         del pool
-        out["pinned" if pinned else "pageable"] = {"copies": rows, "fit": _fit([(r["bytes"], r["gpu_us"])
-                                                                               for r in rows]),
+        out["pinned" if pinned else "pageable"] = {"copies": rows, "fit": _fit([r["bytes"] for r in rows],
+                                                                               [r["gpu_us"] for r in rows]),
                                                    "pool_bytes": pool_bytes}
     return out
 

@@ -32,14 +32,13 @@ ahead behind a spin, medians over `--repeats`:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 
 import torch
 
 from chipsim.hw.config import load_config
-from chipsim.hwreplay.harness import GpuDecodeStep, _CpuEvent, capture_graph
+from chipsim.hwreplay.harness import GpuDecodeStep, _sync_api, capture_graph
 from chipsim.hwreplay.microbench import op_times
 from chipsim.hwreplay.ops import primitive_ops
 
@@ -74,13 +73,13 @@ HOST_US_PER_COPY = 60.0  # what the host needs at most to enqueue one copy throu
 
 
 class Gpu:
-    """The calls the probe makes, on CUDA or (a dry run) in order on the CPU."""
+    """The calls the probe makes, on CUDA or (a dry run) in order on the CPU: the replay harness's own."""
 
     def __init__(self, device: torch.device):
+        stream, self._event, self.on, _, self.synchronize = _sync_api(device)
         self.cuda = device.type == "cuda"
         self.device = device
-        self.cs = torch.cuda.Stream() if self.cuda else None
-        self.xs = torch.cuda.Stream() if self.cuda else None
+        self.cs, self.xs = stream(), stream()
         self.spin_cycles_per_us = 0.0
         if self.cuda:
             from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
@@ -88,22 +87,15 @@ class Gpu:
             self.spin_cycles_per_us = sleep_cycles_per_ms(device) / 1e3
 
     def event(self, timing: bool = True):
-        return torch.cuda.Event(enable_timing=timing) if self.cuda else _CpuEvent(True)
-
-    def on(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+        return self._event(enable_timing=timing)
 
     def spin(self, us: float) -> None:
         if self.cuda:
             torch.cuda._sleep(int(us * self.spin_cycles_per_us))
 
-    def wait(self, stream, ev) -> None:
-        if self.cuda:
-            stream.wait_event(ev)
-
-    def synchronize(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+    @staticmethod
+    def wait(stream, ev) -> None:
+        stream.wait_event(ev)
 
     def graph(self, calls: list) -> list:
         """calls as one CUDA graph's launch (on the CPU: the calls themselves)."""

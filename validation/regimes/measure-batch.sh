@@ -22,14 +22,9 @@ set -uo pipefail
 OUT=${1:?usage: measure-batch.sh OUT [optimes] [config] [replay]}
 shift
 WHAT=" ${*:-optimes config replay} "
+GPU_DEFAULT=h200
+source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 mkdir -p "$OUT/batch"
-OUT=$(cd "$OUT" && pwd)
-LOG="$OUT/measure.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
-CFG=hwconfigs            # the configs the steps read and the config step writes
-[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 BATCH=4
 STEPS=16
 DEVICE=cuda
@@ -40,12 +35,8 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 2 steps, one measured replay, the c
   DEVICE=cpu
   REPEATS=1
   LIMITS=(600 900)
-  CFG=$OUT/hwconfigs
-  PROBES=$OUT
   export OMP_NUM_THREADS=1
-  mkdir -p "$CFG"
-  cp hwconfigs/$GPU-pcie5.yaml "$CFG/"
-  ln -sfn "$PWD/traces" "$OUT/traces"  # the config's ../traces/
+  dry_run_configs $GPU-pcie5.yaml
 fi
 GRANITE=$CFG/$GPU-pcie5.yaml
 step() { [[ "$WHAT" == *" $1 "* ]]; }

@@ -38,14 +38,8 @@ set -uo pipefail
 OUT=${1:?usage: measure-host.sh OUT [probe] [frontend] [config] [host] [frontend-replays] [qkernel] [qtimes] [quant]}
 shift
 WHAT=" ${*:-probe frontend config host frontend-replays qkernel qtimes quant} "
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-LOG="$OUT/measure.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:-h100}
-CFG=hwconfigs
-[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-PROBES=${PROBES:-$(probes_dir)}
+GPU_DEFAULT=h100
+source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 DEVICE=cuda
 REPEATS=2
 TOKENS=()
@@ -59,11 +53,7 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 3 tokens, one measured replay, the 
   REPEATS=1
   TOKENS=(--set workload.max_tokens=3 --set workload.warmup_tokens=1)
   POOL=0.1
-  CFG=$OUT/hwconfigs
-  PROBES=$OUT
-  mkdir -p "$CFG"
-  cp hwconfigs/$GPU-pcie5.yaml hwconfigs/$GPU-pcie5-phi-mini-moe.yaml "$CFG/"
-  ln -sfn "$PWD/traces" "$OUT/traces"  # the configs' ../traces/
+  dry_run_configs $GPU-pcie5.yaml $GPU-pcie5-phi-mini-moe.yaml
 fi
 GRANITE=$CFG/$GPU-pcie5.yaml
 PHI=$CFG/$GPU-pcie5-phi-mini-moe.yaml

@@ -33,12 +33,8 @@ set -uo pipefail
 OUT=${1:?usage: measure-pace.sh OUT [frontend] [pace] [spans] [idle] [fresh]}
 shift
 WHAT=" ${*:-frontend pace spans idle fresh} "
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-LOG="$OUT/measure.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:-h100}
-[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
+GPU_DEFAULT=h100
+source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 DEVICE=cuda
 REPEATS=2
 TOKENS=()

@@ -25,14 +25,9 @@ set -uo pipefail
 OUT=${1:?usage: measure-prefill.sh OUT [optimes] [config] [replay]}
 shift
 WHAT=" ${*:-optimes config replay} "
+GPU_DEFAULT=h200
+source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 mkdir -p "$OUT/prefill"
-OUT=$(cd "$OUT" && pwd)
-LOG="$OUT/measure.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
-CFG=hwconfigs            # the configs the steps read and the config step writes
-[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 PROMPTS=256,1024,4096
 DEVICE=cuda
 LIMITS=(100 100 120 150)  # seconds: each probe, the phi-mini-moe replays, the gpt-oss-20b replays (7.8 min at most)
@@ -42,11 +37,7 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: the smallest prompts, a buffer this
   DEVICE=cpu
   LIMITS=(600 600 900 900)
   SETS=(--set expert_buffer.capacity_mib=2048)
-  CFG=$OUT/hwconfigs
-  PROBES=$OUT
-  mkdir -p "$CFG"
-  cp hwconfigs/$GPU-pcie5.yaml hwconfigs/$GPU-pcie5-phi-mini-moe.yaml hwconfigs/$GPU-pcie5-gpt-oss-20b.yaml "$CFG/"
-  ln -sfn "$PWD/traces" "$OUT/traces"  # the configs' ../traces/
+  dry_run_configs $GPU-pcie5.yaml $GPU-pcie5-phi-mini-moe.yaml $GPU-pcie5-gpt-oss-20b.yaml
 fi
 PHI=$CFG/$GPU-pcie5-phi-mini-moe.yaml
 OSS=$CFG/$GPU-pcie5-gpt-oss-20b.yaml

@@ -28,14 +28,9 @@ set -uo pipefail
 OUT=${1:?usage: measure-served.sh OUT [optimes] [config] [replay]}
 shift
 WHAT=" ${*:-optimes config replay} "
+GPU_DEFAULT=h200
+source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 mkdir -p "$OUT/served"
-OUT=$(cd "$OUT" && pwd)
-LOG="$OUT/measure.log"
-source validation/regimes/device-env.sh  # simpy, PYTHONPATH, pynvml
-GPU=${GPU:-h200}         # the lent GPU: its configs are hwconfigs/$GPU-pcie5*.yaml
-CFG=hwconfigs            # the configs the steps read and the config step writes
-[[ -n "${DRY_RUN:-}" ]] || require_card || exit 3
-PROBES=${PROBES:-$(probes_dir)}  # where the probe files go
 RUN=(--set workload.requests=12 --set workload.prompt_tokens=64 --set workload.output_tokens=8
      --set workload.arrivals.poisson_rps=4 --set workload.arrivals.seed=0 --set workload.scheduler.kind=chunked
      --set workload.scheduler.max_step_tokens=48 --set workload.prefill_chunk_tokens=32)
@@ -52,12 +47,8 @@ if [[ -n "${DRY_RUN:-}" ]]; then  # the CPU: 4 requests of 16 + 3 tokens at 0.25
   DEVICE=cpu
   REPEATS=1
   LIMITS=(600 900)
-  CFG=$OUT/hwconfigs
-  PROBES=$OUT
   export OMP_NUM_THREADS=1
-  mkdir -p "$CFG"
-  cp hwconfigs/$GPU-pcie5.yaml "$CFG/"
-  ln -sfn "$PWD/traces" "$OUT/traces"  # the config's ../traces/
+  dry_run_configs $GPU-pcie5.yaml
 fi
 GRANITE=$CFG/$GPU-pcie5.yaml
 step() { [[ "$WHAT" == *" $1 "* ]]; }
