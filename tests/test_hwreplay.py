@@ -636,6 +636,13 @@ def test_the_step_cost_probe_gives_the_median_launch_beside_a_copy():
     cfg = yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph", step_costs=files))
     assert cfg["compute"]["launch_beside_copy_ns"] == 1722.0
     assert "launch_beside_copy_ns" not in yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph"))["compute"]
+    # a whole layer's segment graph (the probe's "layer" kind) is reported, not part of the per-op-group key
+    layered = tuple((p, {**f, "kinds": {**f["kinds"], "layer": {"config": {"graphs_per_step": 1},
+                                                              "graphs": {"us_per_step": 100.0},
+                                                              "graphs_beside_copies": {"us_per_step": 900.0}}}})
+                    for p, f in files)
+    cfg = yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph", step_costs=layered))
+    assert cfg["compute"]["launch_beside_copy_ns"] == 1722.0
     with pytest.raises(InputError, match="s.json: not probe_step_costs.py's output"):
         render(load("validation", "h200-microbench.json"), "graph", step_costs=(("s.json", {"kinds": {"expert": {}}}),))
 

@@ -263,11 +263,13 @@ def _beside_copy_line(step_costs: tuple) -> str:
         if not isinstance(probe, dict) or str(probe.get("device", "")).startswith("cpu"):
             raise InputError(f"{path}: not a GPU's probe_step_costs.py output (a CPU dry run times nothing)")
         kinds = probe.get("kinds") if isinstance(probe.get("kinds"), dict) else {}
+        # op-group graphs only: a "layer" step (one segment graph of a whole layer) is reported, not part of the key
+        kinds = {k: v for k, v in kinds.items() if k in STEP_GRAPHS}
         graphs = {k: _step_graphs(k, v, path) for k, v in kinds.items() if isinstance(v, dict)}
 
         def extra(p):
             return [(v["graphs_beside_copies"]["us_per_step"] - v["graphs"]["us_per_step"]) / graphs[k]
-                    for k, v in p["kinds"].items()]
+                    for k, v in p["kinds"].items() if k in graphs]
         _, values = _probe_median_ns(probe, path, "probe_step_costs.py's output (no kinds.*.graphs_beside_copies)", extra)
         per += values
         listed.append(f"{path}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(kinds, values)))

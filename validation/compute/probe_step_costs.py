@@ -5,8 +5,9 @@ With every compute step timed (hwreplay --op-spans) the H100's PCIe-bound replay
 step against the simulator's 13.6 (its kernels' profiled times plus compute.op_group_launch_ns), while the same
 kernels in long segment graphs with the experts cached matched it. Here the replay's own op groups (chipsim.hwreplay
 .harness.GpuDecodeStep, the config's model) are timed with CUDA events, `--steps` of each kind over distinct weights
-(an expert: its gate-up, SiLU, product and down kernels; combine; attention and router, two graphs), the host well
-ahead behind a spin, medians over `--repeats`:
+(an expert: its gate-up, SiLU, product and down kernels; combine; attention and router, two graphs; and a layer:
+attention, router, shared experts, the model's top-k experts and combine as ONE graph, as `--segments` launches a run
+of compute), the host well ahead behind a spin, medians over `--repeats`:
 
 - kernels_alone: each kernel of the group chained alone over rotating weights (the profile's method,
   chipsim.hwreplay.microbench.op_times), summed over the group: what the config's op_times_ns say on this lease;
@@ -41,8 +42,14 @@ from chipsim.hw.config import load_config
 from chipsim.hwreplay.harness import GpuDecodeStep, _sync_api, capture_graph
 from chipsim.hwreplay.microbench import op_times
 from chipsim.hwreplay.ops import primitive_ops
+from chipsim.workload.models import model_of
 
-KINDS = {"expert": ("expert",), "combine": ("combine",), "attention+router": ("attention", "router")}
+KINDS = {"expert": ("expert",), "combine": ("combine",), "attention+router": ("attention", "router"),
+         "layer": ("attention", "router", "shared", "expert", "combine")}
+# "layer": an MoE layer's op groups in the replay's order (attention, router, the shared experts where the model has
+# them, its top-k experts, the weighted sum) launched as ONE graph, as `--segments` launches a run of compute with no
+# wait inside it; "chain" then puts every layer in one graph, as a token whose experts are all cached
+SEGMENT_KINDS = ("layer",)
 # mode: what runs on the compute stream (each step's graphs, with an event before and after each step where "spans",
 # or only events where "records": one event per step recorded twice, as a span's before and after, a timing event or
 # a "plain" one; a wait for an event the copy stream passed long before, then the graphs, where "waits"), and what
@@ -107,13 +114,29 @@ def _run(calls) -> None:
         fn(*args, **kwargs)
 
 
-def build_steps(step: GpuDecodeStep, slots: torch.Tensor, kind: str, n: int, gpu: Gpu) -> tuple[list, list]:
-    """n steps of one kind, each over its own weights: (raw kernel calls per step, graph launches per step)."""
+def _group_calls(step: GpuDecodeStep, slots: torch.Tensor, kind: str, i: int, top_k: int) -> list:
+    """Step i's calls, one list per op group: its own weights (a layer's k experts from the slots in turn)."""
+    if kind == "expert":
+        return [step.expert_calls(slots[i])]
+    out = []
+    for g in KINDS[kind]:
+        if g == "expert":
+            out += [step.expert_calls(slots[(i * top_k + j) % len(slots)]) for j in range(top_k)]
+        elif g in step.groups:
+            out.append(step.group_calls(g, i))
+    return out
+
+
+def build_steps(step: GpuDecodeStep, slots: torch.Tensor, kind: str, n: int, gpu: Gpu, top_k: int
+                ) -> tuple[list, list]:
+    """n steps of one kind, each over its own weights: (raw kernel calls per step, graph launches per step: one per
+    op group, or one per step for a segment kind)."""
     raw, launches = [], []
     for i in range(n):
-        per_group = [step.expert_calls(slots[i])] if kind == "expert" else [step.group_calls(g, i) for g in KINDS[kind]]
+        per_group = _group_calls(step, slots, kind, i, top_k)
         raw.append([c for calls in per_group for c in calls])
-        launches.append([c for calls in per_group for c in gpu.graph(calls)])
+        launches.append(gpu.graph(raw[-1]) if kind in SEGMENT_KINDS
+                        else [c for calls in per_group for c in gpu.graph(calls)])
     return raw, launches
 
 
@@ -234,8 +257,8 @@ def _median(xs: list) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
-def measure_kind(kind: str, step, slots, copies: Copies, gpu: Gpu, n: int, repeats: int) -> dict:
-    raw, launches = build_steps(step, slots, kind, n, gpu)
+def measure_kind(kind: str, step, slots, copies: Copies, gpu: Gpu, n: int, repeats: int, top_k: int) -> dict:
+    raw, launches = build_steps(step, slots, kind, n, gpu, top_k)
     chain = gpu.graph([c for calls in raw for c in calls])
     lead_us = 200.0 + 30.0 * n  # the host enqueues the steps (and their events, waits and copies) meanwhile
     res = {}
@@ -256,24 +279,32 @@ def measure_kind(kind: str, step, slots, copies: Copies, gpu: Gpu, n: int, repea
     return res
 
 
-def config_step_us(hw, prims_of: dict, kind: str) -> dict:
+def step_prims(prims_of: dict, kind: str, top_k: int) -> list:
+    """One step's primitives in order (a layer's expert k times; groups the model lacks left out)."""
+    return [p for g in KINDS[kind] if g in prims_of for p in prims_of[g] * (top_k if kind == "layer" and g == "expert"
+                                                                             else 1)]
+
+
+def config_step_us(hw, prims_of: dict, kind: str, top_k: int) -> dict:
     """What the config charges one step of `kind`: its kernels' op_times_ns and op_group_launch_ns per graph."""
     t = hw.compute.op_times_ns
-    prims = [p for g in KINDS[kind] for p in prims_of[g]]
-    missing = [p.key for p in prims if p.key not in t]
+    prims = step_prims(prims_of, kind, top_k)
+    missing = sorted({p.key for p in prims if p.key not in t})
     kernels = sum(t.get(p.key, 0.0) for p in prims) / 1e3
-    launch_us = hw.compute.op_group_launch_ns * len(KINDS[kind]) / 1e3
-    return {"graphs_per_step": len(KINDS[kind]), "kernels_us": round(kernels, 3), "launch_us": round(launch_us, 3),
+    graphs = 1 if kind in SEGMENT_KINDS else len(KINDS[kind])
+    launch_us = hw.compute.op_group_launch_ns * graphs / 1e3
+    return {"graphs_per_step": graphs, "kernels_us": round(kernels, 3), "launch_us": round(launch_us, 3),
             "step_us": round(kernels + launch_us, 3),
             **({"not_profiled": missing} if missing else {})}
 
 
-def kernels_alone_us(prims_of: dict, kind: str, gpu: Gpu) -> float | None:
+def kernels_alone_us(prims_of: dict, kind: str, gpu: Gpu, top_k: int) -> float | None:
     """The group's kernels each chained alone (microbench.op_times, the profile's method), summed: µs."""
     if not gpu.cuda:
         return None
-    prims = [p for g in KINDS[kind] for p in prims_of[g]]
-    rows = {r["key"]: r["graph_us"] for r in op_times(gpu.device, [(p, [kind]) for p in prims], pool_mib=1024)}
+    prims = step_prims(prims_of, kind, top_k)
+    unique = list({p.key: p for p in prims}.values())
+    rows = {r["key"]: r["graph_us"] for r in op_times(gpu.device, [(p, [kind]) for p in unique], pool_mib=1024)}
     return round(sum(rows[p.key] for p in prims), 3)
 
 
@@ -295,10 +326,11 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name() if gpu.cuda else "cpu (dry run: no timing is meaningful)",
            "torch": torch.__version__, "config": a.config, "overrides": a.set, "steps": a.steps, "repeats": a.repeats,
            "copy_bytes": copies.size, "copy_us": round(copies.us, 3), "one_copy_bytes": ONE_COPY_BYTES, "kinds": {}}
+    top_k = model_of(hw.model).top_k
     for kind in KINDS:
-        out["kinds"][kind] = {"config": config_step_us(hw, prims_of, kind),
-                              "kernels_alone_us": kernels_alone_us(prims_of, kind, gpu),
-                              **measure_kind(kind, step, slots, copies, gpu, a.steps, a.repeats)}
+        out["kinds"][kind] = {"config": config_step_us(hw, prims_of, kind, top_k),
+                              "kernels_alone_us": kernels_alone_us(prims_of, kind, gpu, top_k),
+                              **measure_kind(kind, step, slots, copies, gpu, a.steps, a.repeats, top_k)}
     print(json.dumps(out, indent=1))
 
 

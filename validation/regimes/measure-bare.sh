@@ -13,8 +13,9 @@
 #
 # link:   pinned copies from host memory that the caches hold and from memory they do not, 256 KiB-16 MiB
 #         (validation/compute/probe_copy_source.py)                      -> OUT/$GPU-copy-source.json
-# step:   one compute step of each kind back to back, beside copies, after a wait, with and without timing events,
-#         16- and 4-bit experts (validation/compute/probe_step_costs.py) -> OUT/$GPU-step-costs{,-q4}.json
+# step:   one compute step of each kind (an expert, the weighted sum, attention and router, and a whole layer as one
+#         graph, as --segments launches it) back to back, beside copies, after a wait, with and without timing
+#         events, 16- and 4-bit experts (validation/compute/probe_step_costs.py) -> OUT/$GPU-step-costs{,-q4}.json
 # q4, q8: 4- and 8-bit experts, a quarter of them in the GPU buffer, LRU and ProMoE, one graph per run of compute, no
 #         --stalls                                                       -> OUT/q4/, OUT/q8/
 # cached: the experts cached (context 1,024), LRU and ProMoE, no --stalls -> OUT/cached/
