@@ -32,7 +32,7 @@ import time
 import torch
 
 from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
-from chipsim.hwreplay.microbench import _fit
+from chipsim.hwreplay.microbench import fit_intercept_and_rate
 
 MIB = 1 << 20
 
@@ -89,9 +89,8 @@ def copies(device, sizes: list[int], reps: int, pool_bytes: int) -> dict:
                          "gbps": round(n / statistics.median(gpu) / 1e3, 3)})
             del dst
         del pool
-        out["pinned" if pinned else "pageable"] = {"copies": rows, "fit": _fit([r["bytes"] for r in rows],
-                                                                               [r["gpu_us"] for r in rows]),
-                                                   "pool_bytes": pool_bytes}
+        fit = fit_intercept_and_rate([r["bytes"] for r in rows], [r["gpu_us"] for r in rows])
+        out["pinned" if pinned else "pageable"] = {"copies": rows, "fit": fit, "pool_bytes": pool_bytes}
     return out
 
 

@@ -47,7 +47,7 @@ from chipsim.hwreplay.ops import GEMV_KERNELS
 KIB, MIB = 1 << 10, 1 << 20
 
 
-def _fit(sizes_bytes, times_us) -> dict:
+def fit_intercept_and_rate(sizes_bytes, times_us) -> dict:
     """Least squares t = a + N / B; B in GB/s (1e9 B/s), a in µs."""
     x = np.asarray(sizes_bytes, dtype=np.float64)
     y = np.asarray(times_us, dtype=np.float64)
@@ -489,12 +489,12 @@ def run(device="cuda", shape_configs=(), contexts=(512, 1024, 2048)) -> dict:
     result = {
         "machine": machine(device),
         "h2d_pinned_single": single,
-        "h2d_pinned_single_fit": _fit([r["bytes"] for r in big], [r["us_per_copy"] for r in big]),
+        "h2d_pinned_single_fit": fit_intercept_and_rate([r["bytes"] for r in big], [r["us_per_copy"] for r in big]),
         "h2d_pinned_queued16": queued,
-        "h2d_pinned_queued16_fit": _fit([r["bytes"] for r in bigq], [r["us_per_copy"] for r in bigq]),
+        "h2d_pinned_queued16_fit": fit_intercept_and_rate([r["bytes"] for r in bigq], [r["us_per_copy"] for r in bigq]),
         "h2d_pageable": pageable,
         "gemv": gemv,
-        "gemv_fit": _fit([r["weight_bytes"] for r in gemv_big], [r["us"] for r in gemv_big]),
+        "gemv_fit": fit_intercept_and_rate([r["weight_bytes"] for r in gemv_big], [r["us"] for r in gemv_big]),
         "tiny_kernels": tiny_kernels(device),
     }
     try:  # recorded, not fatal: the copy and GEMV figures stand on their own

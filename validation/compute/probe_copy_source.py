@@ -24,7 +24,7 @@ import subprocess
 
 import torch
 
-from chipsim.hwreplay.microbench import _fit  # the microbenchmark's own t = a + N/B fit
+from chipsim.hwreplay.microbench import fit_intercept_and_rate  # the microbenchmark's own t = a + N/B fit
 
 MIB = 1 << 20
 SIZES = (256 << 10, MIB, 1216512, 4 * MIB, 4718592, 16 * MIB)  # 1216512, 4718592: a Granite-3B expert, 4- and 16-bit
@@ -87,7 +87,7 @@ def main() -> None:
     rows = [measure(s, store, dst, stream, a.repeats, spin, cursor) for s in SIZES]
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": _llc(),
                       "store_gib": a.store_gib, "back_to_back": BACK_TO_BACK, "repeats": a.repeats, "copies": rows,
-                      "fit": {m: _fit([r["bytes"] for r in rows], [r[f"{m}_us"] for r in rows])
+                      "fit": {m: fit_intercept_and_rate([r["bytes"] for r in rows], [r[f"{m}_us"] for r in rows])
                               for m in ("reused", "cold")}},
                      indent=1))
 

@@ -114,14 +114,19 @@ def _run(calls) -> None:
         fn(*args, **kwargs)
 
 
+def _experts_per_step(kind: str, top_k: int) -> int:
+    """How many experts one step of `kind` computes: a layer's top-k, else one (the "expert" kind's)."""
+    return top_k if kind in SEGMENT_KINDS else 1
+
+
 def _group_calls(step: GpuDecodeStep, slots: torch.Tensor, kind: str, i: int, top_k: int) -> list:
-    """Step i's calls, one list per op group: its own weights (a layer's k experts from the slots in turn)."""
-    if kind == "expert":
-        return [step.expert_calls(slots[i])]
+    """Step i's calls, one list per op group the model has, each over its own weights (its experts from the slots
+    in turn)."""
+    k = _experts_per_step(kind, top_k)
     out = []
     for g in KINDS[kind]:
         if g == "expert":
-            out += [step.expert_calls(slots[(i * top_k + j) % len(slots)]) for j in range(top_k)]
+            out += [step.expert_calls(slots[(i * k + j) % len(slots)]) for j in range(k)]
         elif g in step.groups:
             out.append(step.group_calls(g, i))
     return out
@@ -280,9 +285,12 @@ def measure_kind(kind: str, step, slots, copies: Copies, gpu: Gpu, n: int, repea
 
 
 def step_prims(prims_of: dict, kind: str, top_k: int) -> list:
-    """One step's primitives in order (a layer's expert k times; groups the model lacks left out)."""
-    return [p for g in KINDS[kind] if g in prims_of for p in prims_of[g] * (top_k if kind == "layer" and g == "expert"
-                                                                             else 1)]
+    """One step's primitives in order, as _group_calls launches them (groups the model lacks left out)."""
+    out = []
+    for g in KINDS[kind]:
+        if g in prims_of:
+            out += prims_of[g] * (_experts_per_step(kind, top_k) if g == "expert" else 1)
+    return out
 
 
 def config_step_us(hw, prims_of: dict, kind: str, top_k: int) -> dict:
