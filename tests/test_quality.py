@@ -492,8 +492,13 @@ def test_inspect_without_quality_says_not_measured(capsys):
     assert json.loads(capsys.readouterr().out)["quality"] is None
 
 
+SHARED_EXPERT_TRACES = ("real-deepseek-v2-lite", "real-deepseek-v2-lite-retrain", "real-qwen2-57b-a14b",
+                        "real-qwen2-57b-a14b-retrain")
+
+
 @pytest.mark.parametrize("name", ["real-granite-1b", "real-granite-3b", "real-phi-mini-moe", "real-deepseek-v2-lite",
-                                  "real-gpt-oss-20b", "real-mixtral-8x7b", "real-qwen2-57b-a14b"])
+                                  "real-deepseek-v2-lite-retrain", "real-gpt-oss-20b", "real-mixtral-8x7b",
+                                  "real-qwen2-57b-a14b", "real-qwen2-57b-a14b-retrain"])
 def test_every_shipped_real_trace_carries_its_quality_record(name):
     """Each trained model's held-out perplexity under the approximate modes was measured and stored (issue 3)."""
     from chipsim.trace.format import load
@@ -506,10 +511,11 @@ def test_every_shipped_real_trace_carries_its_quality_record(name):
         assert rec["delta_ppl_pct"] == pytest.approx(100 * rec["delta_ppl"] / base, abs=6e-3)
     assert all(0 < q["apex_sf"][tau]["substitution_rate"] < 1 for tau in ("0.6", "0.75", "0.9"))
     assert 0 < q["pregated"]["deviation_rate"] < 1
-    assert ("spice_lore" in q) == (name in ("real-deepseek-v2-lite", "real-qwen2-57b-a14b"))  # shared experts
+    assert ("spice_lore" in q) == (name in SHARED_EXPERT_TRACES)
 
 
-@pytest.mark.parametrize("name", ["real-mixtral-8x7b", "real-qwen2-57b-a14b"])
+@pytest.mark.parametrize("name", ["real-mixtral-8x7b", "real-qwen2-57b-a14b", "real-deepseek-v2-lite-retrain",
+                                  "real-qwen2-57b-a14b-retrain"])
 def test_floes_quality_is_recorded_at_each_sparsity(name):
     """FloE's record: each sparsity's perplexity consistent with its change, the held-out share of channels kept near
     1 − s (thresholds calibrated on training tokens), and sparsity costing more as it grows on this model."""
@@ -526,3 +532,22 @@ def test_floes_quality_is_recorded_at_each_sparsity(name):
         costs.append(q[s]["delta_ppl_pct"])
     assert costs == sorted(costs)
     assert q["int2_up_dense"]["kept_channel_share"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["real-deepseek-v2-lite-retrain", "real-qwen2-57b-a14b-retrain"])
+def test_adapmoes_quality_is_recorded_at_each_threshold(name):
+    """AdapMoE's record on the two retrains: each threshold's perplexity consistent with its change, and a lower
+    gate threshold leaving out more of the routed experts (at most all but the first of each token-layer's)."""
+    from chipsim.trace.format import load
+
+    trace = load(os.path.join(TRACES, f"{name}.npz"))
+    q = trace.meta["quality"]["adapmoe"]
+    k = trace["routed_ids"].shape[-1]
+    drops = []
+    for t in ("0.8", "0.9", "0.95"):
+        rec = q[t]
+        assert rec["ppl"] == pytest.approx(rec["baseline_ppl"] + rec["delta_ppl"], abs=2e-3)
+        assert rec["delta_ppl_pct"] == pytest.approx(100 * rec["delta_ppl"] / rec["baseline_ppl"], abs=6e-3)
+        assert 0 < rec["drop_rate"] <= (k - 1) / k
+        drops.append(rec["drop_rate"])
+    assert drops == sorted(drops, reverse=True)

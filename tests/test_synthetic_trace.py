@@ -454,7 +454,7 @@ def test_every_shipped_trace_stays_below_16_mib():
     import glob
 
     shipped = glob.glob(str(Path(__file__).resolve().parent.parent / "traces" / "*.npz"))
-    assert len(shipped) == 21  # 8 real, 13 synthetic (traces/README.md lists each)
+    assert len(shipped) == 22  # 9 real, 13 synthetic (traces/README.md lists each)
     for path in shipped:
         assert Path(path).stat().st_size <= fmt.SHIPPED_TRACE_MAX_BYTES, path
 
