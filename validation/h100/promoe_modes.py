@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent / "regimes"
 def promoe_q4_runs():
     """(folder, enqueue, ms per token, watts, SM MHz, host alone ms or None) per replay, first and repeats."""
     for path in sorted(ROOT.rglob("h100-pcie5.json")):
-        data = json.loads(Path(path).read_text())
+        data = json.loads(path.read_text())
         if "model.expert_bits=4" not in data.get("overrides", []):
             continue
         warm = data["warmup_tokens"]
