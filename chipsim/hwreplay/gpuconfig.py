@@ -267,9 +267,9 @@ def _beside_copy_line(step_costs: tuple) -> str:
         kinds = {k: v for k, v in kinds.items() if k in STEP_GRAPHS}
         graphs = {k: _step_graphs(k, v, path) for k, v in kinds.items() if isinstance(v, dict)}
 
-        def extra(p):
+        def extra(_):
             return [(v["graphs_beside_copies"]["us_per_step"] - v["graphs"]["us_per_step"]) / graphs[k]
-                    for k, v in p["kinds"].items() if k in graphs]
+                    for k, v in kinds.items()]
         _, values = _probe_median_ns(probe, path, "probe_step_costs.py's output (no kinds.*.graphs_beside_copies)", extra)
         per += values
         listed.append(f"{path}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(kinds, values)))
