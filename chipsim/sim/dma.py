@@ -115,13 +115,11 @@ class DmaRecorder:
         now = path._now()
         point = (now, len(path.flowing), len(path.queue_demand) + len(path.queue_prefetch) + len(path.paused))
         link = self.link
-        if link and link[-1][1:] == point[1:]:
-            return
-        if link and link[-1][0] == now:
+        if link and link[-1][0] == now:  # a later sample at the same instant replaces it
             link.pop()
-            if link and link[-1][1:] == point[1:]:
-                return
-        link.append(point)
+        # only changes, the link starting idle: the engines and cores sample different instants, not different states
+        if (link[-1][1:] if link else (0, 0)) != point[1:]:
+            link.append(point)
 
 
 class DmaPath:
