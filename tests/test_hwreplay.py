@@ -647,6 +647,33 @@ def test_the_step_cost_probe_gives_the_median_launch_beside_a_copy():
         render(load("validation", "h200-microbench.json"), "graph", step_costs=(("s.json", {"kinds": {"expert": {}}}),))
 
 
+def test_the_step_cost_probe_gives_each_groups_cost_in_sequence():
+    """gpuconfig --step-costs: compute.in_sequence_ns is, per op-group kind, the median over the files of its steps'
+    kernels in one graph (chain) less each kernel chained alone (kernels_alone_us). By hand from lease s's two files
+    (16- and 4-bit experts): expert 12.051 - 11.970 = 0.081 and 9.966 - 9.813 = 0.153 -> 0.117 us; combine 0.005 and
+    0.003 -> 0.004; attention and router (charged to attention) 44.422 - 42.631 = 1.791 and 44.398 - 42.727 = 1.671
+    -> 1.731. The whole layer's figures (143.023 - 137.946 = 5.08, 125.778 - 121.566 = 4.21) are listed beside."""
+    import yaml
+
+    from chipsim.hwreplay.gpuconfig import render
+
+    def load(*parts):
+        with open(os.path.join(ROOT, *parts)) as f:
+            return json.load(f)
+
+    files = tuple((p, load("validation", "h100", p)) for p in ("h100-step-costs-lease-s.json",
+                                                               "h100-step-costs-q4-lease-s.json"))
+    text = render(load("validation", "h200-microbench.json"), "graph", step_costs=files)
+    assert yaml.safe_load(text)["compute"]["in_sequence_ns"] == {"attention": 1731.0, "expert": 117.0, "combine": 4.0}
+    line = next(x for x in text.splitlines() if x.startswith("  in_sequence_ns:"))
+    assert "5.08 (h100-step-costs-lease-s.json), 4.21 (h100-step-costs-q4-lease-s.json) us" in line
+    assert "in_sequence_ns" not in yaml.safe_load(render(load("validation", "h200-microbench.json"), "graph"))["compute"]
+    no_chain = (("s.json", {**files[0][1], "kinds": {**files[0][1]["kinds"], "combine": {
+        **files[0][1]["kinds"]["combine"], "chain": {}}}}),)
+    with pytest.raises(InputError, match=r"^s.json: not probe_step_costs.py's output \(no kinds.combine.chain"):
+        render(load("validation", "h200-microbench.json"), "graph", step_costs=no_chain)
+
+
 @pytest.mark.parametrize("name", MEASUREMENTS)
 def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
     """The validation configs cost every kernel of their decode steps from the microbenchmark's per-shape table."""

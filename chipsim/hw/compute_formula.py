@@ -142,6 +142,7 @@ class ArrayModel:
                 programs_per_array=c.programs_per_array)
             self.op_cache = OpCache.of(self.tiles)
         self.group_launch_ps = ns_to_ps(c.op_group_launch_ns)
+        self.in_sequence_ps = {name: ns_to_ps(ns) for name, ns in c.in_sequence_ns.items()}
         # each op group's cost includes its launch, or (launch_per: segment) the engine charges one per segment
         self.launch_per_group = bool(self.group_launch_ps) and c.launch_per == "op_group"
         self.op_log = None  # a list to record every (operation, shape key, OpCost) costed, for `chipsim calibrate`
@@ -292,6 +293,17 @@ class ArrayModel:
     def group_launch(self, name: str) -> OpCost:
         """The fixed cost of starting one op group (compute.op_group_launch_ns)."""
         return OpCost(f"{name}_launch", self.group_launch_ps, 0, 0, 0, 0, 0, 0, self.group_launch_ps)  # arrays idle
+
+    def step_group(self, name: str, op: OpCost | None) -> OpCost | None:
+        """A batch-1 decode step's op group as it runs: its operations, its own launch where the arrays launch one
+        per group (compute.launch_per: op_group), and what its kernels add back to back after other groups'
+        (compute.in_sequence_ns; time with no operation or byte, priced as a launch is)."""
+        if op is None:
+            return None
+        if self.launch_per_group:
+            op = op + self.group_launch(name)
+        ps = self.in_sequence_ps.get(name)
+        return op + OpCost(f"{name}_in_sequence", ps, 0, 0, 0, 0, 0, 0, ps) if ps is not None else op
 
 
 def _tile_sim():

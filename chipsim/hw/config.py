@@ -65,6 +65,10 @@ def _optional(doc: str, default, **kw):
 
 
 # ---------------------------------------------------------------------------------------------- compute
+# a decode step's op groups (chipsim.workload.decode.op_group_builders), as compute.in_sequence_ns names them
+OP_GROUPS = ("attention", "attention_sliding", "mamba", "dense", "router", "shared", "expert", "combine", "head")
+
+
 @dataclass(frozen=True)
 class ComputeConfig:
     arrays: int = _f("number of vector processing arrays", positive=True, maximum=4096)
@@ -109,6 +113,11 @@ class ComputeConfig:
         "flight on the expert path: a GPU's front end serving the copy stream beside the compute stream "
         "(validation/compute/probe_step_costs.py); 0 where launches cost the same beside copies", 0.0, minimum=0,
         maximum=1e9)
+    in_sequence_ns: dict = _optional(
+        "measured time a decode step's op group adds run back to back after other groups' kernels, over its kernels "
+        "each timed alone (op_times_ns: a kernel repeated on its own), ns, keyed by op group (" + ", ".join(OP_GROUPS)
+        + "; validation/compute/probe_step_costs.py: a step kind's chain less its kernels alone); charged with each "
+        "group of a batch-1 decode step as a launch is (time, no operation or byte); empty: none", {})
     op_times_ns: dict = _optional(
         "measured duration of individual operations, ns, keyed as chipsim.hw.compute_formula.op_key names them "
         "(e.g. 'matvec r2048 o1024 b4194304'); an operation listed here takes that time instead of the "
@@ -1020,6 +1029,9 @@ def _check_consistency(config: Config) -> None:
     _check_flash(hw)
     _check_standards(hw)
     _check_host_frontend(hw)
+    for name in c.in_sequence_ns:
+        if name not in OP_GROUPS:
+            raise InputError(f"compute.in_sequence_ns.{name}: not an op group (expected one of: {', '.join(OP_GROUPS)})")
 
 
 def _check_host_frontend(hw: HardwareConfig) -> None:

@@ -278,6 +278,36 @@ def _beside_copy_line(step_costs: tuple) -> str:
             f"longer than back to back alone, median per graph over the replay's op groups (us: {'; '.join(listed)})\n")
 
 
+# the op group a probe_step_costs.py kind's in-sequence cost is charged to (compute.in_sequence_ns): attention and
+# router are timed as one kind, and their cost goes to attention, which runs in every layer (a dense first layer has
+# no router)
+IN_SEQUENCE_GROUP = {"attention+router": "attention", "expert": "expert", "combine": "combine"}
+
+
+def _in_sequence_line(step_costs: tuple) -> str:
+    """compute.in_sequence_ns from probe_step_costs.py's files ((path, probe) pairs, GPU files: _beside_copy_line
+    refuses a dry run's): per op-group kind, its steps' kernels in one graph (chain) less each kernel chained alone
+    (kernels_alone_us, the profile's method), median over the files, not below 0; where a file has a whole layer as
+    one graph (the layer kind), its own figure is listed beside, for comparison. None without a file."""
+    if not step_costs:
+        return ""
+    per, layers = {}, []
+    for path, probe in step_costs:
+        for kind, group in IN_SEQUENCE_GROUP.items():
+            _, values = _probe_median_ns(
+                probe, path, f"probe_step_costs.py's output (no kinds.{kind}.chain.us_per_step and kernels_alone_us)",
+                lambda p: [p["kinds"][kind]["chain"]["us_per_step"] - p["kinds"][kind]["kernels_alone_us"]])
+            per.setdefault(group, []).extend(values)
+        layer = probe["kinds"].get("layer")
+        if isinstance(layer, dict) and isinstance(layer.get("kernels_alone_us"), (int, float)):
+            layers.append(f"{layer['chain']['us_per_step'] - layer['kernels_alone_us']:.2f} ({path})")
+    ns = {group: max(0.0, round(1e3 * statistics.median(v), 1)) for group, v in per.items()}
+    beside = f"; a whole layer in one graph, over its kernels alone: {', '.join(layers)} us" if layers else ""
+    return (f"  in_sequence_ns: {{{', '.join(f'{g}: {v}' for g, v in ns.items())}}}   # measured: an op group's "
+            f"kernels back to back after other groups' take this much longer than each kernel alone, median per "
+            f"kind over {len(step_costs)} files (attention: attention and router timed together){beside}\n")
+
+
 def _launch_from_gaps(gaps: dict, source: str) -> tuple[float, str]:
     """compute.op_group_launch_ns from probe_launch_gaps.py: what a separate graph adds on the GPU over its kernels
     run in one chain, median over the graph sizes it ran (back to back, no events: they added nothing)."""
@@ -376,12 +406,13 @@ def render(mb: dict, kernel_launch: str = "eager", extra_op_times: tuple = (), e
     EnergyFit (chipsim.hwreplay.energy_table) from `energy_source`, or None for the ASSUMPTION figures; source:
     the microbenchmark file's name, for errors; pace: (front-end probe, its path, "torch" or "cudart"): the host's
     issue costs and launch queue (host_pace_text); step_costs: (path, probe_step_costs.py file) pairs
-    (compute.launch_beside_copy_ns)."""
+    (compute.launch_beside_copy_ns and in_sequence_ns)."""
     d = _derive(mb, kernel_launch, launch_gaps, launch_gaps_source, source)
     table = _op_table(mb, kernel_launch, extra_op_times)
     e = _energy_lines(energy, energy_source, mb["machine"]["sm_count"], gemm_clock_source)
     header = _header_text(mb["machine"], kernel_launch, command, energy is not None, source)
-    tables = _handoff_line(handoff, handoff_source) + _beside_copy_line(step_costs) + table + _op_energy_table(op_energy)
+    tables = (_handoff_line(handoff, handoff_source) + _beside_copy_line(step_costs) + _in_sequence_line(step_costs)
+              + table + _op_energy_table(op_energy))
     host = _host_cpu_text(mb["machine"], d, mb["h2d_pinned_queued16_fit"]["bandwidth_gbps"], host_probe,
                           host_probe_source) + _host_frontend_text(frontend_probe, frontend_source)
     if pace is not None:
@@ -688,7 +719,7 @@ def main(argv=None) -> int:
                     help="validation/compute/h200-handoff.json (validation/compute/probe_handoff.py): compute.copy_wait_ns")
     ap.add_argument("--step-costs", action="append", default=[], metavar="FILE",
                     help="validation/h100/h100-step-costs.json (validation/compute/probe_step_costs.py): "
-                         "compute.launch_beside_copy_ns (repeatable: the median over every file's op groups)")
+                         "compute.launch_beside_copy_ns and in_sequence_ns (repeatable: medians over every file's op groups)")
     ap.add_argument("--host-cpu", default=None, metavar="FILE",
                     help="validation/h100/h100-host-cpu-expert.json (python -m chipsim.hwreplay.host_cpu): the host_cpu "
                          "keys, each measured alone (otherwise ASSUMPTIONs, unused by the GPU-side policies)")

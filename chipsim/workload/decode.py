@@ -390,8 +390,7 @@ def build_workload(hw: HardwareConfig, context: int | None = None) -> DecodeWork
     am = ArrayModel(hw)
     expert_am = ArrayModel(hw, operands_from="sram") if in_sram else None
     built = {name: (fn() if fn is not None else None) for name, fn in op_group_builders(am, m, hw, expert_am, ctx).items()}
-    if am.launch_per_group:  # each op group starts with a launch (a CUDA graph per group on a GPU)
-        built = {name: (op + am.group_launch(name) if op is not None else None) for name, op in built.items()}
+    built = {name: am.step_group(name, op) for name, op in built.items()}  # launches, in-sequence costs
     am.save_table()
     layers = []
     for layer in range(m.num_layers):

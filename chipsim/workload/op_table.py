@@ -84,8 +84,7 @@ def _layer_groups(config_path: str, overrides, names) -> tuple:
     am = ArrayModel(hw)
     builders = op_group_builders(am, m, hw)
     costs = {name: builders[name]() for name in names}
-    if am.launch_per_group:  # as build_workload: each op group starts with a launch
-        costs = {name: op + am.group_launch(name) for name, op in costs.items()}
+    costs = {name: am.step_group(name, op) for name, op in costs.items()}  # as build_workload
     am.save_table()
     return hw, m, costs
 
