@@ -299,8 +299,10 @@ def _in_sequence_line(step_costs: tuple) -> str:
                 lambda p: [p["kinds"][kind]["chain"]["us_per_step"] - p["kinds"][kind]["kernels_alone_us"]])
             per.setdefault(group, []).extend(values)
         layer = probe["kinds"].get("layer")
-        if isinstance(layer, dict) and isinstance(layer.get("kernels_alone_us"), (int, float)):
-            layers.append(f"{layer['chain']['us_per_step'] - layer['kernels_alone_us']:.2f} ({path})")
+        chain = layer.get("chain") if isinstance(layer, dict) else None
+        alone = layer.get("kernels_alone_us") if isinstance(layer, dict) else None
+        if isinstance(chain, dict) and isinstance(chain.get("us_per_step"), (int, float)) and isinstance(alone, (int, float)):
+            layers.append(f"{chain['us_per_step'] - alone:.2f} ({path})")
     ns = {group: max(0.0, round(1e3 * statistics.median(v), 1)) for group, v in per.items()}
     beside = f"; a whole layer in one graph, over its kernels alone: {', '.join(layers)} us" if layers else ""
     return (f"  in_sequence_ns: {{{', '.join(f'{g}: {v}' for g, v in ns.items())}}}   # measured: an op group's "
