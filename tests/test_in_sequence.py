@@ -6,9 +6,9 @@ token is its op groups one after another and nothing else."""
 import pytest
 from conftest import native_core
 
-from chipsim.hw.config import OP_GROUPS
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
+from chipsim.hw.config import OP_GROUPS
 from chipsim.runner import prepare, simulate
 from chipsim.units import ns_to_ps
 from chipsim.workload.decode import op_group_builders
@@ -27,7 +27,7 @@ def _run(cfg, sets, engine, policy="no-prefetch"):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("launch_per", ["op_group", "segment"])
-def test_each_group_pays_its_own_cost_once_per_run(tiny, engine, launch_per):
+def test_each_group_pays_its_cost_each_time_it_runs(tiny, engine, launch_per):
     """1 ms more per expert adds 3 layers x 2 experts = 6 ms to every token; 1 ms per attention 3 ms, per router 3,
     per weighted sum 3, per head 1: 16 ms a token with all five, whichever launch granularity. The key is time only:
     the arrays' operation-weighted (occupied) time does not move."""
