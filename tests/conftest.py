@@ -16,6 +16,10 @@ from chipsim.workload.models import MODELS, ModelShape  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
+# roles for the tiny config: one unified memory, experts read where they are stored, so nothing is ever fetched
+# (tests/test_components.py checks what that machine does)
+IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
+            "  in_package: none\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

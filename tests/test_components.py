@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_shape
+from conftest import IN_PLACE, tiny_shape
 
 from chipsim import cli
 from chipsim.errors import InputError
@@ -252,10 +252,6 @@ def test_check_refuses_a_role_no_component_fills_in_one_line(tmp_path, capsys):
     assert cli.main(["check", renamed]) == 2
     assert capsys.readouterr().err == ("chipsim: error: roles.operand_memory: not given, and the default 'hbm' is not "
                                        "a memory of this machine (memories: host_dram, stack)\n")
-
-
-IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
-            "  in_package: none\n")
 
 
 def test_experts_read_in_place_never_wait_and_a_token_is_the_sum_of_its_work(tiny):

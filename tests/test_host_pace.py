@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import native_core
+from conftest import IN_PLACE, native_core
 
 from chipsim.runner import prepare, simulate
 from chipsim.sim.engine import Simulation
@@ -14,9 +14,6 @@ from chipsim.sim.host_pace import HostPace
 from chipsim.sim.work import cost_of
 from chipsim.units import ns_to_ps
 
-# one unified memory, experts read where they are stored: nothing is fetched (tests/test_components.py)
-IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
-            "  in_package: none\n")
 ENGINES = ("fast", "reference")
 
 

@@ -4,7 +4,7 @@ Checked by hand on the tiny model (3 MoE layers, top-2, 8 experts), its experts 
 token is its op groups one after another and nothing else."""
 
 import pytest
-from conftest import native_core
+from conftest import IN_PLACE, native_core
 
 from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
@@ -15,8 +15,6 @@ from chipsim.workload.decode import op_group_builders
 from chipsim.workload.models import model_of
 
 ENGINES = ("fast", "reference")
-IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
-            "  in_package: none\n")
 MS = 1_000_000  # ns
 
 

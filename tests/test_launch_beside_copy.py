@@ -3,14 +3,12 @@ front end serving the copy stream beside the compute stream; validation/compute/
 on the tiny model (3 MoE layers, top-2, 8 experts)."""
 
 import pytest
-from conftest import native_core
+from conftest import IN_PLACE, native_core
 
 from chipsim.runner import prepare, simulate
 from chipsim.units import ns_to_ps
 
 ENGINES = ("fast", "reference")
-IN_PLACE = ("roles:\n  operand_memory: lpddr5x\n  operand_link: none\n  expert_staging: in-place\n  host_link: none\n"
-            "  in_package: none\n")
 MS = 1_000_000  # ns
 
 
