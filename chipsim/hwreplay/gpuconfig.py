@@ -298,11 +298,11 @@ def _in_sequence_line(step_costs: tuple) -> str:
                 probe, path, f"probe_step_costs.py's output (no kinds.{kind}.chain.us_per_step and kernels_alone_us)",
                 lambda p: [p["kinds"][kind]["chain"]["us_per_step"] - p["kinds"][kind]["kernels_alone_us"]])
             per.setdefault(group, []).extend(values)
-        layer = probe["kinds"].get("layer")
-        chain = layer.get("chain") if isinstance(layer, dict) else None
-        alone = layer.get("kernels_alone_us") if isinstance(layer, dict) else None
-        if isinstance(chain, dict) and isinstance(chain.get("us_per_step"), (int, float)) and isinstance(alone, (int, float)):
-            layers.append(f"{chain['us_per_step'] - alone:.2f} ({path})")
+        try:  # a whole layer as one graph, for comparison (files before the layer kind have none)
+            layer = probe["kinds"]["layer"]
+            layers.append(f"{layer['chain']['us_per_step'] - layer['kernels_alone_us']:.2f} ({path})")
+        except (KeyError, TypeError):
+            pass
     ns = {group: max(0.0, round(1e3 * statistics.median(v), 1)) for group, v in per.items()}
     beside = f"; a whole layer in one graph, over its kernels alone: {', '.join(layers)} us" if layers else ""
     return (f"  in_sequence_ns: {{{', '.join(f'{g}: {v}' for g, v in ns.items())}}}   # measured: an op group's "
