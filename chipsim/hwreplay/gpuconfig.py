@@ -284,13 +284,11 @@ def _beside_copy_line(step_costs: tuple) -> str:
 IN_SEQUENCE_GROUP = {"attention+router": "attention", "expert": "expert", "combine": "combine"}
 
 
-def _in_sequence_line(step_costs: tuple) -> str:
-    """compute.in_sequence_ns from probe_step_costs.py's files ((path, probe) pairs, GPU files: _beside_copy_line
+def in_sequence_ns(step_costs) -> tuple[dict, list[str]]:
+    """compute.in_sequence_ns from probe_step_costs.py's files ((path, probe) pairs, GPU files: _probe_median_ns
     refuses a dry run's): per op-group kind, its steps' kernels in one graph (chain) less each kernel chained alone
-    (kernels_alone_us, the profile's method), median over the files, not below 0; where a file has a whole layer as
-    one graph (the layer kind), its own figure is listed beside, for comparison. None without a file."""
-    if not step_costs:
-        return ""
+    (kernels_alone_us, the profile's method), median over the files, not below 0; and, where a file has a whole layer
+    as one graph (the layer kind), its own figure, for comparison."""
     per, layers = {}, []
     for path, probe in step_costs:
         for kind, group in IN_SEQUENCE_GROUP.items():
@@ -303,7 +301,14 @@ def _in_sequence_line(step_costs: tuple) -> str:
             layers.append(f"{layer['chain']['us_per_step'] - layer['kernels_alone_us']:.2f} ({path})")
         except (KeyError, TypeError):
             pass
-    ns = {group: max(0.0, round(1e3 * statistics.median(v), 1)) for group, v in per.items()}
+    return {group: max(0.0, round(1e3 * statistics.median(v), 1)) for group, v in per.items()}, layers
+
+
+def _in_sequence_line(step_costs: tuple) -> str:
+    """The compute.in_sequence_ns line of the config (in_sequence_ns); none without a file."""
+    if not step_costs:
+        return ""
+    ns, layers = in_sequence_ns(step_costs)
     beside = f"; a whole layer in one graph, over its kernels alone: {', '.join(layers)} us" if layers else ""
     return (f"  in_sequence_ns: {{{', '.join(f'{g}: {v}' for g, v in ns.items())}}}   # measured: an op group's "
             f"kernels back to back after other groups' take this much longer than each kernel alone, median per "

@@ -3,7 +3,7 @@
 # link and step costs, in one device command from the repository root with the device's own torch (simpy from .whl/
 # when the device lacks it):
 #
-#     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls;
+#     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls keyed;
 #                                                                     default all; GPU=h100 or h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-bare.sh OUT          (the replays on this machine's CPU, 3 tokens)
 #
@@ -20,13 +20,16 @@
 #         --stalls                                                       -> OUT/q4/, OUT/q8/
 # cached: the experts cached (context 1,024), LRU and ProMoE, no --stalls -> OUT/cached/
 # stalls: q4 again with --stalls (the timing events' own cost on the same lease) -> OUT/q4-stalls/
+# keyed:  q4's ProMoE again, planned with compute.in_sequence_ns from this lease's step files (gpuconfig's
+#         in_sequence_ns; after step): ProMoE decides by the steps' times, so this is the like-for-like replay for
+#         comparing with the key set                                   -> OUT/q4-keyed/
 # Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
 # commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
 # (hwcompare --regime NAME FILE+links.pcie.bandwidth_gbps=B+dma.setup_ns=S: the cold fit of OUT/$GPU-copy-source.json).
 set -uo pipefail
-OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls]}
+OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls] [keyed]}
 shift
-WHAT=" ${*:-link step q4 q8 cached stalls} "
+WHAT=" ${*:-link step q4 q8 cached stalls keyed} "
 GPU_DEFAULT=h100
 source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 DEVICE=cuda
@@ -69,6 +72,19 @@ fi
 if step q4; then replay q4 $Q4; fi
 if step q8; then replay q8 --set model.expert_bits=8 --set expert_buffer.capacity_mib=768 $POLICIES; fi
 if step cached; then replay cached --set expert_buffer.capacity_mib=5376 $POLICIES; fi
+if step keyed; then
+  STEP_FILES=("$OUT/$GPU-step-costs.json" "$OUT/$GPU-step-costs-q4.json")
+  KEY=$(python -c 'import json, sys
+from chipsim.hwreplay.gpuconfig import in_sequence_ns
+ns, _ = in_sequence_ns([(p, json.load(open(p))) for p in sys.argv[1:]])
+print(" ".join(f"--set compute.in_sequence_ns.{g}={v}" for g, v in ns.items()))' "${STEP_FILES[@]}" 2>> "$LOG")
+  if [[ -n "$KEY" ]]; then
+    echo "keyed: $KEY" | tee -a "$LOG"
+    replay q4-keyed --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy promoe $KEY
+  else
+    echo "keyed: skipped (no step files from this lease: run step first)" | tee -a "$LOG"
+  fi
+fi
 if step stalls; then
   S="--stalls"
   [[ $DEVICE == cuda ]] || S=""
