@@ -74,7 +74,8 @@ if step q8; then replay q8 --set model.expert_bits=8 --set expert_buffer.capacit
 if step cached; then replay cached --set expert_buffer.capacity_mib=5376 $POLICIES; fi
 if step keyed; then
   STEP_FILES=("$OUT/$GPU-step-costs.json" "$OUT/$GPU-step-costs-q4.json")
-  KEY=$(python -c 'import json, sys
+  KEY=""
+  [[ -f ${STEP_FILES[0]} && -f ${STEP_FILES[1]} ]] && KEY=$(python -c 'import json, sys
 from chipsim.hwreplay.gpuconfig import in_sequence_ns
 ns, _ = in_sequence_ns([(p, json.load(open(p))) for p in sys.argv[1:]])
 print(" ".join(f"--set compute.in_sequence_ns.{g}={v}" for g, v in ns.items()))' "${STEP_FILES[@]}" 2>> "$LOG")
