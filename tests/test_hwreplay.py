@@ -674,6 +674,28 @@ def test_the_step_cost_probe_gives_each_groups_cost_in_sequence():
         render(load("validation", "h200-microbench.json"), "graph", step_costs=no_chain)
 
 
+def test_a_leases_own_keys_plan_its_keyed_replay(tmp_path):
+    """validation/regimes/lease_sets.py (measure-bare.sh's keyed step): from lease u's files by hand, attention and
+    router 1.739 and 1.827 us over their kernels alone -> median 1.783 us; expert 0.256 and 0.295 -> 0.2755; combine
+    -0.004 and 0.028 -> 0.012; the link's cold fit 55.146 GB/s plus 2.893 us. A file that is not the probe's: exit 2."""
+    import subprocess
+    import sys
+
+    h100 = os.path.join(ROOT, "validation", "h100")
+    script = os.path.join(ROOT, "validation", "regimes", "lease_sets.py")
+    steps = [os.path.join(h100, f"h100-step-costs{q}-lease-u.json") for q in ("", "-q4")]
+    out = subprocess.run([sys.executable, script, *steps, "--copy-source",
+                          os.path.join(h100, "h100-copy-source-lease-u.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "--set", "compute.in_sequence_ns.attention=1783.0", "--set", "compute.in_sequence_ns.expert=275.5",
+        "--set", "compute.in_sequence_ns.combine=12.0", "--set", "links.pcie.bandwidth_gbps=55.146",
+        "--set", "dma.setup_ns=2893"]
+    bad = subprocess.run([sys.executable, script, *steps, "--copy-source", steps[0]], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().endswith("h100-step-costs-lease-u.json: not probe_copy_source.py's output (no fit.cold)")
+
+
 @pytest.mark.parametrize("name", MEASUREMENTS)
 def test_every_op_of_a_validated_decode_step_takes_its_profiled_time(name):
     """The validation configs cost every kernel of their decode steps from the microbenchmark's per-shape table."""

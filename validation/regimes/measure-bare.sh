@@ -20,9 +20,10 @@
 #         --stalls                                                       -> OUT/q4/, OUT/q8/
 # cached: the experts cached (context 1,024), LRU and ProMoE, no --stalls -> OUT/cached/
 # stalls: q4 again with --stalls (the timing events' own cost on the same lease) -> OUT/q4-stalls/
-# keyed:  q4's ProMoE again, planned with compute.in_sequence_ns from this lease's step files (gpuconfig's
-#         in_sequence_ns; after step): ProMoE decides by the steps' times, so this is the like-for-like replay for
-#         comparing with the key set                                   -> OUT/q4-keyed/
+# keyed:  q4's ProMoE again, planned with compute.in_sequence_ns from this lease's step files and, where link ran
+#         first, the lease's own link (its cold fit; both by validation/regimes/lease_sets.py, after step): ProMoE
+#         decides by the steps' and copies' times, so this is the like-for-like replay for comparing with everything
+#         the lease measured set (the file's overrides; hwcompare needs no +KEY=VALUE)   -> OUT/q4-keyed/
 # Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
 # commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
 # (hwcompare --regime NAME FILE+links.pcie.bandwidth_gbps=B+dma.setup_ns=S: the cold fit of OUT/$GPU-copy-source.json).
@@ -74,11 +75,11 @@ if step q8; then replay q8 --set model.expert_bits=8 --set expert_buffer.capacit
 if step cached; then replay cached --set expert_buffer.capacity_mib=5376 $POLICIES; fi
 if step keyed; then
   STEP_FILES=("$OUT/$GPU-step-costs.json" "$OUT/$GPU-step-costs-q4.json")
+  LINK=()
+  [[ -f $OUT/$GPU-copy-source.json ]] && LINK=(--copy-source "$OUT/$GPU-copy-source.json")
   KEY=""
-  [[ -f ${STEP_FILES[0]} && -f ${STEP_FILES[1]} ]] && KEY=$(python -c 'import json, sys
-from chipsim.hwreplay.gpuconfig import in_sequence_ns
-ns, _ = in_sequence_ns([(p, json.load(open(p))) for p in sys.argv[1:]])
-print(" ".join(f"--set compute.in_sequence_ns.{g}={v}" for g, v in ns.items()))' "${STEP_FILES[@]}" 2>> "$LOG")
+  [[ -f ${STEP_FILES[0]} && -f ${STEP_FILES[1]} ]] \
+    && KEY=$(python validation/regimes/lease_sets.py "${STEP_FILES[@]}" "${LINK[@]}" 2>> "$LOG")
   if [[ -n "$KEY" ]]; then
     echo "keyed: $KEY" | tee -a "$LOG"
     replay q4-keyed --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy promoe $KEY
