@@ -84,7 +84,7 @@ if step keyed; then
     echo "keyed: $KEY" | tee -a "$LOG"
     replay q4-keyed --set model.expert_bits=4 --set expert_buffer.capacity_mib=384 --policy promoe $KEY
   else
-    echo "keyed: skipped (no step files from this lease: run step first)" | tee -a "$LOG"
+    echo "keyed: skipped (no step files from this lease, or lease_sets.py refused them: run step first)" | tee -a "$LOG"
   fi
 fi
 if step stalls; then
