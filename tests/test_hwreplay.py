@@ -674,7 +674,7 @@ def test_the_step_cost_probe_gives_each_groups_cost_in_sequence():
         render(load("validation", "h200-microbench.json"), "graph", step_costs=no_chain)
 
 
-def test_a_leases_own_keys_plan_its_keyed_replay(tmp_path):
+def test_a_leases_own_keys_plan_its_keyed_replay():
     """validation/regimes/lease_sets.py (measure-bare.sh's keyed step): from lease u's files by hand, attention and
     router 1.739 and 1.827 us over their kernels alone -> median 1.783 us; expert 0.256 and 0.295 -> 0.2755; combine
     -0.004 and 0.028 -> 0.012; the link's cold fit 55.146 GB/s plus 2.893 us. A file that is not the probe's: exit 2."""

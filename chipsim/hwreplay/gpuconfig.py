@@ -252,6 +252,12 @@ def _step_graphs(kind: str, row: dict, source: str) -> int:
     return graphs
 
 
+def _refuse_dry_run(path: str, probe) -> None:
+    """probe_step_costs.py's file from a GPU, or one line: a CPU dry run's file times nothing."""
+    if not isinstance(probe, dict) or str(probe.get("device", "")).startswith("cpu"):
+        raise InputError(f"{path}: not a GPU's probe_step_costs.py output (a CPU dry run times nothing)")
+
+
 def _beside_copy_line(step_costs: tuple) -> str:
     """compute.launch_beside_copy_ns from probe_step_costs.py's files ((path, probe) pairs): what a graph launch adds
     while a copy is in flight (its steps back to back beside copies less alone, per graph), median over every file
@@ -260,8 +266,7 @@ def _beside_copy_line(step_costs: tuple) -> str:
         return ""
     per, listed = [], []
     for path, probe in step_costs:
-        if not isinstance(probe, dict) or str(probe.get("device", "")).startswith("cpu"):
-            raise InputError(f"{path}: not a GPU's probe_step_costs.py output (a CPU dry run times nothing)")
+        _refuse_dry_run(path, probe)
         kinds = probe.get("kinds") if isinstance(probe.get("kinds"), dict) else {}
         # op-group graphs only: a "layer" step (one segment graph of a whole layer) is reported, not part of the key
         kinds = {k: v for k, v in kinds.items() if k in STEP_GRAPHS}
@@ -285,12 +290,13 @@ IN_SEQUENCE_GROUP = {"attention+router": "attention", "expert": "expert", "combi
 
 
 def in_sequence_ns(step_costs) -> tuple[dict, list[str]]:
-    """compute.in_sequence_ns from probe_step_costs.py's files ((path, probe) pairs, GPU files: _probe_median_ns
-    refuses a dry run's): per op-group kind, its steps' kernels in one graph (chain) less each kernel chained alone
+    """compute.in_sequence_ns from probe_step_costs.py's files ((path, probe) pairs; a CPU dry run's is refused): per
+    op-group kind, its steps' kernels in one graph (chain) less each kernel chained alone
     (kernels_alone_us, the profile's method), median over the files, not below 0; and, where a file has a whole layer
     as one graph (the layer kind), its own figure, for comparison."""
     per, layers = {}, []
     for path, probe in step_costs:
+        _refuse_dry_run(path, probe)
         for kind, group in IN_SEQUENCE_GROUP.items():
             _, values = _probe_median_ns(
                 probe, path, f"probe_step_costs.py's output (no kinds.{kind}.chain.us_per_step and kernels_alone_us)",

@@ -7,27 +7,19 @@ and, given probe_copy_source.py's file, the link's cold fit (links.pcie.bandwidt
 Prints the options on one line; a missing or foreign file is one line on stderr and exit 2.
 """
 import argparse
-import json
 import sys
 
 from chipsim.errors import InputError
+from chipsim.files import read_json
 from chipsim.hwreplay.gpuconfig import in_sequence_ns
 
 
-def _load(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot be read as JSON ({e})")
-
-
 def lease_sets(step_costs: list[str], copy_source: str | None) -> list[str]:
-    ns, _ = in_sequence_ns([(p, _load(p)) for p in step_costs])
+    ns, _ = in_sequence_ns([(p, read_json(p, "step-cost file")) for p in step_costs])
     sets = [f"compute.in_sequence_ns.{group}={value}" for group, value in ns.items()]
     if copy_source:
         try:
-            cold = _load(copy_source)["fit"]["cold"]
+            cold = read_json(copy_source, "copy-source file")["fit"]["cold"]
             rate, setup_us = float(cold["bandwidth_gbps"]), float(cold["intercept_us"])
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{copy_source}: not probe_copy_source.py's output (no fit.cold)")
