@@ -118,13 +118,36 @@ def _host_alone_text(res: dict) -> str:
             + (f" ({statistics.median(ahead):.2f} ahead of the GPU)" if ahead else ""))
 
 
+def _replay_line(ctx: int, label: str, res: dict, plan, prep, warm: int) -> str:
+    """A decode replay's log line: measured against simulated, and what else the replay recorded."""
+    from chipsim.hwreplay.activity import activity_text
+
+    lat = res["latency_ms"][warm:]
+    mean = sum(lat) / len(lat)
+    sim = plan.sim_latency_ms[warm:]
+    return (f"  ctx {ctx} {label:12} measured {mean:8.3f} ms/token, simulated {sum(sim) / len(sim):8.3f}, "
+            f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token"
+            + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
+            + _host_alone_text(res)
+            + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
+                      for e in [res["energy"], *res["repeat_energy"]] if e)
+            + f", {res['launches_per_token']:.0f} launches/token"
+            + (f", host CPU {res['host_experts'] / len(res['latency_ms']):.1f} experts/token at "
+               f"{res['host_compute_us_median']:.1f} us (simulated {plan_host_us(prep):.1f})"
+               if res.get("host_experts") else "")
+            + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
+               f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if "stall_ms" in res else "")
+            + (activity_text(res["activity"]) if "activity" in res else ""))
+
+
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
                   device: str = "cuda", graphs: bool = False, overrides=(), gemv: str = "cublas", repeats: int = 1,
                   dispatch_tokens: int = 0, segments: bool = False, stalls: bool = False,
                   energy_settle_s: float = 0.5, enqueue_with: str = "torch", warm_replay: bool = False,
-                  op_spans: bool = False) -> dict:
+                  op_spans: bool = False, activity: bool = False) -> dict:
     import torch
 
+    from chipsim.hwreplay.activity import traced_replay
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
     from chipsim.hwreplay.nvml import open_gpu
 
@@ -170,22 +193,10 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             res["repeat_energy"] = [r["energy"] for r in again]
             if stalls:
                 res["repeat_stall_ms"] = [r["stall_ms"] for r in again]
-            warm = hw.workload.warmup_tokens
-            lat = res["latency_ms"][warm:]
-            mean = sum(lat) / len(lat)
-            sim = plan.sim_latency_ms[warm:]
-            log(f"  ctx {ctx} {policy.label:12} measured {mean:8.3f} ms/token, simulated {sum(sim) / len(sim):8.3f}, "
-                f"copies {res['copies']}, host enqueue {sum(res['host_enqueue_ms'][warm:]) / len(lat):.2f} ms/token"
-                + "".join(f", again {sum(r[warm:]) / len(lat):.3f}" for r in res["repeat_latency_ms"])
-                + _host_alone_text(res)
-                + "".join(f", board {e['energy_j'] * 1e3 / len(res['latency_ms']):.1f} mJ/token at {e['power_w']:.0f} W"
-                          for e in [res["energy"], *res["repeat_energy"]] if e)
-                + f", {res['launches_per_token']:.0f} launches/token"
-                + (f", host CPU {res['host_experts'] / len(res['latency_ms']):.1f} experts/token at "
-                   f"{res['host_compute_us_median']:.1f} us (simulated {plan_host_us(prep):.1f})"
-                   if res.get("host_experts") else "")
-                + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
-                   f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if stalls else ""))
+            if activity:  # once more, under the GPU's activity record (the measured replays are done)
+                res["activity"] = traced_replay(
+                    lambda: replay(plan, step, host, gpu_slots, m.first_dense_layers, **{**kw, "gpu": None}), plan)
+            log(_replay_line(ctx, policy.label, res, plan, prep, hw.workload.warmup_tokens))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           **({"warm_replays": 1} if warm_replay else {}),
                           "kernels_per_group": step.kernels_per_group, **res})
@@ -511,6 +522,11 @@ def _parser() -> OneLineParser:
                     help="how the host issues the replay: torch (Tensor.copy_, CUDAGraph.replay) or cudart (the same "
                          "steps as raw CUDA runtime calls, chipsim/hwreplay/cudart.py: a few microseconds per copy; "
                          "needs --graphs)")
+    ap.add_argument("--activity", action="store_true",
+                    help="decode steps: replay each plan once more under the GPU's own activity record (CUPTI through "
+                         "torch.profiler: every kernel's and copy's start and end, no event on any stream) and keep its "
+                         "summary (chipsim.hwreplay.activity): compute busy, waits for copies, hand-offs, the copies' "
+                         "own rate; the measured replays are not traced")
     return ap
 
 
@@ -531,6 +547,8 @@ def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
         raise InputError(f"--jobs {a.jobs}: expected a whole number >= 1")
     if a.repeats < 1:
         raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
+    if a.activity and (a.prompts is not None or a.batch is not None or a.served):
+        raise InputError("--activity: for decode steps (not with --prompts, --batch or --served)")
     if a.warm_replay and (a.prompts is not None or a.batch is not None or a.served):
         raise InputError("--warm-replay: for decode steps (the prefill, batch and served replays always replay once "
                          "unmeasured first)")
@@ -587,7 +605,7 @@ def main(argv=None) -> int:
                                 overrides=replay_overrides(a.set, a.segments), gemv=a.gemv, repeats=a.repeats,
                                 dispatch_tokens=a.dispatch_tokens, segments=a.segments, stalls=a.stalls,
                                 energy_settle_s=a.energy_settle, enqueue_with=a.enqueue, warm_replay=a.warm_replay,
-                                op_spans=a.op_spans)
+                                op_spans=a.op_spans, activity=a.activity)
         path = os.path.join(a.out, name)
         write_atomic(path, json.dumps(res, indent=1, sort_keys=True), what="--out")
         print(f"wrote {path}", flush=True)

@@ -3,8 +3,9 @@
 # link and step costs, in one device command from the repository root with the device's own torch (simpy from .whl/
 # when the device lacks it):
 #
-#     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls keyed;
-#                                                                     default all; GPU=h100 or h200, default h100)
+#     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls keyed
+#                                                                     activity; default all; GPU=h100 or h200,
+#                                                                     default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-bare.sh OUT          (the replays on this machine's CPU, 3 tokens)
 #
 # Why: a CUDA event with timing, recorded on the compute stream, costs the GPU about 1-1.3 µs alone and 5-6.5 µs while
@@ -24,13 +25,17 @@
 #         first, the lease's own link (its cold fit; both by validation/regimes/lease_sets.py, after step): ProMoE
 #         decides by the steps' and copies' times, so this is the like-for-like replay for comparing with everything
 #         the lease measured set (the file's overrides; hwcompare needs no +KEY=VALUE)   -> OUT/q4-keyed/
+# activity: q4's plans and the cached LRU plan replayed as q4 and cached are, then once more under the GPU's activity
+#         record (run --activity: every kernel's and copy's start and end from CUPTI, no event on any stream):
+#         where a token's time goes on the GPU against the simulator (python -m chipsim.hwreplay.activity FILE)
+#                                                           -> OUT/q4-activity/, OUT/cached-activity/
 # Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
 # commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
 # (hwcompare --regime NAME FILE+links.pcie.bandwidth_gbps=B+dma.setup_ns=S: the cold fit of OUT/$GPU-copy-source.json).
 set -uo pipefail
-OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls] [keyed]}
+OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls] [keyed] [activity]}
 shift
-WHAT=" ${*:-link step q4 q8 cached stalls keyed} "
+WHAT=" ${*:-link step q4 q8 cached stalls keyed activity} "
 GPU_DEFAULT=h100
 source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 DEVICE=cuda
@@ -57,10 +62,10 @@ probe() {  # step, output name, probe script and its options: a GPU probe (skipp
   timeout -k 5 120 python "$@" > "$OUT/$GPU-$file.json" 2>> "$LOG"
   echo "$name: exit $? ($(date -u +%T))" | tee -a "$LOG"
 }
-replay() {  # name, then the replay's own options
+replay() {  # name, then the replay's own options (TIMEOUT: seconds, default 150)
   local name=$1
   shift
-  timeout -k 5 150 $R "$@" "${TOKENS[@]}" --out "$OUT/$name" >> "$LOG" 2>&1
+  timeout -k 5 "${TIMEOUT:-150}" $R "$@" "${TOKENS[@]}" --out "$OUT/$name" >> "$LOG" 2>&1
   echo "replay $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
 }
 POLICIES="--policy lru --policy promoe"
@@ -86,6 +91,10 @@ if step keyed; then
   else
     echo "keyed: skipped (no step files from this lease, or lease_sets.py refused them: run step first)" | tee -a "$LOG"
   fi
+fi
+if step activity; then  # the record of ~10^5 kernels a plan takes its export and reading: a longer timeout
+  TIMEOUT=300 replay q4-activity --activity $Q4
+  TIMEOUT=200 replay cached-activity --activity --set expert_buffer.capacity_mib=5376 --policy lru
 fi
 if step stalls; then
   S="--stalls"

@@ -1,0 +1,215 @@
+"""What the GPU did during a replay, from its own activity record, with no event on any stream.
+
+A replay's token latencies come from CUDA events on the compute stream, and its --stalls and --op-spans put more
+events there, which cost the GPU time (validation/compute/probe_step_costs.py). CUPTI's activity record (through
+torch.profiler) instead stamps every kernel and every copy with its start and end on the GPU's clock. `run
+--activity` replays each plan once more under it (after the measured replays, which it leaves as they were) and keeps
+this module's summary of the record, in the simulator's terms:
+
+- the compute stream (the stream with the most kernel time): its kernels' busy time, and its idle gaps split into
+  waits for a copy (a host-to-device copy ended inside the gap) and the rest (launches, the host);
+- the hand-off: from the last copy that ended inside such a wait to the next kernel (compute.copy_wait_ns's
+  counterpart);
+- the copies: how many, their busy time, each copy's duration against its bytes fitted by least squares to
+  fixed + bytes / bandwidth (the link's keys, links.pcie.bandwidth_gbps and dma.setup_ns, measured beside the
+  replay's compute rather than on an idle GPU), the median duration per size;
+- each copy's start: where a compute kernel ended while its stream was idle, how long after that kernel (the copy
+  engine's start after a compute event), and otherwise how long after the copy before it on its stream ended.
+
+Everything is per token of the replay, warm-up tokens included (the record has no token marks), so its counterpart is
+the simulator's mean over all of the plan's tokens (chipsim.hwreplay.compare_activity sets them side by side).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from dataclasses import dataclass
+
+from chipsim.errors import InputError
+
+TRACE_MAX_BYTES = 2 << 30  # a 144-token replay's record is about 10^5 kernels: well under this
+
+
+@dataclass(frozen=True)
+class Activity:
+    kind: str  # "kernel" or "copy" (host to device)
+    stream: int
+    start_ns: int
+    end_ns: int
+    bytes: int = 0
+
+
+def activities_from_trace(trace: dict, label: str = "trace") -> list[Activity]:
+    """The kernels and host-to-device copies of a Chrome trace as torch.profiler exports it (times in µs)."""
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise InputError(f"{label}: no traceEvents list (not a torch.profiler Chrome trace)")
+    gpu = [e for e in events if isinstance(e, dict) and _kind(e)]
+    if not gpu:
+        return []
+    t0 = min(float(e["ts"]) for e in gpu)
+    out = []
+    for e in gpu:
+        start = round((float(e["ts"]) - t0) * 1000)
+        args = e.get("args", {})
+        out.append(Activity(_kind(e), int(args.get("stream", e.get("tid", 0))), start,
+                            start + round(float(e["dur"]) * 1000), int(args.get("bytes", 0))))
+    return sorted(out, key=lambda a: (a.start_ns, a.end_ns))
+
+
+def _kind(e: dict) -> str:
+    if e.get("cat") == "kernel":
+        return "kernel"
+    if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")):
+        return "copy"
+    return ""
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _spread(xs: list[float]) -> dict:
+    """Median, 10th and 90th percentile (nearest rank) and count, µs."""
+    if not xs:
+        return {"n": 0}
+    s = sorted(xs)
+    at = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    return {"n": len(s), "median_us": round(statistics.median(s) / 1e3, 3), "p10_us": round(at(0.1) / 1e3, 3),
+            "p90_us": round(at(0.9) / 1e3, 3)}
+
+
+def compute_stream(acts: list[Activity]) -> int | None:
+    """The stream whose kernels ran longest (the replay's compute stream)."""
+    busy: dict[int, int] = {}
+    for a in acts:
+        if a.kind == "kernel":
+            busy[a.stream] = busy.get(a.stream, 0) + a.end_ns - a.start_ns
+    return max(sorted(busy), key=lambda s: busy[s]) if busy else None
+
+
+def compute_gaps(busy: list[tuple[int, int]], copy_ends: list[int]) -> tuple[int, int, list[int]]:
+    """The compute stream's idle gaps between busy stretches: (ns waiting for a copy, ns otherwise, hand-offs in ns).
+    A gap waits for a copy when one ends inside it; its hand-off is from the last such end to the next kernel."""
+    waiting = other = 0
+    handoffs = []
+    for (_, g0), (g1, _) in zip(busy, busy[1:]):
+        i = bisect.bisect_right(copy_ends, g1) - 1
+        if i >= 0 and copy_ends[i] >= g0:
+            waiting += g1 - g0
+            handoffs.append(g1 - copy_ends[i])
+        else:
+            other += g1 - g0
+    return waiting, other, handoffs
+
+
+def copy_fit(copies: list[Activity]) -> dict:
+    """Each copy's duration = fixed + bytes / bandwidth, least squares (needs two sizes at least)."""
+    xs = [float(c.bytes) for c in copies]
+    ys = [float(c.end_ns - c.start_ns) for c in copies]
+    if len(set(xs)) < 2:
+        return {}
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return {}
+    return {"bandwidth_gbps": round(1 / slope, 3), "fixed_us": round((my - slope * mx) / 1e3, 3)}
+
+
+def _by_size(copies: list[Activity]) -> list[dict]:
+    sizes: dict[int, list[int]] = {}
+    for c in copies:
+        sizes.setdefault(c.bytes, []).append(c.end_ns - c.start_ns)
+    return [{"bytes": b, "n": len(d), "median_us": round(statistics.median(d) / 1e3, 3)} for b, d in sorted(sizes.items())]
+
+
+def copy_gaps(copies: list[Activity], kernel_ends: list[int]) -> tuple[list[int], list[int]]:
+    """Each copy's start after the one before it on its stream ended: (ns since a compute kernel that ended inside
+    that idle gap, for copies that waited for compute; the gap itself, for the rest)."""
+    after_kernel, between = [], []
+    prev: dict[int, int] = {}
+    for c in sorted(copies, key=lambda c: c.start_ns):
+        i = bisect.bisect_right(kernel_ends, c.start_ns) - 1
+        if i >= 0 and kernel_ends[i] > prev.get(c.stream, -1):
+            after_kernel.append(c.start_ns - kernel_ends[i])
+        elif c.stream in prev:
+            between.append(c.start_ns - prev[c.stream])
+        prev[c.stream] = max(prev.get(c.stream, -1), c.end_ns)
+    return after_kernel, between
+
+
+def summarise(acts: list[Activity], tokens: int) -> dict:
+    """The record's summary (module docstring), per token of `tokens`."""
+    if tokens < 1:
+        raise ValueError(f"tokens {tokens}: at least 1")
+    cs = compute_stream(acts)
+    if cs is None:
+        return {"kernels": 0, "copies": {"n": 0}}
+    kernels = [a for a in acts if a.kind == "kernel" and a.stream == cs]
+    copies = [a for a in acts if a.kind == "copy"]
+    busy = _merged([(k.start_ns, k.end_ns) for k in kernels])
+    waiting, other, handoffs = compute_gaps(busy, sorted(c.end_ns for c in copies))
+    first, last = min(a.start_ns for a in acts), max(a.end_ns for a in acts)
+    per_token = lambda ns: round(ns / tokens / 1e6, 4)  # noqa: E731
+    after_kernel, between = copy_gaps(copies, sorted(k.end_ns for k in kernels))
+    copy_busy = sum(b - a for a, b in _merged([(c.start_ns, c.end_ns) for c in copies]))
+    return {
+        "tokens": tokens, "span_ms_per_token": per_token(last - first), "kernels": len(kernels),
+        "other_stream_kernels": sum(1 for a in acts if a.kind == "kernel" and a.stream != cs),
+        "compute_busy_ms_per_token": per_token(sum(b - a for a, b in busy)),
+        "compute_waits_for_copies_ms_per_token": per_token(waiting),
+        "compute_other_gaps_ms_per_token": per_token(other), "handoff": _spread(handoffs),
+        "copies": {"n": len(copies), "streams": len({c.stream for c in copies}), "bytes": sum(c.bytes for c in copies),
+                   "busy_ms_per_token": per_token(copy_busy), "fit": copy_fit(copies), "by_size": _by_size(copies)},
+        "copy_start_after_kernel": _spread(after_kernel), "copy_after_copy": _spread(between),
+    }
+
+
+def record_activity(run) -> tuple[object, list[Activity]]:
+    """run() under torch.profiler's activity record (CUDA where there is a GPU; on a CPU dry run the CPU's, which has
+    no kernel or copy): its result and the record's kernels and copies."""
+    import os
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from chipsim.files import read_json
+
+    kind = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[kind]) as prof:
+        result = run()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        trace = read_json(path, "activity trace", TRACE_MAX_BYTES)
+    return result, activities_from_trace(trace, "activity trace")
+
+
+def traced_replay(run, plan) -> dict:
+    """run() (one replay of `plan`) under the activity record: the record's summary, per token of the replay's, the
+    replay's own token latency (its CUDA events) while traced, and the plan's simulated latency and stall over the
+    same tokens (as planned: the config the replay ran with)."""
+    res, acts = record_activity(run)
+    lat = res["latency_ms"]
+    return {**summarise(acts, len(lat)), "latency_ms_per_token": round(sum(lat) / len(lat), 4),
+            "sim_latency_ms_per_token": round(sum(plan.sim_latency_ms) / len(plan.sim_latency_ms), 4),
+            "sim_stall_ms_per_token": round(sum(map(sum, plan.sim_stall_ms)) / len(plan.sim_latency_ms), 4)}
+
+
+def activity_text(a: dict) -> str:
+    """The summary on a replay's log line."""
+    if not a.get("kernels"):
+        return ", traced: no kernel in the record (a CPU dry run)"
+    fit = a["copies"].get("fit") or {}
+    return (f", traced {a['latency_ms_per_token']:.3f} ms/token (compute busy {a['compute_busy_ms_per_token']:.3f}, "
+            f"waiting for copies {a['compute_waits_for_copies_ms_per_token']:.3f}, other gaps "
+            f"{a['compute_other_gaps_ms_per_token']:.3f}; copies {fit.get('bandwidth_gbps', 'n/a')} GB/s + "
+            f"{fit.get('fixed_us', 'n/a')} us)")
