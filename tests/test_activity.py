@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from conftest import ROOT
+
 from chipsim.errors import InputError
 from chipsim.hwreplay import compare_activity
 from chipsim.hwreplay.activity import Activity, activities_from_trace, compute_gaps, copy_fit, copy_gaps, summarise
@@ -105,7 +107,8 @@ def test_a_file_that_is_not_a_chrome_trace_is_named():
 def _result(tmp_path, with_activity: bool):
     a = summarise([Activity("kernel", 7, 0, 40_000), _copy(40_000, MB), Activity("kernel", 7, 65_000, 100_000),
                    _copy(100_000, 2 * MB), Activity("kernel", 7, 145_000, 150_000)], tokens=2)
-    a.update(latency_ms_per_token=0.076, sim_latency_ms_per_token=0.07, sim_stall_ms_per_token=0.03)
+    a.update(latency_ms_per_token=0.076, sim_latency_ms_per_token=0.07, sim_stall_ms_per_token=0.03,
+             sim_busy_ms_per_token=0.041)
     case = {"context_length": 1024, "policy": "lru", "latency_ms": [0.074, 0.076], "plan": {}}
     if with_activity:
         case["activity"] = a
@@ -119,7 +122,7 @@ def test_the_report_sets_the_record_beside_the_simulator_and_the_configs_link(tm
     assert compare_activity.main([_result(tmp_path, True)]) == 0
     out = capsys.readouterr().out
     assert "untraced 0.075, traced 0.076, simulated 0.070" in out
-    assert "compute busy 0.040, waiting for copies 0.035 (simulated stall 0.030), other gaps 0.000" in out
+    assert "compute busy 0.040 (simulated arrays busy 0.041), waiting for copies 0.035 (simulated stall 0.030), other gaps 0.000" in out
     # the copies' fit against hwconfigs/h100-pcie5.yaml's link and per-copy cost; the hand-off against its copy_wait_ns
     assert "fit 50.0 GB/s + 3.0 us (config 55.116 GB/s, dma.setup_ns 2984)" in out
     assert "hand-off median 2.0 us (compute.copy_wait_ns 1784)" in out
@@ -136,3 +139,32 @@ def test_the_record_is_for_decode_replays_only(tmp_path):
     with pytest.raises(InputError, match="--activity: for decode steps"):
         run.main(["hwconfigs/h100-pcie5.yaml", "--prompts", "64", "--activity", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+def test_a_traced_cpu_replay_keeps_the_plans_simulated_times_and_finds_no_gpu_work(tmp_path):
+    """A CPU dry run under the record: the replay runs as it would untraced (every byte of the plan copied), the
+    record has no kernel, and the simulator's side is the plan's own mean over all its tokens."""
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay.activity import traced_replay
+    from chipsim.hwreplay.harness import GpuDecodeStep, replay
+    from chipsim.hwreplay.ops import primitive_ops
+    from chipsim.hwreplay.plan import build_plan
+    from chipsim.runner import prepare
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"base: {ROOT}/hwconfigs/h200-pcie5-granite-1b.yaml\nworkload:\n  max_tokens: 3\n"
+                      "  warmup_tokens: 0\n")
+    prep = prepare(str(config), [], ["lru"])
+    m = prep.workload.model
+    step = GpuDecodeStep(primitive_ops(prep.config.hw), m.num_layers, m.first_dense_layers, torch.device("cpu"))
+    host = torch.zeros((m.num_moe_layers, m.num_experts, prep.workload.expert_bytes), dtype=torch.uint8)
+    plan = build_plan(prep, prep.policies[0])
+    slots = torch.zeros((plan.slots, prep.workload.expert_bytes), dtype=torch.uint8)
+    copied = []
+    a = traced_replay(lambda: copied.append(replay(plan, step, host, slots, m.first_dense_layers)) or copied[-1], plan)
+    assert copied[0]["copied_bytes"] == plan.fetch_bytes
+    assert a["kernels"] == 0
+    assert a["sim_latency_ms_per_token"] == round(sum(plan.sim_latency_ms) / 3, 4)
+    assert a["sim_busy_ms_per_token"] == round(sum(plan.sim_busy_ms) / 3, 4)
+    # the simulator's token is its arrays' busy time and their idle time, of which the stall is part
+    assert a["sim_busy_ms_per_token"] + a["sim_stall_ms_per_token"] <= a["sim_latency_ms_per_token"] + 1e-4

@@ -196,12 +196,13 @@ def record_activity(run) -> tuple[object, list[Activity]]:
 def traced_replay(run, plan) -> dict:
     """run() (one replay of `plan`) under the activity record: the record's summary, per token of the replay's, the
     replay's own token latency (its CUDA events) while traced, and the plan's simulated latency and stall over the
-    same tokens (as planned: the config the replay ran with)."""
+    same tokens (as planned: the config the replay ran with) and its arrays' busy time."""
     res, acts = record_activity(run)
-    lat = res["latency_ms"]
+    lat, n = res["latency_ms"], len(plan.sim_latency_ms)
     return {**summarise(acts, len(lat)), "latency_ms_per_token": round(sum(lat) / len(lat), 4),
-            "sim_latency_ms_per_token": round(sum(plan.sim_latency_ms) / len(plan.sim_latency_ms), 4),
-            "sim_stall_ms_per_token": round(sum(map(sum, plan.sim_stall_ms)) / len(plan.sim_latency_ms), 4)}
+            "sim_latency_ms_per_token": round(sum(plan.sim_latency_ms) / n, 4),
+            "sim_stall_ms_per_token": round(sum(map(sum, plan.sim_stall_ms)) / n, 4),
+            "sim_busy_ms_per_token": round(sum(plan.sim_busy_ms) / n, 4)}
 
 
 def activity_text(a: dict) -> str:

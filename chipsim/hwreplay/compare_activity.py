@@ -28,7 +28,8 @@ def case_lines(meas: dict, config_keys: dict) -> list[str]:
             out.append("  no kernel in the record (a CPU dry run)")
             continue
         fit, h = a["copies"].get("fit", {}), a.get("handoff", {})
-        out += [f"  compute busy {a['compute_busy_ms_per_token']:.3f}, waiting for copies "
+        out += [f"  compute busy {a['compute_busy_ms_per_token']:.3f} (simulated arrays busy "
+                f"{a['sim_busy_ms_per_token']:.3f}), waiting for copies "
                 f"{a['compute_waits_for_copies_ms_per_token']:.3f} (simulated stall "
                 f"{a['sim_stall_ms_per_token']:.3f}), other gaps "
                 f"{a['compute_other_gaps_ms_per_token']:.3f}; hand-off median {h.get('median_us', float('nan'))} us "

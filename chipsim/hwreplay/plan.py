@@ -286,6 +286,7 @@ class Plan:
     # for the host, which --stalls does not time: refused)
     sim_stall_ms: list
     sim_energy_mj: list  # the simulator's per-token energy by ledger entry ({entry: mJ}, chipsim.sim.metrics)
+    sim_busy_ms: list | None = None  # the simulator's per-token time of the arrays running an operation
     engines: int = 1  # DMA engines: copy streams of the replay
     copies: list | None = None  # the copy schedule (module docstring); None: one FIFO copy stream
     sim_segment_launches: int = 0  # compute.launch_per: segment: the runs of compute the simulator launched
@@ -402,6 +403,7 @@ def build_plan(prep: Prepared, policy) -> Plan:
                 sim_latency_ms=[round(float(x) / 1e9, 6) for x in result.per_token.latency_ps[:steps]],
                 sim_fetch_bytes=int(result.per_token.bytes[link][:steps].sum()),
                 sim_stall_ms=[[round(float(x) / 1e9, 6) for x in row] for row in result.per_layer.stall_ps[:steps]],
+                sim_busy_ms=[round(float(x) / 1e9, 6) for x in result.per_token.busy_ps[:steps]],
                 sim_energy_mj=[dict(zip(energy, [round(float(v[t]) / 1e9, 6) for v in energy.values()]))
                                for t in range(steps)],
                 engines=sim.dma.engines, copies=recorder.copy_schedule(), sim_segment_launches=sim.segment_launches,
