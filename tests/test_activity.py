@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 
 from chipsim.errors import InputError
-from chipsim.hwreplay import compare_activity
+from chipsim.hwreplay import activity, compare_activity
 from chipsim.hwreplay.activity import Activity, activities_from_trace, compute_gaps, copy_fit, copy_gaps, summarise
 
 MB = 1_000_000
@@ -77,6 +77,25 @@ def test_a_two_token_record_summed_by_hand():
     assert s["copy_after_copy"] == {"n": 0}
 
 
+def test_only_copies_that_had_the_link_to_themselves_are_fitted():
+    a = _copy(0, MB)                     # 0-23,000 alone
+    b = _copy(30_000, MB, stream=9)      # 30,000-53,000, overlapped by c from 50,000
+    c = _copy(50_000, MB, stream=10)     # 50,000-73,000
+    d = _copy(80_000, 2 * MB)            # alone
+    assert activity.lone([d, c, b, a]) == [a, d]
+
+
+def test_percentiles_are_nearest_rank():
+    s = activity._spread([1000.0 * i for i in range(1, 11)])  # 1 ... 10 us
+    assert (s["p10_us"], s["median_us"], s["p90_us"]) == (1.0, 5.5, 9.0)
+
+
+def test_an_event_without_a_duration_is_named():
+    trace = _trace([{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "args": {"stream": 7}}])
+    with pytest.raises(InputError, match="activity trace: a kernel or copy event without a numeric ts, dur"):
+        activities_from_trace(trace, "activity trace")
+
+
 def test_a_record_with_no_kernel_says_so():
     assert summarise([], tokens=3) == {"kernels": 0, "copies": {"n": 0}}
     with pytest.raises(ValueError):
@@ -107,7 +126,7 @@ def test_a_file_that_is_not_a_chrome_trace_is_named():
 def _result(tmp_path, with_activity: bool):
     a = summarise([Activity("kernel", 7, 0, 40_000), _copy(40_000, MB), Activity("kernel", 7, 65_000, 100_000),
                    _copy(100_000, 2 * MB), Activity("kernel", 7, 145_000, 150_000)], tokens=2)
-    a.update(latency_ms_per_token=0.076, sim_latency_ms_per_token=0.07, sim_stall_ms_per_token=0.03,
+    a.update(complete=True, latency_ms_per_token=0.076, sim_latency_ms_per_token=0.07, sim_stall_ms_per_token=0.03,
              sim_busy_ms_per_token=0.041)
     case = {"context_length": 1024, "policy": "lru", "latency_ms": [0.074, 0.076], "plan": {}}
     if with_activity:
@@ -122,10 +141,13 @@ def test_the_report_sets_the_record_beside_the_simulator_and_the_configs_link(tm
     assert compare_activity.main([_result(tmp_path, True)]) == 0
     out = capsys.readouterr().out
     assert "untraced 0.075, traced 0.076, simulated 0.070" in out
-    assert "compute busy 0.040 (simulated arrays busy 0.041), waiting for copies 0.035 (simulated stall 0.030), other gaps 0.000" in out
-    # the copies' fit against hwconfigs/h100-pcie5.yaml's link and per-copy cost; the hand-off against its copy_wait_ns
-    assert "fit 50.0 GB/s + 3.0 us (config 55.116 GB/s, dma.setup_ns 2984)" in out
-    assert "hand-off median 2.0 us (compute.copy_wait_ns 1784)" in out
+    assert "record: complete, 2 kernels a token, first to last 0.075 ms a token" in out  # 150 us over 2 tokens
+    assert ("compute busy 0.040 (simulated arrays busy 0.041), gaps a copy ended in 0.035 (simulated stall 0.030), "
+            "other gaps 0.000; hand-off median 2.0 us (compute.copy_wait_ns 1784 ns)") in out
+    # each size's copies against hwconfigs/h100-pcie5.yaml's link: 2,984 ns + 1e6 B / 55.116 B/ns = 21,127.6 ns
+    assert "copies of 1000000 B alone: median 23.0 us over 1 (the config's link: 21.128 us" in out
+    assert "copies of 2000000 B alone: median 43.0 us over 1 (the config's link: 39.271 us" in out
+    assert "their fit: 50.0 GB/s + 3.0 us" in out
 
 
 def test_a_result_without_a_traced_case_is_refused_in_one_line(tmp_path, capsys):
@@ -138,6 +160,9 @@ def test_the_record_is_for_decode_replays_only(tmp_path):
 
     with pytest.raises(InputError, match="--activity: for decode steps"):
         run.main(["hwconfigs/h100-pcie5.yaml", "--prompts", "64", "--activity", "--out", str(tmp_path / "o")])
+    # the profiler stays attached once it has run: a second context's measured replays would run under it
+    with pytest.raises(InputError, match="--activity: one config and one context at a time"):
+        run.main(["hwconfigs/h100-pcie5.yaml", "--contexts", "512,1024", "--activity", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
 
 
@@ -161,9 +186,11 @@ def test_a_traced_cpu_replay_keeps_the_plans_simulated_times_and_finds_no_gpu_wo
     plan = build_plan(prep, prep.policies[0])
     slots = torch.zeros((plan.slots, prep.workload.expert_bytes), dtype=torch.uint8)
     copied = []
-    a = traced_replay(lambda: copied.append(replay(plan, step, host, slots, m.first_dense_layers)) or copied[-1], plan)
+    a = traced_replay(lambda: copied.append(replay(plan, step, host, slots, m.first_dense_layers)) or copied[-1], plan,
+                      plan.fetches)
     assert copied[0]["copied_bytes"] == plan.fetch_bytes
     assert a["kernels"] == 0
+    assert not a["complete"]  # the CPU's record holds none of the plan's copies
     assert a["sim_latency_ms_per_token"] == round(sum(plan.sim_latency_ms) / 3, 4)
     assert a["sim_busy_ms_per_token"] == round(sum(plan.sim_busy_ms) / 3, 4)
     # the simulator's token is its arrays' busy time and their idle time, of which the stall is part

@@ -7,14 +7,20 @@ torch.profiler) instead stamps every kernel and every copy with its start and en
 this module's summary of the record, in the simulator's terms:
 
 - the compute stream (the stream with the most kernel time): its kernels' busy time, and its idle gaps split into
-  waits for a copy (a host-to-device copy ended inside the gap) and the rest (launches, the host);
-- the hand-off: from the last copy that ended inside such a wait to the next kernel (compute.copy_wait_ns's
+  those a host-to-device copy ended inside (in a replay whose compute waits for its copies, LRU's, its waits; a
+  prefetch that lands during a launch gap counts too: the record says what ended when, not what waited for what)
+  and the rest (launches, the host);
+- the hand-off: from the last copy that ended inside such a gap to the next kernel (compute.copy_wait_ns's
   counterpart);
-- the copies: how many, their busy time, each copy's duration against its bytes fitted by least squares to
-  fixed + bytes / bandwidth (the link's keys, links.pcie.bandwidth_gbps and dma.setup_ns, measured beside the
-  replay's compute rather than on an idle GPU), the median duration per size;
-- each copy's start: where a compute kernel ended while its stream was idle, how long after that kernel (the copy
-  engine's start after a compute event), and otherwise how long after the copy before it on its stream ended.
+- the copies: how many, their busy time, and of those no other copy overlapped (a copy sharing the link runs
+  slower), the median duration per size, and where there are two sizes or more a least-squares fit to
+  fixed + bytes / bandwidth (the link's keys, measured beside the replay's compute rather than on an idle GPU);
+- each copy's start: where a compute kernel ended while its stream was idle, how long after the last kernel to end
+  (an on-demand copy's start after the compute event it waits for; for a prefetch, whatever kernel ended last), and
+  otherwise how long after the copy before it on its stream ended.
+
+A record is complete when it holds every copy the replay made (the profiler stops collecting when its buffer is full,
+and says so only in its log): the summary's "complete".
 
 Everything is per token of the replay, warm-up tokens included (the record has no token marks), so its counterpart is
 the simulator's mean over all of the plan's tokens (chipsim.hwreplay.compare_activity sets them side by side).
@@ -23,6 +29,7 @@ the simulator's mean over all of the plan's tokens (chipsim.hwreplay.compare_act
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -46,15 +53,15 @@ def activities_from_trace(trace: dict, label: str = "trace") -> list[Activity]:
     if not isinstance(events, list):
         raise InputError(f"{label}: no traceEvents list (not a torch.profiler Chrome trace)")
     gpu = [e for e in events if isinstance(e, dict) and _kind(e)]
-    if not gpu:
-        return []
-    t0 = min(float(e["ts"]) for e in gpu)
-    out = []
-    for e in gpu:
-        start = round((float(e["ts"]) - t0) * 1000)
-        args = e.get("args", {})
-        out.append(Activity(_kind(e), int(args.get("stream", e.get("tid", 0))), start,
-                            start + round(float(e["dur"]) * 1000), int(args.get("bytes", 0))))
+    try:
+        times = [(float(e["ts"]), float(e["dur"])) for e in gpu]
+        t0 = min((ts for ts, _ in times), default=0.0)
+        out = [Activity(_kind(e), int(e.get("args", {}).get("stream", e.get("tid", 0))), round((ts - t0) * 1000),
+                        round((ts - t0 + dur) * 1000), int(e.get("args", {}).get("bytes", 0)))
+               for e, (ts, dur) in zip(gpu, times)]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{label}: a kernel or copy event without a numeric ts, dur, stream or bytes "
+                         f"({type(exc).__name__}: {exc})") from None
     return sorted(out, key=lambda a: (a.start_ns, a.end_ns))
 
 
@@ -81,7 +88,7 @@ def _spread(xs: list[float]) -> dict:
     if not xs:
         return {"n": 0}
     s = sorted(xs)
-    at = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    at = lambda q: s[max(0, math.ceil(q * len(s)) - 1)]  # noqa: E731
     return {"n": len(s), "median_us": round(statistics.median(s) / 1e3, 3), "p10_us": round(at(0.1) / 1e3, 3),
             "p90_us": round(at(0.9) / 1e3, 3)}
 
@@ -123,6 +130,18 @@ def copy_fit(copies: list[Activity]) -> dict:
     return {"bandwidth_gbps": round(1 / slope, 3), "fixed_us": round((my - slope * mx) / 1e3, 3)}
 
 
+def lone(copies: list[Activity]) -> list[Activity]:
+    """The copies no other copy overlapped (each had the link to itself)."""
+    s = sorted(copies, key=lambda c: (c.start_ns, c.end_ns))
+    out, reach = [], -1  # reach: the latest end of the copies before
+    for i, c in enumerate(s):
+        nxt = s[i + 1].start_ns if i + 1 < len(s) else c.end_ns
+        if c.start_ns >= reach and nxt >= c.end_ns:
+            out.append(c)
+        reach = max(reach, c.end_ns)
+    return out
+
+
 def _by_size(copies: list[Activity]) -> list[dict]:
     sizes: dict[int, list[int]] = {}
     for c in copies:
@@ -159,6 +178,7 @@ def summarise(acts: list[Activity], tokens: int) -> dict:
     first, last = min(a.start_ns for a in acts), max(a.end_ns for a in acts)
     per_token = lambda ns: round(ns / tokens / 1e6, 4)  # noqa: E731
     after_kernel, between = copy_gaps(copies, sorted(k.end_ns for k in kernels))
+    alone = lone(copies)
     copy_busy = sum(b - a for a, b in _merged([(c.start_ns, c.end_ns) for c in copies]))
     return {
         "tokens": tokens, "span_ms_per_token": per_token(last - first), "kernels": len(kernels),
@@ -167,7 +187,8 @@ def summarise(acts: list[Activity], tokens: int) -> dict:
         "compute_waits_for_copies_ms_per_token": per_token(waiting),
         "compute_other_gaps_ms_per_token": per_token(other), "handoff": _spread(handoffs),
         "copies": {"n": len(copies), "streams": len({c.stream for c in copies}), "bytes": sum(c.bytes for c in copies),
-                   "busy_ms_per_token": per_token(copy_busy), "fit": copy_fit(copies), "by_size": _by_size(copies)},
+                   "busy_ms_per_token": per_token(copy_busy), "alone": len(alone), "fit": copy_fit(alone),
+                   "by_size": _by_size(alone)},
         "copy_start_after_kernel": _spread(after_kernel), "copy_after_copy": _spread(between),
     }
 
@@ -193,13 +214,15 @@ def record_activity(run) -> tuple[object, list[Activity]]:
     return result, activities_from_trace(trace, "activity trace")
 
 
-def traced_replay(run, plan) -> dict:
-    """run() (one replay of `plan`) under the activity record: the record's summary, per token of the replay's, the
-    replay's own token latency (its CUDA events) while traced, and the plan's simulated latency and stall over the
-    same tokens (as planned: the config the replay ran with) and its arrays' busy time."""
+def traced_replay(run, plan, copies: int) -> dict:
+    """run() (one replay of `plan`, making `copies` copies) under the activity record: the record's summary, per token
+    of the replay's, whether it holds every copy, the replay's own token latency (its CUDA events) while traced, and
+    the plan's simulated latency and stall over the same tokens (as planned: the config the replay ran with) and its
+    arrays' busy time."""
     res, acts = record_activity(run)
     lat, n = res["latency_ms"], len(plan.sim_latency_ms)
-    return {**summarise(acts, len(lat)), "latency_ms_per_token": round(sum(lat) / len(lat), 4),
+    s = summarise(acts, len(lat))
+    return {**s, "complete": s["copies"]["n"] == copies, "latency_ms_per_token": round(sum(lat) / len(lat), 4),
             "sim_latency_ms_per_token": round(sum(plan.sim_latency_ms) / n, 4),
             "sim_stall_ms_per_token": round(sum(map(sum, plan.sim_stall_ms)) / n, 4),
             "sim_busy_ms_per_token": round(sum(plan.sim_busy_ms) / n, 4)}
@@ -208,9 +231,8 @@ def traced_replay(run, plan) -> dict:
 def activity_text(a: dict) -> str:
     """The summary on a replay's log line."""
     if not a.get("kernels"):
-        return ", traced: no kernel in the record (a CPU dry run)"
-    fit = a["copies"].get("fit") or {}
-    return (f", traced {a['latency_ms_per_token']:.3f} ms/token (compute busy {a['compute_busy_ms_per_token']:.3f}, "
-            f"waiting for copies {a['compute_waits_for_copies_ms_per_token']:.3f}, other gaps "
-            f"{a['compute_other_gaps_ms_per_token']:.3f}; copies {fit.get('bandwidth_gbps', 'n/a')} GB/s + "
-            f"{fit.get('fixed_us', 'n/a')} us)")
+        return ": no kernel in the record (a CPU dry run)"
+    sizes = ", ".join(f"{b['bytes']} B {b['median_us']} us" for b in a["copies"]["by_size"][:3])
+    return (f" {a['latency_ms_per_token']:.3f} ms/token{'' if a['complete'] else ' (INCOMPLETE record)'}: compute busy "
+            f"{a['compute_busy_ms_per_token']:.3f}, waiting for copies {a['compute_waits_for_copies_ms_per_token']:.3f}, "
+            f"other gaps {a['compute_other_gaps_ms_per_token']:.3f}; copies alone {sizes or 'none'}")

@@ -27,20 +27,31 @@ def case_lines(meas: dict, config_keys: dict) -> list[str]:
         if not a.get("kernels"):
             out.append("  no kernel in the record (a CPU dry run)")
             continue
-        fit, h = a["copies"].get("fit", {}), a.get("handoff", {})
-        out += [f"  compute busy {a['compute_busy_ms_per_token']:.3f} (simulated arrays busy "
-                f"{a['sim_busy_ms_per_token']:.3f}), waiting for copies "
-                f"{a['compute_waits_for_copies_ms_per_token']:.3f} (simulated stall "
-                f"{a['sim_stall_ms_per_token']:.3f}), other gaps "
-                f"{a['compute_other_gaps_ms_per_token']:.3f}; hand-off median {h.get('median_us', float('nan'))} us "
-                f"(compute.copy_wait_ns {config_keys['copy_wait_ns']:.0f})",
-                f"  copies {a['copies']['n']} on {a['copies']['streams']} stream(s), busy "
-                f"{a['copies']['busy_ms_per_token']:.3f} ms a token, fit {fit.get('bandwidth_gbps', 'n/a')} GB/s + "
-                f"{fit.get('fixed_us', 'n/a')} us (config {config_keys['bandwidth_gbps']:.3f} GB/s, dma.setup_ns "
-                f"{config_keys['setup_ns']:.0f}); a copy's start after a kernel median "
-                f"{a['copy_start_after_kernel'].get('median_us', 'n/a')} us, after a copy "
-                f"{a['copy_after_copy'].get('median_us', 'n/a')} us"]
+        out += _record_lines(a, config_keys)
     return out
+
+
+def _record_lines(a: dict, keys: dict) -> list[str]:
+    h, c = a.get("handoff", {}), a["copies"]
+    fit = c.get("fit") or {}
+    model_us = lambda n: (keys["setup_ns"] + n / keys["bandwidth_gbps"]) / 1e3  # noqa: E731  (1 GB/s = 1 B/ns)
+    lines = [f"  record: {'complete' if a['complete'] else 'INCOMPLETE (copies missing: the profiler buffer filled)'}"
+             f", {a['kernels'] / a['tokens']:.0f} kernels a token, first to last "
+             f"{a['span_ms_per_token']:.3f} ms a token (the traced replay's events: {a['latency_ms_per_token']:.3f})",
+             f"  compute busy {a['compute_busy_ms_per_token']:.3f} (simulated arrays busy {a['sim_busy_ms_per_token']:.3f}),"
+             f" gaps a copy ended in {a['compute_waits_for_copies_ms_per_token']:.3f} (simulated stall "
+             f"{a['sim_stall_ms_per_token']:.3f}), other gaps {a['compute_other_gaps_ms_per_token']:.3f}; hand-off "
+             f"median {h.get('median_us', 'n/a')} us (compute.copy_wait_ns {keys['copy_wait_ns']:.0f} ns)",
+             f"  copies {c['n']} on {c['streams']} stream(s), {c['alone']} with the link to themselves, busy "
+             f"{c['busy_ms_per_token']:.3f} ms a token; a copy's start after a kernel median "
+             f"{a['copy_start_after_kernel'].get('median_us', 'n/a')} us, after a copy "
+             f"{a['copy_after_copy'].get('median_us', 'n/a')} us"]
+    lines += [f"  copies of {b['bytes']} B alone: median {b['median_us']} us over {b['n']} (the config's link: "
+              f"{model_us(b['bytes']):.3f} us = dma.setup_ns {keys['setup_ns']:.0f} + bytes at "
+              f"{keys['bandwidth_gbps']:.3f} GB/s)" for b in c["by_size"]]
+    if fit:
+        lines.append(f"  their fit: {fit['bandwidth_gbps']} GB/s + {fit['fixed_us']} us")
+    return lines
 
 
 def _config_keys(meas: dict, path: str) -> dict:

@@ -120,8 +120,6 @@ def _host_alone_text(res: dict) -> str:
 
 def _replay_line(ctx: int, label: str, res: dict, plan, prep, warm: int) -> str:
     """A decode replay's log line: measured against simulated, and what else the replay recorded."""
-    from chipsim.hwreplay.activity import activity_text
-
     lat = res["latency_ms"][warm:]
     mean = sum(lat) / len(lat)
     sim = plan.sim_latency_ms[warm:]
@@ -136,8 +134,7 @@ def _replay_line(ctx: int, label: str, res: dict, plan, prep, warm: int) -> str:
                f"{res['host_compute_us_median']:.1f} us (simulated {plan_host_us(prep):.1f})"
                if res.get("host_experts") else "")
             + (f", stall {sum(s[2] for s in res['stall_ms'] if s[0] >= warm) / len(lat):.3f} ms/token (simulated "
-               f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if "stall_ms" in res else "")
-            + (activity_text(res["activity"]) if "activity" in res else ""))
+               f"{sum(map(sum, plan.sim_stall_ms[warm:])) / len(lat):.3f})" if "stall_ms" in res else ""))
 
 
 def replay_config(config: str, contexts: list[int], policies: list[str] | None, jobs: int, log=print,
@@ -147,7 +144,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
                   op_spans: bool = False, activity: bool = False) -> dict:
     import torch
 
-    from chipsim.hwreplay.activity import traced_replay
+    from chipsim.hwreplay.activity import activity_text, traced_replay
     from chipsim.hwreplay.harness import GpuDecodeStep, replay
     from chipsim.hwreplay.nvml import open_gpu
 
@@ -175,6 +172,7 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
     log(f"  {_memory_word(pinned, device)}{host.numel() / 2**30:.2f} GiB of experts in host memory, {slots} GPU slots, in {time.perf_counter() - t1:.1f} s")
     cases = []
     for ctx in contexts:
+        traced = []  # (case, plan, replay options) to replay once more under the activity record
         prep = prepare(config, [*overrides, f"workload.context_length={ctx}"], policies or ())
         groups = primitive_ops(prep.config.hw)
         step = GpuDecodeStep(groups, m.num_layers, m.first_dense_layers, device, gemv=gemv)
@@ -193,13 +191,15 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             res["repeat_energy"] = [r["energy"] for r in again]
             if stalls:
                 res["repeat_stall_ms"] = [r["stall_ms"] for r in again]
-            if activity:  # once more, under the GPU's activity record (the measured replays are done)
-                res["activity"] = traced_replay(
-                    lambda: replay(plan, step, host, gpu_slots, m.first_dense_layers, **{**kw, "gpu": None}), plan)
             log(_replay_line(ctx, policy.label, res, plan, prep, hw.workload.warmup_tokens))
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           **({"warm_replays": 1} if warm_replay else {}),
                           "kernels_per_group": step.kernels_per_group, **res})
+            traced.append((cases[-1], plan, kw))
+        for case, plan, kw in traced if activity else ():  # after every measured replay (--activity: one context)
+            case["activity"] = traced_replay(lambda: replay(plan, step, host, gpu_slots, m.first_dense_layers, **{
+                **kw, "gpu": None, "stalls": False, "op_spans": False}), plan, case["copies"])
+            log(f"  ctx {ctx} {case['policy']:12} traced{activity_text(case['activity'])}")
         del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -523,10 +523,10 @@ def _parser() -> OneLineParser:
                          "steps as raw CUDA runtime calls, chipsim/hwreplay/cudart.py: a few microseconds per copy; "
                          "needs --graphs)")
     ap.add_argument("--activity", action="store_true",
-                    help="decode steps: replay each plan once more under the GPU's own activity record (CUPTI through "
-                         "torch.profiler: every kernel's and copy's start and end, no event on any stream) and keep its "
-                         "summary (chipsim.hwreplay.activity): compute busy, waits for copies, hand-offs, the copies' "
-                         "own rate; the measured replays are not traced")
+                    help="decode steps, one context: after every measured replay, replay each plan once more under "
+                         "the GPU's own activity record (CUPTI through torch.profiler: every kernel's and copy's start "
+                         "and end, no event on any stream, without --stalls' or --op-spans' events) and keep its "
+                         "summary (chipsim.hwreplay.activity; read with python -m chipsim.hwreplay.compare_activity)")
     return ap
 
 
@@ -549,6 +549,9 @@ def _checked_options(a) -> tuple[list[int], list[int] | None, list[str]]:
         raise InputError(f"--repeats {a.repeats}: expected a whole number >= 1")
     if a.activity and (a.prompts is not None or a.batch is not None or a.served):
         raise InputError("--activity: for decode steps (not with --prompts, --batch or --served)")
+    if a.activity and (len(contexts) > 1 or len(a.configs) > 1):  # the profiler stays attached once it has run
+        raise InputError("--activity: one config and one context at a time (a replay measured after a traced one "
+                         "would be measured with the profiler attached)")
     if a.warm_replay and (a.prompts is not None or a.batch is not None or a.served):
         raise InputError("--warm-replay: for decode steps (the prefill, batch and served replays always replay once "
                          "unmeasured first)")

@@ -25,9 +25,10 @@
 #         first, the lease's own link (its cold fit; both by validation/regimes/lease_sets.py, after step): ProMoE
 #         decides by the steps' and copies' times, so this is the like-for-like replay for comparing with everything
 #         the lease measured set (the file's overrides; hwcompare needs no +KEY=VALUE)   -> OUT/q4-keyed/
-# activity: q4's plans and the cached LRU plan replayed as q4 and cached are, then once more under the GPU's activity
-#         record (run --activity: every kernel's and copy's start and end from CUPTI, no event on any stream):
-#         where a token's time goes on the GPU against the simulator (python -m chipsim.hwreplay.activity FILE)
+# activity: q4's plans and the cached LRU plan replayed once unmeasured and once measured, then once more under the
+#         GPU's activity record (run --activity: every kernel's and copy's start and end from CUPTI, no event on any
+#         stream): where a token's time goes on the GPU against the simulator
+#         (python -m chipsim.hwreplay.compare_activity FILE)
 #                                                           -> OUT/q4-activity/, OUT/cached-activity/
 # Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
 # commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
@@ -93,8 +94,8 @@ if step keyed; then
   fi
 fi
 if step activity; then  # the record of ~10^5 kernels a plan takes its export and reading: a longer timeout
-  TIMEOUT=300 replay q4-activity --activity $Q4
-  TIMEOUT=200 replay cached-activity --activity --set expert_buffer.capacity_mib=5376 --policy lru
+  TIMEOUT=240 replay q4-activity --activity --repeats 1 $Q4
+  TIMEOUT=180 replay cached-activity --activity --repeats 1 --set expert_buffer.capacity_mib=5376 --policy lru
 fi
 if step stalls; then
   S="--stalls"
