@@ -22,7 +22,7 @@ def test_copies_of_two_sizes_fit_the_link_they_ran_at():
     # 1 MB at 50 GB/s is 20,000 ns, 2 MB 40,000; each plus 3,000 ns
     copies = [_copy(0, MB), _copy(30_000, 2 * MB), _copy(80_000, MB), _copy(110_000, 2 * MB)]
     assert [c.end_ns - c.start_ns for c in copies] == [23_000, 43_000, 23_000, 43_000]
-    assert copy_fit(copies) == {"bandwidth_gbps": 50.0, "fixed_us": 3.0}
+    assert copy_fit(copies) == {"bandwidth_gbps": 50.0, "intercept_us": 3.0, "max_rel_residual": 0.0}
 
 
 def test_copies_of_one_size_have_no_fit():
@@ -70,7 +70,7 @@ def test_a_two_token_record_summed_by_hand():
     assert s["compute_waits_for_copies_ms_per_token"] == 0.0345  # (25 + 44) us / 2
     assert s["compute_other_gaps_ms_per_token"] == 0.002  # 4 us / 2
     assert s["handoff"] == {"n": 2, "median_us": 1.5, "p10_us": 1.0, "p90_us": 2.0}
-    assert s["copies"]["fit"] == {"bandwidth_gbps": 50.0, "fixed_us": 3.0}
+    assert s["copies"]["fit"] == {"bandwidth_gbps": 50.0, "intercept_us": 3.0, "max_rel_residual": 0.0}
     assert s["copies"]["busy_ms_per_token"] == 0.033  # (23 + 43) us / 2
     assert s["copies"]["bytes"] == 3 * MB and s["copies"]["streams"] == 1
     assert s["copy_start_after_kernel"]["median_us"] == 0.0  # both start as a kernel ends

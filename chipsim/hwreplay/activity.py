@@ -14,7 +14,7 @@ this module's summary of the record, in the simulator's terms:
   counterpart);
 - the copies: how many, their busy time, and of those no other copy overlapped (a copy sharing the link runs
   slower), the median duration per size, and where there are two sizes or more a least-squares fit to
-  fixed + bytes / bandwidth (the link's keys, measured beside the replay's compute rather than on an idle GPU);
+  intercept + bytes / bandwidth (the link's keys, measured beside the replay's compute rather than on an idle GPU);
 - each copy's start: where a compute kernel ended while its stream was idle, how long after the last kernel to end
   (an on-demand copy's start after the compute event it waits for; for a prefetch, whatever kernel ended last), and
   otherwise how long after the copy before it on its stream ended.
@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass
 
 from chipsim.errors import InputError
+from chipsim.hwreplay.fits import fit_intercept_and_rate
 
 TRACE_MAX_BYTES = 2 << 30  # a 144-token Granite-3B replay: 2.3e5 kernels and 2.4e4-8.2e4 copies, well under this
 
@@ -118,16 +119,11 @@ def compute_gaps(busy: list[tuple[int, int]], copy_ends: list[int]) -> tuple[int
 
 
 def copy_fit(copies: list[Activity]) -> dict:
-    """Each copy's duration = fixed + bytes / bandwidth, least squares (needs two sizes at least)."""
-    xs = [float(c.bytes) for c in copies]
-    ys = [float(c.end_ns - c.start_ns) for c in copies]
-    if len(set(xs)) < 2:
+    """Each copy's duration = intercept + bytes / bandwidth, the copy microbenchmark's least-squares fit (needs two
+    sizes at least)."""
+    if len({c.bytes for c in copies}) < 2:
         return {}
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    if slope <= 0:
-        return {}
-    return {"bandwidth_gbps": round(1 / slope, 3), "fixed_us": round((my - slope * mx) / 1e3, 3)}
+    return fit_intercept_and_rate([c.bytes for c in copies], [(c.end_ns - c.start_ns) / 1e3 for c in copies])
 
 
 def lone(copies: list[Activity]) -> list[Activity]:

@@ -50,7 +50,7 @@ def _record_lines(a: dict, keys: dict) -> list[str]:
               f"{model_us(b['bytes']):.3f} us = dma.setup_ns {keys['setup_ns']:.0f} + bytes at "
               f"{keys['bandwidth_gbps']:.3f} GB/s)" for b in c["by_size"]]
     if fit:
-        lines.append(f"  their fit: {fit['bandwidth_gbps']} GB/s + {fit['fixed_us']} us")
+        lines.append(f"  their fit: {fit['bandwidth_gbps']} GB/s + {fit['intercept_us']} us")
     return lines
 
 

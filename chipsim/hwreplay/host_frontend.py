@@ -32,7 +32,7 @@ import time
 import torch
 
 from chipsim.hwreplay.gpu_sleep import sleep_cycles_per_ms
-from chipsim.hwreplay.microbench import fit_intercept_and_rate
+from chipsim.hwreplay.fits import fit_intercept_and_rate
 
 MIB = 1 << 20
 

@@ -41,20 +41,11 @@ import torch
 
 from chipsim.errors import InputError, run_module_main
 from chipsim.files import write_atomic
+from chipsim.hwreplay.fits import fit_intercept_and_rate
 from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_bytes, weight_views
 from chipsim.hwreplay.ops import GEMV_KERNELS
 
 KIB, MIB = 1 << 10, 1 << 20
-
-
-def fit_intercept_and_rate(sizes_bytes, times_us) -> dict:
-    """Least squares t = a + N / B; B in GB/s (1e9 B/s), a in µs."""
-    x = np.asarray(sizes_bytes, dtype=np.float64)
-    y = np.asarray(times_us, dtype=np.float64)
-    slope, intercept = np.polyfit(x, y, 1)
-    resid = y - (intercept + slope * x)
-    return {"bandwidth_gbps": round(1e-3 / slope, 3), "intercept_us": round(float(intercept), 3),
-            "max_rel_residual": round(float(np.max(np.abs(resid) / y)), 4)}
 
 
 def _time_us(fn, reps: int, stream) -> float:

@@ -195,8 +195,9 @@ def replay_config(config: str, contexts: list[int], policies: list[str] | None, 
             cases.append({"context_length": ctx, "policy": policy.label, "plan": plan.to_json(),
                           **({"warm_replays": 1} if warm_replay else {}),
                           "kernels_per_group": step.kernels_per_group, **res})
-            traced.append((cases[-1], plan, kw))
-        for case, plan, kw in traced if activity else ():  # after every measured replay (--activity: one context)
+            if activity:
+                traced.append((cases[-1], plan, kw))
+        for case, plan, kw in traced:  # after every measured replay (--activity: one context)
             case["activity"] = traced_replay(lambda: replay(plan, step, host, gpu_slots, m.first_dense_layers, **{
                 **kw, "gpu": None, "stalls": False, "op_spans": False}), plan, case["copies"])
             log(f"  ctx {ctx} {case['policy']:12} traced{activity_text(case['activity'])}")

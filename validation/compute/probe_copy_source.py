@@ -24,7 +24,7 @@ import subprocess
 
 import torch
 
-from chipsim.hwreplay.microbench import fit_intercept_and_rate  # the microbenchmark's own t = a + N/B fit
+from chipsim.hwreplay.fits import fit_intercept_and_rate  # the microbenchmark's own t = a + N/B fit
 
 MIB = 1 << 20
 SIZES = (256 << 10, MIB, 1216512, 4 * MIB, 4718592, 16 * MIB)  # 1216512, 4718592: a Granite-3B expert, 4- and 16-bit
