@@ -4,8 +4,8 @@
 # when the device lacks it):
 #
 #     GPU=h100 bash validation/regimes/measure-bare.sh OUT [STEPS]   (STEPS: any of link step q4 q8 cached stalls keyed
-#                                                                     activity; default all; GPU=h100 or h200,
-#                                                                     default h100)
+#                                                                     activity long dma; default all; GPU=h100 or
+#                                                                     h200, default h100)
 #     DRY_RUN=1 bash validation/regimes/measure-bare.sh OUT          (the replays on this machine's CPU, 3 tokens)
 #
 # Why: a CUDA event with timing, recorded on the compute stream, costs the GPU about 1-1.3 µs alone and 5-6.5 µs while
@@ -30,27 +30,37 @@
 #         stream): where a token's time goes on the GPU against the simulator
 #         (python -m chipsim.hwreplay.compare_activity FILE)
 #                                                           -> OUT/q4-activity/, OUT/cached-activity/
+# long:   long context: the attention shapes at 8,192 and 32,768 that the config lacks, each timed alone as the profile
+#         times every shape (microbench --gemv cublas --missing-from; none on a config that has them), then the
+#         experts cached at those contexts, LRU and ProMoE -> OUT/$GPU-op-times-long.json, OUT/long/
+#         (afterwards: the config written again by its header's command with --op-times-extra that file)
+# dma:    thor.yaml's DMA semantics (two copy engines, demand first, prefetches paused at 256 KiB chunk boundaries
+#         while a demand is live, abandoned at routing stopped), the PCIe-bound buffer, static-4, APEX, ProMoE and
+#         LRU, one graph per op group (a segment ends at every copy synchronisation, and the copy schedule has many)
+#                                                                         -> OUT/dma/
 # Each replayed once unmeasured and three times measured (--warm-replay --repeats 3). Afterwards, on any machine:
 # commit the files (validation/$GPU/README.md) and compare with the link keys the lease's copies give
 # (hwcompare --regime NAME FILE+links.pcie.bandwidth_gbps=B+dma.setup_ns=S: the cold fit of OUT/$GPU-copy-source.json).
 set -uo pipefail
-OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls] [keyed] [activity]}
+OUT=${1:?usage: measure-bare.sh OUT [link] [step] [q4] [q8] [cached] [stalls] [keyed] [activity] [long] [dma]}
 shift
-WHAT=" ${*:-link step q4 q8 cached stalls keyed activity} "
+WHAT=" ${*:-link step q4 q8 cached stalls keyed activity long dma} "
 GPU_DEFAULT=h100
 source validation/regimes/device-env.sh  # OUT, LOG, simpy, PYTHONPATH, pynvml, GPU, CFG, PROBES; the card
 DEVICE=cuda
 REPEATS=3
 TOKENS=()
 G="--graphs --segments"
+DMA_LAUNCH="--graphs"
 if [[ -n "${DRY_RUN:-}" ]]; then
   DEVICE=cpu
   REPEATS=1
   TOKENS=(--set workload.max_tokens=3 --set workload.warmup_tokens=1)
   G=""
+  DMA_LAUNCH=""
 fi
 CFG=hwconfigs/$GPU-pcie5.yaml
-R="python -m chipsim.hwreplay.run $CFG --contexts 1024 --repeats $REPEATS --device $DEVICE --warm-replay $G"
+R="python -m chipsim.hwreplay.run $CFG --contexts 1024 --repeats $REPEATS --device $DEVICE --warm-replay"
 step() { [[ "$WHAT" == *" $1 "* ]]; }
 echo "measure-bare: $GPU on $DEVICE, $(date -u +%FT%TZ)" | tee -a "$LOG"
 probe() {  # step, output name, probe script and its options: a GPU probe (skipped on the CPU), its JSON into OUT
@@ -63,10 +73,10 @@ probe() {  # step, output name, probe script and its options: a GPU probe (skipp
   timeout -k 5 120 python "$@" > "$OUT/$GPU-$file.json" 2>> "$LOG"
   echo "$name: exit $? ($(date -u +%T))" | tee -a "$LOG"
 }
-replay() {  # name, then the replay's own options (TIMEOUT: seconds, default 150)
-  local name=$1
+replay() {  # name, then the replay's own options (TIMEOUT: seconds, default 150; LAUNCH: default $G; a later
+  local name=$1  # --contexts wins over R's)
   shift
-  timeout -k 5 "${TIMEOUT:-150}" $R "$@" "${TOKENS[@]}" --out "$OUT/$name" >> "$LOG" 2>&1
+  timeout -k 5 "${TIMEOUT:-150}" $R ${LAUNCH-$G} "$@" "${TOKENS[@]}" --out "$OUT/$name" >> "$LOG" 2>&1
   echo "replay $name: exit $? ($(date -u +%T))" | tee -a "$LOG"
 }
 POLICIES="--policy lru --policy promoe"
@@ -96,6 +106,23 @@ fi
 if step activity; then  # the record of ~10^5 kernels a plan takes its export and reading: a longer timeout
   TIMEOUT=240 replay q4-activity --activity --repeats 1 $Q4
   TIMEOUT=180 replay cached-activity --activity --repeats 1 --set expert_buffer.capacity_mib=5376 --policy lru
+fi
+if step long; then
+  MISSING=$(python -c "import sys; from chipsim.hwreplay.microbench import decode_shapes
+print(len(decode_shapes([sys.argv[1]], [8192, 32768], [], [sys.argv[1]])))" "$CFG" 2>> "$LOG")
+  if [[ $DEVICE == cuda && ${MISSING:-0} != 0 ]]; then
+    timeout -k 5 120 python -m chipsim.hwreplay.microbench --gemv cublas --shapes-from "$CFG" --contexts 8192,32768 \
+        --missing-from "$CFG" --out "$OUT/$GPU-op-times-long.json" >> "$LOG" 2>&1
+    echo "long op times: exit $? ($(date -u +%T))" | tee -a "$LOG"
+  else
+    echo "long op times: skipped (on a CPU, or the config has every shape: ${MISSING:-none} missing)" | tee -a "$LOG"
+  fi
+  TIMEOUT=200 replay long --contexts 8192,32768 --set expert_buffer.capacity_mib=5376 $POLICIES
+fi
+if step dma; then
+  DMA="--set dma.engines=2 --set dma.demand_first=true --set dma.demand_preempts_prefetch=true"
+  DMA="$DMA --set dma.cancel_in_flight=true --policy static-4 --policy apex --policy promoe --policy lru"
+  LAUNCH=$DMA_LAUNCH TIMEOUT=200 replay dma $DMA
 fi
 if step stalls; then
   S="--stalls"
