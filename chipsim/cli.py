@@ -748,20 +748,39 @@ def _cmd_hwreplay(argv: list[str]) -> int:
     return run.main(argv)
 
 
-def _profile_without_compiled_engine(argv: list[str]) -> int | None:
+def _profile_without_compiled_engine(argv: list[str], specs: list[str] | None) -> int | None:
     """cProfile sees no time inside the engine compiled by mypyc: `run --profile` then runs the same command in a
-    fresh process whose engine is loaded from its .py files (CHIPSIM_PURE_PYTHON=1; the results are the same)."""
+    fresh process whose engine is loaded from its .py files (CHIPSIM_PURE_PYTHON=1; the results are the same). The
+    process runs the same program (the chipsim script, `-m chipsim.cli`, or a user's script that registers policies
+    of its own and calls main), so the policies it defines exist there too."""
     import subprocess
 
     import chipsim.sim
 
     if not chipsim.sim.BUILD.startswith("compiled"):
         return None
-    child = subprocess.run([sys.executable, "-m", "chipsim.cli", *argv], capture_output=True, text=True,
+    child = subprocess.run([sys.executable, *_this_program(specs), *argv], capture_output=True, text=True,
                            env=dict(os.environ, CHIPSIM_PURE_PYTHON="1"))
     sys.stdout.write(child.stdout)
     sys.stderr.write(child.stderr)
     return child.returncode
+
+
+def _this_program(specs: list[str] | None) -> list[str]:
+    """The interpreter arguments that start this command again with the same policies: chipsim's own module where
+    every policy it runs is chipsim's (`specs`: its --policy values; none given, every registered policy counts),
+    else the script that registered the others (run as `python SCRIPT`)."""
+    from chipsim.policies import REGISTRY
+
+    named = {part.partition(":")[0].strip() for spec in specs or [] for part in spec.split("+")}
+    outside = sorted(name for name, cls in REGISTRY.items()
+                     if not cls.__module__.startswith("chipsim.") and (not specs or name in named))
+    if not outside:
+        return ["-m", "chipsim.cli"]
+    if getattr(sys.modules.get("__main__"), "__spec__", None) is None and sys.argv and os.path.isfile(sys.argv[0]):
+        return [sys.argv[0]]
+    raise InputError(f"--profile: policies {', '.join(outside)} are not chipsim's and this program cannot be run "
+                     "again to profile them with the engine as Python; set CHIPSIM_PURE_PYTHON=1 to profile here")
 
 
 class _FirstCtrlC:
@@ -811,7 +830,7 @@ def _main(argv) -> int:
             return compare.main(argv[1:])
         args = parser.parse_args(argv)
         if args.func is _cmd_run and args.profile:
-            rc = _profile_without_compiled_engine(argv)
+            rc = _profile_without_compiled_engine(argv, args.policy)
             if rc is not None:
                 return rc
         return args.func(args)

@@ -141,3 +141,23 @@ def test_a_cells_code_hashes_alike_in_every_process():
     digests = {subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONHASHSEED=seed),
                               capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}
     assert len(digests) == 1
+
+
+def test_the_example_script_profiles_its_own_policy_under_the_compiled_engine(tmp_path):
+    """`python docs/examples/my_policy.py run ... --profile`: where the engine is compiled, the profile runs in a
+    fresh process of the same script, so its policy exists there (a child of `-m chipsim.cli` knew no `repeat`); the
+    profiled table is a plain run's."""
+    import subprocess
+
+    import chipsim.sim
+
+    if not chipsim.sim.BUILD.startswith("compiled"):
+        pytest.skip("the engine is Python here: --profile runs in the same process")
+    base = [sys.executable, EXAMPLE, "run", THOR, "--policy", "repeat", "--set", "workload.max_tokens=4", "--json",
+            "--jobs", "1"]
+    env = dict(os.environ, CHIPSIM_CACHE_DIR=str(tmp_path))
+    plain = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path)
+    profiled = subprocess.run(base + ["--profile"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert plain.returncode == 0 and profiled.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert "slowest policy hook (cumulative): repeat on_route" in profiled.stderr

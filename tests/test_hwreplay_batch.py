@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from chipsim.errors import InputError
 from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hwreplay.ops import batch_step_ops, prefill_expert_ops
 from chipsim.hwreplay.plan import build_plan
@@ -153,7 +154,7 @@ def test_a_cpu_dry_run_copies_exactly_the_plans_bytes_and_launches_each_primitiv
 def test_hwreplay_batch_writes_a_measurement_that_hwcompare_sets_beside_the_simulator(tiny_h200, tmp_path, one_thread):
     """The CLI's CPU dry run of the tiny batch, then hwcompare's batch regime: decisions and bytes come out of the plan
     again, each step's measured latency is its mean over the measured replays, the error is simulated less measured
-    over measured; a folder not measured yet gives no section."""
+    over measured; an empty folder (replays not run yet) gives no section, a path that is not there is refused."""
     from chipsim.hwreplay.compare_batch import batch_lines, batch_regimes
 
     out = tmp_path / "out"
@@ -161,6 +162,7 @@ def test_hwreplay_batch_writes_a_measurement_that_hwcompare_sets_beside_the_simu
                           "--repeats", "2", "--jobs", "1", "--out", str(out)]) == 0
     meas = json.loads((out / "t.json").read_text())
     assert (meas["batch"], meas["steps"], meas["contexts"]) == (4, 3, [8])
+    (tmp_path / "not-yet").mkdir()
     [(name, [row])] = batch_regimes([["batch", str(out), str(tmp_path / "not-yet")]], jobs=1)
     [case] = meas["cases"]
     steps = [(a + b) / 2 for a, b in zip(case["latency_ms"], case["repeat_latency_ms"][0])]
@@ -170,6 +172,8 @@ def test_hwreplay_batch_writes_a_measurement_that_hwcompare_sets_beside_the_simu
     assert "energy_error_pct" not in row  # a dry run reads no energy
     assert "| 4 | 8 | no-prefetch | 3 |" in "\n".join(batch_lines(name, [row]))
     assert batch_regimes([["batch", str(tmp_path / "not-yet")]], jobs=1) == []
+    with pytest.raises(InputError, match="^--batch-regime .*not-ye: no such file or folder$"):
+        batch_regimes([["batch", str(out), str(tmp_path / "not-ye")]], jobs=1)
 
 
 def test_an_empty_batch_folder_leaves_the_report_byte_for_byte(tmp_path):

@@ -6,6 +6,7 @@ hwcompare sets a measured TTFT beside the simulated one. Bad input is one line a
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -162,7 +163,8 @@ def test_the_prefill_step_offers_all_the_replay_asks_of_a_step(tiny_h200):
 def test_hwreplay_prompts_writes_a_measurement_that_hwcompare_sets_beside_the_simulator(tiny_h200, tmp_path, capsys):
     """The CLI's CPU dry run of the tiny request, then hwcompare's prefill regime: the decisions and bytes come out of
     the plan again, the measured TTFT is the mean of the measured replays' chunk sums, the error is simulated less
-    measured over measured; a folder not measured yet gives no section."""
+    measured over measured; an empty folder (replays not run yet) gives no section, a path that is not there is
+    refused in one line."""
     pytest.importorskip("torch")
     from chipsim.hwreplay.compare_prefill import prefill_lines, prefill_regimes
 
@@ -172,6 +174,7 @@ def test_hwreplay_prompts_writes_a_measurement_that_hwcompare_sets_beside_the_si
     meas = json.loads((out / "t.json").read_text())
     assert meas["prefill"] and [(c["prompt_tokens"], c["policy"]) for c in meas["cases"]] == [(16, "on-demand"),
                                                                                                (32, "on-demand")]
+    (tmp_path / "not-yet").mkdir()
     [(name, rows)] = prefill_regimes([["prefill", str(out), str(tmp_path / "not-yet")]], jobs=1)
     for row, case in zip(rows, meas["cases"]):
         measured = (sum(case["latency_ms"]) + sum(case["repeat_latency_ms"][0])) / 2
@@ -181,6 +184,10 @@ def test_hwreplay_prompts_writes_a_measurement_that_hwcompare_sets_beside_the_si
         assert "energy_error_pct" not in row  # a dry run reads no energy
     assert "| 16 | on-demand | 1 |" in "\n".join(prefill_lines(name, rows))
     assert prefill_regimes([["prefill", str(tmp_path / "not-yet")]], jobs=1) == []
+    (out / "notes.txt").write_text("a file that is no measurement")
+    for typo, words in ((tmp_path / "not-ye", "no such file or folder"), (out / "notes.txt", "not a .json")):
+        with pytest.raises(InputError, match=f"^--prefill-regime {re.escape(str(typo))}: {words}"):
+            prefill_regimes([["prefill", str(out), str(typo)]], jobs=1)
 
 
 def test_the_boards_energy_over_a_replay_is_set_beside_the_simulated_prefill(tmp_path):

@@ -138,6 +138,7 @@ def test_hwreplay_served_writes_a_measurement_that_hwcompare_sets_beside_the_sim
                           "no-prefetch", "--device", "cpu", "--repeats", "2", "--jobs", "1", "--out", str(out)]) == 0
     meas = json.loads((out / "t.json").read_text())
     assert meas["served"] and meas["requests"] == 4
+    (tmp_path / "not-yet").mkdir()
     [(name, [row])] = served_regimes([["served", str(out), str(tmp_path / "not-yet")]], jobs=1)
     [case] = meas["cases"]
     steps = [(a + b) / 2 for a, b in zip(case["latency_ms"], case["repeat_latency_ms"][0])]

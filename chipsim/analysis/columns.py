@@ -17,7 +17,8 @@ RUN_COLUMNS: dict[str, str] = {
     "latency_p99_ms": "decode-step wall time per token, 99th percentile (ms)",
     "stall_ms_per_token": ("array time spent waiting only for expert bytes (or the host that issues them: "
                            "host_frontend), per token (ms)"),
-    "energy_mj_per_token": "total energy per token (mJ): the four categories below summed",
+    "energy_mj_per_token": ("total energy per token (mJ): on-chip + off-chip + idle + host CPU (the expert link's "
+                            "energy is part of off-chip)"),
     "energy_onchip_active_mj": "energy of the in-package components' actions per token (arrays, SRAM, operand "
                                "memory and link; mJ)",
     "energy_offchip_io_mj": "energy of the actions outside the package per token (expert store, expert link; mJ)",

@@ -98,10 +98,14 @@ def table_columns() -> str:
     """The columns of the table `chipsim run` prints (chipsim.analysis.report.TABLE_COLUMNS), each with the
     results.csv column it shows and that column's meaning."""
     from chipsim.analysis.columns import RUN_COLUMNS
-    from chipsim.analysis.report import TABLE_COLUMNS
+    from chipsim.analysis.report import HOST_COLUMN, TABLE_COLUMNS
 
-    return _table(("table column", "results.csv column", "meaning"),
-                  [(header, _code(key), RUN_COLUMNS[key]) for header, key, _ in TABLE_COLUMNS])
+    rows = [(header, _code(key), RUN_COLUMNS[key]) for header, key, _ in TABLE_COLUMNS]
+    host, key, _ = HOST_COLUMN
+    rows.insert(8, (host, _code(key), RUN_COLUMNS[key] + "; shown only where a policy computes experts there"))
+    link = [i for i, row in enumerate(rows) if row[1] == _code("energy_expert_link_mj")][0]
+    rows[link] = (rows[link][0] + " (the expert link's name: cxl on thor-cxl)",) + rows[link][1:]
+    return _table(("table column", "results.csv column", "meaning"), rows)
 
 
 def experiments() -> str:

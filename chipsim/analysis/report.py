@@ -29,6 +29,8 @@ TABLE_COLUMNS = [
     ("off-chip MB", "expert_link_bytes_per_token", "{:.1f}"),
     ("overlap", "overlap", "{:.3f}"),
 ]
+# inserted after idle where any row's policy computes experts on the host CPU
+HOST_COLUMN = ("host", "energy_host_cpu_mj", "{:.2f}")
 
 # flat columns written to results.csv (and the keys every JSON row has)
 CSV_COLUMNS = [
@@ -212,7 +214,7 @@ def table_columns(rows: list[dict]) -> list[tuple[str, str, str]]:
     columns = [(_DISPLAY.get(link, link) or "link", key, fmt) if key == "energy_expert_link_mj" else (head, key, fmt)
                for head, key, fmt in TABLE_COLUMNS]
     if any(row.get("energy_host_cpu_mj") for row in rows):  # only policies that use the host CPU have it
-        columns.insert(8, ("host", "energy_host_cpu_mj", "{:.2f}"))
+        columns.insert(8, HOST_COLUMN)
     if rows and rows[0].get("batch", 1) > 1:  # per step of B tokens, then per output token
         columns += [("tok/s", "tokens_per_s", "{:.1f}"), ("mJ/tok", "energy_mj_per_output_token", "{:.2f}")]
     if rows and "tokens_per_step" in rows[0]:  # per verify step, then per output token

@@ -108,8 +108,8 @@ def report_markdown(experiments: list[dict], out_dir: str, report_path: str, met
         "",
         "Written by `chipsim reproduce` from the saved results; every chipsim number below is read from the "
         "sweeps (`results.csv` / `sweep.json` under the output directory), none is typed by hand. The paper "
-        "numbers are the papers' own (APEX, arXiv 2608.11688; SPICE, arXiv 2608.21240), each section naming the "
-        "figure or table they come from. No parameter was tuned to close a gap; "
+        "numbers are the papers' own (APEX, arXiv 2608.11688; SPICE, arXiv 2608.21240; FloE, ICML 2025, "
+        "arXiv 2505.05950), each section naming the figure or table they come from. No parameter was tuned to close a gap; "
         "where a single parameter would, the row names it.",
         "",
         "ratio = chipsim / paper (midpoints of ranges); difference = chipsim − paper, in the row's unit. "

@@ -115,7 +115,7 @@ def batch_lines(name: str, rows: list[dict]) -> list[str]:
 
 
 def batch_regimes(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
-    """Each --batch-regime NAME PATH...: its name and rows; a regime whose paths hold no file yet is left out."""
+    """Each --batch-regime NAME PATH...: its name and rows; a regime whose folders hold no file yet is left out."""
     return replay_regimes("--batch-regime", specs, compare_batch_file, jobs)
 
 

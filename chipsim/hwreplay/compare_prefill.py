@@ -158,15 +158,19 @@ def table_source(rows: list[dict]) -> str:
     return ", ".join(sorted({r["machine_config"] for r in rows}))
 
 
-def prefill_files(paths: list[str]) -> list[str]:
-    """The measurement files of --prefill-regime's paths: a .json file as named (it must exist), a folder's *.json;
-    a folder not measured yet (absent or empty) gives none, so the regime appears once its files exist."""
+def prefill_files(paths: list[str], option: str = "--prefill-regime") -> list[str]:
+    """The measurement files of a regime's paths: a .json file as named (it must exist), a folder's *.json; an
+    empty folder (made for replays not run yet) gives none, a path that does not exist is refused (a typo)."""
     out = []
     for path in paths:
+        if not os.path.exists(path):
+            raise InputError(f"{option} {path}: no such file or folder")
         if os.path.isdir(path):
             out += sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
         elif path.endswith(".json"):
-            out.append(path)  # read_input_text refuses it in one line if it is missing
+            out.append(path)
+        else:
+            raise InputError(f"{option} {path}: not a .json measurement file or a folder of them")
     return out
 
 
@@ -220,12 +224,12 @@ def prefill_regimes(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]
 
 def replay_regimes(option: str, specs: list[list[str]], compare_file, jobs: int) -> list[tuple[str, list]]:
     """Each `option` NAME PATH...: its name and the rows `compare_file(path, jobs)` gives for every replay file the
-    paths hold; a regime whose paths hold no file yet is left out."""
+    paths hold; a regime whose folders hold no file yet is left out."""
     out = []
     for spec in specs:
         if len(spec) < 2:
             raise InputError(f"{option} {' '.join(spec)}: expected a name and at least one file or folder")
-        rows = [row for path in prefill_files(spec[1:]) for row in compare_file(path, jobs)]
+        rows = [row for path in prefill_files(spec[1:], option) for row in compare_file(path, jobs)]
         if rows:
             out.append((spec[0], rows))
     return out

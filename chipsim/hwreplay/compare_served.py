@@ -161,7 +161,7 @@ def served_lines(name: str, rows: list[dict]) -> list[str]:
 
 
 def served_regimes(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
-    """Each --served-regime NAME PATH...: its name and rows; a regime whose paths hold no file yet is left out."""
+    """Each --served-regime NAME PATH...: its name and rows; a regime whose folders hold no file yet is left out."""
     return replay_regimes("--served-regime", specs, compare_served_file, jobs)
 
 

@@ -488,7 +488,8 @@ def _parser() -> OneLineParser:
     ap.add_argument("--policy", action="append", default=None, metavar="SPEC",
                     help="policy to replay (repeatable; default: each config's run.policies)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key (repeatable), e.g. workload.max_tokens=8 for a dry run")
+                    help="override a config key (repeatable), e.g. workload.max_tokens=4 and workload.warmup_tokens=1 "
+                         "for a dry run (the GPU configs warm up 16 tokens)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                     help="processes building the plans (default: cores)")
     ap.add_argument("--out", required=True, help="folder: one <config name>.json per config")
