@@ -34,3 +34,14 @@ def run_module_main(main) -> None:
         print(f"chipsim: error: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)
+
+
+def torch_device(torch, name: str, option: str = "--device"):
+    """torch.device(name), or one line naming the option where torch knows no such device or sees no CUDA GPU."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise InputError(f"{option} {name}: not a torch device ({str(exc).splitlines()[0]})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"{option} {name}: torch {torch.__version__} sees no CUDA GPU (--device cpu runs on the CPU)")
+    return device

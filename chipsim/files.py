@@ -107,19 +107,28 @@ def read_input_text(path: str, what: str, max_bytes: int) -> str:
         raise InputError(f"{label}: not UTF-8 text (byte {exc.start})") from None
 
 
-def read_json(path: str | None, what: str = "JSON file", max_bytes: int = JSON_MAX_BYTES):
-    """A JSON file named on a command line, or None when not named; one clear line when it cannot be read."""
+def read_json(path: str | None, what: str = "JSON file", max_bytes: int = JSON_MAX_BYTES, unique_keys: bool = False):
+    """A JSON file named on a command line, or None when not named; one clear line when it cannot be read, or,
+    with `unique_keys`, when an object names a key twice (json keeps the last silently; YAML inputs refuse it)."""
     import json
 
     if not path:
         return None
     text = read_input_text(path, what, max_bytes)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
     except RecursionError:
         raise InputError(f"{what} {path}: not JSON (nested too deeply)") from None
     except ValueError as exc:
         raise InputError(f"{what} {path}: not JSON ({exc})") from None
+
+
+def _unique_keys(pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"key {twice[0]!r} given twice in one object")
+    return dict(pairs)
 
 
 def cache_dir(kind: str) -> str:

@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 import simpy
@@ -326,6 +327,20 @@ def test_the_4bit_shapes_timed_are_those_the_bf16_profile_lacked():
     with open(os.path.join(ROOT, "validation", "compute", "h200-op-times-q4.json")) as f:
         assert {r["key"] for r in json.load(f)["op_times"]} == {p.key for p in new}
     assert decode_shapes([g, d], [1024], ["model.expert_bits=4"], [g]) == []
+
+
+@pytest.mark.parametrize("device, message", [("bogus", "--device bogus: not a torch device"),
+                                             ("cuda:0", "--device cuda:0: torch")])
+def test_a_device_torch_does_not_know_or_cannot_reach_is_one_line_and_nothing_made(tmp_path, device, message):
+    torch = pytest.importorskip("torch")
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    from chipsim.hwreplay.run import main
+
+    with pytest.raises(InputError, match=f"^{re.escape(message)}"):
+        main([_config(tmp_path), "--device", device, "--policy", "lru", "--contexts", "512", "--jobs", "1",
+              "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_replay_of_fp32_experts_is_refused_in_one_line(tmp_path):

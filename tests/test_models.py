@@ -200,6 +200,10 @@ GPT_OSS = dict(hf_config.bundled_record("gpt-oss-20b")["config"])
     (json.dumps(dict(QWEN3, use_sliding_window=True)), ["use_sliding_window", "which layers slide"]),
     (json.dumps(dict(GPT_OSS, layer_types=[["sliding_attention"]] * 24)), ["layer_types has"]),
     (json.dumps(dict(GPT_OSS, quantization_config="mxfp4")), ["quantization_config must be a mapping"]),
+    (json.dumps(dict(QWEN3, quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True})),
+     ["quantization_config", "bitsandbytes", "remove quantization_config"]),
+    (json.dumps(dict(QWEN3, hidden_act="gelu")), ["hidden_act 'gelu'", "chipsim costs 'silu'"]),
+    (json.dumps(QWEN3)[:-1] + ', "hidden_size": 4096}', ["not JSON", "'hidden_size' given twice"]),
 ])
 def test_bad_config_json_is_one_line_before_any_work(tmp_path, text, fragments):
     path = _config_json(tmp_path, text)
@@ -227,7 +231,25 @@ def test_a_key_the_format_decides_cannot_be_set_beside_it():
 
 def test_models_of_an_unknown_name_or_a_bad_file(tmp_path):
     assert_rejected(["models", "no-such-model"], "unknown model 'no-such-model'")
-    assert_rejected(["models", _config_json(tmp_path, "[]")], "expected a JSON object")
+    path = _config_json(tmp_path, "[]")
+    assert_rejected(["models", path], f"chipsim models {path}: expected a JSON object")  # the path said once
+
+
+def test_a_quantised_checkpoint_s_format_is_read_and_said(tmp_path, capsys):
+    """quantization_config names the format the checkpoint ships its experts in: DeepSeek-V3's and Qwen3's FP8
+    configs give E4M3 with 128 x 128 blocks (8 bits plus one 32-bit scale per 16,384 weights), gpt-oss mxfp4; the
+    bytes printed are that format's."""
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    for quant, name in ((fp8, "fp8-e4m3-block128"), (dict(fp8, weight_block_size=None), "fp8-e4m3"),
+                        ({"quant_method": "gptq", "bits": 4}, "int4"), ({"quant_method": "mxfp4"}, "mxfp4")):
+        path = _config_json(tmp_path, json.dumps(dict(QWEN3, quantization_config=quant)))
+        assert main(["models", path]) == 0
+        out = capsys.readouterr().out
+        assert f"the checkpoint ships its experts as {name}" in out
+        m = hf_config.read_config_file(path, "t")
+        assert f"bytes per expert: {expert_bytes(m, name) / 1e6:.3f} MB as {name}" in out
+    weights = 3 * 2048 * 768  # Qwen3-30B-A3B: gate, up, down of hidden 2048 x expert FFN 768
+    assert expert_bytes(m, "fp8-e4m3-block128") == weights + 3 * (2048 * 768 // (128 * 128)) * 4
 
 
 def test_a_sweep_of_a_config_json_model_recomputes_when_the_file_changes(tmp_path, monkeypatch):

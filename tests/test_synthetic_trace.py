@@ -20,6 +20,7 @@ from chipsim.errors import InputError
 from chipsim.trace import format as fmt
 from chipsim.trace import predictor_arrays as pa
 from chipsim.tracegen.synthetic import SyntheticParams, generate, write
+from chipsim.tracegen.synthetic import main as synthetic_main
 from chipsim.workload.models import MODELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,6 +250,17 @@ def test_bad_parameters_are_input_errors():
             generate(G1B, SyntheticParams(**bad))
     with pytest.raises(InputError, match="unknown model"):
         generate("granite-9000", SyntheticParams(num_tokens=8))
+
+
+def test_a_trace_too_large_to_generate_is_refused_before_any_array(tmp_path):
+    """OLMoE's 16 MoE layers of 64 experts: 2^28 / 1,024 = 262,144 tokens at most; one more is one line, exit 2,
+    and no file (it asked for hundreds of GiB before)."""
+    assert (1 << 28) // (16 * 64) == 262_144
+    out = tmp_path / "x.npz"
+    assert synthetic_main(["--model", "olmoe-1b-7b", "--tokens", "262145", "--out", str(out)]) == 2
+    assert not out.exists()
+    with pytest.raises(InputError, match="at most 262,144 tokens of olmoe-1b-7b"):
+        generate("olmoe-1b-7b", SyntheticParams(num_tokens=262_145))
 
 
 # ---------------------------------------------------------------------------------------------------

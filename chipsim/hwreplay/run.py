@@ -38,7 +38,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from chipsim.errors import InputError, OneLineParser, run_module_main
+from chipsim.errors import InputError, OneLineParser, run_module_main, torch_device
 from chipsim.files import check_output_dir, write_atomic
 from chipsim.hw.config import load_config
 from chipsim.hwreplay.ops import GEMV_KERNELS, primitive_ops
@@ -582,8 +582,7 @@ def main(argv=None) -> int:
         import torch
     except ImportError:
         raise InputError("chipsim hwreplay needs torch with CUDA (pip install torch on the GPU machine)") from None
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {a.device}: torch {torch.__version__} sees no CUDA GPU (--device cpu for a dry run)")
+    torch_device(torch, a.device)  # a name torch knows, and a GPU where it names one: before --out is made
     if not prompts and a.batch is None and not a.served:
         os.makedirs(a.out, exist_ok=True)
     for config, name in zip(a.configs, names):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chipsim.errors import InputError, OneLineParser, run_module_main
+from chipsim.errors import InputError, OneLineParser, run_module_main, torch_device
 from chipsim.files import GIB, check_input, check_output_file, read_input, write_atomic
 from chipsim.trace import format as tformat
 from chipsim.trace import predictor_arrays
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg):
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch_device(torch, a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_local_model(a.model, device=device.type, dtype=getattr(torch, a.dtype))
     counts = model_counts(model)
     name = a.shape or matching_shape(counts) or counts["hf_architecture"]

@@ -66,6 +66,9 @@ from chipsim.workload.hf_config import read_config_file
 from chipsim.workload.models import MODELS, ModelShape, get_model, resolve
 
 GENERATOR = "chipsim.tracegen.synthetic"
+# tokens x MoE layers x experts the generator may hold as router logits at once: its peak memory is about 13 B a
+# logit (20,000 OLMoE tokens, 20.5 M logits: 406 MB resident), so ~3.5 GB here
+MAX_LOGITS = 1 << 28
 PILOT_TOKENS = (128, 384)  # pilot run calibrating the reuse keep-probabilities: num_tokens clipped to this
 CALIBRATION_ROWS = 8192  # token-layers used to solve each predictor's noise scale
 REPORT_TAUS = (0.6, 0.75, 0.9, 0.97)
@@ -695,6 +698,10 @@ def generate(model: ModelShape | str, params: SyntheticParams | None = None) -> 
     _check_model(model)
     n, k = model.num_experts, model.top_k
     n_layers, n_tokens = model.num_moe_layers, p.num_tokens
+    if n_tokens * n_layers * n > MAX_LOGITS:
+        raise InputError(f"synthetic.num_tokens {n_tokens:,}: x {n_layers} MoE layers x {n} experts is more router "
+                         f"logits than the {MAX_LOGITS:,} the generator holds at once (~13 B each at its peak): at "
+                         f"most {MAX_LOGITS // (n_layers * n):,} tokens of {model.name}")
     streams = dict(zip(_STREAMS, np.random.default_rng(p.seed).spawn(len(_STREAMS))))
     draws, routed_sets = _draw_routing(streams, n_tokens, n_layers, n, k, p)
     z, routed_ids = _router_logits(streams["router"], draws.pop, routed_sets, p.router_gap, p.router_logit_scale)

@@ -242,11 +242,7 @@ def _gpt_oss(f: _Fields) -> dict:
     alternate = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]  # GptOssConfig's default
     shape.update(_sliding(f, layers, default_types=alternate, default_window=128),
                  attention_bias=f.bool("attention_bias", True))
-    quant = f.cfg.get("quantization_config") or {}
-    if not isinstance(quant, dict):
-        raise f._bad("quantization_config", f"must be a mapping, not {quant!r}")
-    shape.update(attention_sinks=True, expert_bias=True, router_bias=True, expert_activation="swiglu_clamped",
-                 published_expert_format="mxfp4" if quant.get("quant_method") == "mxfp4" else "")
+    shape.update(attention_sinks=True, expert_bias=True, router_bias=True, expert_activation="swiglu_clamped")
     return shape
 
 
@@ -265,6 +261,31 @@ def _ernie4_5_moe(f: _Fields) -> dict:
     if start:
         shape["dense_ffn"] = f.int("intermediate_size")
     return shape
+
+
+def _published_format(f: _Fields) -> str:
+    """The experts' format as the checkpoint ships them (quantization_config), named as chipsim's expert formats
+    (chipsim/hw/expert_formats.py), for `chipsim models`; a run's own precision is model.expert_bits or
+    model.expert_format. A method chipsim does not know is refused rather than costed as BF16 unsaid."""
+    quant = f.cfg.get("quantization_config")
+    if quant is None:
+        return ""
+    if not isinstance(quant, dict):
+        raise f._bad("quantization_config", f"must be a mapping, not {quant!r}")
+    method, bits = quant.get("quant_method"), quant.get("bits")
+    if method == "mxfp4":
+        return "mxfp4"
+    if method == "fp8" and quant.get("fmt", "e4m3") == "e4m3":
+        block = quant.get("weight_block_size")
+        if block is None:
+            return "fp8-e4m3"
+        if block == [128, 128]:
+            return "fp8-e4m3-block128"
+    if method in ("gptq", "awq") and bits in (4, 8) and not isinstance(bits, bool):
+        return f"int{bits}"
+    raise f._bad("quantization_config", f"{quant!r}: chipsim reads fp8 (E4M3, per tensor or 128 x 128 blocks), "
+                 "mxfp4 and 4- or 8-bit gptq/awq; remove quantization_config to cost the experts as BF16, or set "
+                 "model.expert_format")
 
 
 READERS = {
@@ -303,7 +324,8 @@ def shape_from_config(cfg, where: str, name: str, source: str = "") -> ModelShap
         raise InputError(f"{where}: model_type {model_type!r} is not an architecture chipsim costs "
                          f"(supported: {supported()})")
     f = _Fields(cfg, where, model_type)
-    shape = ModelShape(name=name, source=source, **reader(f))
+    f.absent_or("hidden_act", ("silu", "swish"), "another activation in the experts and dense MLPs")
+    shape = ModelShape(name=name, source=source, published_expert_format=_published_format(f), **reader(f))
     _check(shape, where)
     return shape
 
@@ -324,7 +346,7 @@ def _check(m: ModelShape, where: str) -> None:
 
 def read_config_file(path: str, where: str) -> ModelShape:
     """A Hugging Face config.json on disk (the name shown is its folder's, as a downloaded snapshot is named)."""
-    cfg = read_json(path, f"{where}: config.json", CONFIG_MAX_BYTES)
+    cfg = read_json(path, f"{where}: config.json", CONFIG_MAX_BYTES, unique_keys=True)
     name = Path(os.path.abspath(path)).parent.name or Path(path).stem
     return shape_from_config(cfg, f"{where} {path}", name=name, source=str(path))
 

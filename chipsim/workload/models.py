@@ -85,5 +85,5 @@ def resolve(name_or_path: str) -> ModelShape:
     if os.path.sep in name_or_path or name_or_path.endswith((".json", ".yaml", ".yml")):
         if name_or_path.endswith((".yaml", ".yml")):
             return hf_config.read_bundled(Path(name_or_path))
-        return hf_config.read_config_file(name_or_path, name_or_path)
+        return hf_config.read_config_file(name_or_path, "chipsim models")
     return get_model(name_or_path)
