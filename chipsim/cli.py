@@ -151,38 +151,68 @@ def _cmd_reproduce(args) -> int:
     loaded = [ex.load_experiment(ex.find_experiment(n, args.experiments)) for n in names]  # all checked first
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError(f"--out {args.out}: exists and is not a directory")
+    if args.report:
+        _check_report_path(args.report)
     timings = {}
     t_all = time.perf_counter()
     # every experiment's results in one pool first (the experiments then only read them from the cache)
+    frames = {}
     simulated = ex.simulate_experiments(loaded, args.out, jobs=args.jobs, extra_overrides=args.set or (),
-                                        progress=not args.quiet)
+                                        progress=not args.quiet, frames=frames)
     simulate_seconds = time.perf_counter() - t_all
+    for exp in loaded:  # what only the results tell, for every experiment before any of them is written
+        _check_results(exp, frames.pop(exp["name"]), exp["source"])
     print(f"simulated {simulated} results for {len(loaded)} experiments: {simulate_seconds:.1f} s")
     for exp in loaded:
         seconds = ex.run_experiment(exp, args.out, jobs=args.jobs, extra_overrides=args.set or (),
                                     progress=not args.quiet)
-        saved = [e for e in ex.saved_experiments(args.out) if e["name"] == exp["name"]][0]
-        files = plots.draw(saved, args.out)
+        files = plots.draw(ex.saved_experiment(args.out, exp["name"]), args.out)
         timings[exp["name"]] = round(seconds, 2)
         print(f"{exp['name']}: {seconds:.1f} s; {', '.join(files)}")
     write_atomic(os.path.join(args.out, "timings.json"),
                  json.dumps({"simulate_seconds": round(simulate_seconds, 2), "seconds": timings,
                              "total_seconds": round(time.perf_counter() - t_all, 2)}, indent=1)
                  + "\n", what="--out")
-    ran = {e["name"] for e in loaded}
-    _write_report([e for e in ex.saved_experiments(args.out) if e["name"] in ran], args.out,
+    _write_report([ex.saved_experiment(args.out, e["name"]) for e in loaded], args.out,
                   args.report or os.path.join(args.out, "REPRODUCTION.md"))
     return 0
+
+
+def _check_report_path(report: str) -> None:
+    """Before any work: REPRODUCTION.md can be written at `report` (its folder made where missing, as it will be)."""
+    from chipsim.files import check_output_dir
+
+    check_output_dir(os.path.dirname(os.path.abspath(report)), [os.path.basename(report)], "--report")
+
+
+def _check_results(exp: dict, frame, label: str, out_dir: str | None = None) -> None:
+    """What only an experiment's results tell, before any figure or report is written: each column it names is
+    in them, its plot draws something, its compare rows fill (`frame`: load_results' (DataFrame, rows); `label`:
+    the file the experiment came from). With `out_dir`, its saved results.csv files are read and checked too."""
+    from chipsim.analysis import experiments as ex
+    from chipsim.analysis import plots, reproduction
+
+    df, rows = frame
+    ex.check_results(exp, df, label)
+    plots.check(exp, df, rows, label)
+    reproduction.compare_rows(exp, df, label)
+    if out_dir is not None:
+        reproduction.load_csv_results(exp, out_dir)
 
 
 def _cmd_plot(args) -> int:
     from chipsim.analysis import experiments as ex
     from chipsim.analysis import plots
 
-    saved = ex.saved_experiments(args.dir)
+    saved = ex.saved_experiments(args.dir)  # each experiment.json checked as load_experiment checks its file
+    report = args.report or os.path.join(args.dir, "REPRODUCTION.md")
+    _check_report_path(report)
+    for exp in saved:  # every experiment's saved results read and checked before any figure is drawn
+        _check_results(exp, ex.load_results(exp, args.dir), os.path.join(args.dir, exp["name"], "experiment.json"),
+                       args.dir)
     for exp in saved:
         print(", ".join(plots.draw(exp, args.dir)))
-    _write_report(saved, args.dir, args.report or os.path.join(args.dir, "REPRODUCTION.md"))
+    _write_report(saved, args.dir, report)
     return 0
 
 

@@ -532,6 +532,45 @@ def _cases_paths() -> list:
     return out
 
 
+EXPERIMENT = (f"title: t\npaper: p\nconfig: {THOR}\ngrid: {{dma.engines: [1, 2]}}\npolicies: [no-prefetch]\n"
+              "overrides: [workload.max_tokens=3]\n")
+EXPERIMENT_PLOT = {"kind": "line", "x": "dma.engines", "y": "latency_ms_per_token", "xlabel": "engines",
+                   "ylabel": "y (ms)"}
+EXPERIMENT_ROW = "{what: a, paper: 1, metric: latency_ms_per_token, where: {policy: no-prefetch}, why: w}"
+
+
+def _experiment_case(plot: dict, more: str = ""):
+    """`chipsim reproduce` of a small experiment (thor, two points, no-prefetch, 3 tokens) with one field changed."""
+    def setup(tmp, argv):
+        fields = ", ".join(f"{k}: {v}" for k, v in {**EXPERIMENT_PLOT, **plot}.items())
+        _write(tmp, "bad.yaml", EXPERIMENT + f"plot: {{{fields}}}\n" + more)
+        return ["reproduce", "bad", "--experiments", tmp, "--out", os.path.join(tmp, "o"), "--quiet", "--jobs", "1"]
+    return setup
+
+
+def _cases_experiments() -> list:
+    """An experiment file's plot and compare fields: each bad one refused in one line before anything runs."""
+    plots = {f"plot.{k} {v}": {k: v} for k, v in (
+        ("x", "nosuch"), ("y", "nosuch"), ("series", "nosuch"), ("annotate", "nosuch"), ("title", "[1, 2]"),
+        ("secondary_x", "3"), ("ylim", "abc"), ("ylim", "[.nan, 1]"), ("ylim", "[5, 1]"), ("yfactor", ".inf"),
+        ("yfactor", "true"), ("where", "{nosuch: 1}"), ("where", "{policy: apex}"),
+        ("normalize", "{column: policy, value: no-prefetch}"))}
+    plots.update({"bar normalize 3": {"kind": "bar", "normalize": "3"},
+                  "bar normalize nosuch": {"kind": "bar", "normalize": "{column: nosuch, value: 1}"},
+                  "bar normalize apex": {"kind": "bar", "normalize": "{column: policy, value: apex}"},
+                  "stack nosuch": {"kind": "stacked_bar", "stack": "{nosuch: a}"},
+                  "per_layer nosuchfield": {"kind": "per_layer", "y": "nosuchfield"}})
+    out = [(f"experiment: {name}", [], _experiment_case(plot), False, True) for name, plot in plots.items()]
+    rows = {"metric nosuch": ("metric: latency_ms_per_token", "metric: nosuch"),
+            "vs nosuch": ("why: w", "vs: nosuch, why: w"), "where 3": ("where: {policy: no-prefetch}", "where: 3"),
+            "where nosuch": ("{policy: no-prefetch}", "{nosuch: 1}"), "paper .nan": ("paper: 1", "paper: .nan"),
+            "paper reversed": ("paper: 1", "paper: [5, 1]")}
+    for name, (old, new) in rows.items():
+        row = EXPERIMENT_ROW.replace(old, new)
+        out.append((f"experiment: compare {name}", [], _experiment_case({}, f"compare: [{row}]\n"), False, True))
+    return out
+
+
 def _edited_standard_case(key: str, name: str, old: str, new: str):
     """A copy of a built-in DRAM standard with one line changed, given to memory.<m>.standard."""
     def setup(tmp, argv):
@@ -700,7 +739,8 @@ def cases() -> list[tuple[str, list[str], object, bool, bool]]:
     }
     for name, argv in misc.items():
         out.append((f"cli: {name}", argv, None, False, True))
-    for more in (_cases_caches, _cases_provenance_packaging, _cases_policy_boundary, _cases_paths, _cases_physics):
+    for more in (_cases_caches, _cases_provenance_packaging, _cases_policy_boundary, _cases_paths, _cases_physics,
+                 _cases_experiments):
         out.extend(more())
     return out
 

@@ -81,6 +81,51 @@ plot: {{kind: line, x: workload.context_length, y: latency_ms_per_token, xlabel:
     (lambda t: t.replace("kind: line", "kind: gain, baseline: apex") + "grid_mode: one_at_a_time\n",
      "plot.baseline 'apex': must be one of the policies"),
     (lambda t: t + "table: [{{metric: fallback_rate, label: x, format: '{{:q}}'}}]\n", "table[0].format"),
+    # every field the plot, compare rows and table name, checked before anything is simulated or written
+    (lambda t: t.replace("x: workload.context_length", "x: nosuch"), "plot.x: no result column 'nosuch'"),
+    (lambda t: t.replace("y: latency_ms_per_token", "y: nosuch"), "plot.y: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: line, series: nosuch"), "plot.series: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: line, annotate: nosuch"), "plot.annotate: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: stacked_bar, stack: {{nosuch: a}}"),
+     "plot.stack: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: bar, normalize: 3"), "plot.normalize: expected {column"),
+    (lambda t: t.replace("kind: line", "kind: bar, normalize: {{column: nosuch, value: 1}}"),
+     "plot.normalize: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: line, normalize: {{column: policy, value: no-prefetch}}"),
+     "plot.normalize: a line plot does not draw it"),
+    (lambda t: t.replace("kind: line", "kind: line, secondary_x: 3"), "plot.secondary_x: expected {label"),
+    (lambda t: t.replace("kind: line", "kind: line, title: [1, 2]"), "plot.title: expected a string"),
+    (lambda t: t.replace("kind: line", "kind: line, ylim: abc"), "plot.ylim: expected [low, high]"),
+    (lambda t: t.replace("kind: line", "kind: line, ylim: [.nan, 1]"), "plot.ylim: expected [low, high]"),
+    (lambda t: t.replace("kind: line", "kind: line, ylim: [5, 1]"), "plot.ylim: expected [low, high]"),
+    (lambda t: t.replace("kind: line", "kind: line, yfactor: .inf"), "plot.yfactor: give one positive finite"),
+    (lambda t: t.replace("kind: line", "kind: line, yfactor: true"), "plot.yfactor: give one positive finite"),
+    (lambda t: t.replace("kind: line", "kind: line, where: {{nosuch: 1}}"), "plot.where: no result column 'nosuch'"),
+    (lambda t: t.replace("kind: line", "kind: line, where: {{policy: apex}}"),
+     "plot.where: policy 'apex' selects no result"),
+    (lambda t: t.replace("kind: line", "kind: line, where: {{workload.context_length: 1024}}"),
+     "plot.where: workload.context_length 1024 selects no result"),
+    (lambda t: t.replace("kind: line", "kind: bar, normalize: {{column: policy, value: apex}}"),
+     "plot.normalize: policy 'apex' selects no result"),
+    (lambda t: t.replace("kind: line", "kind: per_layer").replace("y: latency_ms_per_token", "y: nosuchfield"),
+     "plot.y: 'nosuchfield' is not a per-layer field"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: nosuch, where: {{}}, why: w}}]\n",
+     "compare[0].metric: no result column 'nosuch'"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: policy, where: {{}}, why: w}}]\n",
+     "compare[0].metric: 'policy' holds words"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: {{}}, vs: nosuch, why: w}}]\n",
+     "compare[0].vs: expected a mapping"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: 3, why: w}}]\n",
+     "compare[0].where: expected a mapping"),
+    (lambda t: t + "compare: [{{what: a, paper: 1, metric: latency_ms_per_token, where: {{nosuch: 1}}, why: w}}]\n",
+     "compare[0].where: no result column 'nosuch'"),
+    (lambda t: t + "compare: [{{what: a, paper: .nan, metric: latency_ms_per_token, where: {{}}, why: w}}]\n",
+     "compare[0].paper: expected a number or [low, high] (finite, low <= high)"),
+    (lambda t: t + "compare: [{{what: a, paper: [5, 1], metric: latency_ms_per_token, where: {{}}, why: w}}]\n",
+     "compare[0].paper: expected a number or [low, high] (finite, low <= high)"),
+    (lambda t: t + "paper_points: [{{series: no-prefetch, x: 512, metric: latency_ms_per_token, value: [5, 1]}}]\n",
+     "paper_points[0].value: expected a number or [low, high] (finite, low <= high), got [5, 1]"),
+    (lambda t: t + "table: [{{metric: fallback_rate, label: x, factor: .inf}}]\n", "table[0].factor"),
 ])
 def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
     text = edit(GOOD).format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
@@ -92,6 +137,67 @@ def test_bad_experiment_is_one_line_exit_2(tmp_path, capsys, edit, fragment):
     assert err.count("\n") == 1 and err.startswith("chipsim: error: ")
     assert fragment in err
     assert not out.exists()  # checked before anything is written
+
+
+def _files(folder) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs)
+
+
+def test_every_named_experiment_is_checked_before_any_is_run(tmp_path, capsys):
+    """`reproduce ok bad`: a bad file refuses the command before ok is simulated; a column only the results can
+    lack (a policy's own metric, here APEX's tau where only no-prefetch ran) refuses it right after simulating,
+    before anything of either experiment is written (only the results cache remains)."""
+    good = GOOD.format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
+    (tmp_path / "ok.yaml").write_text(good)
+    (tmp_path / "bad.yaml").write_text(good.replace("kind: line", "kind: line, title: [1, 2]"))
+    out = tmp_path / "out"
+    argv = ["reproduce", "ok", "bad", "--experiments", str(tmp_path), "--out", str(out), "--quiet", "--jobs", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.yaml: plot.title: expected a string" in err and not out.exists()
+    (tmp_path / "bad.yaml").write_text(good.replace("kind: line", "kind: line, annotate: tau"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.yaml: plot.annotate: no result column 'tau' in this experiment's results" in err
+    assert all(f.startswith("cache" + os.sep) for f in _files(out))  # no ok/, no bad/, no figure, no report
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory):
+    """A reproduce DIR of one small experiment (two points), its figures and report removed."""
+    folder = tmp_path_factory.mktemp("plot")
+    good = GOOD.format(config=os.path.join(ROOT, "hwconfigs", "thor.yaml"))
+    (folder / "ok.yaml").write_text(good.replace("[512]", "[512, 1024]"))
+    out = folder / "out"
+    assert cli.main(["reproduce", "ok", "--experiments", str(folder), "--out", str(out), "--quiet", "--jobs", "1"]) == 0
+    for name in ("ok/ok.png", "ok/ok.pdf", "REPRODUCTION.md"):
+        (out / name).unlink()
+    return out
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda d: (d / "ok" / "results.csv").write_text("garbage\n1,2\n"),
+     "ok/results.csv: no column 'policy' (not a results.csv chipsim wrote)"),
+    (lambda d: (d / "ok" / "results.csv").unlink(), "ok/results.csv: missing"),
+    (lambda d: (d / "ok" / "experiment.json").write_text(
+        (d / "ok" / "experiment.json").read_text().replace('"x": "workload.context_length"', '"x": "nosuch"')),
+     "ok/experiment.json: plot.x: no result column 'nosuch'"),
+    (lambda d: (d / "ok" / "experiment.json").write_text(
+        (d / "ok" / "experiment.json").read_text().replace('"kind": "line"', '"kind": "line", "ylim": [1, 1]')),
+     "ok/experiment.json: plot.ylim: expected [low, high]"),
+    (lambda d: (d / "ok" / "sweep.json").write_text(
+        (d / "ok" / "sweep.json").read_text().replace('"latency_ms_per_token"', '"latency"')),
+     "ok/experiment.json: plot.y: no result column 'latency_ms_per_token' in this experiment's results"),
+])
+def test_plot_checks_every_saved_file_before_drawing_any(reproduced, tmp_path, capsys, damage, fragment):
+    out = tmp_path / "out"
+    shutil.copytree(reproduced, out)
+    damage(out)
+    before = _files(out)
+    assert cli.main(["plot", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("chipsim: error: ") and fragment in err, err
+    assert _files(out) == before  # no figure, no report, no temporary file
 
 
 def test_unknown_experiment_name_is_one_line_exit_2(tmp_path, capsys):

@@ -152,6 +152,29 @@ def test_normalised_bar_plot_draws_the_range_on_the_policys_bar():
         plt.close(fig)
 
 
+def test_a_figure_with_nothing_to_draw_is_refused_in_one_line_naming_the_field():
+    """What only the results tell (plots.check, run before any figure is drawn): a normalised bar with no baseline
+    row at one of its bars, a per_layer plot whose rows lack its field, a gain plot without its baseline."""
+    from chipsim.errors import InputError
+
+    exp = load("apex_fig13")
+    df = pd.DataFrame([{"config": c, "policy": p, "edp_mj_ms": 1.0} for c in exp["config_names"]
+                       for p in exp["policies"] if not (c == exp["config_names"][1] and p == "no-prefetch")])
+    with pytest.raises(InputError, match=r"^fig13.yaml: plot.normalize: no result with policy = 'no-prefetch' at "
+                                         rf"config = '{exp['config_names'][1]}'"):
+        plots.check(exp, df, [], "fig13.yaml")
+    exp = load("apex_fig8")
+    df = pd.DataFrame([{"policy": p} for p in exp["policies"]])
+    rows = [{"policy": p, "per_layer": {"recall": [1.0]}} for p in exp["policies"]]
+    with pytest.raises(InputError, match="^fig8.yaml: plot.y: no result the plot selects has the per-layer field"):
+        plots.check(exp, df, rows, "fig8.yaml")
+    exp = load("sensitivity_dram_queue")
+    key = exp["plot"]["panels"][0]
+    df = pd.DataFrame([{"parameter": key, "value": 1, "policy": "apex", "latency_ms_per_token": 1.0}])
+    with pytest.raises(InputError, match=f"^q.yaml: plot.baseline: no result of 'no-prefetch' in the {key} panel"):
+        plots.check(exp, df, [{}], "q.yaml")
+
+
 def test_yfactor_scales_bars_and_paper_values_alike():
     exp = load("spice_ablation")
     df = pd.DataFrame([{"config": "thor-deepseek-v2-lite", "expert_buffer.capacity_mib": mib, "policy": p,

@@ -35,19 +35,22 @@ import math
 import os
 import time
 
+import numpy as np
 import pandas as pd
 import yaml
 
+from chipsim.analysis.columns import all_columns
 from chipsim.analysis.report import CSV_COLUMNS
 from chipsim.serve.metrics import SERVED_COLUMNS
-from chipsim.sim.metrics import (BATCH_COLUMNS, REQUEST_COLUMNS, SPECULATIVE_COLUMNS, UNION_COLUMN,
-                                 fill_batch_columns)
+from chipsim.sim.metrics import (BATCH_COLUMNS, PER_LAYER_FIELDS, REQUEST_COLUMNS, SPECULATIVE_COLUMNS,
+                                 UNION_COLUMN, fill_batch_columns)
 from chipsim.analysis.sweep import fill_cache, run_sweep
 from chipsim.errors import InputError
 from chipsim.files import GIB, JSON_MAX_BYTES, YAML_MAX_BYTES, read_input_text, write_atomic
 from chipsim.hw.config import load_config, parse_set, yaml_text
 from chipsim.values import YamlLimitError, yaml_load
 from chipsim.policies import REGISTRY
+from chipsim.policies.base import SHORTHANDS, split_request_spec
 
 EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "experiments")
@@ -86,6 +89,14 @@ COMPARE_KEYS = ("what", "paper", "unit", "metric", "where", "vs", "why",
                 "draw")  # draw: false keeps a row off the figure (e.g. a value on another platform's scale)
 PAPER_POINT_KEYS = ("series", "x", "metric", "value")  # value: a number or [low, high], in the plotted units
 TABLE_KEYS = ("metric", "label", "factor", "format")  # label with its unit; value × factor, written with format
+# plot options only some kinds draw: given to another kind they would be ignored without a word
+KIND_OPTIONS = {"normalize": ("bar",), "stack": ("stacked_bar",), "total": ("stacked_bar",), "annotate": ("line",),
+                "annotate_only": ("line",), "secondary_x": ("line",), "xscale": ("line",), "baseline": ("gain",),
+                "yfactor": ("line", "bar"), "yscale": ("line", "bar", "per_layer"),
+                "ylim": ("line", "bar", "per_layer")}
+# result columns that hold words: never a number to draw, compare or tabulate
+WORD_COLUMNS = ("policy", "config", "parameter", "expert_link", "quality_mode", "quality_source", "floe_note",
+                "spice_surrogate")
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -152,8 +163,7 @@ def _check_overrides(path: str, config_paths: list[str], overrides, grid: dict) 
                 raise _err(path, f"overrides: {exc}") from None
 
 
-def load_experiment(path: str) -> dict:
-    """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
+def _read_yaml(path: str) -> dict:
     text = read_input_text(path, "experiment", YAML_MAX_BYTES)
     try:
         raw = yaml_load(text)
@@ -166,6 +176,12 @@ def load_experiment(path: str) -> dict:
         raise InputError(f"{path}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise _err(path, "expected a mapping of experiment keys")
+    return raw
+
+
+def load_experiment(path: str) -> dict:
+    """Read and check an experiment file; returns the resolved experiment (config paths made absolute)."""
+    raw = _read_yaml(path)
     stem = os.path.splitext(os.path.basename(path))[0]
     unknown = [k for k in raw if k not in TOP_KEYS]
     if unknown:
@@ -176,6 +192,9 @@ def load_experiment(path: str) -> dict:
     name = raw.get("name", stem)
     if name != stem:
         raise _err(path, f"name '{name}' differs from the file name '{stem}'")
+    for key in ("title", "paper", "notes"):
+        if key in raw and not isinstance(raw[key], str):
+            raise _err(path, f"{key}: expected a string")
     base = os.path.dirname(os.path.abspath(path))
     configs = raw["config"] if isinstance(raw["config"], list) else [raw["config"]]
     if not configs or not all(isinstance(c, str) and c for c in configs):
@@ -213,21 +232,29 @@ def load_experiment(path: str) -> dict:
         raise _err(path, f"grid_mode {grid_mode!r}: expected one of {', '.join(GRID_MODES)}")
     if grid_mode == "one_at_a_time" and (len(config_paths) != 1 or not grid):
         raise _err(path, "grid_mode: one_at_a_time sweeps the grid's keys of one config (give one config and a grid)")
-    plot = _check_plot(path, raw["plot"], grid)
-    if (plot["kind"] == "gain") != (grid_mode == "one_at_a_time"):
+    exp = {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
+           "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
+           "grid_mode": grid_mode, "policies": list(policies), "overrides": list(overrides)}
+    return _check_sections(path, exp, raw)
+
+
+def _check_sections(path: str, exp: dict, raw: dict) -> dict:
+    """`exp` with its plot, compare rows, paper points and table checked from `raw` (an experiment file, or the
+    experiment.json `run_experiment` saved), every column they name one its results can have."""
+    plot = _check_plot(path, raw["plot"], exp["grid"])
+    if (plot["kind"] == "gain") != (exp["grid_mode"] == "one_at_a_time"):
         raise _err(path, "plot.kind: gain draws a one_at_a_time grid, and such a grid is drawn as gain")
     if plot["kind"] == "gain":
-        if plot.get("baseline") not in policies:
+        if plot.get("baseline") not in exp["policies"]:
             raise _err(path, f"plot.baseline {plot.get('baseline')!r}: must be one of the policies")
-        if not isinstance(plot["xlabel"], list) or len(plot["xlabel"]) != len(grid):
+        if not isinstance(plot["xlabel"], list) or len(plot["xlabel"]) != len(exp["grid"]):
             raise _err(path, "plot.xlabel: a gain plot needs one label per grid key")
     compare = _check_compare(path, raw.get("compare") or [])
     points = _check_paper_points(path, raw.get("paper_points") or [], plot)
     table = _check_table(path, raw.get("table") or [])
-    return {"name": name, "title": str(raw["title"]), "paper": str(raw["paper"]), "notes": str(raw.get("notes", "")),
-            "source": os.path.abspath(path), "configs": config_paths, "config_names": stems, "grid": grid,
-            "grid_mode": grid_mode, "policies": list(policies), "overrides": list(overrides), "plot": plot, "compare": compare,
-            "paper_points": points, "table": table}
+    exp = {**exp, "plot": plot, "compare": compare, "paper_points": points, "table": table}
+    _check_names(path, exp)
+    return exp
 
 
 def _check_plot(path: str, plot, grid) -> dict:
@@ -250,6 +277,8 @@ def _check_plot(path: str, plot, grid) -> dict:
         raise _err(path, "plot.annotate_only: a list of values of the plot.annotate column")
     if plot.get("yscale", "linear") not in ("linear", "log"):
         raise _err(path, f"plot.yscale {plot['yscale']!r}: expected linear or log")
+    _check_plot_text(path, plot, kind)
+    _check_plot_options(path, plot, kind)
     ys = plot.get("y", [])
     ys = ys if isinstance(ys, list) else [ys]
     ylabels = plot["ylabel"] if isinstance(plot["ylabel"], list) else [plot["ylabel"]] * max(1, len(ys))
@@ -257,8 +286,8 @@ def _check_plot(path: str, plot, grid) -> dict:
         raise _err(path, "plot.ylabel: give one label, or one per y")
     factors = plot.get("yfactor", 1.0)
     factors = factors if isinstance(factors, list) else [factors] * max(1, len(ys))
-    if len(factors) != max(1, len(ys)) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
-        raise _err(path, "plot.yfactor: give one positive number, or one per y")
+    if len(factors) != max(1, len(ys)) or not all(_is_number(f) and f > 0 for f in factors):
+        raise _err(path, "plot.yfactor: give one positive finite number, or one per y")
     out = dict(plot)
     out["y"] = ys
     out["ylabel"] = ylabels
@@ -268,6 +297,78 @@ def _check_plot(path: str, plot, grid) -> dict:
     if kind == "gain":
         out["panels"] = list(grid)  # one panel per key swept
     return out
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _is_number(value) -> bool:
+    """A finite number (not true or false)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_plot_text(path: str, plot: dict, kind: str) -> None:
+    """The plot's column names and labels are strings (y: one or a list; xlabel of a gain plot: a list)."""
+    for key in ("x", "series", "annotate", "total"):
+        if key in plot and not _is_text(plot[key]):
+            raise _err(path, f"plot.{key}: expected a result column name (a string), got {plot[key]!r}")
+    ys = plot.get("y", [])
+    if "y" in plot and not (_is_text(ys) or (isinstance(ys, list) and (ys or kind == "stacked_bar")
+                                              and all(_is_text(y) for y in ys))):
+        raise _err(path, f"plot.y: expected a result column name or a non-empty list of them, got {ys!r}")
+    for key in ("title", "baseline"):
+        if key in plot and not _is_text(plot[key]):
+            raise _err(path, f"plot.{key}: expected a string, got {plot[key]!r}")
+    for key in ("xlabel", "ylabel"):
+        labels = plot[key] if isinstance(plot[key], list) and (key == "ylabel" or kind == "gain") else [plot[key]]
+        if not labels or not all(isinstance(label, str) for label in labels):
+            raise _err(path, f"plot.{key}: expected a string" + (" or a list of them" if key == "ylabel" else ""))
+
+
+def _check_plot_options(path: str, plot: dict, kind: str) -> None:
+    """Each option is one the plot's kind draws, and of the shape it draws."""
+    for key, kinds in KIND_OPTIONS.items():
+        if key not in plot or kind in kinds:
+            continue
+        values = plot[key] if isinstance(plot[key], list) else [plot[key]]
+        if key == "yfactor" and all(v == 1 and not isinstance(v, bool) for v in values):  # (a saved plot's default)
+            continue
+        raise _err(path, f"plot.{key}: a {kind} plot does not draw it (only {' and '.join(kinds)})")
+    _check_where(path, "plot.where", plot.get("where", {}))
+    for key in ("stack", "series_labels"):
+        if key in plot and not isinstance(plot[key], dict):
+            raise _err(path, f"plot.{key}: expected a mapping")
+    if "stack" in plot and not all(_is_text(c) and isinstance(v, str) for c, v in plot["stack"].items()):
+        raise _err(path, "plot.stack: expected {result column: label}")
+    sec = plot.get("secondary_x")
+    if sec is not None and not (isinstance(sec, dict) and set(sec) <= {"label", "factor"}
+                                and isinstance(sec.get("label", ""), str)
+                                and _is_number(sec.get("factor", 1)) and sec.get("factor", 1) > 0):
+        raise _err(path, "plot.secondary_x: expected {label: text, factor: a positive finite number}")
+    norm = plot.get("normalize")
+    if norm is not None and not (isinstance(norm, dict) and set(norm) == {"column", "value"}
+                                 and _is_text(norm["column"]) and _is_scalar(norm["value"])):
+        raise _err(path, "plot.normalize: expected {column: a result column, value: the value its baseline row has}")
+    if "annotate_only" in plot and not all(_is_number(v) for v in plot["annotate_only"]):
+        raise _err(path, "plot.annotate_only: expected a list of numbers (values of the plot.annotate column)")
+    ylim = plot.get("ylim")
+    if ylim is not None and not (isinstance(ylim, list) and len(ylim) == 2 and all(_is_number(v) for v in ylim)
+                                 and ylim[0] < ylim[1]):
+        raise _err(path, f"plot.ylim: expected [low, high], two finite numbers with low < high, got {ylim!r}")
+    if ylim is not None and plot.get("yscale") == "log" and ylim[0] <= 0:
+        raise _err(path, f"plot.ylim: a log axis needs low > 0, got {ylim!r}")
+
+
+def _is_scalar(value) -> bool:
+    """A value a condition can match: a string, true or false, or a finite number."""
+    return isinstance(value, (str, bool)) or _is_number(value)
+
+
+def _check_where(path: str, field: str, where) -> None:
+    """A condition {result column: value}."""
+    if not isinstance(where, dict) or not all(_is_text(k) and _is_scalar(v) for k, v in where.items()):
+        raise _err(path, f"{field}: expected a mapping {{result column: a string or finite number}}, got {where!r}")
 
 
 def _entries(path: str, section: str, value, allowed: tuple, required: tuple, shape: str) -> list[tuple[int, dict]]:
@@ -292,17 +393,25 @@ def _check_compare(path: str, rows) -> list[dict]:
     for i, row in _entries(path, "compare", rows, COMPARE_KEYS, ("what", "paper", "metric", "where", "why"),
                            "rows"):
         if not _is_value(row["paper"]):
-            raise _err(path, f"compare[{i}].paper: expected a number or [low, high]")
+            raise _err(path, f"compare[{i}].paper: expected a number or [low, high] (finite, low <= high), "
+                             f"got {row['paper']!r}")
         if not isinstance(row.get("draw", True), bool):
             raise _err(path, f"compare[{i}].draw: expected true or false")
+        for key in ("what", "why", "unit"):
+            if key in row and not isinstance(row[key], str):
+                raise _err(path, f"compare[{i}].{key}: expected a string")
+        if not _is_text(row["metric"]):
+            raise _err(path, f"compare[{i}].metric: expected a result column name (a string), got {row['metric']!r}")
+        _check_where(path, f"compare[{i}].where", row["where"])
+        if row.get("vs") is not None:
+            _check_where(path, f"compare[{i}].vs", row["vs"])
         out.append({"unit": "", "vs": None, "draw": True, **row})
     return out
 
 
 def _is_value(v) -> bool:
-    """A paper value: a number or [low, high]."""
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
-        isinstance(v, list) and len(v) == 2 and all(isinstance(p, (int, float)) for p in v))
+    """A paper value: a finite number or [low, high] with low <= high."""
+    return _is_number(v) or (isinstance(v, list) and len(v) == 2 and all(_is_number(p) for p in v) and v[0] <= v[1])
 
 
 def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
@@ -313,14 +422,15 @@ def _check_paper_points(path: str, points, plot: dict) -> list[dict]:
             raise _err(path, f"paper_points[{i}].metric {pt['metric']!r}: not drawn by the plot "
                              f"(expected one of: {', '.join(sorted(drawn))})")
         if not _is_value(pt["value"]):
-            raise _err(path, f"paper_points[{i}].value: expected a number or [low, high]")
+            raise _err(path, f"paper_points[{i}].value: expected a number or [low, high] (finite, low <= high), "
+                             f"got {pt['value']!r}")
+        if not _is_scalar(pt["x"]) or not _is_scalar(pt["series"]):
+            raise _err(path, f"paper_points[{i}]: series and x: expected a string or finite number each")
     return [dict(pt) for pt in points]
 
 
 def _policy_columns() -> set[str]:
     """The scalar metrics policies declare (Policy.result_columns): results.csv carries them for their rows."""
-    from chipsim.policies import REGISTRY
-
     return {c for cls in REGISTRY.values() for c in cls.result_columns}
 
 
@@ -333,8 +443,8 @@ def _check_table(path: str, columns) -> list[dict]:
                 and col["metric"] not in _policy_columns():
             raise _err(path, f"table[{i}].metric {col['metric']!r}: not a results.csv column")
         factor = col.get("factor", 1.0)
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
-            raise _err(path, f"table[{i}].factor: expected a positive number")
+        if not _is_number(factor) or factor <= 0:
+            raise _err(path, f"table[{i}].factor: expected a positive finite number")
         fmt = col.get("format", "{:.3g}")
         try:
             fmt.format(1.0)
@@ -342,6 +452,92 @@ def _check_table(path: str, columns) -> list[dict]:
             raise _err(path, f"table[{i}].format {fmt!r}: not a format for one number (e.g. '{{:.3f}}')") from None
         out.append({"metric": col["metric"], "label": str(col["label"]), "factor": float(factor), "format": fmt})
     return out
+
+
+# ---------------------------------------------------------------------------------------------- result columns
+def known_columns(exp: dict) -> set[str] | None:
+    """Every column the experiment's results can have, known from the code before anything runs: chipsim's
+    documented columns (chipsim.analysis.columns: every run's, every mode's, every built-in policy's), the grid's
+    keys, `config` and `point_id` (and `parameter`, `value` one key at a time). None where a policy of the
+    experiment is not one of chipsim's own: its metrics are known only once it has run."""
+    for spec in exp["policies"]:
+        for part in split_request_spec(spec) or (spec,):
+            head = part.partition(":")[0].strip()
+            name = head if head in REGISTRY else next((hit[0] for hit in (p(head) for p in SHORTHANDS) if hit), None)
+            if name not in REGISTRY or not REGISTRY[name].__module__.startswith("chipsim."):
+                return None
+    out = set(all_columns()) | set(CSV_COLUMNS) | _policy_columns() | set(exp["grid"]) | {"config", "point_id"}
+    return out | ({"parameter", "value"} if exp.get("grid_mode") == "one_at_a_time" else set())
+
+
+def named_columns(exp: dict) -> list[tuple[str, str, bool]]:
+    """(field, column, drawn as a number) of every result column the experiment names: what its plot draws and
+    selects on, its compare rows' metrics and conditions, its table's metrics."""
+    plot, kind = exp["plot"], exp["plot"]["kind"]
+    out = [("plot.where", k, False) for k in plot["where"]]
+    out += [("plot.x", plot["x"], False)] if kind in ("line", "bar", "stacked_bar") else []
+    out += [("plot.y", y, True) for y in plot["y"]] if kind in ("line", "bar", "gain") else []
+    out += [("plot.series", plot["series"], False)] if kind != "stacked_bar" else []
+    out += [("plot.annotate", plot["annotate"], True)] if plot.get("annotate") else []
+    out += [("plot.normalize", plot["normalize"]["column"], False)] if plot.get("normalize") else []
+    out += [("plot.stack", c, True) for c in plot.get("stack") or {}]
+    out += [("plot.total", plot["total"], True)] if plot.get("total") else []
+    for i, row in enumerate(exp["compare"]):
+        out += [(f"compare[{i}].metric", row["metric"], True)] + [(f"compare[{i}].where", k, False)
+                                                                  for k in row["where"]]
+        out += [(f"compare[{i}].vs", k, False) for k in row.get("vs") or {}]
+    return out + [(f"table[{i}].metric", c["metric"], True) for i, c in enumerate(exp["table"])]
+
+
+def _conditions(exp: dict) -> list[tuple[str, str, object]]:
+    """(field, column, value) of every condition the experiment sets on its results."""
+    plot = exp["plot"]
+    out = [("plot.where", k, v) for k, v in plot["where"].items()]
+    norm = plot.get("normalize")
+    out += [("plot.normalize", norm["column"], norm["value"])] if norm else []
+    for i, row in enumerate(exp["compare"]):
+        out += [(f"compare[{i}].where", k, v) for k, v in row["where"].items()]
+        out += [(f"compare[{i}].vs", k, v) for k, v in (row.get("vs") or {}).items()]
+    return out
+
+
+def _check_names(path: str, exp: dict) -> None:
+    """Before anything runs: each column the experiment names is one its results can have (a number where it is
+    drawn, compared or tabulated), a per_layer plot's y a per-layer field, and each condition on a column whose
+    values are known now (policy, config, a grid key, the parameter swept) names one of them."""
+    known = known_columns(exp)
+    for field, column, number in named_columns(exp):
+        if known is not None and column not in known:
+            raise _err(path, f"{field}: no result column {column!r} (docs/reference/columns.md lists them; or a "
+                             "grid key, config, point_id)")
+        if number and column in WORD_COLUMNS:
+            raise _err(path, f"{field}: {column!r} holds words, not a number")
+    if exp["plot"]["kind"] == "per_layer" and exp["plot"]["y"][0] not in PER_LAYER_FIELDS:
+        raise _err(path, f"plot.y: {exp['plot']['y'][0]!r} is not a per-layer field (expected one of: "
+                         f"{', '.join(PER_LAYER_FIELDS)})")
+    for field, column, value in _conditions(exp):
+        known_values = _known_values(exp, column)
+        if known_values is None:
+            continue
+        if column == "policy":
+            # a request run labels a policy without a prefill policy of its own as PREFILL+DECODE
+            hit = isinstance(value, str) and any(value == p or value.endswith(f"+{p}") for p in known_values)
+        else:
+            hit = any(matches(v, value) for v in known_values)
+        if not hit:
+            raise _err(path, f"{field}: {column} {value!r} selects no result (the experiment's: "
+                             f"{', '.join(map(str, known_values))})")
+
+
+def _known_values(exp: dict, column: str) -> list | None:
+    """The values a column takes in every result, where they are known before anything runs."""
+    if column == "policy":
+        return [p.strip() for p in exp["policies"]]
+    if column == "config":
+        return list(exp["config_names"])
+    if column == "parameter" and exp.get("grid_mode") == "one_at_a_time":
+        return list(exp["grid"])
+    return list(exp["grid"][column]) if column in exp["grid"] else None
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -357,14 +553,22 @@ def sweeps(exp: dict, out_dir: str) -> list[tuple[str, str, str, dict, str | Non
 
 
 def simulate_experiments(experiments: list[dict], out_dir: str, jobs: int = 0, extra_overrides=(),
-                         progress: bool = True) -> int:
+                         progress: bool = True, frames: dict | None = None) -> int:
     """Simulate every result the experiments need that out_dir/cache/ lacks, all in one pool (their DRAM
-    calibrations first): `run_experiment` then reads them from the cache. Returns the number simulated."""
+    calibrations first): `run_experiment` then reads them from the cache. Returns the number simulated. `frames`,
+    where given, gets each experiment's results as `load_results` will read them back, {name: (DataFrame, rows)},
+    so that they can be checked before anything of the experiment is written."""
     specs = []
     for exp in experiments:
         overrides = list(exp["overrides"]) + list(extra_overrides)
         specs += [(config, grid, exp["policies"], overrides) for config, _, _, grid, _ in sweeps(exp, out_dir)]
-    return fill_cache(specs, os.path.join(out_dir, "cache"), jobs=jobs, progress=progress)
+    results: list[list[dict]] = []
+    simulated = fill_cache(specs, os.path.join(out_dir, "cache"), jobs=jobs, progress=progress, rows_out=results)
+    for exp in experiments:
+        mine, results = results[:len(sweeps(exp, out_dir))], results[len(sweeps(exp, out_dir)):]
+        if frames is not None:
+            frames[exp["name"]] = results_frame(exp, mine)
+    return simulated
 
 
 def run_experiment(exp: dict, out_dir: str, jobs: int = 0, extra_overrides=(), progress: bool = True) -> float:
@@ -388,12 +592,16 @@ def saved_experiments(out_dir: str) -> list[dict]:
         raise InputError(f"{out_dir}: no such directory")
     out = []
     for name in sorted(os.listdir(out_dir)):
-        p = os.path.join(out_dir, name, "experiment.json")
-        if os.path.isfile(p):
-            out.append(_read_saved(p, name))
+        if os.path.isfile(os.path.join(out_dir, name, "experiment.json")):
+            out.append(saved_experiment(out_dir, name))
     if not out:
         raise InputError(f"{out_dir}: no experiment results (DIR/<name>/experiment.json); run chipsim reproduce")
     return out
+
+
+def saved_experiment(out_dir: str, name: str) -> dict:
+    """The experiment `name` as `run_experiment` saved it in out_dir (DIR/<name>/experiment.json), checked."""
+    return _read_saved(os.path.join(out_dir, name, "experiment.json"), name)
 
 
 # what `run_experiment` saves, and the type each key must have when read back
@@ -415,13 +623,21 @@ def _read_saved(path: str, name: str) -> dict:
             raise InputError(f"{path}: incomplete experiment record ({key} missing or not a {tp.__name__}); {again}")
     if len(exp["configs"]) != len(exp["config_names"]) or not all(isinstance(c, str) for c in exp["config_names"]):
         raise InputError(f"{path}: incomplete experiment record (configs and config_names differ); {again}")
+    if not all(isinstance(p, str) and p for p in exp["policies"]) or exp.get("grid_mode", "product") not in GRID_MODES \
+            or not all(isinstance(v, list) and v for v in exp["grid"].values()):
+        raise InputError(f"{path}: incomplete experiment record (policies, grid or grid_mode); {again}")
+    plot = {k: v for k, v in exp["plot"].items() if k != "panels"}  # (a gain plot's panels: its grid's keys)
+    try:  # what load_experiment checked in the experiment file, checked again: an edited record is one line too
+        _check_sections(path, {**exp, "grid_mode": exp.get("grid_mode", "product")}, {**exp, "plot": plot})
+    except InputError as exc:
+        raise InputError(f"{exc}; {again}") from None
     return exp
 
 
 def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
     """Every row of the experiment's sweeps: a DataFrame of the scalar fields (grid values, CSV columns and
     extra policy metrics such as mean_delta_hat, plus `config`) and the full rows (per_layer included)."""
-    rows = []
+    per_sweep = []
     for _, stem, directory, _, swept in sweeps(exp, out_dir):
         p = os.path.join(directory, "sweep.json")
         if not os.path.isfile(p):
@@ -429,11 +645,21 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
         try:
             info = json.loads(read_input_text(p, "sweep record", SWEEP_RECORD_MAX_BYTES))
             results = info["results"]
-            if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+            if not isinstance(results, list) or not all(isinstance(r, dict) and isinstance(r.get("values"), dict)
+                                                        and isinstance(r.get("policy"), str) for r in results):
                 raise TypeError("results is not a list of rows")
         except (ValueError, RecursionError, KeyError, TypeError) as exc:
             raise InputError(f"{p}: not a readable sweep record ({type(exc).__name__}); run chipsim reproduce "
                              f"{exp['name']} again") from None
+        per_sweep.append(results)
+    return results_frame(exp, per_sweep)
+
+
+def results_frame(exp: dict, per_sweep: list[list[dict]]) -> tuple[pd.DataFrame, list[dict]]:
+    """The DataFrame of scalar fields and the full rows of an experiment, from each of its sweeps' rows (as sweep.json
+    holds them: {"values": {grid key: value}, "point_id", ..., and the result's fields})."""
+    rows = []
+    for (_, stem, _, _, swept), results in zip(sweeps(exp, ""), per_sweep):
         for r in results:
             one = {"parameter": swept, "value": r.get("values", {}).get(swept)} if swept else {}
             rows.append({"config": stem, **one, **r.get("values", {}), **{k: v for k, v in r.items() if k != "values"}})
@@ -441,12 +667,36 @@ def load_results(exp: dict, out_dir: str) -> tuple[pd.DataFrame, list[dict]]:
     return fill_batch_columns(pd.DataFrame(scalars)), rows
 
 
+def check_results(exp: dict, df: pd.DataFrame, label: str) -> None:
+    """Right after simulating (or reading saved results back), before anything is drawn or written: each column
+    the experiment names is in its results (a policy's own metric is there only where that policy ran, a
+    request's only in a request run), holds numbers where they are drawn, compared or tabulated, and each
+    condition selects results. `label` names the file the experiment came from."""
+    for field, column, number in named_columns(exp):
+        if column not in df.columns:
+            raise InputError(f"{label}: {field}: no result column {column!r} in this experiment's results (a "
+                             "policy's own metric is there only where that policy ran)")
+        if number and not all(_is_result_number(v) for v in df[column].dropna()):
+            raise InputError(f"{label}: {field}: column {column!r} holds something other than numbers")
+    for field, where in [("plot.where", exp["plot"]["where"])] + [
+            (f"compare[{i}].where", row["where"]) for i, row in enumerate(exp["compare"])]:
+        if select(df, where).empty:
+            raise InputError(f"{label}: {field}: {where} selects no result")
+
+
+def _is_result_number(v) -> bool:
+    return isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+
+
+def matches(v, value) -> bool:
+    """A result's value `v` meets the condition `value` (a float within rounding)."""
+    return v == value or (isinstance(v, float) and isinstance(value, (int, float)) and math.isclose(v, value))
+
+
 def select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
     mask = pd.Series(True, index=df.index)
     for key, value in (where or {}).items():
         if key not in df.columns:
             raise InputError(f"where {key}: no such result column")
-        col = df[key]
-        mask &= col.map(lambda v, value=value: v == value or (isinstance(v, float) and isinstance(value, (int, float))
-                                                               and math.isclose(v, value)))
+        mask &= df[key].map(lambda v, value=value: matches(v, value))
     return df[mask]

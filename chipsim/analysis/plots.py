@@ -23,6 +23,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from chipsim.analysis.experiments import load_results, select  # noqa: E402
+from chipsim.errors import InputError  # noqa: E402
+from chipsim.files import write_atomic  # noqa: E402
 
 # one fixed colour per policy, in every figure
 POLICY_COLORS = {
@@ -479,8 +481,34 @@ def _width_in(exp: dict, df) -> float:
     return panel * panels + 0.6 if panels > 1 or panel > 3.6 else 5.2
 
 
+def check(exp: dict, df, rows: list[dict], label: str) -> None:
+    """Before any figure is drawn: the plot has something to draw where experiments.check_results cannot tell (a
+    blank figure is refused): a per_layer plot's field in the rows it selects, a normalised bar's baseline beside
+    every bar, a gain plot's baseline in every panel. `label` names the file the experiment came from."""
+    plot, kind = exp["plot"], exp["plot"]["kind"]
+    sel = select(df, plot["where"])
+    if kind == "per_layer":
+        field = plot["y"][0]
+        chosen = [rows[i] for i in sel.index]
+        if not any(isinstance(r.get("per_layer"), dict) and isinstance(r["per_layer"].get(field), list)
+                   for r in chosen):
+            raise InputError(f"{label}: plot.y: no result the plot selects has the per-layer field {field!r}")
+    norm = plot.get("normalize")
+    if kind == "bar" and norm:
+        for c in _series_order(sel[plot["x"]].tolist(), plot):
+            if sel[(sel[plot["x"]] == c) & (sel[norm["column"]] == norm["value"])].empty:
+                raise InputError(f"{label}: plot.normalize: no result with {norm['column']} = {norm['value']!r} at "
+                                 f"{plot['x']} = {c!r} to divide by")
+    if kind == "gain":
+        for key in plot["panels"]:
+            part = sel[sel["parameter"] == key]
+            if part[part[plot["series"]] == plot["baseline"]].empty:
+                raise InputError(f"{label}: plot.baseline: no result of {plot['baseline']!r} in the {key} panel")
+
+
 def draw(exp: dict, out_dir: str) -> list[str]:
-    """Draw one experiment from its saved results; returns the PNG and PDF paths."""
+    """Draw one experiment from its saved results; returns the PNG and PDF paths, each written whole or not at
+    all."""
     df, rows = load_results(exp, out_dir)
     plot = exp["plot"]
     _style()
@@ -492,8 +520,9 @@ def draw(exp: dict, out_dir: str) -> list[str]:
         fig.suptitle(textwrap.fill(title, width=int(width * 15)), fontsize=9)
         fig.tight_layout()
         base = os.path.join(out_dir, exp["name"], exp["name"])
-        fig.savefig(base + ".png", metadata=PNG_METADATA, bbox_inches="tight")  # legends sit outside the axes
-        fig.savefig(base + ".pdf", metadata=PDF_METADATA, bbox_inches="tight")
+        for ext, metadata in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):  # legends sit outside the axes
+            write_atomic(f"{base}.{ext}", lambda fh, ext=ext, metadata=metadata: fig.savefig(
+                fh, format=ext, metadata=metadata, bbox_inches="tight"), what="--out")
     finally:
         plt.close(fig)
     return [base + ".png", base + ".pdf"]

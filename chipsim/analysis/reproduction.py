@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pandas as pd
 
 from chipsim import __version__
@@ -25,17 +26,26 @@ from chipsim.sim.metrics import fill_batch_columns
 
 
 # ---------------------------------------------------------------------------------------------- comparison
-def compare_rows(exp: dict, df: pd.DataFrame) -> list[dict]:
+def compare_rows(exp: dict, df: pd.DataFrame, label: str | None = None) -> list[dict]:
     """Each `compare` row of the experiment with chipsim's value filled in from the results.
 
     metric M over the rows matching `where`; with `vs` ({column: value} replacing parts of `where`), the value
-    is the change M(where) / M(where | vs) − 1 in %. Several matching rows give a range [min, max]."""
+    is the change M(where) / M(where | vs) − 1 in %. Several matching rows give a range [min, max]. A row that
+    cannot be filled is one line naming it (`label`: the experiment's file, else its name)."""
     out = []
-    for row in exp["compare"]:
+    for i, row in enumerate(exp["compare"]):
+        def fail(field, problem, i=i):
+            return InputError(f"{label or exp['name']}: compare[{i}].{field}: {problem}")
+
         sel = select(df, row["where"])
         if sel.empty:
-            raise InputError(f"{exp['name']}: compare '{row['what']}': no result matches {row['where']}")
-        values = sel[row["metric"]].astype(float).to_numpy()
+            raise fail("where", f"no result matches {row['where']}")
+        if row["metric"] not in df.columns:
+            raise fail("metric", f"no result column {row['metric']!r}")
+        try:
+            values = sel[row["metric"]].astype(float).to_numpy()
+        except (TypeError, ValueError):
+            raise fail("metric", f"column {row['metric']!r} holds something other than numbers") from None
         if row.get("vs"):
             keys = [c for c in df.columns if c in exp["grid"] or c == "config"]
             base = select(df, {**row["where"], **row["vs"]})
@@ -46,7 +56,9 @@ def compare_rows(exp: dict, df: pd.DataFrame) -> list[dict]:
                     if k not in row["vs"]:  # (a baseline on another config or grid point names it in `vs`)
                         b = b[b[k] == r[k]]
                 if b.empty:
-                    raise InputError(f"{exp['name']}: compare '{row['what']}': no baseline row for {row['vs']}")
+                    raise fail("vs", f"no baseline row for {row['vs']}")
+                if not float(b[row["metric"]].iloc[0]):
+                    raise fail("vs", f"the baseline's {row['metric']} is 0: no change relative to it")
                 changes.append((float(r[row["metric"]]) / float(b[row["metric"]].iloc[0]) - 1.0) * 100.0)
             values = changes
         ours = (min(values), max(values)) if len(values) > 1 else (float(values[0]),) * 2
@@ -191,11 +203,31 @@ def load_csv_results(exp: dict, out_dir: str) -> pd.DataFrame:
         path = os.path.join(directory, "results.csv")
         if not os.path.isfile(path):
             raise InputError(f"{path}: missing; run chipsim reproduce {exp['name']}")
-        frame = pd.read_csv(path).assign(config=stem)
+        frame = _read_results_csv(exp, path, [swept] if swept else list(exp["grid"])).assign(config=stem)
         if swept:  # one key at a time: which key, and its value
             frame = frame.assign(parameter=swept, value=frame[swept].astype(str))
         frames.append(frame)
     return fill_batch_columns(pd.concat(frames, ignore_index=True))
+
+
+def _read_results_csv(exp: dict, path: str, keys: list[str]) -> pd.DataFrame:
+    """One sweep's results.csv, checked for what REPRODUCTION.md reads from it (the policy, the swept keys, latency
+    and energy per token, the table's metrics): an edited or foreign file is one line naming it."""
+    again = f"run chipsim reproduce {exp['name']} again"
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # (pandas' parser errors and a file that is not text are ValueErrors)
+        raise InputError(f"{path}: not a readable results table ({type(exc).__name__}); {again}") from None
+    numbers = [LATENCY[0], ENERGY[0]] + [c["metric"] for c in exp.get("table") or []]
+    for column in ["policy", *keys, *numbers]:
+        if column not in frame.columns:
+            raise InputError(f"{path}: no column {column!r} (not a results.csv chipsim wrote); {again}")
+    for column in numbers:
+        if not pd.api.types.is_numeric_dtype(frame[column]) or pd.api.types.is_bool_dtype(frame[column]):
+            raise InputError(f"{path}: {column}: not a column of numbers; {again}")
+    if not (frame[LATENCY[0]] > 0).all() or not np.isfinite(frame[LATENCY[0]]).all():
+        raise InputError(f"{path}: {LATENCY[0]}: expected finite numbers above 0; {again}")
+    return frame
 
 
 def sweep_keys(exp: dict) -> list[str]:

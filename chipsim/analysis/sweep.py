@@ -558,12 +558,13 @@ class _Pending:
 
 
 def fill_cache(sweeps: list[tuple[str, dict, list[str] | None, list[str]]], cache_dir: str, jobs: int = 0,
-               progress: bool = True) -> int:
+               progress: bool = True, rows_out: list | None = None) -> int:
     """Simulate what several sweeps (config path, grid, policies, overrides) need and cache_dir lacks, all in one
     pool (a point two of them share once), so that running each sweep then only reads the cache: the workers
     stay busy from the first task to the last instead of idling at the end of every sweep. The points' DRAM
     calibrations run first, in a pool of their own, rather than one by one where the points are prepared.
-    Returns the number of results simulated. Bad input raises InputError, as run_sweep."""
+    Returns the number of results simulated. Bad input raises InputError, as run_sweep. `rows_out`, where given,
+    gets one list per sweep of its rows as its sweep.json will hold them ({"point_id", "values", ...the result})."""
     code_sha = runner.code_sha256()
     normal = [(os.path.abspath(config_path), _check_grid(grid), list(policies) if policies else None,
                _absolute_overrides(overrides)) for config_path, grid, policies, overrides in sweeps]
@@ -578,11 +579,16 @@ def fill_cache(sweeps: list[tuple[str, dict, list[str] | None, list[str]]], cach
             list(pool.map(_calibrate, calibrations.values()))
     pending = _Pending()
     results: dict[str, dict] = {}
+    planned = []
     for config_path, grid, policies, overrides in normal:
         points, _, _ = _prepare_points(config_path, overrides, policies, grid)
         pending.add(points, cache_dir, results)
+        planned.append(points)
     os.makedirs(cache_dir, exist_ok=True)
     pending.run(cache_dir, code_sha, jobs, "process", None, progress, results)
+    if rows_out is not None:
+        rows_out += [[{"point_id": point["point_id"], "values": point["values"], **results[entry["key"]]}
+                      for point in points for entry in point["entries"]] for points in planned]
     return len(pending.tasks)
 
 

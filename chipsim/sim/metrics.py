@@ -150,6 +150,9 @@ def summarize(result: SimResult, table: EnergyTable, top_k: int, warmup_tokens: 
     return row
 
 
+# the per-layer lists of every result row (row["per_layer"], above): what a per_layer plot can draw
+PER_LAYER_FIELDS = ("overlap", "recall", "stall_ms", "demand_fetches")
+
 # a step of several tokens: the mean number of experts one of its MoE layers routes to (the union of its tokens')
 UNION_COLUMN = "union_experts_per_layer"
 
