@@ -113,8 +113,20 @@ def test_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):
     record = json.loads((run_dir / "results.json").read_text())
     del record["results"][1]["latency_ms_per_token"]
     cases["nolatency"] = json.dumps(record)
+    record = json.loads((run_dir / "results.json").read_text())
+    record["results"][0]["latency_ms_per_token"] = float("nan")  # (json.dumps writes NaN, as an edit could)
+    cases["nanlatency"] = json.dumps(record)
+    record = json.loads((run_dir / "results.json").read_text())
+    record["results"][2]["energy_mj_per_token"] = -5
+    cases["negenergy"] = json.dumps(record)
+    record = json.loads((run_dir / "results.json").read_text())
+    record["results"][1]["per_layer"]["overlap"][3] = float("inf")
+    cases["infoverlap"] = json.dumps(record)
     messages = {"notjson": "results.json: not JSON", "noresults": "results.json: key 'results' missing",
-                "norows": "key 'results' holds no rows", "nolatency": "results[1].latency_ms_per_token: missing"}
+                "norows": "key 'results' holds no rows", "nolatency": "results[1].latency_ms_per_token: missing",
+                "nanlatency": "results[0].latency_ms_per_token: nan is not a finite number",
+                "negenergy": "results[2].energy_mj_per_token: -5 is below 0",
+                "infoverlap": "results[1].per_layer.overlap[3]: inf is not a finite number"}
     for name, text in cases.items():
         folder = tmp_path / name
         folder.mkdir()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 
 import plotly.graph_objects as go
@@ -16,7 +17,7 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from chipsim.analysis.report import TABLE_COLUMNS, quality_lines, table_columns, table_value
+from chipsim.analysis.report import CSV_COLUMNS, TABLE_COLUMNS, quality_lines, table_columns, table_value
 from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, read_input_text
 
@@ -24,6 +25,8 @@ RUN_RECORD, SWEEP_RECORD = "results.json", "sweep.json"
 SWEEP_RECORD_MAX_BYTES = 1 << 30  # as `chipsim plot` reads a sweep.json (a 1,000-point grid is tens of MB)
 # every row needs what the table shows; per-layer lists and energy per component only draw their figures
 REQUIRED_NUMBERS = [key for _, key, _ in TABLE_COLUMNS if key != "policy"]
+# results.csv's numbers: none is below 0 in a row chipsim wrote (the cache holds its entries to the same)
+NON_NEGATIVE = [key for key in CSV_COLUMNS if key not in ("policy", "expert_link")]
 # the three categories every row has, then the host CPU's where a policy used it (chipsim.sim.energy.CATEGORIES)
 ENERGY_CATEGORIES = [("on-chip active", "energy_onchip_active_mj"), ("off-chip IO", "energy_offchip_io_mj"),
                      ("idle / leakage", "energy_idle_leakage_mj"), ("host CPU", "energy_host_cpu_mj")]
@@ -82,7 +85,28 @@ def _check_rows(rows: list, path: str) -> list[dict]:
             value = row.get(key, "missing")
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise InputError(f"{path}: results[{i}].{key}: missing or not a number")
+        for key in NON_NEGATIVE:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise InputError(f"{path}: results[{i}].{key}: {value} is below 0")
+        try:
+            _check_finite(row, f"results[{i}]", path)
+        except RecursionError:
+            raise InputError(f"{path}: results[{i}]: nested too deeply") from None
     return rows
+
+
+def _check_finite(value, where: str, path: str) -> None:
+    """No number anywhere in a row is NaN or infinite: chipsim writes null for a value undefined for a run."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{path}: {where}: {value} is not a finite number (chipsim writes null where a value is "
+                         "undefined)")
+    if isinstance(value, dict):
+        for key, v in value.items():
+            _check_finite(v, f"{where}.{key}", path)
+    elif isinstance(value, list):
+        for j, v in enumerate(value):
+            _check_finite(v, f"{where}[{j}]", path)
 
 
 def _load_run(path: str) -> dict:
