@@ -549,7 +549,8 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--trace", metavar="PATH", help="replay this trace instead of workload.trace")
     run.add_argument("--json", action="store_true", help="print a JSON list, one object per policy")
     run.add_argument("--out", metavar="DIR", help="write results.csv and results.json into DIR (a served run: also "
-                                                 "requests-POLICY.csv, one line per request)")
+                                                 "requests-POLICY.csv, one line per request; an earlier run's "
+                                                 "requests-*.csv there are removed)")
     run.add_argument("--slo", metavar="ttft_ms=MS,tpot_ms=MS",
                      help="a served run's SLO: the share of requests meeting it is reported (either or both)")
     run.add_argument("--jobs", type=int, default=0, help="processes for independent policies (default: cores)")

@@ -7,6 +7,8 @@ Poisson at the rate asked; no step sees its requests' routing before they route 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -245,6 +247,23 @@ def test_run_writes_each_policy_s_requests_and_the_slo_attainment(tmp_path, caps
     assert "1.000" in text.split("SLO met")[1].splitlines()[2]  # every request meets a generous SLO
     assert main(["run", THOR, "--slo", "ttft=3", "--policy", "no-prefetch"]) == 2
     assert "--slo ttft=3: expected ttft_ms=VALUE" in capsys.readouterr().err
+
+
+def test_a_run_into_a_used_folder_leaves_none_of_the_earlier_run_s_requests(tmp_path, capsys):
+    """--out DIR holds one run: results.csv and results.json are replaced, and the requests-POLICY.csv an earlier
+    served run wrote there and this run does not write are removed (a plain run: all of them)."""
+    out = tmp_path / "out"
+    served = ["run", THOR, "--set", "workload.prompt_tokens=8", "--set", "workload.output_tokens=3", "--set",
+              "workload.requests=2", "--set", "workload.arrivals.closed_users=1", "--jobs", "1", "--out", str(out)]
+    assert main([*served, "--policy", "lru", "--policy", "no-prefetch"]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert sorted(os.listdir(out)) == ["notes.txt", "requests-lru.csv", "requests-no-prefetch.csv", "results.csv",
+                                       "results.json"]
+    assert main([*served, "--policy", "lru"]) == 0
+    assert sorted(os.listdir(out)) == ["notes.txt", "requests-lru.csv", "results.csv", "results.json"]
+    assert main(["run", THOR, "--policy", "lru", "--set", "workload.max_tokens=3", "--jobs", "1", "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["notes.txt", "results.csv", "results.json"]
+    capsys.readouterr()
 
 
 def test_a_long_run_packs_its_step_ledgers_with_the_same_result(monkeypatch):

@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+from chipsim.errors import InputError
 from chipsim.files import write_atomic
 from chipsim.hw.config import UcieConfig, flash_memories, memories, serial_links
 from chipsim.hw.flash import flash_text
@@ -412,13 +413,24 @@ def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def write_outputs(out_dir: str, rows: list[dict], run_info: dict) -> None:
-    """Write results.csv and results.json, each whole or not at all."""
+    """Write results.csv and results.json, each whole or not at all (a served run: requests-POLICY.csv too), then
+    remove the requests-*.csv an earlier run left in the folder that this one did not write: the folder holds one
+    run's results, as results.csv and results.json replace the earlier run's."""
     write_atomic(os.path.join(out_dir, "results.csv"), to_csv(rows), what="--out")
     write_atomic(os.path.join(out_dir, "results.json"), to_json({"run": run_info, "results": rows}), what="--out")
+    written = set()
     for row in rows:  # a served run: one line per request and policy
         if "served" in row:
+            written.add(f"requests-{_file_label(row['policy'])}.csv")
             write_atomic(os.path.join(out_dir, f"requests-{_file_label(row['policy'])}.csv"), requests_csv(row),
                          what="--out")
+    for name in sorted(os.listdir(out_dir)):
+        path = os.path.join(out_dir, name)
+        if name.startswith("requests-") and name.endswith(".csv") and name not in written and os.path.isfile(path):
+            try:
+                os.unlink(path)
+            except OSError as exc:
+                raise InputError(f"--out {out_dir}: cannot remove {name}, an earlier run's ({exc.strerror})") from None
 
 
 def _file_label(label: str) -> str:
