@@ -41,6 +41,7 @@ from chipsim.policies import REGISTRY  # noqa: E402
 
 THOR = os.path.join(ROOT, "hwconfigs", "thor.yaml")
 TRACE = os.path.join(ROOT, "traces", "real-granite-3b.npz")
+GRANITE_1B = os.path.join(ROOT, "validation", "h200-pcie5-granite-1b.json")  # a measurement file hwcompare reads
 R = ["run", THOR, "--policy", "no-prefetch", "--set", "workload.max_tokens=4", "--jobs", "1"]
 VALUES = ["0", "-1", "1.0e-300", "1.0e-10", "0.0005", "1.0e+18", "1.0e+308", ".nan", ".inf", "-.inf", "abc",
           "true", "1e9", "[1, 2]", "''"]
@@ -736,6 +737,9 @@ def cases() -> list[tuple[str, list[str], object, bool, bool]]:
         "reproduce unknown": ["reproduce", "nope"], "plot missing dir": ["plot", "nowhere"],
         "inspect missing": ["inspect", "nowhere.npz"], "inspect a config": ["inspect", THOR],
         "hwcompare missing": ["hwcompare", "nowhere.json"], "no command": [],
+        "hwcompare --held-out unknown": ["hwcompare", GRANITE_1B, "--held-out", "nope"],
+        "hwcompare --cycle-level alone": ["hwcompare", GRANITE_1B, "--cycle-level", THOR],
+        "hwcompare --json missing folder": ["hwcompare", GRANITE_1B, "--json", "nowhere/rows.json"],
     }
     for name, argv in misc.items():
         out.append((f"cli: {name}", argv, None, False, True))

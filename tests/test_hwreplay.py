@@ -531,6 +531,150 @@ def test_hwcompare_rejects_a_file_that_is_not_a_measurement(tmp_path):
         compare.compare_file(str(tmp_path / "missing.json"))
 
 
+def _one_case(tmp_path, edit=None) -> str:
+    """validation/h200-pcie5-granite-1b.json cut to its first case (its config named from anywhere), edited."""
+    meas = _measurement("h200-pcie5-granite-1b")
+    meas["cases"] = meas["cases"][:1]
+    meas["config"] = os.path.join(ROOT, meas["config"])
+    if edit:
+        edit(meas, meas["cases"][0])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(meas))  # NaN and Infinity as Python's json writes them (and reads them back)
+    return str(path)
+
+
+def _hwcompare_error(capsys, tmp_path, argv) -> str:
+    """chipsim hwcompare ARGV --report R --json J: exit 2, one line, no traceback, neither output written."""
+    from chipsim.cli import main
+
+    report, rows = tmp_path / "out" / "V.md", tmp_path / "out" / "rows.json"
+    report.parent.mkdir(exist_ok=True)
+    code = main(["hwcompare", *argv, "--jobs", "1", "--report", str(report),
+                 *([] if "--json" in argv else ["--json", str(rows)])])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), (code, err)
+    assert "Traceback" not in err and not report.exists() and not rows.exists()
+    return lines[0]
+
+
+def _set(field, value):
+    return lambda meas, case: case.__setitem__(field, value)
+
+
+def _set_token(index, value):
+    return lambda meas, case: case["latency_ms"].__setitem__(index, value)
+
+
+# each bad measurement field, refused when the file is read, naming the file, the case and the field
+BAD_MEASUREMENTS = {
+    "warm-up negative": (lambda m, c: m.__setitem__("warmup_tokens", -5), "warmup_tokens: must be at least 0, got -5"),
+    "warm-up a string": (lambda m, c: m.__setitem__("warmup_tokens", "x"),
+                         "warmup_tokens: expected an integer, got 'x'"),
+    "latency negative": (_set_token(20, -1.5), "cases[0].latency_ms[20]: must be positive, got -1.5"),
+    "latency boolean": (_set_token(20, True), "cases[0].latency_ms[20]: expected a number, got True"),
+    "latency a string": (_set_token(20, "5"), "cases[0].latency_ms[20]: expected a number, got '5'"),
+    "latency NaN": (_set_token(20, float("nan")), "cases[0].latency_ms[20]: must be finite, got nan"),
+    "latency infinite": (_set_token(20, float("inf")), "cases[0].latency_ms[20]: must be finite, got inf"),
+    "latencies all 0": (lambda m, c: c.__setitem__("latency_ms", [0.0] * 144),
+                        "cases[0].latency_ms[0]: must be positive, got 0.0"),
+    "no latency": (_set("latency_ms", []), "cases[0].latency_ms: 0 tokens, not more than the 16 warm-up tokens"),
+    "latencies within the warm-up": (lambda m, c: c.__setitem__("latency_ms", c["latency_ms"][:16]),
+                                     "cases[0].latency_ms: 16 tokens, not more than the 16 warm-up tokens"),
+    "latencies missing": (lambda m, c: c.pop("latency_ms"), "cases[0].latency_ms: missing"),
+    "a repeat's NaN": (lambda m, c: c.__setitem__("repeat_latency_ms", [[float("nan")] * 144]),
+                       "cases[0].repeat_latency_ms[0][0]: must be finite"),
+    "host enqueue missing": (lambda m, c: c.pop("host_enqueue_ms"), "cases[0].host_enqueue_ms: missing"),
+    "copied bytes negative": (_set("copied_bytes", -1), "cases[0].copied_bytes: must be at least 0"),
+    "energy of 0 J": (_set("energy", {"energy_j": 0, "seconds": 1.0, "power_w": 100.0}),
+                      "cases[0].energy.energy_j: must be positive"),
+    "a stall past the last token": (_set("stall_ms", [[144, 0, 0.1]]), "cases[0].stall_ms[0][0]: must be at most 143"),
+    "a stall past the last layer": (_set("stall_ms", [[20, 24, 0.1]]), "cases[0].stall_ms[0][1]: must be at most 23"),
+    "a case not an object": (lambda m, c: m.__setitem__("cases", [[1]]),
+                             "cases[0]: expected a JSON object, got a list"),
+    "no case": (lambda m, c: m.__setitem__("cases", []), "cases: expected a non-empty list of objects, got 0"),
+    "cases an object": (lambda m, c: m.__setitem__("cases", {}), "cases: expected a list of objects, got an object"),
+    "no device": (lambda m, c: m.pop("device"), "device: missing"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_MEASUREMENTS)
+def test_hwcompare_refuses_a_bad_measurement_field_naming_it_before_any_work(tmp_path, capsys, name):
+    """Each was a silently wrong MAPE, 'nan %', bare NaN in --json, an empty table or a traceback."""
+    edit, words = BAD_MEASUREMENTS[name]
+    path = _one_case(tmp_path, edit)
+    line = _hwcompare_error(capsys, tmp_path, [path])
+    assert line.startswith(f"chipsim: error: {path}: ") and words in line, line
+
+
+def _json_file(tmp_path, name, data) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _microbench_without(tmp_path, key) -> str:
+    mb = _measurement("h200-microbench")
+    del mb[key]
+    return _json_file(tmp_path, f"mb-{key}.json", mb)
+
+
+MICROBENCH = os.path.join(ROOT, "validation", "h200-microbench.json")
+PCIE = [os.path.join(ROOT, "validation", "pcie", f) for f in ("h200-host-pcie.json", "h200-copy-latency.json")]
+CYCLE_LEVEL = os.path.join(ROOT, "hwconfigs", "h200-cycle-level.yaml")
+# each option's bad file, unwritable output or meaningless pairing: (its arguments, the line's words)
+BAD_OPTIONS = {
+    "microbench without gemv_fit": (lambda t: ["--microbench", _microbench_without(t, "gemv_fit")],
+                                    "gemv_fit: missing"),
+    "microbench []": (lambda t: ["--microbench", _json_file(t, "e.json", [])], "e.json: expected a JSON object"),
+    "op-energy []": (lambda t: ["--op-energy", _json_file(t, "e.json", [])], "e.json: expected a JSON object"),
+    "pcie-probes []": (lambda t: ["--microbench", MICROBENCH, "--pcie-probes", PCIE[0], _json_file(t, "e.json", [])],
+                       "e.json: expected a JSON object"),
+    "pcie-probes without microbench": (lambda t: ["--pcie-probes", *PCIE], "--pcie-probes: goes with --microbench"),
+    "json in a missing folder": (lambda t: ["--json", str(t / "missing" / "x.json")], "does not exist"),
+    "figures a regular file": (lambda t: ["--regime", "r", _one_case(t), "--figures", _json_file(t, "f", 1)],
+                               "exists and is not a directory"),
+    "held-out no file has": (lambda t: ["--held-out", "nope"], "--held-out nope: no measurement file is of this model"),
+    "cycle-level without microbench": (lambda t: ["--cycle-level", CYCLE_LEVEL], "--cycle-level: goes with --microbench"),
+    "cycle-level without op_times": (lambda t: ["--microbench", _microbench_without(t, "op_times"), "--cycle-level",
+                                                CYCLE_LEVEL], "has no op_times"),
+    "gemv-probe without cycle-level": (lambda t: ["--gemv-probe", MICROBENCH], "--gemv-probe: goes with --cycle-level"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_OPTIONS)
+def test_hwcompare_refuses_a_bad_option_before_any_work(tmp_path, capsys, name):
+    """Each was a traceback (a KeyError, an AttributeError, a FileNotFoundError after the report was written) or
+    silently unused."""
+    argv_of, words = BAD_OPTIONS[name]
+    argv = argv_of(tmp_path)  # (writes its files first)
+    line = _hwcompare_error(capsys, tmp_path, [_one_case(tmp_path), *argv])
+    assert words in line, line
+
+
+def test_hwcompare_says_no_case_where_a_mape_has_none_never_nan():
+    """A regime without an overlapped policy's case, a run without the held-out shape: '–' in the summary, 'no case'
+    on the printed line; the committed VALIDATION.md has no such cell."""
+    from chipsim.hwreplay import compare
+
+    row = {"policy": "lru", "model": "granite", "context_length": 512, "error_pct": 2.0, "array_model_error_pct": 3.0,
+           "plan_bytes": 1, "copied_bytes": 1, "measured_plan_bytes": 1, "decisions_match": True, "profiled_ops": 1,
+           "modelled_ops": 0}
+    (line,) = compare.summary_lines({"all": [row]})[2:]
+    assert line.startswith("| all | 1 | 2.0 % | – | +2.0 % ") and "nan" not in line
+    assert compare._table([]) == ["No measurement file has a case of this shape."]
+    with open(os.path.join(ROOT, "VALIDATION.md"), encoding="utf-8") as f:
+        assert "nan %" not in f.read()
+
+
+def test_hwcompare_prints_no_case_for_a_held_out_shape_it_has_not(capsys):
+    from chipsim.hwreplay import compare
+
+    compare._print_mapes([{"model": "granite", "error_pct": -4.0}], "deepseek-v2-lite", [])
+    assert capsys.readouterr().out == "latency MAPE 4.0 % over 1 cases; held out (deepseek-v2-lite) no case\n"
+
+
+
 def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
     """Every value of hwconfigs/h200-pcie5.yaml comes back from the committed single-op measurements: the copy and
     kernel microbenchmarks, the long-context and 4-bit kernel shapes and the energy probe (its header names the

@@ -15,11 +15,14 @@ import os
 import statistics
 
 from chipsim.errors import InputError, OneLineParser
-from chipsim.files import JSON_MAX_BYTES, TEXT_MAX_BYTES, check_output_file, read_input_text, read_json, write_atomic
+from chipsim.files import (JSON_MAX_BYTES, TEXT_MAX_BYTES, check_output_dir, check_output_file, read_input_text,
+                           read_json, same_file, write_atomic)
 from chipsim.hw.compute_formula import ArrayModel
 from chipsim.hw.config import load_config
 from chipsim.hw.machine import roles
 from chipsim.hwreplay import pcie_check
+from chipsim.hwreplay.checks import (check_decode_measurement, check_gemv_probe, check_microbench, check_op_energy,
+                                     check_op_times)
 from chipsim.hwreplay.compare_batch import batch_lines, batch_mape_line, batch_regimes
 from chipsim.hwreplay.compare_served import served_lines, served_mape_line, served_regimes
 from chipsim.hwreplay.compare_prefill import (machine_config, mape as prefill_mape, prefill_lines, prefill_regimes,
@@ -33,6 +36,7 @@ from chipsim.hwreplay.probe_tables import handoff_lines, step_energy_lines
 from chipsim.runner import prepare
 
 OVERLAPPED = ("oracle", "static-4", "promoe", "apex", "apex-sf")  # policies that prefetch ahead of need
+HELD_OUT = "deepseek-v2-lite"  # the model shape kept out of all debugging (--held-out's default)
 
 
 def _resolve(config: str, measurement_path: str) -> str:
@@ -82,6 +86,9 @@ def _stall_fields(case: dict, plan, warm: int) -> dict:
     layers = len(plan.sim_stall_ms[0])
     measured = [[0.0] * layers for _ in plan.sim_stall_ms]
     for t, layer, ms in case["stall_ms"]:
+        if t >= len(measured) or layer >= layers:
+            raise InputError(f"measurement of {case['policy']} @{case['context_length']}: stall_ms: token {t}, layer "
+                             f"{layer}: its plan has {len(measured)} tokens of {layers} MoE layers")
         measured[t][layer] += ms
     flat = [x for row in measured[warm:] for x in row]
     sim = [x for row in plan.sim_stall_ms[warm:] for x in row]
@@ -200,15 +207,25 @@ def replayed_overrides(meas: dict) -> list[str]:
     return [*meas.get("config_pins", []), *meas.get("overrides", [])]
 
 
-def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None) -> dict:
-    """Every case of one measurement file re-simulated (`contexts`: only these context lengths)."""
+def read_measurement(path: str) -> dict:
+    """A decode replay's measurement file, every field the comparison reads checked (chipsim.hwreplay.checks) and
+    its config found: one line naming the file and the field where not."""
     text = read_input_text(path, "measurement file", JSON_MAX_BYTES)
     try:
         meas = json.loads(text)
-        config = _resolve(meas["config"], path)
-        _ = meas["cases"], meas["warmup_tokens"], meas["model"]
+        _ = meas["config"], meas["cases"], meas["warmup_tokens"], meas["model"]
     except (ValueError, RecursionError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a chipsim hwreplay measurement file ({type(exc).__name__}: {exc})") from None
+    check_decode_measurement(meas, path)
+    _resolve(meas["config"], path)
+    return meas
+
+
+def compare_file(path: str, overrides=(), jobs: int = 1, contexts=None, meas: dict | None = None) -> dict:
+    """Every case of one measurement file re-simulated (`contexts`: only these context lengths; `meas`: the file
+    as read_measurement gave it, else read here)."""
+    meas = meas if meas is not None else read_measurement(path)
+    config = _resolve(meas["config"], path)
     warm = int(meas["warmup_tokens"])
     overrides = (*replayed_overrides(meas), *overrides)  # the settings the replay ran with
     work = [(config, case["context_length"], case["policy"], tuple(overrides), case, warm, meas["model"])
@@ -230,7 +247,14 @@ def mape(rows) -> float:
     return statistics.fmean(abs(r["error_pct"]) for r in rows) if rows else float("nan")
 
 
+def mape_text(rows, none: str = "–") -> str:
+    """A MAPE as the report prints it, or `none` where no case has one (never 'nan %')."""
+    return f"{mape(rows):.1f} %" if rows else none
+
+
 def _table(rows) -> list[str]:
+    if not rows:  # no file of the shape: said, not an empty table
+        return ["No measurement file has a case of this shape."]
     out = ["| model | context | policy | measured ms/token (p10–p90) | simulated ms/token | error | array model only: ms, error "
            "| bytes fetched (plan) | bytes copied (GPU) | decisions |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -255,7 +279,7 @@ def summary_lines(groups: dict[str, list]) -> list[str]:
         exact = sum(r["plan_bytes"] == r["copied_bytes"] == r["measured_plan_bytes"] for r in rows)
         same = sum(r["decisions_match"] for r in rows)
         worst = max(rows, key=lambda r: abs(r["error_pct"]))
-        out.append(f"| {name} | {len(rows)} | {mape(rows):.1f} % | {mape(ov):.1f} % | {worst['error_pct']:+.1f} % "
+        out.append(f"| {name} | {len(rows)} | {mape(rows):.1f} % | {mape_text(ov)} | {worst['error_pct']:+.1f} % "
                    f"({worst['model']}, {worst['policy']} @{worst['context_length']}) | "
                    f"{statistics.fmean(abs(r['array_model_error_pct']) for r in rows):.1f} % | {exact}/{len(rows)} | "
                    f"{same}/{len(rows)} | {sum(r['profiled_ops'] for r in rows)}/"
@@ -390,8 +414,7 @@ def regime_lines(regimes: list[tuple[str, list]], figure_dir: str | None, report
         lines += [f"### {name}", "", "Replayed with these config overrides:", ""] + settings + [""]
         lines += regime_case_lines(rows) + [""] + host_lines(rows)
         if figure_dir:
-            slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-            path = os.path.join(figure_dir, f"stalls-{slug}.png")
+            path = os.path.join(figure_dir, _figure_file(name))
             if stall_figure(name, rows, path):
                 lines += [f"![{name}: per-layer stalls]({os.path.relpath(path, report_dir)})", ""]
     return lines
@@ -637,7 +660,7 @@ def machine_lines(config: str) -> list[str]:
 
     command, microbench, options = _written_by(config)
     energy_probe = options.get("--energy-probe")
-    mb, gpu = read_json(microbench), machine_gpu(config)
+    mb, gpu = check_microbench(read_json(microbench), microbench, report=True), machine_gpu(config)
     lines = [f"## Another GPU calibrated from its own probes: {gpu}", "",
              f"{config} was written from single-op probes on lent machines of that GPU alone "
              "(`validation/calibrate-gpu.sh`, then each regime's script added the kernel shapes its replays needed; "
@@ -710,30 +733,24 @@ def _method_lines(commands: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
-    if a.report:  # before any work, as every output of chipsim is checked
-        check_output_file(a.report, "--report")
+    measured, mb, notes, pcie = _read_inputs(a)  # before any work: every output path, option and input checked
     machines = [line for config in a.machine for line in machine_lines(config)]  # read first: a bad file stops all
     prefill = prefill_regimes(a.prefill_regime, a.jobs)
     batch = batch_regimes(a.batch_regime, a.jobs)
     served = served_regimes(a.served_regime, a.jobs)
+    held_out = a.held_out or HELD_OUT
     if not a.measurements:  # the prefill, batch and served regimes alone, printed
-        if not a.prefill_regime and not a.batch_regime and not a.served_regime:
-            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime, --batch-regime or "
-                             "--served-regime NAME PATH alone")
         for name, rows in prefill:
             print("\n".join(prefill_lines(name, rows)))
         for name, rows in batch:
             print("\n".join(batch_lines(name, rows)))
         for name, rows in served:
             print("\n".join(served_lines(name, rows)))
-        _print_mapes([], a.held_out, [], prefill, batch, served)
+        _print_mapes([], held_out, [], prefill, batch, served)
         return 0
-    regimes = _regime_rows(a.regime, a.jobs)  # first: a --regime without cases fails before the long comparison
-    results = [compare_file(p, jobs=a.jobs) for p in a.measurements]
+    regimes = _regime_rows(a.regime, a.jobs, measured)
+    results = [compare_file(p, jobs=a.jobs, meas=measured[p]) for p in a.measurements]
     report_dir = os.path.dirname(os.path.abspath(a.report)) if a.report else os.getcwd()
-    figure_dir = a.figures or os.path.join(report_dir, "figures")
-    mb = read_json(a.microbench)
-    notes, pcie = _notes_and_pcie(a)
     graphs = all(res["kernel_launch"] == ["graph"] for res in results)
     commands = _commands(a, [res["config"] for res in results], graphs, [name for name, _ in prefill + batch + served])
     config = _resolve(results[0]["config"], a.measurements[0])
@@ -743,24 +760,116 @@ def main(argv=None) -> int:
         probe, known = (read_json(a.gemv_probe), read_json(a.kernel_times))
         known_check = array_model_vs_profile(known, a.cycle_level, True) if known else None
         cycle = cycle_level_lines(a.cycle_level, array_model_vs_profile(mb, a.cycle_level, graphs), probe, known_check)
-    extra = (regime_lines(regimes, figure_dir if a.report else None, report_dir)
+    extra = (regime_lines(regimes, _figure_dir(a) if a.report else None, report_dir)
              + [line for name, rows in prefill for line in prefill_lines(name, rows)]
              + [line for name, rows in batch for line in batch_lines(name, rows)]
              + [line for name, rows in served for line in served_lines(name, rows)]
              + _probe_lines(a, config, regimes, machine_config(results[0]["config"], a.measurements[0])))
     others = [machine_gpu(config) for config in a.machine]
-    text = report(results, mb, a.held_out, commands, notes, check, pcie, cycle, extra, machines, others)
+    text = report(results, mb, held_out, commands, notes, check, pcie, cycle, extra, machines, others)
+    rows = [r for res in results for r in res["rows"]]
+    rows_text = json.dumps(rows, indent=1, allow_nan=False) if a.json else None  # valid JSON, made before any write
     if a.report:  # never half-written
         write_atomic(a.report, text, "--report")
         print(f"wrote {a.report}")
     else:
         print(text)
-    rows = [r for res in results for r in res["rows"]]
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    _print_mapes(rows, a.held_out, regimes, prefill, batch, served)
+        write_atomic(a.json, rows_text, "--json")
+    _print_mapes(rows, held_out, regimes, prefill, batch, served)
     return 0
+
+
+# options that only a comparison of decode measurement files uses (without one, the regimes' sections are printed)
+WITH_MEASUREMENTS = ("microbench", "pcie_probes", "cycle_level", "kernel_times", "gemv_probe", "regime", "machine",
+                     "figures", "op_energy", "handoff", "step_energy", "held_out", "notes", "report", "json")
+# an option and the one it goes with: alone, it would be silently unused
+NEEDS = (("cycle_level", "microbench"), ("pcie_probes", "microbench"), ("gemv_probe", "cycle_level"),
+         ("kernel_times", "cycle_level"), ("figures", "report"), ("figures", "regime"))
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_options(a) -> None:
+    """Options that would be silently unused: one line naming the first."""
+    if not a.measurements:
+        if not a.prefill_regime and not a.batch_regime and not a.served_regime:
+            raise InputError("chipsim hwcompare: give measurement files, or --prefill-regime, --batch-regime or "
+                             "--served-regime NAME PATH alone")
+        for dest in WITH_MEASUREMENTS:
+            if getattr(a, dest):
+                raise InputError(f"{_flag(dest)}: used with decode measurement files only (without them the "
+                                 "--prefill-, --batch- and --served-regime sections alone are printed)")
+    for dest, other in NEEDS:
+        if getattr(a, dest) and not getattr(a, other):
+            raise InputError(f"{_flag(dest)}: goes with {_flag(other)} (without it, it would not be used)")
+
+
+def _figure_dir(a) -> str:
+    """Where the regimes' stall figures go: --figures, else figures/ beside --report."""
+    return a.figures or os.path.join(os.path.dirname(os.path.abspath(a.report)), "figures")
+
+
+def _figure_file(name: str) -> str:
+    """A regime's stall figure's file name."""
+    return f"stalls-{''.join(c if c.isalnum() else '-' for c in name.lower()).strip('-')}.png"
+
+
+def _check_outputs(a) -> None:
+    """Before any work: the report, the JSON rows and the figures' folder can be written (nothing half-written)."""
+    if a.report:
+        check_output_file(a.report, "--report")
+    if a.json:
+        check_output_file(a.json, "--json")
+        if a.report and same_file(a.json, a.report):
+            raise InputError(f"--json {a.json}: the same file as --report")
+    if a.report and a.regime:
+        check_output_dir(_figure_dir(a), [_figure_file(spec[0]) for spec in a.regime],
+                         "--figures" if a.figures else "--report's figures folder")
+
+
+def _read_inputs(a) -> tuple[dict, dict | None, list[str], dict | None]:
+    """Before any work: the options, the outputs, every decode measurement file ({path: file}, each checked; each
+    --regime with a case), the microbenchmark (checked) with the probes that go with it, and the notes."""
+    _check_options(a)
+    _check_outputs(a)
+    measured = {p: read_measurement(p) for p in a.measurements}
+    for spec in a.regime:
+        listed = _regime_items(spec)
+        for path, _, _ in listed:
+            if path not in measured:
+                measured[path] = read_measurement(path)
+        if not any(contexts is None or c["context_length"] in contexts
+                   for path, contexts, _ in listed for c in measured[path]["cases"]):
+            raise InputError(f"--regime {spec[0]}: no case in {' '.join(spec[1:])} (check the @contexts)")
+    models = sorted({measured[p]["model"] for p in a.measurements})
+    if a.held_out is not None and a.held_out not in models:
+        raise InputError(f"--held-out {a.held_out}: no measurement file is of this model (theirs: "
+                         f"{', '.join(models) or 'none'})")
+    mb = check_microbench(read_json(a.microbench, "--microbench"), a.microbench, report=True) if a.microbench else None
+    if a.cycle_level and not mb.get("op_times"):
+        raise InputError(f"--cycle-level: --microbench {a.microbench} has no op_times (the profiled kernels it "
+                         "estimates)")
+    _check_probe_files(a)
+    return (measured, mb, *_notes_and_pcie(a))
+
+
+def _check_probe_files(a) -> None:
+    """The single-op probes' files, each read and checked as its section will read it (no simulation in that)."""
+    if a.cycle_level:
+        load_config(a.cycle_level, list(ARRAY_MODEL_ONLY))
+    if a.kernel_times:
+        check_op_times(read_json(a.kernel_times, "--kernel-times"), a.kernel_times, ("graph_us",))
+    if a.gemv_probe:
+        check_gemv_probe(read_json(a.gemv_probe, "--gemv-probe"), a.gemv_probe)
+    if a.op_energy:
+        check_op_energy(read_json(a.op_energy, "--op-energy"), a.op_energy)
+    if a.handoff:
+        handoff_lines(read_json(a.handoff, "--handoff"), a.handoff)
+    if a.step_energy:
+        step_energy_lines([(path, read_json(path, "--step-energy")) for path in a.step_energy])
 
 
 def _parser() -> OneLineParser:
@@ -811,8 +920,9 @@ def _parser() -> OneLineParser:
                     help="validation/compute/h200-handoff.json (probe_handoff.py): the copy/compute hand-off table")
     ap.add_argument("--step-energy", nargs="+", default=[], metavar="FILE",
                     help="probe_step_energy.py files: a token's kernels together against alone, one row each")
-    ap.add_argument("--held-out", default="deepseek-v2-lite", metavar="SHAPE",
-                    help="model shape kept out of all debugging, reported on its own (default deepseek-v2-lite)")
+    ap.add_argument("--held-out", default=None, metavar="SHAPE",
+                    help=f"model shape kept out of all debugging, reported on its own (default {HELD_OUT}; given, "
+                         "a measurement file must be of it)")
     ap.add_argument("--notes", default=None, metavar="FILE", help="markdown file whose lines go under Findings")
     ap.add_argument("--report", default=None, metavar="FILE", help="write the markdown report here (VALIDATION.md)")
     ap.add_argument("--json", default=None, help="also write every row as JSON")
@@ -820,22 +930,31 @@ def _parser() -> OneLineParser:
     return ap
 
 
-def _regime_rows(specs: list[list[str]], jobs: int) -> list[tuple[str, list]]:
+def _regime_items(spec: list[str]) -> list[tuple[str, set | None, list[str]]]:
+    """--regime NAME FILE[@N,N][+KEY=VALUE...]...: each file's path, its contexts (None: all) and its config keys."""
+    if len(spec) < 2:
+        raise InputError(f"--regime {' '.join(spec)}: expected a name and at least one measurement file")
+    out = []
+    for item in spec[1:]:
+        item, *sets = item.split("+")
+        path, _, ctx = item.partition("@")
+        try:
+            contexts = {int(c) for c in ctx.split(",")} if ctx else None
+        except ValueError:
+            raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
+        out.append((path, contexts, sets))
+    return out
+
+
+def _regime_rows(specs: list[list[str]], jobs: int, measured: dict | None = None) -> list[tuple[str, list]]:
     """Each --regime NAME FILE[@N,N][+KEY=VALUE...]...: its name and the compared rows of its files (of those contexts
-    only; each re-simulated with those config keys set besides the replay's own)."""
+    only; each re-simulated with those config keys set besides the replay's own; `measured`: files read already)."""
     regimes = []
     for spec in specs:
-        if len(spec) < 2:
-            raise InputError(f"--regime {' '.join(spec)}: expected a name and at least one measurement file")
         rows = []
-        for item in spec[1:]:
-            item, *sets = item.split("+")
-            path, _, ctx = item.partition("@")
-            try:
-                contexts = {int(c) for c in ctx.split(",")} if ctx else None
-            except ValueError:
-                raise InputError(f"--regime {spec[0]}: {item!r}: expected FILE or FILE@N,N with whole numbers") from None
-            res = compare_file(path, overrides=tuple(sets), jobs=jobs, contexts=contexts)
+        for path, contexts, sets in _regime_items(spec):
+            res = compare_file(path, overrides=tuple(sets), jobs=jobs, contexts=contexts,
+                               meas=(measured or {}).get(path))
             rows += [{**r, "machine_config": machine_config(res["config"], path), "compared_with": sets}
                      for r in res["rows"]]
         if not rows:
@@ -942,7 +1061,7 @@ def _print_mapes(rows: list[dict], held_out: str, regimes: list[tuple[str, list]
     (a prefill regime: TTFT and prefill energy; a batch regime: step latency and energy per step)."""
     if rows:
         print(f"latency MAPE {mape(rows):.1f} % over {len(rows)} cases; held out ({held_out}) "
-              f"{mape([r for r in rows if r['model'] == held_out]):.1f} %")
+              f"{mape_text([r for r in rows if r['model'] == held_out], 'no case')}")
     for name, rs in prefill:
         energy = [r["energy_error_pct"] for r in rs if "energy_error_pct" in r]
         print(f"{name}: TTFT MAPE {prefill_mape(r['error_pct'] for r in rs):.1f} % over {len(rs)} cases, worst "

@@ -61,10 +61,20 @@ def _rate(window: dict, per_call: str) -> float:
 
 
 def _windows(probe: dict, kind: str) -> list[dict]:
-    rows = [w for w in probe.get("windows", []) if w.get("kind") == kind]
+    windows = probe.get("windows") if isinstance(probe, dict) else None
+    if not isinstance(windows, list):
+        raise InputError("energy probe: no windows list (validation/energy/probe_energy.py writes one)")
+    rows = [w for w in windows if isinstance(w, dict) and w.get("kind") == kind]
     if not rows:
         raise InputError(f"energy probe: no '{kind}' window (validation/energy/probe_energy.py writes them)")
     return rows
+
+
+def _has_window(probe: dict, kind: str) -> bool:
+    try:
+        return bool(_windows(probe, kind))
+    except InputError:
+        return False
 
 
 def _power(window: dict) -> float:
@@ -109,7 +119,7 @@ def derive(probe: dict, gemm_clock: dict | None = None) -> EnergyFit:
     intercept = my - slope * mx
     # small GEMVs, a large GEMV, a GEMM: power above idle = busy + bytes/s * J/byte + MACs/s * J/MAC
     a, b = [], []
-    kinds = ("gemv_small", "gemv") + (("gemv_mid",) if any(w.get("kind") == "gemv_mid" for w in probe.get("windows", []))
+    kinds = ("gemv_small", "gemv") + (("gemv_mid",) if _has_window(probe, "gemv_mid")
                                       else ()) + (() if gemm_clock else ("gemm",))
     for kind in kinds:
         ws = _windows(probe, kind)

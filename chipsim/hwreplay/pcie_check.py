@@ -13,8 +13,11 @@ import dataclasses
 import json
 import statistics
 
+from chipsim.errors import InputError
 from chipsim.files import JSON_MAX_BYTES, read_input_text
+from chipsim.hwreplay.checks import MISSING, WHOLE_POSITIVE, field, obj, objects
 from chipsim.hw.pcie_link import PcieLinkParams, link_params, transfer_ns, usable_gbps
+from chipsim.values import POSITIVE, Bounds
 
 GEN_GTPS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}  # PCIe base spec, Link Status speed codes
 
@@ -77,4 +80,34 @@ def report_lines(result: dict) -> list[str]:
 def load(microbench_path: str, host_probe_path: str, copy_probe_path: str) -> dict:
     texts = [read_input_text(p, "--pcie-probes", JSON_MAX_BYTES) for p in (microbench_path, host_probe_path,
                                                                           copy_probe_path)]
-    return check(*(json.loads(t) for t in texts))
+    microbench, host_probe, copy_probe = (json.loads(t) for t in texts)
+    check_probes(host_probe, host_probe_path, copy_probe, copy_probe_path)
+    return check(microbench, host_probe, copy_probe)
+
+
+def check_probes(host_probe, host_path: str, copy_probe, copy_path: str) -> None:
+    """The fields host_link and fixed_costs read: the GPU function's link settings (a known speed code, whole
+    positive widths and sizes) and the copy probe's pointer chases and tiny copies (finite, positive times)."""
+    functions = obj(host_path, obj(host_path, host_probe, "").get("functions", MISSING), "functions")
+    if not functions:
+        raise InputError(f"{host_path}: functions: no PCIe function in it")
+    name = next(iter(functions))
+    at = f"functions.{name}.gpu"
+    gpu = obj(host_path, obj(host_path, functions[name], f"functions.{name}").get("gpu", MISSING), at)
+    field(host_path, gpu, at, "link_speed_code", int, Bounds(choices=tuple(GEN_GTPS)))
+    for key in ("link_width", "mps_bytes", "mrrs_bytes"):
+        field(host_path, gpu, at, key, int, WHOLE_POSITIVE)
+    field(host_path, gpu, at, "tag10_requester_enabled", bool)
+    chase = obj(copy_path, obj(copy_path, copy_probe, "").get("pcie_read_pointer_chase", MISSING),
+                "pcie_read_pointer_chase")
+    for part in ("spread", "gpu_memory"):
+        where = f"pcie_read_pointer_chase.{part}"
+        field(copy_path, obj(copy_path, chase.get(part, MISSING), where), where, "ns_per_dependent_load", float,
+              POSITIVE)
+    if chase["spread"]["ns_per_dependent_load"] <= chase["gpu_memory"]["ns_per_dependent_load"]:
+        raise InputError(f"{copy_path}: pcie_read_pointer_chase.spread.ns_per_dependent_load: not above gpu_memory's "
+                         "(the PCIe read round trip is their difference)")
+    for series in ("d2d_tiny_queued16", "h2d_tiny_queued16"):
+        for i, row in enumerate(objects(copy_path, copy_probe.get(series, MISSING), series)):
+            field(copy_path, row, f"{series}[{i}]", "bytes", int, WHOLE_POSITIVE)
+            field(copy_path, row, f"{series}[{i}]", "us_per_copy", float, POSITIVE)

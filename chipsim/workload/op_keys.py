@@ -331,13 +331,22 @@ def _verdicts(quant: tuple, models: tuple) -> dict[str, bool]:
     return {}
 
 
-def _problem(hw: HardwareConfig, key: str, models: tuple, verdicts: dict) -> str | None:
+def form_problem(key: str) -> str | None:
+    """None where `key` is written as op_key writes one (a known kind, its fields whole numbers), else what is
+    wrong: the first check of every table key, before whether any model has the shape."""
     kind = key.split(" ", 1)[0]
     form = _FORMS.get(kind)
     if form is None:
         return f"unknown operation kind '{kind}' (kinds: {', '.join(_FORMS)})"
     if not form.fullmatch(key):
         return f"not of the form '{_SHOWN[kind]}' (op_key's, with whole numbers)"
+    return None
+
+
+def _problem(hw: HardwareConfig, key: str, models: tuple, verdicts: dict) -> str | None:
+    problem = form_problem(key)
+    if problem:
+        return problem
     quant = (hw.model.quant_group_size, hw.model.quant_scale_bits, hw.compute.dequant_ops_per_weight)
     ok = verdicts.get(key)
     if ok is None:
