@@ -75,6 +75,78 @@ def test_a_gpu_without_datasheet_facts_is_refused_in_one_line(tmp_path):
     assert run.stderr.startswith(f"chipsim: error: {bad}: machine.gpu 'NVIDIA A100-SXM4-80GB' has no datasheet facts")
 
 
+def _edited(edit):
+    def make(mb):
+        edit(mb)
+        return mb
+    return make
+
+
+def _set(section, key, value):
+    return _edited(lambda mb: mb[section].__setitem__(key, value))
+
+
+# each bad microbenchmark field, once a config written that `chipsim check` refused, or a traceback
+BAD_MICROBENCH = {
+    "gemv bandwidth NaN": (_set("gemv_fit", "bandwidth_gbps", float("nan")), "gemv_fit.bandwidth_gbps: must be finite"),
+    "gemv bandwidth negative": (_set("gemv_fit", "bandwidth_gbps", -1), "gemv_fit.bandwidth_gbps: must be positive"),
+    "gemv bandwidth 0": (_set("gemv_fit", "bandwidth_gbps", 0), "gemv_fit.bandwidth_gbps: must be positive"),
+    "copy bandwidth infinite": (_set("h2d_pinned_queued16_fit", "bandwidth_gbps", float("inf")),
+                                "h2d_pinned_queued16_fit.bandwidth_gbps: must be finite"),
+    "copy intercept negative": (_set("h2d_pinned_queued16_fit", "intercept_us", -0.5),
+                                "h2d_pinned_queued16_fit.intercept_us: must be at least 0"),
+    "op key not op_key's": (_edited(lambda mb: mb["op_times"][0].__setitem__("key", "matvec r1024")),
+                            "op_times[0].key: 'matvec r1024': not of the form 'matvec rR oO bB'"),
+    "op key twice": (_edited(lambda mb: mb["op_times"].append(dict(mb["op_times"][3]))),
+                     "op_times[106].key: 'matvec r1024 o2048 b4194304' is listed twice (first at op_times[3])"),
+    "a list": (lambda mb: [], ": expected a JSON object, got a list of 0"),
+    "no gemv_fit": (_edited(lambda mb: mb.pop("gemv_fit")), "gemv_fit: missing"),
+    "machine a string": (_edited(lambda mb: mb.__setitem__("machine", "x")),
+                         "machine: expected a JSON object, got 'x'"),
+    "gemv_fit a string": (_edited(lambda mb: mb.__setitem__("gemv_fit", "x")), "gemv_fit: expected a JSON object"),
+    "tiny kernel NaN": (_set("tiny_kernels", "gpu_us_per_kernel", float("nan")),
+                        "tiny_kernels.gpu_us_per_kernel: must be finite"),
+    "a user's line break": (_edited(lambda mb: mb["op_times"][0].__setitem__("users", ["a\nb: 1"])),
+                            "op_times[0].users[0]: expected printable text"),
+}
+
+
+def _module_error(capsys, main, argv) -> str:
+    from chipsim.errors import run_module_main
+
+    with pytest.raises(SystemExit) as exc:
+        run_module_main(lambda: main(argv))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), captured
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", BAD_MICROBENCH)
+def test_gpuconfig_refuses_a_bad_microbenchmark_field_naming_it(tmp_path, capsys, name):
+    from chipsim.hwreplay.gpuconfig import main
+
+    make, words = BAD_MICROBENCH[name]
+    bad = tmp_path / "mb.json"
+    bad.write_text(json.dumps(make(_load_json("validation", "h200-microbench.json"))))
+    out = tmp_path / "out.yaml"
+    line = _module_error(capsys, main, [str(bad), "--out", str(out), "--kernel-launch", "graph"])
+    assert line.startswith(f"chipsim: error: {bad}") and words in line, line
+    assert not out.exists()
+
+
+def test_gpuconfig_refuses_an_out_path_it_cannot_write_before_any_work(tmp_path, capsys):
+    from chipsim.hwreplay.gpuconfig import main
+
+    mb = os.path.join(ROOT, "validation", "h200-microbench.json")
+    missing = tmp_path / "missing" / "x.yaml"
+    assert _module_error(capsys, main, [mb, "--out", str(missing)]) == \
+        f"chipsim: error: --out {missing}: directory {missing.parent} does not exist"
+    assert _module_error(capsys, main, [mb, "--out", str(tmp_path)]) == \
+        f"chipsim: error: --out {tmp_path}: is a directory"
+    assert not missing.parent.exists()
+
+
 def test_the_h200_and_h100_are_named_after_their_cards_and_links():
     from chipsim.hwreplay.gpuconfig import config_name, host_link
 

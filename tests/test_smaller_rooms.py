@@ -52,8 +52,7 @@ def test_gpuconfig_reports_a_bad_microbenchmark_in_one_line(tmp_path):
                          capture_output=True, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=ROOT, CHIPSIM_CACHE_DIR=str(tmp_path / "cache")))
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr == (f"chipsim: error: {bad}: tiny_kernels.gpu_us_per_kernel: no usable eager per-kernel "
-                          "time: None\n")
+    assert run.stderr == f"chipsim: error: {bad}: tiny_kernels.gpu_us_per_kernel: expected a number, got None\n"
     assert not out.exists()
 
 

@@ -16,9 +16,10 @@ import statistics
 from dataclasses import dataclass
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
-from chipsim.files import read_json
+from chipsim.files import check_output_file, read_json, write_atomic
 from chipsim.hw.config import DramConfig
 from chipsim.hw.dram_formula import dram_timing
+from chipsim.hwreplay.checks import check_microbench, check_op_energy, check_op_times
 
 # The HBM's core timings in JEDEC HBM3 channel terms, as thor.yaml (channels and rate: GPUS)
 HBM_CORE = dict(channel_width_bits=64, banks_per_channel=16, page_bytes=1024, burst_length=8, tcl_ns=12.5,
@@ -705,7 +706,7 @@ policies:
 """
 
 
-def main(argv=None) -> int:
+def _parser() -> OneLineParser:
     ap = OneLineParser(prog="python -m chipsim.hwreplay.gpuconfig",
                        description="write a lent Hopper GPU's config (hwconfigs/h200-pcie5.yaml) from microbenchmark results")
     ap.add_argument("microbench")
@@ -745,9 +746,25 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pace-calls", default="torch", choices=tuple(PACE_CALLS),
                     help="with --host-pace: the host's calls as PyTorch makes them (default: what offloading "
                          "software and hwreplay's default enqueue call) or raw CUDA runtime calls")
-    a = ap.parse_args(argv)
-    mb = read_json(a.microbench)
-    extra = [(path, read_json(path)) for path in a.op_times_extra]
+    return ap
+
+
+def _read_tables(a) -> tuple[dict, list, tuple]:
+    """The microbenchmark file, the --op-times-extra and --op-energy files, each checked where it is read
+    (chipsim.hwreplay.checks): the config's every number finite and in range, every table key well-formed, once."""
+    mb = check_microbench(read_json(a.microbench, "microbenchmark"), a.microbench, a.kernel_launch)
+    gpu_facts(mb["machine"], a.microbench)
+    extra = [(path, read_json(path, "--op-times-extra")) for path in a.op_times_extra]
+    for path, more in extra:
+        check_op_times(more, path)
+    op_energy = tuple((path, check_op_energy(read_json(path, "--op-energy"), path)) for path in a.op_energy)
+    return mb, extra, op_energy
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    check_output_file(a.out, "--out")  # before any work: nothing half-written, no traceback at the end
+    mb, extra, op_energy = _read_tables(a)
     fit = None
     if a.gemm_clock and not a.energy_probe:
         raise InputError("--gemm-clock goes with --energy-probe (it replaces one of that probe's windows)")
@@ -772,15 +789,14 @@ def main(argv=None) -> int:
     handoff = read_json(a.handoff) if a.handoff else None
     gaps = read_json(a.launch_gaps) if a.launch_gaps else None
     text = render(mb, a.kernel_launch, tuple(extra), fit, a.energy_probe, command, handoff, a.handoff, gaps,
-                  a.launch_gaps, tuple((p, read_json(p)) for p in a.op_energy), source=a.microbench,
+                  a.launch_gaps, op_energy, source=a.microbench,
                   gemm_clock_source=a.gemm_clock, host_probe=read_json(a.host_cpu) if a.host_cpu else None,
                   host_probe_source=a.host_cpu,
                   frontend_probe=read_json(a.host_frontend) if a.host_frontend else None,
                   frontend_source=a.host_frontend,
                   pace=(read_json(a.host_pace), a.host_pace, a.host_pace_calls) if a.host_pace else None,
                   step_costs=tuple((p, read_json(p)) for p in a.step_costs))
-    with open(a.out, "w") as f:
-        f.write(text)
+    write_atomic(a.out, text, "--out")
     print(f"wrote {a.out}")
     return 0
 
