@@ -155,6 +155,44 @@ def test_a_result_without_a_traced_case_is_refused_in_one_line(tmp_path, capsys)
         compare_activity.main([_result(tmp_path, False)])
 
 
+def _edit_result(tmp_path, edit) -> str:
+    path = _result(tmp_path, True)
+    meas = json.loads(open(path).read())
+    edit(meas["cases"][0], meas["cases"][0]["activity"])
+    with open(path, "w") as f:
+        f.write(json.dumps(meas))  # NaN as Python's json writes it (and reads it back)
+    return path
+
+
+# each bad field of a traced case: a ZeroDivisionError, KeyError, AttributeError or TypeError, or 'nan' printed
+BAD_RECORDS = {
+    "activity a string": (lambda c, a: c.__setitem__("activity", "x"),
+                          "cases[0].activity: expected a JSON object, got 'x'"),
+    "no copies": (lambda c, a: a.pop("copies"), "cases[0].activity.copies: missing"),
+    "tokens 0": (lambda c, a: a.__setitem__("tokens", 0),
+                 "cases[0].activity.tokens: must be positive (at least 1), got 0"),
+    "no latency": (lambda c, a: c.__setitem__("latency_ms", []),
+                   "cases[0].latency_ms: expected a non-empty list of numbers, got 0"),
+    "busy a string": (lambda c, a: a.__setitem__("compute_busy_ms_per_token", "3"),
+                      "cases[0].activity.compute_busy_ms_per_token: expected a number, got '3'"),
+    "busy NaN": (lambda c, a: a.__setitem__("compute_busy_ms_per_token", float("nan")),
+                 "cases[0].activity.compute_busy_ms_per_token: must be finite, got nan"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_RECORDS)
+def test_a_bad_record_field_is_refused_in_one_line_naming_it(tmp_path, capsys, name):
+    from chipsim.errors import run_module_main
+
+    edit, words = BAD_RECORDS[name]
+    path = _edit_result(tmp_path, edit)
+    with pytest.raises(SystemExit) as exc:
+        run_module_main(lambda: compare_activity.main([path]))
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""  # nothing printed before the line
+    assert captured.err == f"chipsim: error: hwreplay result {path}: {words}\n"
+
+
 def test_the_record_is_for_decode_replays_only(tmp_path):
     from chipsim.hwreplay import run
 

@@ -11,6 +11,14 @@ copies' own fit beside links.<expert link>.bandwidth_gbps and dma.setup_ns.
 from __future__ import annotations
 
 from chipsim.errors import InputError, OneLineParser, run_module_main
+from chipsim.hwreplay.checks import MISSING, WHOLE_POSITIVE, field, numbers, obj, objects
+from chipsim.values import NON_NEGATIVE, POSITIVE
+
+# the record's per-token figures (ms) every traced case has, and those of a record with kernels (a GPU's)
+PER_TOKEN = ("latency_ms_per_token", "sim_latency_ms_per_token")
+RECORD_PER_TOKEN = ("span_ms_per_token", "compute_busy_ms_per_token", "sim_busy_ms_per_token",
+                    "compute_waits_for_copies_ms_per_token", "sim_stall_ms_per_token",
+                    "compute_other_gaps_ms_per_token")
 
 
 def case_lines(meas: dict, config_keys: dict) -> list[str]:
@@ -54,6 +62,58 @@ def _record_lines(a: dict, keys: dict) -> list[str]:
     return lines
 
 
+def check_result(meas, path: str) -> dict:
+    """A result file's fields the report reads, each case with a record checked (one line naming the field):
+    finite numbers, at least 0 (a count of tokens or a latency positive), of the kinds the lines divide and print."""
+    label = f"hwreplay result {path}"
+    meas = obj(label, meas, "")
+    cases = objects(label, meas.get("cases", MISSING), "cases")
+    for name in ("model", "config"):
+        field(label, meas, "", name, str)
+    traced = 0
+    for i, case in enumerate(cases):
+        if case.get("activity"):
+            _check_traced_case(label, case, f"cases[{i}]")
+            traced += 1
+    if not traced:
+        raise InputError(f"{label}: no case was replayed with --activity")
+    return meas
+
+
+def _check_traced_case(label: str, case: dict, at: str) -> None:
+    field(label, case, at, "context_length", int, WHOLE_POSITIVE)
+    field(label, case, at, "policy", str)
+    numbers(label, case.get("latency_ms", MISSING), f"{at}.latency_ms", POSITIVE)
+    where = f"{at}.activity"
+    a = obj(label, case["activity"], where)
+    for name in PER_TOKEN:
+        field(label, a, where, name, float, NON_NEGATIVE)
+    if not field(label, a, where, "kernels", int, NON_NEGATIVE):
+        return  # a CPU dry run's record: nothing more is read
+    field(label, a, where, "tokens", int, WHOLE_POSITIVE)
+    field(label, a, where, "complete", bool)
+    for name in RECORD_PER_TOKEN:
+        field(label, a, where, name, float, NON_NEGATIVE)
+    for name in ("handoff", "copy_start_after_kernel", "copy_after_copy"):
+        spread = obj(label, a.get(name, {} if name == "handoff" else MISSING), f"{where}.{name}")
+        field(label, spread, f"{where}.{name}", "median_us", float, NON_NEGATIVE, None)
+    _check_copies(label, obj(label, a.get("copies", MISSING), f"{where}.copies"), f"{where}.copies")
+
+
+def _check_copies(label: str, c: dict, where: str) -> None:
+    for name in ("n", "streams", "alone"):
+        field(label, c, where, name, int, NON_NEGATIVE)
+    field(label, c, where, "busy_ms_per_token", float, NON_NEGATIVE)
+    for j, size in enumerate(objects(label, c.get("by_size", MISSING), f"{where}.by_size", 0)):
+        field(label, size, f"{where}.by_size[{j}]", "bytes", int, WHOLE_POSITIVE)
+        field(label, size, f"{where}.by_size[{j}]", "median_us", float, NON_NEGATIVE)
+        field(label, size, f"{where}.by_size[{j}]", "n", int, NON_NEGATIVE)
+    fit = obj(label, c.get("fit") or {}, f"{where}.fit")
+    if fit:
+        field(label, fit, f"{where}.fit", "bandwidth_gbps", float, POSITIVE)
+        field(label, fit, f"{where}.fit", "intercept_us", float)
+
+
 def _config_keys(meas: dict, path: str) -> dict:
     from chipsim.hw.config import load_config
     from chipsim.hw.machine import roles
@@ -71,15 +131,11 @@ def main(argv=None) -> int:
     ap.add_argument("results", nargs="+", metavar="RESULT.json", help="hwreplay result files (run --activity)")
     a = ap.parse_args(argv)
 
-    files = [(p, read_json(p, "hwreplay result")) for p in a.results]
-    for p, meas in files:
-        if not isinstance(meas, dict) or not isinstance(meas.get("cases"), list):
-            raise InputError(f"hwreplay result {p}: not a chipsim hwreplay measurement file (no cases list)")
-        if not any(c.get("activity") for c in meas["cases"]):
-            raise InputError(f"hwreplay result {p}: no case was replayed with --activity")
-    for p, meas in files:
-        print(f"{p} ({meas.get('device', '?')})")
-        print("\n".join(case_lines(meas, _config_keys(meas, p))))
+    files = [(p, check_result(read_json(p, "hwreplay result"), p)) for p in a.results]
+    # every file's lines before the first is printed: a bad config of a later file leaves no half report
+    blocks = [[f"{p} ({meas.get('device', '?')})", *case_lines(meas, _config_keys(meas, p))] for p, meas in files]
+    for block in blocks:
+        print("\n".join(block))
     return 0
 
 
