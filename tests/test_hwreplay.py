@@ -395,6 +395,37 @@ def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     assert out[0].item() == 0.5
 
 
+def _module_error(capsys, main, argv) -> str:
+    """python -m MODULE ARGV as run_module_main runs it: exit 2 and one line on stderr."""
+    from chipsim.errors import run_module_main
+
+    with pytest.raises(SystemExit) as exc:
+        run_module_main(lambda: main(argv))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), captured
+    assert "Traceback" not in captured.err and captured.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--bogus"], "unrecognized arguments: --bogus"),  # was the usage twice, 6 lines
+    ([], "needs a CUDA GPU"),  # was a RuntimeError traceback from the first CUDA call
+    (["--gemv", "cublas"], "needs a CUDA GPU"),
+    (["--contexts", "x"], "--contexts 'x': expected whole numbers"),
+])
+def test_microbench_refuses_a_bad_option_or_a_machine_without_cuda_in_one_line(tmp_path, capsys, monkeypatch, argv,
+                                                                                words):
+    torch = pytest.importorskip("torch")
+    from chipsim.hwreplay import microbench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever this runs
+    out = tmp_path / "mb.json"
+    assert words in _module_error(capsys, microbench.main, [*argv, "--out", str(out)])
+    assert not out.exists()
+    assert "is a directory" in _module_error(capsys, microbench.main, ["--out", str(tmp_path)])
+
+
 def test_a_microbenchmark_chain_gives_each_kernel_its_own_weights_bf16_or_4bit():
     """shape_chain over an 8,192-byte pool: a 4 x 8 BF16 matvec (64 bytes) gets 128 kernels over consecutive
     64-byte operands; a 2 x 256 4-bit one (256 packed bytes + 4 scales x 2 bytes = 264) 31 over consecutive

@@ -29,7 +29,6 @@ Nothing here is fitted to an end-to-end run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -39,8 +38,8 @@ import time
 import numpy as np
 import torch
 
-from chipsim.errors import InputError, run_module_main
-from chipsim.files import write_atomic
+from chipsim.errors import InputError, OneLineParser, run_module_main
+from chipsim.files import check_output_dir, check_output_file, write_atomic
 from chipsim.hwreplay.fits import fit_intercept_and_rate
 from chipsim.hwreplay.harness import capture_graph, kernel_call, weight_bytes, weight_views
 from chipsim.hwreplay.ops import GEMV_KERNELS
@@ -505,6 +504,15 @@ def run(device="cuda", shape_configs=(), contexts=(512, 1024, 2048)) -> dict:
     return result
 
 
+def _check_out(path: str) -> None:
+    """--out can be written (its folder is made when missing, as write_atomic does): checked before anything runs."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent):
+        check_output_file(path, "--out")
+    else:
+        check_output_dir(parent, (), f"--out {path}: its folder")
+
+
 def _whole_numbers(text: str, option: str, least: int = 1) -> list[int]:
     """"256,4096" -> [256, 4096]; anything else refused in one line naming `option`."""
     try:
@@ -563,7 +571,8 @@ def _prefill_main(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="single-op and single-copy microbenchmarks of a CUDA machine")
+    ap = OneLineParser(prog="python -m chipsim.hwreplay.microbench",
+                       description="single-op and single-copy microbenchmarks of a CUDA machine")
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes-from", nargs="*", default=[], metavar="CONFIG",
                     help="time every kernel shape of these configs' decode steps (the op_times_ns table)")
@@ -597,9 +606,15 @@ def main(argv=None) -> int:
                  "alone)")
     if a.policy and not a.served:
         ap.error("--policy goes with --served (whose runs' steps to time)")
+    _check_out(a.out)
     if a.prompts or a.batch is not None or a.served:
         return _prefill_main(a)
-    contexts = [int(c) for c in (a.contexts or "512,1024,2048").split(",")]
+    if not a.device.startswith("cuda"):
+        ap.error("--device goes with --prompts, --batch or --served (the copy and kernel sweeps run on the GPU)")
+    contexts = _whole_numbers(a.contexts or "512,1024,2048", "--contexts")
+    if not torch.cuda.is_available():  # before anything runs, as chipsim hwreplay says it
+        raise InputError(f"python -m chipsim.hwreplay.microbench needs a CUDA GPU: torch {torch.__version__} sees none "
+                         "(--gemv with --prompts, --batch or --served has --device cpu for a dry run)")
     if a.gemv:
         t0 = time.perf_counter()
         device = torch.device("cuda")
@@ -609,13 +624,15 @@ def main(argv=None) -> int:
                                  **({"set": a.set} if a.set else {}),
                                  **({"missing_from": a.missing_from} if a.missing_from else {})},
                "seconds": round(time.perf_counter() - t0, 1)}
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1, sort_keys=True)
+        write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True), "--out")
         print(json.dumps({k: res[k] for k in ("machine", "gemv_kernel", "seconds")}, indent=1))
         return 0
+    from chipsim.hw.config import load_config
+
+    for config in a.shapes_from:  # read now, not after the sweeps: a bad config ends the run before it starts
+        load_config(config)
     res = run(shape_configs=a.shapes_from, contexts=contexts)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1, sort_keys=True)
+    write_atomic(a.out, json.dumps(res, indent=1, sort_keys=True), "--out")
     print(json.dumps({k: res[k] for k in ("machine", "h2d_pinned_single_fit", "h2d_pinned_queued16_fit", "gemv_fit",
                                           "tiny_kernels", "graph_launch", "op_times_from", "seconds") if k in res}, indent=1))
     return 0
