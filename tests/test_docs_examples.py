@@ -68,9 +68,10 @@ BASH_BLOCKS = {
         "an install, then recording a trace: torch, a local checkpoint and a GPU",
     ("docs/tutorials/own-model.md", "python -m chipsim.tracegen.textdata --out .data/text-v1"):
         "training the bundled real traces: a text corpus, then minutes on a GPU per shape",
-    ("docs/tutorials/write-a-policy.md", "CHIPSIM_PURE_PYTHON=1 python docs/examples/my_policy.py run hwconfigs/thor.yaml "
+    ("docs/tutorials/write-a-policy.md", "python docs/examples/my_policy.py run hwconfigs/thor.yaml "
                                          "--set workload.max_tokens=16 --policy repeat --profile"):
-        "prints wall-clock seconds of Python, which differ from run to run; tests/test_cli_output.py tests --profile",
+        "prints wall-clock seconds of Python, which differ from run to run; tests/test_cli_output.py and "
+        "tests/test_docs_example_policy.py test --profile",
     ("docs/tutorials/write-a-policy.md", "cp docs/examples/my_policy.py chipsim/policies/"):
         "adds a module to the package, which every test would then see; tests/test_docs_example_policy.py runs the "
         "same file",
