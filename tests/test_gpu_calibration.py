@@ -57,7 +57,7 @@ def test_the_h100_config_is_written_from_its_committed_probes_alone(tmp_path):
     fit = mb["h2d_pinned_queued16_fit"]
     assert committed["links"]["pcie"]["bandwidth_gbps"] == fit["bandwidth_gbps"]
     assert committed["dma"]["setup_ns"] == round(fit["intercept_us"] * 1e3, 1)
-    for extra in ("prefill-phi", "prefill-gpt-oss", "batch", "served"):  # each regime's shapes are in its table
+    for extra in ("long", "prefill-phi", "prefill-gpt-oss", "batch", "served"):  # each regime's shapes in its table
         key = _load_json("validation", "h100", f"h100-op-times-{extra}.json")["op_times"][0]["key"]
         assert key in committed["compute"]["op_times_ns"], extra
 
