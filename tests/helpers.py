@@ -153,3 +153,19 @@ def routing_peek_policy():
             return super().on_route(ctx, t, layer, routed)
 
     return Peek("peek")
+
+
+def module_error(capsys, main, argv) -> str:
+    """python -m MODULE ARGV as run_module_main runs it: exit 2 and one line on stderr, no traceback, nothing on
+    stdout; returns the line."""
+    import pytest
+
+    from chipsim.errors import run_module_main
+
+    with pytest.raises(SystemExit) as exc:
+        run_module_main(lambda: main(argv))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), captured
+    assert "Traceback" not in captured.err and captured.out == ""
+    return lines[0]

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from helpers import module_error
 
 from chipsim.errors import InputError
 
@@ -111,17 +112,6 @@ BAD_MICROBENCH = {
 }
 
 
-def _module_error(capsys, main, argv) -> str:
-    from chipsim.errors import run_module_main
-
-    with pytest.raises(SystemExit) as exc:
-        run_module_main(lambda: main(argv))
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), captured
-    return lines[0]
-
-
 @pytest.mark.parametrize("name", BAD_MICROBENCH)
 def test_gpuconfig_refuses_a_bad_microbenchmark_field_naming_it(tmp_path, capsys, name):
     from chipsim.hwreplay.gpuconfig import main
@@ -130,7 +120,7 @@ def test_gpuconfig_refuses_a_bad_microbenchmark_field_naming_it(tmp_path, capsys
     bad = tmp_path / "mb.json"
     bad.write_text(json.dumps(make(_load_json("validation", "h200-microbench.json"))))
     out = tmp_path / "out.yaml"
-    line = _module_error(capsys, main, [str(bad), "--out", str(out), "--kernel-launch", "graph"])
+    line = module_error(capsys, main, [str(bad), "--out", str(out), "--kernel-launch", "graph"])
     assert line.startswith(f"chipsim: error: {bad}") and words in line, line
     assert not out.exists()
 
@@ -140,9 +130,9 @@ def test_gpuconfig_refuses_an_out_path_it_cannot_write_before_any_work(tmp_path,
 
     mb = os.path.join(ROOT, "validation", "h200-microbench.json")
     missing = tmp_path / "missing" / "x.yaml"
-    assert _module_error(capsys, main, [mb, "--out", str(missing)]) == \
+    assert module_error(capsys, main, [mb, "--out", str(missing)]) == \
         f"chipsim: error: --out {missing}: directory {missing.parent} does not exist"
-    assert _module_error(capsys, main, [mb, "--out", str(tmp_path)]) == \
+    assert module_error(capsys, main, [mb, "--out", str(tmp_path)]) == \
         f"chipsim: error: --out {tmp_path}: is a directory"
     assert not missing.parent.exists()
 

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import simpy
+from helpers import module_error
 
 from chipsim.errors import InputError
 from chipsim.hwreplay.compare import replayed_overrides
@@ -395,19 +396,6 @@ def test_the_4bit_reference_kernel_is_offset_and_scale_per_weight_by_hand():
     assert out[0].item() == 0.5
 
 
-def _module_error(capsys, main, argv) -> str:
-    """python -m MODULE ARGV as run_module_main runs it: exit 2 and one line on stderr."""
-    from chipsim.errors import run_module_main
-
-    with pytest.raises(SystemExit) as exc:
-        run_module_main(lambda: main(argv))
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("chipsim: error: "), captured
-    assert "Traceback" not in captured.err and captured.out == ""
-    return lines[0]
-
-
 @pytest.mark.parametrize("argv, words", [
     (["--bogus"], "unrecognized arguments: --bogus"),  # was the usage twice, 6 lines
     ([], "needs a CUDA GPU"),  # was a RuntimeError traceback from the first CUDA call
@@ -421,9 +409,9 @@ def test_microbench_refuses_a_bad_option_or_a_machine_without_cuda_in_one_line(t
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever this runs
     out = tmp_path / "mb.json"
-    assert words in _module_error(capsys, microbench.main, [*argv, "--out", str(out)])
+    assert words in module_error(capsys, microbench.main, [*argv, "--out", str(out)])
     assert not out.exists()
-    assert "is a directory" in _module_error(capsys, microbench.main, ["--out", str(tmp_path)])
+    assert "is a directory" in module_error(capsys, microbench.main, ["--out", str(tmp_path)])
 
 
 def test_a_microbenchmark_chain_gives_each_kernel_its_own_weights_bf16_or_4bit():
@@ -703,7 +691,6 @@ def test_hwcompare_prints_no_case_for_a_held_out_shape_it_has_not(capsys):
 
     compare._print_mapes([{"model": "granite", "error_pct": -4.0}], "deepseek-v2-lite", [])
     assert capsys.readouterr().out == "latency MAPE 4.0 % over 1 cases; held out (deepseek-v2-lite) no case\n"
-
 
 
 def test_h200_config_is_written_from_the_committed_microbenchmarks_alone():
