@@ -53,6 +53,9 @@ def test_out_dir_holds_csv_and_json_with_hashes_and_per_layer_breakdowns(tmp_pat
     assert run["trace_provenance"]
     layers = doc["results"][0]["per_layer"]["overlap"]
     assert len(layers) == 32
+    from chipsim.sim.metrics import PER_LAYER_FIELDS  # what experiments let a per_layer plot draw: every row's lists
+
+    assert sorted(doc["results"][0]["per_layer"]) == sorted(PER_LAYER_FIELDS)
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["policy"] for r in rows] == ["no-prefetch", "oracle"]

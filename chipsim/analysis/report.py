@@ -421,9 +421,9 @@ def write_outputs(out_dir: str, rows: list[dict], run_info: dict) -> None:
     written = set()
     for row in rows:  # a served run: one line per request and policy
         if "served" in row:
-            written.add(f"requests-{_file_label(row['policy'])}.csv")
-            write_atomic(os.path.join(out_dir, f"requests-{_file_label(row['policy'])}.csv"), requests_csv(row),
-                         what="--out")
+            name = f"requests-{_file_label(row['policy'])}.csv"
+            written.add(name)
+            write_atomic(os.path.join(out_dir, name), requests_csv(row), what="--out")
     for name in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, name)
         if name.startswith("requests-") and name.endswith(".csv") and name not in written and os.path.isfile(path):
